@@ -1,0 +1,1 @@
+"""Pure cost functions: op -> seconds (compute, collectives) and plan -> bytes (memory)."""

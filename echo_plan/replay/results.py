@@ -1,0 +1,136 @@
+"""What a simulated step produces: frozen result records read by the CLI, search and reports."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+GiB = float(2**30)
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """Where the step's wall time goes, in seconds; the fields add up to the step time."""
+
+    compute_s: float
+    tp_comm_exposed_s: float
+    pp_comm_exposed_s: float
+    dp_comm_exposed_s: float
+    bubble_s: float
+    interference_s: float
+    optimizer_s: float
+
+    @property
+    def total_s(self) -> float:
+        return (self.compute_s + self.tp_comm_exposed_s + self.pp_comm_exposed_s + self.dp_comm_exposed_s
+                + self.bubble_s + self.interference_s + self.optimizer_s)
+
+    def as_json(self) -> dict[str, float]:
+        return {
+            "compute": self.compute_s,
+            "tp_comm_exposed": self.tp_comm_exposed_s,
+            "pp_comm_exposed": self.pp_comm_exposed_s,
+            "dp_comm_exposed": self.dp_comm_exposed_s,
+            "bubble": self.bubble_s,
+            "interference": self.interference_s,
+            "optimizer": self.optimizer_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """Peak memory of one pipeline stage's GPU, in bytes, by what holds it."""
+
+    stage: int
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    buffers_bytes: int
+    capacity_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.buffers_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    @property
+    def overflow_bytes(self) -> int:
+        return max(0, self.total_bytes - self.capacity_bytes)
+
+    def as_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(total_gib=self.total_bytes / GiB, capacity_gib=self.capacity_bytes / GiB, fits=self.fits)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEvent:
+    """One span of the simulated step, for the Chrome/Perfetto trace and the report's timeline."""
+
+    rank: int  # simulated rank (one per pipeline stage unless a what-if breaks symmetry)
+    stream: str  # "compute", "tp_comm", "pp_comm", "dp_comm", ...
+    name: str  # says what ran, e.g. "F mb3 chunk0 (layers 0-11)"
+    start_s: float
+    duration_s: float
+    category: str  # "forward", "backward", "p2p", "dp", "optimizer", ...
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """The predicted training step for one plan of one model on one cluster."""
+
+    model: str
+    cluster: str
+    num_gpus: int
+    plan: dict[str, Any]  # PlanSpec.model_dump(mode="json")
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    memory: tuple[StageMemory, ...]
+    breakdown: Breakdown
+    timeline: tuple[TimelineEvent, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def memory_peak_gib(self) -> float:
+        return max(m.total_bytes for m in self.memory) / GiB if self.memory else 0.0
+
+    @property
+    def fits(self) -> bool:
+        return all(m.fits for m in self.memory)
+
+    @property
+    def overflow(self) -> tuple[int, float] | None:
+        """(stage, GiB over capacity) of the worst overflowing stage, or None when it fits."""
+        worst = max(self.memory, key=lambda m: m.overflow_bytes, default=None)
+        if worst is None or worst.overflow_bytes == 0:
+            return None
+        return (worst.stage, worst.overflow_bytes / GiB)
+
+    def as_json(self) -> dict[str, Any]:
+        over = self.overflow
+        return {
+            "model": self.model,
+            "cluster": self.cluster,
+            "num_gpus": self.num_gpus,
+            "plan": self.plan,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+            "mfu": self.mfu,
+            "memory_peak_gib": self.memory_peak_gib,
+            "fits": self.fits,
+            "overflow": None if over is None else {"stage": over[0], "gib": over[1]},
+            "breakdown": self.breakdown.as_json(),
+            "memory_per_stage": [m.as_json() for m in self.memory],
+            "notes": list(self.notes),
+        }

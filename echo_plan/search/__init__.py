@@ -1,0 +1,1 @@
+"""echo-plan search stage."""

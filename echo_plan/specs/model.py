@@ -1,0 +1,112 @@
+"""ModelSpec: a dense decoder-only transformer (GPT-style or Llama-style)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import Field, model_validator
+
+from echo_plan.specs.base import Spec
+
+
+class Activation(str, Enum):
+    GELU = "gelu"
+    SWIGLU = "swiglu"
+
+
+class Norm(str, Enum):
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+class PositionEmbedding(str, Enum):
+    LEARNED = "learned"
+    ROTARY = "rotary"
+    NONE = "none"
+
+
+def llama_ffn_size(hidden_size: int, multiple_of: int = 256) -> int:
+    """Llama's default FFN width: 2/3 of 4h rounded up to a multiple (Touvron et al. 2023)."""
+    ffn = int(2 * 4 * hidden_size / 3)
+    return multiple_of * ((ffn + multiple_of - 1) // multiple_of)
+
+
+class ModelSpec(Spec):
+    """Architecture of the model to train. Sizes are counts, lengths are tokens."""
+
+    name: str = Field(min_length=1)
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int | None = Field(default=None, gt=0)
+    ffn_hidden_size: int | None = Field(default=None, gt=0)
+    vocab_size: int = Field(gt=0)
+    seq_length: int = Field(gt=0)
+    activation: Activation = Activation.GELU
+    norm: Norm = Norm.LAYERNORM
+    position_embedding: PositionEmbedding = PositionEmbedding.LEARNED
+    tied_embeddings: bool = True
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _defaults_and_rules(self) -> "ModelSpec":
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
+        if self.ffn_hidden_size is None:
+            ffn = (
+                llama_ffn_size(self.hidden_size)
+                if self.activation is Activation.SWIGLU
+                else 4 * self.hidden_size
+            )
+            object.__setattr__(self, "ffn_hidden_size", ffn)
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} must be a multiple of num_attention_heads "
+                f"{self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.kv_heads:
+            raise ValueError(
+                f"num_kv_heads {self.kv_heads} must divide num_attention_heads "
+                f"{self.num_attention_heads}"
+            )
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return int(self.ffn_hidden_size or 0)  # filled by the validator
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def params_per_layer(self) -> int:
+        """Parameters of one transformer block (weights and biases, norms included)."""
+        h, f = self.hidden_size, self.ffn_size
+        kv = self.kv_heads * self.head_dim
+        bias = self.activation is Activation.GELU  # GPT-style blocks carry biases, Llama's do not
+        attn = h * (h + 2 * kv) + h * h + ((h + 2 * kv) + h if bias else 0)
+        mlp_in = 2 * h * f if self.activation is Activation.SWIGLU else h * f
+        mlp = mlp_in + f * h + ((f + h) if bias else 0)
+        norm_params = 2 * h if self.norm is Norm.LAYERNORM else h
+        return attn + mlp + 2 * norm_params
+
+    @property
+    def embedding_params(self) -> int:
+        pos = self.seq_length * self.hidden_size if self.position_embedding is PositionEmbedding.LEARNED else 0
+        return self.vocab_size * self.hidden_size + pos
+
+    @property
+    def output_params(self) -> int:
+        """Final norm plus the output projection when it is not tied to the embedding."""
+        norm_params = 2 * self.hidden_size if self.norm is Norm.LAYERNORM else self.hidden_size
+        head = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+        return norm_params + head
+
+    @property
+    def num_params(self) -> int:
+        return self.num_layers * self.params_per_layer + self.embedding_params + self.output_params

@@ -1,0 +1,133 @@
+"""PlanSpec: how the job is laid out (parallel degrees, batch, schedule, memory savers)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import Field, model_validator
+
+from echo_plan.errors import SpecError
+from echo_plan.specs.base import Spec
+from echo_plan.specs.cluster import ClusterSpec, DType
+from echo_plan.specs.model import ModelSpec
+
+
+class Recompute(str, Enum):
+    NONE = "none"
+    SELECTIVE = "selective"  # Korthikanti et al. 2022: recompute only the attention core
+    FULL = "full"  # every layer re-runs its forward during backward
+
+
+class Schedule(str, Enum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class PlanSpec(Spec):
+    tp: int = Field(default=1, gt=0, description="tensor-parallel degree")
+    pp: int = Field(default=1, gt=0, description="pipeline-parallel degree")
+    dp: int = Field(default=1, gt=0, description="data-parallel degree")
+    micro_batch_size: int = Field(default=1, gt=0)
+    global_batch_size: int = Field(default=1, gt=0)
+    virtual_stages: int = Field(default=1, gt=0, description="model chunks per pipeline rank (interleaving)")
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    recompute: Recompute = Recompute.NONE
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    dtype: DType = DType.BF16
+    layer_split: tuple[int, ...] | None = Field(
+        default=None, description="layers per pipeline stage when uneven; defaults to an even split"
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> "PlanSpec":
+        if self.dtype not in (DType.BF16, DType.FP16):
+            raise ValueError(f"dtype must be bf16 or fp16 for training, not {self.dtype.value}")
+        if self.virtual_stages > 1 and self.schedule is Schedule.ONE_F_ONE_B:
+            object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
+        if self.schedule is Schedule.INTERLEAVED and self.virtual_stages == 1 and self.pp > 1:
+            raise ValueError("the interleaved schedule needs virtual_stages > 1")
+        if self.sequence_parallel and self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", False)
+        if self.global_batch_size % (self.dp * self.micro_batch_size):
+            raise ValueError(
+                f"global_batch_size {self.global_batch_size} must be divisible by "
+                f"dp x micro_batch_size = {self.dp} x {self.micro_batch_size}"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // (self.dp * self.micro_batch_size)
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers on each pipeline stage (all its virtual chunks together)."""
+        if self.layer_split is not None:
+            return self.layer_split
+        base = num_layers // self.pp
+        return tuple([base] * self.pp)
+
+    def short(self) -> str:
+        """A compact human label, e.g. ``tp8 pp8 dp16 mbs1 vpp2 sel sp dopt``."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"mbs{self.micro_batch_size}"]
+        if self.virtual_stages > 1:
+            parts.append(f"vpp{self.virtual_stages}")
+        if self.schedule is Schedule.GPIPE:
+            parts.append("gpipe")
+        if self.recompute is not Recompute.NONE:
+            parts.append({Recompute.SELECTIVE: "sel-recompute", Recompute.FULL: "full-recompute"}[self.recompute])
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.distributed_optimizer:
+            parts.append("dist-opt")
+        return " ".join(parts)
+
+
+def validate_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec) -> None:
+    """Check that ``plan`` can run ``model`` on ``cluster``; raise SpecError naming what cannot."""
+    if plan.world_size != cluster.num_gpus:
+        raise SpecError(
+            "tp x pp x dp", f"{plan.tp} x {plan.pp} x {plan.dp} = {plan.world_size}",
+            f"must equal the cluster's {cluster.num_gpus} GPUs "
+            f"({cluster.num_nodes} nodes x {cluster.gpus_per_node})",
+        )
+    if model.num_attention_heads % plan.tp:
+        raise SpecError("tp", plan.tp, f"must divide num_attention_heads {model.num_attention_heads} of {model.name}")
+    if model.kv_heads % plan.tp:
+        raise SpecError("tp", plan.tp, f"must divide num_kv_heads {model.kv_heads} of {model.name}")
+    if model.ffn_size % plan.tp:
+        raise SpecError("tp", plan.tp, f"must divide ffn_hidden_size {model.ffn_size} of {model.name}")
+    if plan.pp > model.num_layers:
+        raise SpecError("pp", plan.pp, f"must not exceed num_layers {model.num_layers} of {model.name}")
+    if plan.sequence_parallel and model.seq_length % plan.tp:
+        raise SpecError("sequence_parallel", True, f"needs seq_length {model.seq_length} divisible by tp {plan.tp}")
+    chunks = plan.pp * plan.virtual_stages
+    if plan.layer_split is not None:
+        if len(plan.layer_split) != plan.pp:
+            raise SpecError("layer_split", plan.layer_split, f"needs one entry per pipeline stage ({plan.pp})")
+        if sum(plan.layer_split) != model.num_layers or min(plan.layer_split) < 1:
+            raise SpecError("layer_split", plan.layer_split,
+                            f"positive layer counts that add up to num_layers {model.num_layers}")
+        if any(n % plan.virtual_stages for n in plan.layer_split):
+            raise SpecError("layer_split", plan.layer_split,
+                            f"each stage's layers must divide into {plan.virtual_stages} virtual stages")
+    elif model.num_layers % chunks:
+        raise SpecError(
+            "pp x virtual_stages", f"{plan.pp} x {plan.virtual_stages}",
+            f"must divide num_layers {model.num_layers} of {model.name} (or give layer_split)",
+        )
+    if plan.virtual_stages > 1 and plan.pp == 1:
+        raise SpecError("virtual_stages", plan.virtual_stages, "interleaving needs pp > 1")
+    if plan.virtual_stages > 1 and plan.num_microbatches % plan.pp:
+        raise SpecError(
+            "virtual_stages", plan.virtual_stages,
+            f"the interleaved schedule needs the number of micro-batches ({plan.num_microbatches}) "
+            f"to be a multiple of pp ({plan.pp})",
+        )

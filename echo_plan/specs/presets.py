@@ -1,0 +1,97 @@
+"""Model and cluster presets, and loading a spec from a name or a file."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from echo_plan.errors import EchoPlanError, UnknownPresetError
+from echo_plan.specs.cluster import ClusterSpec
+from echo_plan.specs.loaders import is_hf_config, model_fields_from_hf, read_mapping
+from echo_plan.specs.model import ModelSpec
+
+DEFAULT_MODEL = "gpt3-175b"
+DEFAULT_CLUSTER = "h800"
+
+
+def clusters_dir() -> Path:
+    """The folder of cluster presets: ``clusters/`` at the project root."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "clusters"
+        if candidate.is_dir() and (candidate / "h800.yaml").exists():
+            return candidate
+    return Path(str(resources.files("echo_plan") / "data" / "clusters"))
+
+
+@lru_cache(maxsize=1)
+def _model_table() -> dict[str, dict]:
+    text = (resources.files("echo_plan") / "data" / "models.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+def model_names() -> list[str]:
+    return sorted(_model_table())
+
+
+def cluster_names() -> list[str]:
+    return sorted(p.stem for p in clusters_dir().glob("*.yaml"))
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.endswith((".yaml", ".yml", ".json")) or "/" in ref or Path(ref).exists()
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A model preset by name, or a YAML/JSON ModelSpec file, or a Hugging Face config.json."""
+    if not _looks_like_path(ref):
+        table = _model_table()
+        if ref not in table:
+            raise UnknownPresetError("model", ref, list(table))
+        return ModelSpec.build({"name": ref, **table[ref]}, context=f"model preset {ref}")
+    data = read_mapping(ref)
+    if is_hf_config(data):
+        name = Path(ref).parent.name or Path(ref).stem
+        return ModelSpec.build(model_fields_from_hf(data, name, ref), context=ref)
+    data.setdefault("name", Path(ref).stem)
+    return ModelSpec.build(data, context=ref)
+
+
+def load_cluster(ref: str, nodes: int | None = None, gpus: int | None = None) -> ClusterSpec:
+    """A cluster preset by name or a YAML/JSON ClusterSpec file, optionally resized."""
+    if _looks_like_path(ref):
+        path = Path(ref)
+    else:
+        path = clusters_dir() / f"{ref}.yaml"
+        if not path.exists():
+            raise UnknownPresetError("cluster", ref, cluster_names())
+    data = read_mapping(path)
+    data.setdefault("name", path.stem)
+    cluster = ClusterSpec.build(data, context=str(path))
+    return cluster.resized(nodes=nodes, gpus=gpus)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``1048576``, ``64MB``, ``1GiB``, ``512K`` (K/M/G/T decimal, KiB/MiB/GiB binary)."""
+    if isinstance(text, int):
+        return text
+    s = str(text).strip().replace(" ", "")
+    units = {
+        "": 1, "b": 1,
+        "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+        "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    }
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    unit = s[len(num):].lower()
+    try:
+        value = float(num)
+    except ValueError:
+        raise EchoPlanError(f"size {text!r} is not a number of bytes; use e.g. 1048576, 64MB or 1GiB") from None
+    if unit not in units:
+        raise EchoPlanError(f"size {text!r} has unknown unit {unit!r}; valid: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB")
+    if value < 0:
+        raise EchoPlanError(f"size {text!r} must not be negative")
+    return int(round(value * units[unit]))
