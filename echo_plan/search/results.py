@@ -1,0 +1,71 @@
+"""What a search and a compare produce: the contract between search/, report/ and the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from echo_plan.replay.results import StepResult
+
+
+class TrialState(str, Enum):
+    COMPLETE = "complete"  # simulated; see result.fits
+    PRUNED = "pruned"  # rejected before simulation; see pruned_reason
+    FAILED = "failed"  # the evaluation raised; see error
+
+
+@dataclass(frozen=True, slots=True)
+class TrialRecord:
+    number: int
+    plan: dict[str, Any]  # PlanSpec.model_dump(mode="json")
+    state: TrialState
+    result: StepResult | None = None
+    pruned_reason: str | None = None  # a stable category, e.g. "tp exceeds a node", "out of memory (estimate)"
+    detail: str = ""  # the specific message for this candidate
+    wall_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SearchOutcome:
+    model: dict[str, Any]  # ModelSpec.model_dump(mode="json")
+    cluster: dict[str, Any]  # ClusterSpec.model_dump(mode="json")
+    space: dict[str, Any]  # the search space as loaded (knobs, fixed settings, its file)
+    sampler: str
+    seed: int
+    study_name: str
+    storage: str
+    trials: tuple[TrialRecord, ...]
+    ranked: tuple[StepResult, ...]  # fitting plans, fastest first, one per distinct plan
+    pruned_counts: dict[str, int]  # reason -> candidates pruned for it (the whole space for grid)
+    candidates_total: int  # size of the space before pruning
+    traces_made: int
+    trace_cache_hits: int
+    wall_s: float
+    tokens_budget: float | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def best(self) -> StepResult | None:
+        return self.ranked[0] if self.ranked else None
+
+
+@dataclass(frozen=True, slots=True)
+class CompareRow:
+    num_gpus: int
+    outcome: SearchOutcome
+    scaling_efficiency: float | None  # throughput per GPU relative to the smallest size
+    train_time_s: float | None  # time to train the token budget
+    gpu_hours: float | None
+    cost: float | None  # gpu_hours x price, when a price was given
+
+
+@dataclass(frozen=True, slots=True)
+class CompareOutcome:
+    model: dict[str, Any]
+    cluster: dict[str, Any]
+    rows: tuple[CompareRow, ...]
+    tokens_budget: float | None
+    price_per_gpu_hour: float | None
+    wall_s: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
