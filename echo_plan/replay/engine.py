@@ -116,179 +116,242 @@ class ReplayResult:
 def replay(tasks: Sequence[Task], interference: InterferenceModel | None = None) -> ReplayResult:
     """Replay ``tasks`` (semantics in the module docstring). ``interference=None`` means none."""
     model = interference if interference is not None else InterferenceModel.none()
-    n = len(tasks)
-    idx_of: dict[int, int] = {}
-    for i, t in enumerate(tasks):
-        if t.id in idx_of:
-            raise ValueError(f"duplicate task id {t.id}")
-        w = t.work_s
-        if not (w >= 0.0 and math.isfinite(w)):
-            raise ValueError(f"task {t.id} ({t.name}): work_s must be finite and >= 0, got {w!r}")
-        idx_of[t.id] = i
+    g = _Graph(tasks)
+    if model.is_none:
+        start, end, dep_end, dep_last = _run_plain(g)
+    else:
+        start, end, dep_end, dep_last = _run_rates(g, model)
+    ids = g.ids
+    waited: dict[int, int | None] = {}
+    for q in g.queues:
+        prev_end = 0.0
+        for i in q:
+            j = dep_last[i]
+            waited[ids[i]] = ids[j] if j >= 0 and dep_end[i] > prev_end else None
+            prev_end = end[i]
+    work = g.work
+    return ReplayResult(
+        tasks=tuple(tasks),
+        start_s=dict(zip(ids, start)),
+        end_s=dict(zip(ids, end)),
+        slowdown_s=dict(zip(ids, [max(0.0, e - s - w) for s, e, w in zip(start, end, work)])),
+        waited_on=waited,
+        makespan_s=max(end, default=0.0),
+    )
 
-    ndeps = [0] * n
-    dependents: list[list[int]] = [[] for _ in range(n)]
-    for i, t in enumerate(tasks):
-        for d in t.deps:
-            j = idx_of.get(d)
-            if j is None:
-                raise ValueError(f"task {t.id} ({t.name}) depends on unknown task {d}")
-            ndeps[i] += 1
-            dependents[j].append(i)
 
-    # streams: an int per (device, stream), a FIFO queue each
-    sid_of: dict[tuple[int, str], int] = {}
-    queues: list[list[int]] = []
-    stream_of = [0] * n
-    device_of = [0] * n
-    for i, t in enumerate(tasks):
-        key = (t.device, t.stream)
-        s = sid_of.get(key)
-        if s is None:
-            s = sid_of[key] = len(queues)
-            queues.append([])
-        queues[s].append(i)
-        stream_of[i] = s
-        device_of[i] = t.device
+class _Graph:
+    """Tasks as index arrays: work, stream id, device, dependency counts and dependents."""
+
+    __slots__ = ("tasks", "n", "ids", "work", "stream_of", "device_of", "queues", "ndeps", "dependents")
+
+    def __init__(self, tasks: Sequence[Task]) -> None:
+        self.tasks = tasks
+        n = self.n = len(tasks)
+        ids = self.ids = [t.id for t in tasks]
+        work = self.work = [t.work_s for t in tasks]
+        for t, w in zip(tasks, work):
+            if not (w >= 0.0 and math.isfinite(w)):
+                raise ValueError(f"task {t.id} ({t.name}): work_s must be finite and >= 0, got {w!r}")
+        if ids == list(range(n)):
+            idx_of: dict[int, int] | None = None
+        else:
+            idx_of = {tid: i for i, tid in enumerate(ids)}
+            if len(idx_of) != n:
+                seen: set[int] = set()
+                dup = next(x for x in ids if x in seen or seen.add(x))  # type: ignore[func-returns-value]
+                raise ValueError(f"duplicate task id {dup}")
+        ndeps = self.ndeps = [0] * n
+        dependents: list[list[int]] = [[] for _ in range(n)]
+        self.dependents = dependents
+        for i, t in enumerate(tasks):
+            deps = t.deps
+            if not deps:
+                continue
+            for d in deps:
+                j = d if idx_of is None and 0 <= d < n and isinstance(d, int) else (
+                    idx_of.get(d) if idx_of is not None else None)
+                if j is None:
+                    raise ValueError(f"task {t.id} ({t.name}) depends on unknown task {d}")
+                dependents[j].append(i)
+            ndeps[i] = len(deps)
+        sid_of: dict[tuple[int, str], int] = {}
+        queues: list[list[int]] = []
+        stream_of = self.stream_of = [0] * n
+        device_of = self.device_of = [t.device for t in tasks]
+        for i, t in enumerate(tasks):
+            key = (device_of[i], t.stream)
+            s = sid_of.get(key)
+            if s is None:
+                s = sid_of[key] = len(queues)
+                queues.append([])
+            queues[s].append(i)
+            stream_of[i] = s
+        self.queues = queues
+
+    def deadlock(self, ndeps: list[int], head: list[int]) -> ValueError:
+        for s, q in enumerate(self.queues):
+            if head[s] < len(q):
+                t = self.tasks[q[head[s]]]
+                why = "waits on tasks that never end" if ndeps[q[head[s]]] else "is blocked"
+                return ValueError(f"deadlock: task {t.id} ({t.name or t.kind.value}) on device {t.device} "
+                                  f"stream {t.stream!r} {why} (a cycle through deps and stream order)")
+        return ValueError("deadlock")  # pragma: no cover - only reached when every task ended
+
+
+def _run_plain(g: _Graph) -> tuple[list[float], list[float], list[float], list[int]]:
+    """No interference: every task ends ``work_s`` after it starts, so the schedule is a longest-path
+    pass in topological order (deps plus stream order); no event queue is needed."""
+    n, work, queues, stream_of, dependents = g.n, g.work, g.queues, g.stream_of, g.dependents
+    ndeps = list(g.ndeps)
+    head = [0] * len(queues)
+    free = [0.0] * len(queues)
+    start = [0.0] * n
+    end = [0.0] * n
+    dep_end = [0.0] * n
+    dep_last = [-1] * n
+    ready = [q[0] for q in queues if q and ndeps[q[0]] == 0]
+    done = 0
+    pop, push = ready.pop, ready.append
+    while ready:
+        i = pop()
+        s = stream_of[i]
+        t0 = free[s]
+        de = dep_end[i]
+        if de > t0:
+            t0 = de
+        start[i] = t0
+        e = end[i] = free[s] = t0 + work[i]
+        done += 1
+        for j in dependents[i]:
+            ndeps[j] -= 1
+            if e >= dep_end[j]:
+                dep_end[j] = e
+                dep_last[j] = i
+            if ndeps[j] == 0:
+                sj = stream_of[j]
+                if queues[sj][head[sj]] == j:
+                    push(j)
+        h = head[s] = head[s] + 1
+        q = queues[s]
+        if h < len(q) and ndeps[q[h]] == 0:
+            push(q[h])
+    if done != n:
+        raise g.deadlock(ndeps, head)
+    return start, end, dep_end, dep_last
+
+
+def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[float], list[float], list[int]]:
+    """With interference: a heap of predicted ends; when the set of running tasks on a device
+    changes, each running task there whose factor changed is brought up to date and re-queued
+    (older predictions are skipped by a version number)."""
+    tasks, n, work, queues, stream_of, device_of, dependents = (
+        g.tasks, g.n, g.work, g.queues, g.stream_of, g.device_of, g.dependents)
+    ndeps = list(g.ndeps)
     nstreams = len(queues)
     head = [0] * nstreams
     busy = [False] * nstreams
-    stream_free_t = [0.0] * nstreams
-    dep_end = [0.0] * n  # latest end among finished deps
-    dep_last = [-1] * n  # index of that dep
-
     start = [0.0] * n
     end = [0.0] * n
-    done = 0
-    heap: list[tuple[float, int, int, int]] = []  # (time, seq, task index, version)
-    seq = 0
-    fast = model.is_none
-
-    # interference state (unused on the fast path)
+    dep_end = [0.0] * n
+    dep_last = [-1] * n
     ver = [0] * n
     rem = [0.0] * n
     last = [0.0] * n
     factor = [0.0] * n
-    running: dict[int, dict[int, None]] = {}  # device -> running task indices (insertion ordered)
     profile_ids: dict[tuple, int] = {}
     profiles: list[tuple] = []
     pid = [0] * n
-    if not fast:
-        for i, t in enumerate(tasks):
-            mix = _normalised(t)
-            p = (t.kind, mix)
-            k = profile_ids.get(p)
-            if k is None:
-                k = profile_ids[p] = len(profiles)
-                profiles.append(p)
-            pid[i] = k
+    for i, t in enumerate(tasks):
+        p = (t.kind, _normalised(t))
+        k = profile_ids.get(p)
+        if k is None:
+            k = profile_ids[p] = len(profiles)
+            profiles.append(p)
+        pid[i] = k
+    running: dict[int, list[int]] = {}  # device -> running task indices
     fcache: dict[tuple, float] = {}
+    heap: list[tuple[float, int, int, int]] = []  # (time, seq, task index, version)
+    heappush, heappop = heapq.heappush, heapq.heappop
+    seq = 0
+    done = 0
     dirty: set[int] = set()
 
-    def try_start(s: int, now: float) -> None:
-        nonlocal seq
-        if busy[s]:
-            return
-        h = head[s]
+    def start_head(s: int, now: float) -> None:
         q = queues[s]
-        if h >= len(q):
+        h = head[s]
+        if busy[s] or h >= len(q):
             return
         i = q[h]
         if ndeps[i]:
             return
         busy[s] = True
-        start[i] = now
-        if fast:
-            heapq.heappush(heap, (now + tasks[i].work_s, seq, i, 0))
-            seq += 1
+        start[i] = last[i] = now
+        rem[i] = work[i]
+        factor[i] = 0.0  # forces a rate computation and an event push
+        d = device_of[i]
+        run = running.get(d)
+        if run is None:
+            running[d] = [i]
         else:
-            d = device_of[i]
-            run = running.get(d)
-            if run is None:
-                run = running[d] = {}
-            run[i] = None
-            rem[i] = tasks[i].work_s
-            last[i] = now
-            factor[i] = 0.0  # forces a rate computation and an event push
-            dirty.add(d)
+            run.append(i)
+        dirty.add(d)
 
     def update_device(d: int, now: float) -> None:
         nonlocal seq
         run = running[d]
-        ids = list(run)
-        for i in ids:
-            others = tuple(sorted(pid[j] for j in ids if j != i))
-            key = (pid[i], others)
-            f = fcache.get(key)
-            if f is None:
-                f = fcache[key] = model.task_factor(*profiles[pid[i]], [profiles[o] for o in others])
-            if f != factor[i]:
-                if factor[i] > 0.0:
-                    r = rem[i] - (now - last[i]) / factor[i]
+        alone = len(run) == 1
+        for i in run:
+            if alone:
+                f = 1.0
+            else:
+                key = (pid[i], tuple(sorted(pid[j] for j in run if j != i)))
+                f = fcache.get(key)
+                if f is None:
+                    f = fcache[key] = model.task_factor(*profiles[pid[i]], [profiles[o] for o in key[1]])
+            fi = factor[i]
+            if f != fi:
+                if fi > 0.0:
+                    r = rem[i] - (now - last[i]) / fi
                     rem[i] = r if r > 0.0 else 0.0
-                last[i] = now
+                    last[i] = now
                 factor[i] = f
-                ver[i] += 1
-                heapq.heappush(heap, (now + rem[i] * f, seq, i, ver[i]))
+                v = ver[i] = ver[i] + 1
+                heappush(heap, (now + rem[i] * f, seq, i, v))
                 seq += 1
 
     for s in range(nstreams):
-        try_start(s, 0.0)
-    if not fast:
-        for d in list(dirty):
-            update_device(d, 0.0)
-        dirty.clear()
-
-    now = 0.0
+        start_head(s, 0.0)
+    for d in dirty:
+        update_device(d, 0.0)
+    dirty.clear()
     while heap:
-        now, _, i, v = heapq.heappop(heap)
+        now, _, i, v = heappop(heap)
         if v != ver[i]:
             continue
         end[i] = now
+        ver[i] = -1
         done += 1
         s = stream_of[i]
         busy[s] = False
         head[s] += 1
-        stream_free_t[s] = now
-        if not fast:
-            d = device_of[i]
-            del running[d][i]
-            dirty.add(d)
+        d = device_of[i]
+        running[d].remove(i)
+        dirty.add(d)
         for j in dependents[i]:
             ndeps[j] -= 1
             if now >= dep_end[j]:
                 dep_end[j] = now
                 dep_last[j] = i
             if ndeps[j] == 0:
-                try_start(stream_of[j], now)
-        try_start(s, now)
-        if not fast and dirty:
-            for d in dirty:
-                update_device(d, now)
-            dirty.clear()
-
+                start_head(stream_of[j], now)
+        start_head(s, now)
+        for d in dirty:
+            update_device(d, now)
+        dirty.clear()
     if done != n:
-        stuck = next(i for i in range(n) if ndeps[i] or head[stream_of[i]] <= queues[stream_of[i]].index(i))
-        t = tasks[stuck]
-        raise ValueError(f"deadlock: task {t.id} ({t.name or t.kind.value}) on device {t.device} stream "
-                         f"{t.stream!r} can never start (a cycle through deps and stream order)")
-
-    ids = [t.id for t in tasks]
-    waited: dict[int, int | None] = {}
-    prev_end = [0.0] * nstreams
-    for s in range(nstreams):
-        for i in queues[s]:
-            j = dep_last[i]
-            waited[tasks[i].id] = tasks[j].id if j >= 0 and dep_end[i] > prev_end[s] else None
-            prev_end[s] = end[i]
-    return ReplayResult(
-        tasks=tuple(tasks),
-        start_s=dict(zip(ids, start)),
-        end_s=dict(zip(ids, end)),
-        slowdown_s={t.id: max(0.0, end[i] - start[i] - t.work_s) for i, t in enumerate(tasks)},
-        waited_on=waited,
-        makespan_s=max(end, default=0.0),
-    )
+        raise g.deadlock(ndeps, head)
+    return start, end, dep_end, dep_last
 
 
 def _normalised(t: Task) -> Mix | None:
