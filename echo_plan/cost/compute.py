@@ -1,0 +1,291 @@
+"""Analytical kernel-time model: seconds one traced compute op takes on a GPU, alone.
+
+* GEMM (mm, addmm, bmm, baddbmm): FLOPs / (peak x efficiency(M, N, K)). The efficiency is what
+  cuBLAS does: the output is cut into tiles (tile quantisation), the tiles run in waves of one
+  tile per SM (wave quantisation), K may be split across CTAs when there are too few tiles
+  (split-K), every tile pays a pipeline fill (K / (K + k0)), and the best shapes reach a per
+  generation asymptote fitted to a published maximum-achievable-matmul measurement. The best tile
+  configuration wins, as cuBLAS' heuristics pick one. Then the max with the memory-bound time.
+* Fused attention (flash / SDPA forward and backward): FLOPs at an attention efficiency per GPU
+  generation, lower for backward, with the causal work fraction, wave quantisation over
+  (batch x heads x query blocks) and a short-sequence penalty.
+* Everything else: bytes moved / (HBM bandwidth x an achievable fraction per kind).
+* VIEW ops are free; every real kernel adds a launch overhead.
+
+Constants live in ``echo_plan/data/compute.yaml`` with their sources.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from echo_plan.errors import FileFormatError
+from echo_plan.specs.cluster import DType, GPUSpec
+from echo_plan.trace.records import OpKind, OpRecord, TensorMeta
+
+DTYPE_BY_TORCH_NAME: dict[str, DType] = {
+    "bfloat16": DType.BF16,
+    "float16": DType.FP16,
+    "half": DType.FP16,
+    "float32": DType.FP32,
+    "float": DType.FP32,
+    "float8_e4m3fn": DType.FP8,
+    "float8_e5m2": DType.FP8,
+}
+
+ELEMENT_BYTES: dict[str, int] = {
+    "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "double": 8,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2,
+    "int8": 1, "uint8": 1, "bool": 1,
+}
+
+
+class Bound(str, Enum):
+    """What limits a kernel in the model."""
+
+    COMPUTE = "compute"
+    MEMORY = "memory"
+    LAUNCH = "launch"  # so small that the fixed launch cost dominates
+    NONE = "none"  # metadata-only op: no kernel
+
+
+@dataclass(frozen=True, slots=True)
+class Tile:
+    m: int
+    n: int
+    rel_eff: float
+
+
+@dataclass(frozen=True, slots=True)
+class ArchParams:
+    asymptotic_eff: float  # fraction of peak of a perfectly quantised, long-K GEMM
+    max_eff: float  # the measured best fraction of peak (MAMF): no shape does better
+    attention_forward_eff: float
+    attention_backward_eff: float
+
+
+@dataclass(frozen=True)
+class ComputeConstants:
+    launch_overhead_s: float
+    tiles: tuple[Tile, ...]
+    k_overhead: int
+    min_split_k: int
+    max_split: int
+    arch: dict[int, ArchParams]
+    attention_block_rows: int
+    attention_seq_half: float
+    causal_work_fraction: float
+    hbm_efficiency: dict[OpKind, float]
+
+    def arch_params(self, sm_arch: int) -> ArchParams:
+        """The newest generation in the table that is not newer than ``sm_arch`` (else the oldest)."""
+        known = sorted(self.arch)
+        older = [a for a in known if a <= sm_arch]
+        return self.arch[older[-1] if older else known[0]]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEstimate:
+    time_s: float
+    bound: Bound
+    efficiency: float  # fraction of peak FLOP/s (compute-bound) or of HBM bandwidth (memory-bound)
+
+
+def load_compute_constants(text: str | None = None, origin: str = "compute.yaml") -> ComputeConstants:
+    """Parse the constants file (the packaged default when ``text`` is None)."""
+    if text is None:
+        text = (resources.files("echo_plan") / "data" / "compute.yaml").read_text(encoding="utf-8")
+    try:
+        raw = yaml.safe_load(text)
+        tiles = tuple(Tile(int(t["m"]), int(t["n"]), float(t["rel_eff"])) for t in raw["gemm_tiles"])
+        k0 = int(raw["gemm_k_overhead"])
+        arch: dict[int, ArchParams] = {}
+        for key, a in raw["arch"].items():
+            m, n, k = (int(x) for x in a["mamf_shape"])
+            shape_eff = gemm_shape_efficiency(m, n, k, int(a["sm_count"]), tiles, k0,
+                                              int(raw["gemm_min_split_k"]), int(raw["gemm_max_split"]))
+            arch[int(key)] = ArchParams(
+                asymptotic_eff=min(1.0, float(a["mamf_fraction"]) / shape_eff),
+                max_eff=float(a["mamf_fraction"]),
+                attention_forward_eff=float(a["attention_forward_eff"]),
+                attention_backward_eff=float(a["attention_backward_eff"]),
+            )
+        hbm = {OpKind(k): float(v) for k, v in raw["hbm_efficiency"].items()}
+        return ComputeConstants(
+            launch_overhead_s=float(raw["launch_overhead_us"]) * 1e-6,
+            tiles=tiles,
+            k_overhead=k0,
+            min_split_k=int(raw["gemm_min_split_k"]),
+            max_split=int(raw["gemm_max_split"]),
+            arch=arch,
+            attention_block_rows=int(raw["attention_block_rows"]),
+            attention_seq_half=float(raw["attention_seq_half"]),
+            causal_work_fraction=float(raw["causal_work_fraction"]),
+            hbm_efficiency=hbm,
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
+        raise FileFormatError(origin, f"invalid compute-model constants: {exc!r}") from None
+
+
+def gemm_shape_efficiency(m: int, n: int, k: int, sm_count: int, tiles: tuple[Tile, ...],
+                          k_overhead: int, min_split_k: int, max_split: int, batch: int = 1) -> float:
+    """Fraction of the asymptotic GEMM rate a (batch x) M x N x K GEMM reaches: the best tile and split."""
+    best = 0.0
+    for tile in tiles:
+        tm, tn = math.ceil(m / tile.m), math.ceil(n / tile.n)
+        tiles_out = tm * tn * batch
+        tile_q = (m * n) / (tm * tile.m * tn * tile.n)
+        max_s = max(1, min(max_split, k // min_split_k)) if tiles_out < sm_count else 1
+        for split in range(1, max_s + 1):
+            ctas = tiles_out * split
+            waves = math.ceil(ctas / sm_count)
+            wave_q = ctas / (waves * sm_count)
+            k_split = k / split
+            k_eff = k_split / (k_split + k_overhead)
+            eff = tile.rel_eff * tile_q * wave_q * k_eff
+            if eff > best:
+                best = eff
+    return best
+
+
+def tensor_bytes(t: TensorMeta) -> int:
+    return t.numel * ELEMENT_BYTES.get(t.dtype, 2)
+
+
+def op_dtype(op: OpRecord, default: DType) -> DType:
+    """The compute dtype of an op: its first floating-point input's (else ``default``)."""
+    for t in op.inputs:
+        d = DTYPE_BY_TORCH_NAME.get(t.dtype)
+        if d is not None:
+            return d
+    return default
+
+
+def gemm_dims(op: OpRecord) -> tuple[int, int, int, int] | None:
+    """(batch, M, N, K) of a matmul from its two matrix operands (the last two inputs of rank >= 2)."""
+    mats = [t for t in op.inputs if len(t.shape) >= 2]
+    if len(mats) < 2:
+        return None
+    a, b = mats[-2], mats[-1]
+    m, k = a.shape[-2], a.shape[-1]
+    k2, n = b.shape[-2], b.shape[-1]
+    if k != k2:
+        return None
+    batch = 1
+    for d in a.shape[:-2]:
+        batch *= d
+    return batch, m, n, k
+
+
+def attention_dims(op: OpRecord) -> tuple[int, int, int, int] | None:
+    """(batch, heads, s_q, s_k) of fused attention from its query and key (b, heads, s, d)."""
+    four = [t for t in op.inputs if len(t.shape) == 4]
+    if len(four) < 2:
+        return None
+    # the backward kernels take grad_out first, then query, key, value
+    q, k = (four[1], four[2]) if _is_backward(op) and len(four) >= 4 else (four[0], four[1])
+    return q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+
+
+class AnalyticalComputeModel:
+    """The roofline kernel model; implements ``ComputeModel``. Results are cached per op shape."""
+
+    def __init__(self, constants: ComputeConstants | None = None, *, causal_attention: bool = True) -> None:
+        # ModelSpec describes decoder-only transformers, whose attention is causal.
+        self.constants = constants or load_compute_constants()
+        self.causal_attention = causal_attention
+        self._cache: dict[tuple[Any, ...], KernelEstimate] = {}
+
+    def op_time(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> float:
+        return self.estimate(op, gpu, dtype).time_s
+
+    def estimate(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> KernelEstimate:
+        """Time, limiting resource and efficiency of one op (cached by op shape and GPU)."""
+        if op.kind is OpKind.COLLECTIVE:
+            raise ValueError(f"{op.name} is a collective: time it with a CollectiveModel, not a ComputeModel")
+        if op.kind is OpKind.VIEW:
+            return KernelEstimate(0.0, Bound.NONE, 0.0)
+        key = (op.name, op.kind, _is_backward(op), op.inputs, op.outputs, op.flops, op.bytes_read,
+               op.bytes_written, gpu.name, gpu.sm_count, gpu.sm_arch, gpu.hbm_bw_GBps,
+               gpu.peak_tflops(op_dtype(op, dtype)), dtype)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._estimate(op, gpu, dtype)
+            self._cache[key] = hit
+        return hit
+
+    # -- the model -------------------------------------------------------------------------------
+
+    def _estimate(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> KernelEstimate:
+        c = self.constants
+        nbytes = _moved_bytes(op)
+        mem_eff = c.hbm_efficiency.get(op.kind, c.hbm_efficiency[OpKind.OTHER])
+        mem_t = nbytes / (gpu.hbm_bw_GBps * 1e9 * mem_eff)
+        peak = gpu.peak_tflops(op_dtype(op, dtype)) * 1e12
+        if op.kind is OpKind.GEMM:
+            eff, flops = self._gemm_eff(op, gpu)
+        elif op.kind is OpKind.ATTENTION:
+            eff, flops = self._attention_eff(op, gpu)
+        else:
+            eff, flops = 1.0, op.flops  # bandwidth-bound kinds: FLOPs at the vector peak rarely matter
+            if op.flops > 0:
+                peak = gpu.peak_fp32_tflops * 1e12
+        comp_t = flops / (peak * eff) if flops > 0 and eff > 0 else 0.0
+        body = max(comp_t, mem_t)
+        launch = c.launch_overhead_s
+        if body < launch:
+            bound = Bound.LAUNCH
+        elif comp_t >= mem_t:
+            bound = Bound.COMPUTE
+        else:
+            bound = Bound.MEMORY
+        achieved = eff if bound is Bound.COMPUTE else mem_eff
+        return KernelEstimate(body + launch, bound, achieved)
+
+    def _gemm_eff(self, op: OpRecord, gpu: GPUSpec) -> tuple[float, float]:
+        c = self.constants
+        arch = c.arch_params(gpu.sm_arch)
+        dims = gemm_dims(op)
+        if dims is None:  # unknown operand layout: the best measured rate on the counted FLOPs
+            return arch.max_eff, op.flops
+        batch, m, n, k = dims
+        flops = op.flops if op.flops > 0 else 2.0 * batch * m * n * k
+        shape = gemm_shape_efficiency(m, n, k, gpu.sm_count, c.tiles, c.k_overhead, c.min_split_k,
+                                      c.max_split, batch=batch)
+        return min(arch.max_eff, arch.asymptotic_eff * shape), flops
+
+    def _attention_eff(self, op: OpRecord, gpu: GPUSpec) -> tuple[float, float]:
+        c = self.constants
+        arch = c.arch_params(gpu.sm_arch)
+        base = arch.attention_backward_eff if _is_backward(op) else arch.attention_forward_eff
+        work = c.causal_work_fraction if self.causal_attention else 1.0
+        dims = attention_dims(op)
+        if dims is None:
+            return base, op.flops * work
+        b, heads, s_q, s_k = dims
+        head_dim = [t for t in op.inputs if len(t.shape) == 4][0].shape[-1]
+        flops = op.flops if op.flops > 0 else 4.0 * b * heads * s_q * s_k * head_dim
+        if _is_backward(op) and op.flops <= 0:
+            flops *= 2.5  # torch's counter: backward is five score-sized matmuls to forward's two
+        ctas = b * heads * math.ceil(s_q / c.attention_block_rows)
+        waves = math.ceil(ctas / gpu.sm_count)
+        wave_q = ctas / (waves * gpu.sm_count)
+        seq = s_k / (s_k + c.attention_seq_half)
+        return base * wave_q * seq, flops * work
+
+
+def _is_backward(op: OpRecord) -> bool:
+    """A backward kernel (its aten name says so); ops merely run during backward are not."""
+    return "backward" in op.name
+
+
+def _moved_bytes(op: OpRecord) -> int:
+    if op.bytes_read or op.bytes_written:
+        return op.bytes_read + op.bytes_written
+    return sum(tensor_bytes(t) for t in op.inputs) + sum(tensor_bytes(t) for t in op.outputs)

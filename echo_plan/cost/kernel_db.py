@@ -1,0 +1,299 @@
+"""Measured kernel times: the database file, the model that uses it, and choosing one for a cluster.
+
+A database (``kernels/<GPU>.json``, written by ``echo-plan calibrate kernels``) holds the median
+time of each traced op measured on one GPU, keyed by the op's aten name and its input and output
+shapes and dtypes. ``DatabaseComputeModel`` answers from it where it has the key and asks its
+fallback (the analytical model) otherwise, op by op, and keeps count of how much it measured.
+The format is described in ``kernels/README.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+from echo_plan.errors import FileFormatError
+from echo_plan.specs.cluster import ClusterSpec, DType, GPUSpec
+from echo_plan.trace.records import OpKind, OpRecord, TensorMeta
+
+FORMAT = "echo-plan-kernels/1"
+
+# GPUs that share their compute silicon and HBM: a database measured on the first serves the
+# second. H800 is the H100 SXM5 die with NVLink cut to 400 GB/s and FP64 cut; compute and HBM are
+# the same (../shared/reference/hardware.md, "GPUs"; NVIDIA H100 datasheet).
+COMPUTE_ALIASES: dict[str, str] = {"H800": "H100"}
+
+KernelKey = tuple[str, tuple[tuple[tuple[int, ...], str], ...], tuple[tuple[tuple[int, ...], str], ...]]
+
+
+def _metas_key(metas: Iterable[TensorMeta]) -> tuple[tuple[tuple[int, ...], str], ...]:
+    return tuple((tuple(int(d) for d in t.shape), t.dtype) for t in metas)
+
+
+def kernel_key(op: OpRecord) -> KernelKey:
+    """What identifies a measured kernel: aten name, input and output (shape, dtype)s.
+
+    The outputs are part of the key because the trace does not record an op's non-tensor
+    arguments; two calls with the same inputs and different arguments (a sum over another dim)
+    differ in their outputs.
+    """
+    return (op.name, _metas_key(op.inputs), _metas_key(op.outputs))
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEntry:
+    median_us: float
+    count: int
+    p10_us: float
+    p90_us: float
+
+
+@dataclass(frozen=True, slots=True)
+class GPUIdentity:
+    """The GPU a database was measured on, as torch reports it."""
+
+    name: str  # torch.cuda.get_device_name(), e.g. "NVIDIA H100 80GB HBM3"
+    sm_count: int | None = None
+    sm_arch: int | None = None  # compute capability x10
+    memory_GiB: float | None = None
+
+    @property
+    def family(self) -> str | None:
+        return gpu_family(self.name)
+
+
+@dataclass(frozen=True)
+class KernelDatabase:
+    gpu: GPUIdentity
+    provenance: Mapping[str, Any]
+    entries: Mapping[KernelKey, KernelEntry]
+    skipped: tuple[Mapping[str, Any], ...] = ()
+    path: str = ""
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def lookup(self, op: OpRecord) -> KernelEntry | None:
+        return self.entries.get(kernel_key(op))
+
+    @staticmethod
+    def load(path: str | Path) -> "KernelDatabase":
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileFormatError(str(p), "no such file") from None
+        except json.JSONDecodeError as exc:
+            raise FileFormatError(str(p), f"malformed JSON: {exc.msg}", exc.lineno) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise FileFormatError(str(p), f"cannot read: {exc}") from None
+        return KernelDatabase.from_json(data, str(p))
+
+    @staticmethod
+    def from_json(data: Any, origin: str = "kernel database") -> "KernelDatabase":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise FileFormatError(origin, f"not a kernel database: format must be {FORMAT!r}, found {found!r}")
+        try:
+            g = data["gpu"]
+            gpu = GPUIdentity(
+                name=str(g["name"]),
+                sm_count=None if g.get("sm_count") is None else int(g["sm_count"]),
+                sm_arch=None if g.get("sm_arch") is None else int(g["sm_arch"]),
+                memory_GiB=None if g.get("memory_GiB") is None else float(g["memory_GiB"]),
+            )
+            provenance = dict(data["provenance"])
+            entries: dict[KernelKey, KernelEntry] = {}
+            for i, e in enumerate(data["entries"]):
+                key = (str(e["op"]), _parse_metas(e["inputs"]), _parse_metas(e["outputs"]))
+                entry = KernelEntry(float(e["median_us"]), int(e["count"]),
+                                    float(e.get("p10_us", e["median_us"])), float(e.get("p90_us", e["median_us"])))
+                if not entry.median_us >= 0 or entry.count < 1:
+                    raise ValueError(f"entry {i}: median_us must be >= 0 and count >= 1")
+                entries[key] = entry
+            skipped = tuple(MappingProxyType(dict(s)) for s in data.get("skipped", []))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FileFormatError(origin, f"invalid kernel database: {exc!r}") from None
+        return KernelDatabase(gpu, MappingProxyType(provenance), MappingProxyType(entries), skipped, origin)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "gpu": {"name": self.gpu.name, "sm_count": self.gpu.sm_count, "sm_arch": self.gpu.sm_arch,
+                    "memory_GiB": self.gpu.memory_GiB},
+            "provenance": dict(self.provenance),
+            "entries": [
+                {"op": k[0], "inputs": [[list(s), d] for s, d in k[1]], "outputs": [[list(s), d] for s, d in k[2]],
+                 "median_us": e.median_us, "count": e.count, "p10_us": e.p10_us, "p90_us": e.p90_us}
+                for k, e in self.entries.items()
+            ],
+            "skipped": [dict(s) for s in self.skipped],
+        }
+
+    def serves(self, gpu: GPUSpec) -> bool:
+        return gpu_matches(self.gpu, gpu)
+
+
+def _parse_metas(items: Any) -> tuple[tuple[tuple[int, ...], str], ...]:
+    out = []
+    for item in items:
+        shape, dtype = item
+        out.append((tuple(int(d) for d in shape), str(dtype)))
+    return tuple(out)
+
+
+_FAMILY = re.compile(r"\b([ABHLV]\d{2,3}[A-Z]?|GH\d{3}|GB\d{3}|B\d{3})", re.IGNORECASE)
+
+
+def gpu_family(name: str) -> str | None:
+    """The product family in a GPU name: "NVIDIA H100 80GB HBM3" -> "H100", "H800-SXM5-80GB" -> "H800"."""
+    m = _FAMILY.search(name.replace("_", " ").replace("-", " "))
+    return m.group(1).upper() if m else None
+
+
+def _form_factor(name: str) -> str | None:
+    up = name.upper()
+    for ff in ("PCIE", "NVL", "SXM"):
+        if ff in up:
+            return ff
+    return None
+
+
+def gpu_matches(measured: GPUIdentity, gpu: GPUSpec) -> bool:
+    """Whether kernel times measured on ``measured`` stand for ``gpu``'s.
+
+    Same compute family (H800 counts as H100, see COMPUTE_ALIASES), and where both sides say so,
+    the same SM count, compute capability, form factor and memory size (within 10%: torch reports
+    usable memory, datasheets the nominal size). A100 40GB and 80GB differ in HBM bandwidth, so
+    they do not serve each other.
+    """
+    fam_db, fam_gpu = measured.family, gpu_family(gpu.name)
+    if fam_db is None or fam_gpu is None:
+        return False
+    if COMPUTE_ALIASES.get(fam_db, fam_db) != COMPUTE_ALIASES.get(fam_gpu, fam_gpu):
+        return False
+    if measured.sm_count is not None and measured.sm_count != gpu.sm_count:
+        return False
+    if measured.sm_arch is not None and measured.sm_arch != gpu.sm_arch:
+        return False
+    ff_db, ff_gpu = _form_factor(measured.name), _form_factor(gpu.name)
+    if ff_db is not None and ff_gpu is not None and ff_db != ff_gpu:
+        return False
+    if measured.memory_GiB is not None and abs(measured.memory_GiB - gpu.hbm_GiB) > 0.1 * gpu.hbm_GiB:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """How much of a set of ops the database answered (VIEW ops, which cost nothing, are left out)."""
+
+    ops_measured: int
+    ops_modelled: int
+    time_measured_s: float
+    time_modelled_s: float
+    missing: tuple[str, ...] = ()  # op names the database lacked (distinct, sorted)
+
+    @property
+    def op_share(self) -> float:
+        n = self.ops_measured + self.ops_modelled
+        return self.ops_measured / n if n else 0.0
+
+    @property
+    def time_share(self) -> float:
+        t = self.time_measured_s + self.time_modelled_s
+        return self.time_measured_s / t if t else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"ops_measured": self.ops_measured, "ops_modelled": self.ops_modelled,
+                "op_share": self.op_share, "time_share": self.time_share, "missing": list(self.missing)}
+
+
+@dataclass
+class DatabaseComputeModel:
+    """Measured times where the database has the op, the fallback model elsewhere; counts coverage."""
+
+    db: KernelDatabase
+    fallback: Any  # a ComputeModel
+    _tally: dict[str, Any] = field(default_factory=lambda: {"m": 0, "f": 0, "tm": 0.0, "tf": 0.0, "miss": set()})
+
+    def op_time(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> float:
+        t, measured = self._time(op, gpu, dtype)
+        if op.kind is not OpKind.VIEW:
+            tally = self._tally
+            if measured:
+                tally["m"] += 1
+                tally["tm"] += t
+            else:
+                tally["f"] += 1
+                tally["tf"] += t
+                tally["miss"].add(op.name)
+        return t
+
+    def _time(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> tuple[float, bool]:
+        if op.kind is OpKind.VIEW:
+            return self.fallback.op_time(op, gpu, dtype), False
+        entry = self.db.lookup(op)
+        if entry is not None:
+            return entry.median_us * 1e-6, True
+        return self.fallback.op_time(op, gpu, dtype), False
+
+    def coverage(self, ops: Iterable[OpRecord], gpu: GPUSpec, dtype: DType) -> Coverage:
+        """Coverage of ``ops`` (each counted once per occurrence), without touching the running tally."""
+        m = f = 0
+        tm = tf = 0.0
+        miss: set[str] = set()
+        for op in ops:
+            if op.kind in (OpKind.VIEW, OpKind.COLLECTIVE):
+                continue
+            t, measured = self._time(op, gpu, dtype)
+            if measured:
+                m, tm = m + 1, tm + t
+            else:
+                f, tf = f + 1, tf + t
+                miss.add(op.name)
+        return Coverage(m, f, tm, tf, tuple(sorted(miss)))
+
+    def usage(self) -> Coverage:
+        """Coverage of every op timed through this model so far."""
+        t = self._tally
+        return Coverage(t["m"], t["f"], t["tm"], t["tf"], tuple(sorted(t["miss"])))
+
+
+def kernels_dir() -> Path | None:
+    """``kernels/`` at the project root (next to ``clusters/``), if there is one."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "kernels"
+        if candidate.is_dir() and (parent / "clusters").is_dir():
+            return candidate
+    return None
+
+
+def find_database(gpu: GPUSpec, folder: str | Path | None = None) -> KernelDatabase | None:
+    """The database in ``folder`` (default: the project's ``kernels/``) that serves ``gpu``.
+
+    Several matches: one measured on the same family (not through an alias) wins, then the one
+    with most entries. A corrupt ``*.json`` in the folder raises FileFormatError.
+    """
+    root = Path(folder) if folder is not None else kernels_dir()
+    if root is None or not root.is_dir():
+        return None
+    fam = gpu_family(gpu.name)
+    matches = [db for db in (KernelDatabase.load(p) for p in sorted(root.glob("*.json"))) if db.serves(gpu)]
+    if not matches:
+        return None
+    return max(matches, key=lambda db: (db.gpu.family == fam, len(db)))
+
+
+def compute_model_for(cluster: ClusterSpec, kernels_dir: str | Path | None = None, *, fallback: Any = None) -> Any:
+    """The compute model for ``cluster``: database-backed when a database serves its GPU, else analytical."""
+    from echo_plan.cost.compute import AnalyticalComputeModel
+
+    base = fallback if fallback is not None else AnalyticalComputeModel()
+    db = find_database(cluster.gpu, kernels_dir)
+    return DatabaseComputeModel(db, base) if db is not None else base

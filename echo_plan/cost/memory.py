@@ -1,0 +1,246 @@
+"""Peak memory of each pipeline stage's GPU: model states, activations and buffers.
+
+* Parameters per rank from the ModelSpec: the stage's layers with their linears split over tp
+  (norms and row-parallel biases replicated), the vocab-parallel embedding on the first stage,
+  the output head on the last (with pp > 1 the last stage holds its own copy of a tied embedding,
+  as Megatron-LM does).
+* Weights, gradients and Adam states at the bytes per parameter Megatron-LM documents
+  (``echo_plan/data/memory.yaml``); the optimizer states shard over dp with the distributed optimizer.
+* Activations: the saved bytes of one layer (from the trace, or the closed form of Korthikanti et
+  al. 2022 generalised to GQA, SwiGLU and fused attention) x layers on the stage x micro-batches
+  in flight under the schedule, plus the embedding and loss stages' own saved bytes, plus with full
+  recomputation one layer's rematerialised activations during its backward.
+* Buffers: CUDA context, NCCL buffers per communicator, allocator fragmentation, and the loss's
+  transient fp32 logits on the last stage.
+
+Micro-batches in flight, derived from each schedule's order of forward and backward passes:
+GPipe runs all m forwards first (m in flight); 1F1B (Narayanan et al. 2021) lets stage i of p run
+p - i - 1 warm-up forwards and one more before its first backward, so min(p - i, m); Megatron-LM's
+interleaved schedule gives rank i (p - i - 1) x 2 + (v - 1) x p warm-up model-chunk forwards,
+plus one, each chunk holding layers / v (capped at m x v chunk passes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+from typing import Protocol
+
+import yaml
+
+from echo_plan.errors import FileFormatError
+from echo_plan.replay.results import StageMemory
+from echo_plan.specs.cluster import ClusterSpec, DType
+from echo_plan.specs.model import Activation, ModelSpec, Norm, PositionEmbedding
+from echo_plan.specs.plan import PlanSpec, Recompute, Schedule
+from echo_plan.trace.records import LayerTrace
+
+GiB = 2**30
+
+
+class ModelTracesLike(Protocol):
+    """What the memory model reads from the tracer's ModelTraces."""
+
+    block: LayerTrace
+    embedding: LayerTrace
+    output: LayerTrace
+
+
+@dataclass(frozen=True)
+class MemoryConstants:
+    bytes_per_param: dict[DType, tuple[int, int, int]]  # weights, gradients, optimizer
+    flash_attention: bool
+    dropout: bool
+    cuda_context_bytes: int
+    nccl_per_communicator_bytes: int
+    fragmentation_fraction: float
+    logits_transient_bytes_per_element: float
+
+
+def load_memory_constants(text: str | None = None, origin: str = "memory.yaml") -> MemoryConstants:
+    if text is None:
+        text = (resources.files("echo_plan") / "data" / "memory.yaml").read_text(encoding="utf-8")
+    try:
+        raw = yaml.safe_load(text)
+        bpp = {DType(k): (int(v["weights"]), int(v["gradients"]), int(v["optimizer"]))
+               for k, v in raw["bytes_per_param"].items()}
+        b = raw["buffers"]
+        return MemoryConstants(
+            bytes_per_param=bpp,
+            flash_attention=bool(raw["assume_flash_attention"]),
+            dropout=bool(raw["assume_dropout"]),
+            cuda_context_bytes=int(float(b["cuda_context_GiB"]) * GiB),
+            nccl_per_communicator_bytes=int(float(b["nccl_per_communicator_GiB"]) * GiB),
+            fragmentation_fraction=float(b["fragmentation_fraction"]),
+            logits_transient_bytes_per_element=float(b["logits_transient_bytes_per_element"]),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
+        raise FileFormatError(origin, f"invalid memory-model constants: {exc!r}") from None
+
+
+# -- parameters ---------------------------------------------------------------------------------
+
+def layer_params_per_rank(model: ModelSpec, tp: int) -> int:
+    """Parameters of one transformer block held by one tensor-parallel rank."""
+    h, f = model.hidden_size, model.ffn_size
+    kv = model.kv_heads * model.head_dim
+    bias = model.activation is Activation.GELU
+    sharded = h * (h + 2 * kv) + h * h  # QKV (column parallel) and output projection (row parallel)
+    sharded += (2 * h * f if model.activation is Activation.SWIGLU else h * f) + f * h
+    if bias:
+        sharded += (h + 2 * kv) + f  # column-parallel biases are split
+    replicated = (2 * h if bias else 0) + 2 * _norm_params(model)  # row-parallel biases, two norms
+    return math.ceil(sharded / tp) + replicated
+
+
+def _norm_params(model: ModelSpec) -> int:
+    return 2 * model.hidden_size if model.norm is Norm.LAYERNORM else model.hidden_size
+
+
+def stage_params(model: ModelSpec, plan: PlanSpec, stage: int) -> int:
+    layers = plan.stage_layers(model.num_layers)[stage]
+    n = layers * layer_params_per_rank(model, plan.tp)
+    word = math.ceil(model.vocab_size * model.hidden_size / plan.tp)  # vocab-parallel
+    if stage == 0:
+        n += word
+        if model.position_embedding is PositionEmbedding.LEARNED:
+            n += model.seq_length * model.hidden_size
+    if stage == plan.pp - 1:
+        n += _norm_params(model)
+        if not model.tied_embeddings or plan.pp > 1:
+            n += word
+    return n
+
+
+# -- micro-batches in flight --------------------------------------------------------------------
+
+def inflight_chunk_passes(plan: PlanSpec, stage: int) -> int:
+    """Forward passes (of one model chunk each) held on ``stage`` at its activation peak."""
+    p, m, v = plan.pp, plan.num_microbatches, plan.virtual_stages
+    if plan.schedule is Schedule.GPIPE:
+        return m * v
+    if plan.schedule is Schedule.INTERLEAVED and v > 1:
+        return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
+    return min(p - stage, m)
+
+
+def inflight_on_chunk(plan: PlanSpec, stage: int, chunk: int) -> int:
+    """Micro-batches whose forward on model chunk ``chunk`` of ``stage`` is held at the peak."""
+    p, v = plan.pp, plan.virtual_stages
+    n = inflight_chunk_passes(plan, stage)
+    if v == 1:
+        return n
+    if plan.schedule is Schedule.GPIPE:
+        return plan.num_microbatches
+    # Megatron-LM's interleaved order: p micro-batches on chunk 0, the same p on chunk 1, ...
+    return sum(1 for k in range(n) if (k % (p * v)) // p == chunk)
+
+
+# -- closed-form activations --------------------------------------------------------------------
+
+def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recompute,
+                           consts: MemoryConstants | None = None) -> int:
+    """Bytes one layer saves for backward for one micro-batch (Korthikanti et al. 2022, itemised).
+
+    With MHA, a 4h GELU MLP, dropout and no fused attention this is exactly their
+    s*b*h*(10 + 24/t + 5*a*s/(h*t)) (34 + 5as/h with sequence parallelism divided by t).
+    """
+    c = consts or load_memory_constants()
+    s, b, h, t = model.seq_length, plan.micro_batch_size, model.hidden_size, plan.tp
+    a, f = model.num_attention_heads, model.ffn_size
+    kv = model.kv_heads * model.head_dim
+    e = plan.dtype.nbytes
+    rep = 1.0 / t if plan.sequence_parallel else 1.0  # regions outside the TP split
+    sb = s * b
+    if recompute is Recompute.FULL:
+        return int(e * sb * h * rep)  # the layer's input, the checkpoint Megatron-LM keeps
+    stats = (8 if model.norm is Norm.LAYERNORM else 4) * sb * rep  # fp32 mean/rstd per norm
+    norms = 2 * (e * sb * h * rep + stats)  # the two norms' inputs
+    mask = sb * h * rep if c.dropout else 0  # 1-byte dropout masks after attention and MLP
+    attn = e * sb * h * rep  # QKV linear input
+    attn += e * sb * (h + 2 * kv) / t  # q, k, v
+    attn += e * sb * h / t  # attention output = projection input
+    if c.flash_attention:
+        attn += 4 * b * a * s / t  # fp32 log-sum-exp
+    elif recompute is not Recompute.SELECTIVE:
+        attn += (5 if c.dropout else 2) * a * s * s * b / t  # softmax (+ dropout mask and output)
+    mlp = e * sb * h * rep  # fc1 input
+    mlp += (4 if model.activation is Activation.SWIGLU else 2) * e * sb * f / t
+    return int(norms + attn + mlp + 2 * mask)
+
+
+def embedding_activation_bytes(model: ModelSpec, plan: PlanSpec, consts: MemoryConstants | None = None) -> int:
+    """Token ids (int64) kept for the embedding's backward, plus its dropout mask."""
+    c = consts or load_memory_constants()
+    sb = model.seq_length * plan.micro_batch_size
+    rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
+    return int(8 * sb + (sb * model.hidden_size * rep if c.dropout else 0))
+
+
+def output_activation_bytes(model: ModelSpec, plan: PlanSpec) -> int:
+    """Final norm and output-linear inputs, and the fp32 softmax of the vocab-parallel loss."""
+    sb = model.seq_length * plan.micro_batch_size
+    rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
+    e = plan.dtype.nbytes
+    return int(2 * e * sb * model.hidden_size * rep + 4 * sb * model.vocab_size / plan.tp)
+
+
+# -- assembly -----------------------------------------------------------------------------------
+
+def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec,
+                 traces: ModelTracesLike) -> tuple[StageMemory, ...]:
+    """Per-stage peak memory with activations from the traces' saved bytes (one micro-batch each)."""
+    block = traces.block
+    full_layer = block.saved_bytes_by_mode.get(Recompute.NONE.value)
+    if full_layer is None:
+        full_layer = layer_activation_bytes(model, plan, Recompute.NONE)
+    return _assemble(model, plan, cluster, block.saved_bytes, full_layer,
+                     traces.embedding.saved_bytes, traces.output.saved_bytes)
+
+
+def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec) -> tuple[StageMemory, ...]:
+    """Per-stage peak memory without a trace (closed-form activations), for fast pruning."""
+    c = load_memory_constants()
+    return _assemble(model, plan, cluster,
+                     layer_activation_bytes(model, plan, plan.recompute, c),
+                     layer_activation_bytes(model, plan, Recompute.NONE, c),
+                     embedding_activation_bytes(model, plan, c),
+                     output_activation_bytes(model, plan), consts=c)
+
+
+def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, layer_saved: int, layer_full: int,
+              embed_saved: int, output_saved: int, consts: MemoryConstants | None = None) -> tuple[StageMemory, ...]:
+    c = consts or load_memory_constants()
+    w_b, g_b, o_b = c.bytes_per_param[plan.dtype]
+    capacity = int(cluster.gpu.hbm_GiB * GiB)
+    layers = plan.stage_layers(model.num_layers)
+    v = plan.virtual_stages
+    comms = sum(1 for n in (plan.tp, plan.dp) if n > 1) + (2 if plan.pp > 1 else 0)  # PP: two neighbours
+    out: list[StageMemory] = []
+    for i in range(plan.pp):
+        params = stage_params(model, plan, i)
+        optimizer = params * o_b / (plan.dp if plan.distributed_optimizer else 1)
+        chunks_held = inflight_chunk_passes(plan, i)
+        act = layer_saved * layers[i] / v * chunks_held
+        if plan.recompute is Recompute.FULL:
+            act += max(0, layer_full - layer_saved)  # one layer rematerialised during its backward
+        if i == 0:
+            act += embed_saved * inflight_on_chunk(plan, i, 0)
+        transient = 0.0
+        if i == plan.pp - 1:
+            act += output_saved * inflight_on_chunk(plan, i, v - 1)
+            transient = (c.logits_transient_bytes_per_element * model.seq_length * plan.micro_batch_size
+                         * model.vocab_size / plan.tp)
+        buffers = (c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes
+                   + c.fragmentation_fraction * act + transient)
+        out.append(StageMemory(
+            stage=i,
+            weights_bytes=int(params * w_b),
+            gradients_bytes=int(params * g_b),
+            optimizer_bytes=int(optimizer),
+            activations_bytes=int(act),
+            buffers_bytes=int(buffers),
+            capacity_bytes=capacity,
+        ))
+    return tuple(out)

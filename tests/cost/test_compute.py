@@ -1,0 +1,185 @@
+"""The analytical kernel model: properties any sane kernel-time model must have."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from echo_plan.cost.base import ComputeModel
+from echo_plan.cost.compute import (
+    AnalyticalComputeModel,
+    Bound,
+    gemm_shape_efficiency,
+    load_compute_constants,
+)
+from echo_plan.errors import FileFormatError
+from echo_plan.specs import DType, load_cluster
+from echo_plan.trace.records import (
+    CollectiveInfo, CollectiveKind, CommGroup, GroupKind, OpKind, OpRecord, Phase, Stream, TensorMeta,
+)
+
+H800 = load_cluster("h800").gpu
+H100 = load_cluster("dgx-h100").gpu
+A100 = load_cluster("dgx-a100").gpu
+MODEL = AnalyticalComputeModel()
+
+
+def _op(name, kind, inputs, outputs, flops=0.0, phase=Phase.FORWARD, dtype="bfloat16"):
+    ins = tuple(TensorMeta(tuple(s), dtype) for s in inputs)
+    outs = tuple(TensorMeta(tuple(s), dtype) for s in outputs)
+    size = 4 if dtype == "float32" else 2
+    rd = sum(t.numel for t in ins) * size
+    wr = sum(t.numel for t in outs) * size
+    return OpRecord(0, name, kind, phase, Stream.COMPUTE, ins, outs, flops, rd, wr, ())
+
+
+def mm(m, k, n, dtype="bfloat16"):
+    return _op("aten.mm.default", OpKind.GEMM, [(m, k), (k, n)], [(m, n)], 2.0 * m * n * k, dtype=dtype)
+
+
+def bmm(b, m, k, n):
+    return _op("aten.bmm.default", OpKind.GEMM, [(b, m, k), (b, k, n)], [(b, m, n)], 2.0 * b * m * n * k)
+
+
+def sdpa(b, h, s, d, backward=False):
+    fwd = 4.0 * b * h * s * s * d
+    if backward:
+        return _op("aten._scaled_dot_product_flash_attention_backward.default", OpKind.ATTENTION,
+                   [(b, h, s, d)] * 4, [(b, h, s, d)] * 3, 2.5 * fwd, phase=Phase.BACKWARD)
+    return _op("aten._scaled_dot_product_flash_attention.default", OpKind.ATTENTION,
+               [(b, h, s, d)] * 3, [(b, h, s, d)], fwd)
+
+
+def eltwise(n, kind=OpKind.ELEMENTWISE):
+    return _op("aten.add.Tensor", kind, [(n,), (n,)], [(n,)])
+
+
+def test_implements_protocol():
+    assert isinstance(MODEL, ComputeModel)
+
+
+def test_mamf_shape_reproduces_published_fraction():
+    consts = load_compute_constants()
+    for gpu, frac in ((H100, 0.801), (A100, 0.859)):
+        m, n, k = {90: (6144, 17920, 2816), 80: (6912, 16384, 2048)}[gpu.sm_arch]
+        t = MODEL.op_time(mm(m, k, n), gpu, DType.BF16) - consts.launch_overhead_s
+        achieved = 2.0 * m * n * k / t / (gpu.peak_bf16_tflops * 1e12)
+        assert achieved == pytest.approx(frac, rel=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 20000), st.integers(1, 20000), st.integers(1, 20000))
+def test_gemm_never_beats_roofline_or_mamf(m, k, n):
+    op = mm(m, k, n)
+    est = MODEL.estimate(op, H800, DType.BF16)
+    consts = MODEL.constants
+    body = est.time_s - consts.launch_overhead_s
+    assert body >= op.flops / (H800.peak_bf16_tflops * 1e12 * 0.801) * (1 - 1e-9)
+    assert body >= (op.bytes_read + op.bytes_written) / (H800.hbm_bw_GBps * 1e9) * (1 - 1e-9)
+    assert est.time_s >= consts.launch_overhead_s
+
+
+def test_wave_quantisation_one_tile_past_a_full_wave_costs():
+    # 132 tiles of 128x128 fill the H800 once; one more tile row needs a second wave.
+    consts = MODEL.constants
+    args = (H800.sm_count, consts.tiles, consts.k_overhead, consts.min_split_k, consts.max_split)
+    full = gemm_shape_efficiency(128 * 12, 128 * 11, 8192, *args)
+    over = gemm_shape_efficiency(128 * 12 + 64, 128 * 11, 8192, *args)
+    assert over < full
+
+
+def test_small_gemm_less_efficient_than_large():
+    def tflops(s):
+        op = mm(s, s, s)
+        return op.flops / MODEL.op_time(op, H800, DType.BF16)
+    assert tflops(256) < tflops(1024) < tflops(8192)
+
+
+def test_skinny_gemm_is_memory_bound():
+    est = MODEL.estimate(mm(8, 8192, 8192), H800, DType.BF16)
+    assert est.bound is Bound.MEMORY
+
+
+def test_bmm_costs_at_least_its_batch_of_mm_work():
+    one = MODEL.op_time(mm(2048, 128, 2048), H800, DType.BF16)
+    many = MODEL.op_time(bmm(64, 2048, 128, 2048), H800, DType.BF16)
+    assert many > one
+    assert many <= 64 * one  # batching fills the GPU better than 64 separate launches
+
+
+def test_fp32_gemm_slower_than_bf16():
+    assert MODEL.op_time(mm(4096, 4096, 4096, "float32"), H800, DType.BF16) > \
+        5 * MODEL.op_time(mm(4096, 4096, 4096), H800, DType.BF16)
+
+
+def test_h800_and_h100_times_equal_a100_slower():
+    op = mm(8192, 12288, 4608)
+    assert MODEL.op_time(op, H800, DType.BF16) == MODEL.op_time(op, H100, DType.BF16)
+    assert MODEL.op_time(op, A100, DType.BF16) > 2 * MODEL.op_time(op, H100, DType.BF16)
+
+
+def test_attention_backward_slower_per_flop_and_causal_halves():
+    fwd, bwd = sdpa(1, 12, 2048, 128), sdpa(1, 12, 2048, 128, backward=True)
+    t_f = MODEL.op_time(fwd, H800, DType.BF16)
+    t_b = MODEL.op_time(bwd, H800, DType.BF16)
+    assert bwd.flops / t_b < fwd.flops / t_f
+    full = AnalyticalComputeModel(causal_attention=False).op_time(fwd, H800, DType.BF16)
+    launch = MODEL.constants.launch_overhead_s
+    assert (t_f - launch) == pytest.approx((full - launch) * 0.5, rel=1e-9)
+
+
+def test_attention_without_counted_flops_uses_shapes():
+    op = sdpa(2, 8, 1024, 64)
+    uncounted = _op(op.name.replace("flash_attention", "flash_attention_for_cpu"), OpKind.ATTENTION,
+                    [t.shape for t in op.inputs], [t.shape for t in op.outputs], 0.0)
+    assert MODEL.op_time(uncounted, H800, DType.BF16) == pytest.approx(MODEL.op_time(op, H800, DType.BF16))
+
+
+def test_longer_sequences_run_attention_more_efficiently():
+    def rate(s):
+        op = sdpa(1, 32, s, 128)
+        return op.flops / MODEL.op_time(op, H800, DType.BF16)
+    assert rate(512) < rate(2048) < rate(8192)
+
+
+def test_elementwise_is_bandwidth_bound_and_linear():
+    big, bigger = eltwise(1 << 26), eltwise(1 << 27)
+    launch = MODEL.constants.launch_overhead_s
+    t1 = MODEL.op_time(big, H800, DType.BF16) - launch
+    t2 = MODEL.op_time(bigger, H800, DType.BF16) - launch
+    assert t2 == pytest.approx(2 * t1, rel=1e-9)
+    assert t1 >= (big.bytes_read + big.bytes_written) / (H800.hbm_bw_GBps * 1e9)
+    tiny = MODEL.estimate(eltwise(16), H800, DType.BF16)
+    assert tiny.bound is Bound.LAUNCH
+
+
+def test_norm_slower_than_elementwise_of_same_bytes():
+    n = 1 << 24
+    assert MODEL.op_time(eltwise(n, OpKind.NORM), H800, DType.BF16) > MODEL.op_time(eltwise(n), H800, DType.BF16)
+
+
+def test_view_is_free_and_collectives_refused():
+    view = _op("aten.view.default", OpKind.VIEW, [(4, 4)], [(16,)])
+    assert MODEL.op_time(view, H800, DType.BF16) == 0.0
+    coll = OpRecord(0, "c10d.all_reduce", OpKind.COLLECTIVE, Phase.FORWARD, Stream.TP_COMM,
+                    (TensorMeta((1024,), "bfloat16"),), (TensorMeta((1024,), "bfloat16"),), 0.0, 2048, 2048, (),
+                    CollectiveInfo(CollectiveKind.ALL_REDUCE, 2048, CommGroup(GroupKind.TP, 8)))
+    with pytest.raises(ValueError):
+        MODEL.op_time(coll, H800, DType.BF16)
+
+
+def test_results_cached_and_pure():
+    model = AnalyticalComputeModel()
+    op = mm(1000, 3000, 2000)
+    first = model.op_time(op, H800, DType.BF16)
+    assert model.op_time(op, H800, DType.BF16) == first
+    assert AnalyticalComputeModel().op_time(op, H800, DType.BF16) == first
+    assert math.isfinite(first) and first > 0
+
+
+def test_corrupt_constants_raise_file_format_error():
+    with pytest.raises(FileFormatError):
+        load_compute_constants("gemm_tiles: [1, 2]", "bad.yaml")
