@@ -163,6 +163,11 @@ def _form_factor(name: str) -> str | None:
     return None
 
 
+def _name_memory_GB(name: str) -> int | None:
+    m = re.search(r"(\d+)\s*GB", name, re.IGNORECASE)
+    return int(m.group(1)) if m else None
+
+
 def gpu_matches(measured: GPUIdentity, gpu: GPUSpec) -> bool:
     """Whether kernel times measured on ``measured`` stand for ``gpu``'s.
 
@@ -185,7 +190,8 @@ def gpu_matches(measured: GPUIdentity, gpu: GPUSpec) -> bool:
         return False
     if measured.memory_GiB is not None and abs(measured.memory_GiB - gpu.hbm_GiB) > 0.1 * gpu.hbm_GiB:
         return False
-    return True
+    mem_db, mem_gpu = _name_memory_GB(measured.name), _name_memory_GB(gpu.name)
+    return mem_db is None or mem_gpu is None or mem_db == mem_gpu
 
 
 @dataclass(frozen=True, slots=True)

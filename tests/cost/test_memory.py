@@ -1,0 +1,171 @@
+"""The memory model: properties that must hold whatever the constants are."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from echo_plan.cost.memory import (
+    embedding_activation_bytes,
+    estimate_memory,
+    inflight_chunk_passes,
+    layer_activation_bytes,
+    layer_params_per_rank,
+    load_memory_constants,
+    output_activation_bytes,
+    stage_memory,
+    stage_params,
+)
+from echo_plan.errors import FileFormatError
+from echo_plan.specs import PlanSpec, Recompute, load_cluster, load_model
+from echo_plan.trace.records import LayerTrace, StageKind, TraceKey
+
+CLUSTER = load_cluster("h800")
+GPT = load_model("gpt3-175b")
+LLAMA = load_model("llama2-70b")
+
+
+def plan(**kw):
+    base = dict(tp=8, pp=12, dp=1, global_batch_size=96)
+    base.update(kw)
+    return PlanSpec.build(base)
+
+
+PLANS = [
+    plan(),
+    plan(sequence_parallel=True, recompute="selective"),
+    plan(virtual_stages=2),
+    plan(schedule="gpipe", global_batch_size=24),
+    plan(tp=4, pp=8, dp=3, recompute="full"),
+    plan(tp=8, pp=1, dp=12, global_batch_size=96, distributed_optimizer=True),
+]
+
+
+def test_params_add_up_to_the_model():
+    for model in (GPT, LLAMA):
+        assert layer_params_per_rank(model, 1) == model.params_per_layer
+        p = plan(tp=1, pp=1, dp=96)
+        assert stage_params(model, p, 0) == model.num_params
+
+
+def test_tensor_parallel_splits_the_weights():
+    assert layer_params_per_rank(GPT, 8) < GPT.params_per_layer / 7.9
+    assert layer_params_per_rank(GPT, 8) >= GPT.params_per_layer / 8
+
+
+@pytest.mark.parametrize("p", PLANS, ids=lambda p: p.short())
+def test_distributed_optimizer_never_increases_memory(p):
+    for model in (GPT, LLAMA):
+        without = estimate_memory(model, p.replace(distributed_optimizer=False), CLUSTER)
+        with_ = estimate_memory(model, p.replace(distributed_optimizer=True), CLUSTER)
+        for a, b in zip(without, with_):
+            assert b.total_bytes <= a.total_bytes
+            assert b.weights_bytes == a.weights_bytes
+
+
+def test_megatron_bytes_per_parameter():
+    p = plan(tp=8, pp=1, dp=12, global_batch_size=96)
+    plain = estimate_memory(GPT, p, CLUSTER)[0]
+    dist = estimate_memory(GPT, p.replace(distributed_optimizer=True), CLUSTER)[0]
+    n = stage_params(GPT, p, 0)
+    assert (plain.weights_bytes + plain.gradients_bytes + plain.optimizer_bytes) == pytest.approx(18 * n, abs=3)
+    assert (dist.weights_bytes + dist.gradients_bytes + dist.optimizer_bytes) == pytest.approx((6 + 12 / 12) * n, abs=3)
+
+
+@pytest.mark.parametrize("p", PLANS, ids=lambda p: p.short())
+def test_more_recomputation_never_increases_activations(p):
+    for model in (GPT, LLAMA):
+        acts = [tuple(s.activations_bytes for s in estimate_memory(model, p.replace(recompute=r), CLUSTER))
+                for r in ("none", "selective", "full")]
+        for stage in range(p.pp):
+            assert acts[0][stage] >= acts[1][stage] >= acts[2][stage]
+
+
+def test_doubling_micro_batch_doubles_activations():
+    for model in (GPT, LLAMA):
+        for r in ("none", "selective", "full"):
+            one = plan(recompute=r, micro_batch_size=1, global_batch_size=96)
+            two = plan(recompute=r, micro_batch_size=2, global_batch_size=192)
+            a = estimate_memory(model, one, CLUSTER)
+            b = estimate_memory(model, two, CLUSTER)
+            for x, y in zip(a, b):
+                assert y.activations_bytes == pytest.approx(2 * x.activations_bytes, rel=0.02)
+
+
+def test_korthikanti_formula_is_a_special_case():
+    # GPT-3 with dropout and without fused attention: s*b*h*(10 + 24/t + 5as/(ht)) per layer.
+    consts = dataclasses.replace(load_memory_constants(), flash_attention=False, dropout=True)
+    s, h, a, t = GPT.seq_length, GPT.hidden_size, GPT.num_attention_heads, 8
+    for sp in (False, True):
+        p = plan(sequence_parallel=sp)
+        got = layer_activation_bytes(GPT, p, Recompute.NONE, consts)
+        if sp:
+            want = s * h / t * (34 + 5 * a * s / h)
+        else:
+            want = s * h * (10 + 24 / t + 5 * a * s / (h * t))
+        assert got == pytest.approx(want, rel=1e-3)
+        sel = layer_activation_bytes(GPT, p, Recompute.SELECTIVE, consts)
+        assert sel == pytest.approx(s * h * 34 / t if sp else s * h * (10 + 24 / t), rel=1e-3)
+
+
+def test_inflight_micro_batches_per_schedule():
+    m = 96
+    p = plan()
+    assert [inflight_chunk_passes(p, i) for i in (0, 5, 11)] == [12, 7, 1]
+    g = plan(schedule="gpipe")
+    assert inflight_chunk_passes(g, 11) == m
+    v = plan(virtual_stages=2)
+    # Megatron-LM: (p - i - 1) * 2 + (v - 1) * p warm-up chunk forwards, plus one
+    assert inflight_chunk_passes(v, 0) == 22 * 1 + 12 + 1
+    assert inflight_chunk_passes(v, 11) == 12 + 1
+    few = plan(global_batch_size=4)
+    assert inflight_chunk_passes(few, 0) == 4
+
+
+def test_first_stage_holds_most_activations_under_1f1b():
+    mem = estimate_memory(GPT, plan(), CLUSTER)
+    assert mem[0].activations_bytes > mem[6].activations_bytes > 0
+
+
+def test_capacity_and_fit():
+    mem = estimate_memory(GPT, plan(), CLUSTER)
+    assert all(s.capacity_bytes == 80 * 2**30 for s in mem)
+    tiny = estimate_memory(GPT, plan(tp=1, pp=1, dp=96), CLUSTER)
+    assert not tiny[0].fits  # 175B parameters x 18 bytes cannot fit one GPU
+
+
+class _Traces:
+    def __init__(self, block, embedding, output):
+        self.block, self.embedding, self.output = block, embedding, output
+
+
+def _trace(stage, saved, by_mode=None):
+    key = TraceKey(stage, "synthetic", 8, False, 1, 2048, "bf16", "none", "test")
+    return LayerTrace(key, (), saved, by_mode or {})
+
+
+@pytest.mark.parametrize("p", PLANS, ids=lambda p: p.short())
+def test_trace_and_estimate_agree_when_saved_bytes_agree(p):
+    # stage_memory with traces whose saved bytes equal the closed form reproduces estimate_memory.
+    traces = _Traces(
+        _trace(StageKind.BLOCK, layer_activation_bytes(GPT, p, p.recompute),
+               {"none": layer_activation_bytes(GPT, p, Recompute.NONE)}),
+        _trace(StageKind.EMBEDDING, embedding_activation_bytes(GPT, p)),
+        _trace(StageKind.OUTPUT, output_activation_bytes(GPT, p)),
+    )
+    for a, b in zip(stage_memory(GPT, p, CLUSTER, traces), estimate_memory(GPT, p, CLUSTER)):
+        assert a == b
+
+
+def test_traced_activations_scale_with_saved_bytes():
+    p = plan()
+    small = _Traces(_trace(StageKind.BLOCK, 10**8), _trace(StageKind.EMBEDDING, 0), _trace(StageKind.OUTPUT, 0))
+    big = _Traces(_trace(StageKind.BLOCK, 2 * 10**8), _trace(StageKind.EMBEDDING, 0), _trace(StageKind.OUTPUT, 0))
+    a, b = stage_memory(GPT, p, CLUSTER, small)[3], stage_memory(GPT, p, CLUSTER, big)[3]
+    assert b.activations_bytes == 2 * a.activations_bytes == 2 * 10**8 * 8 * (12 - 3)
+
+
+def test_corrupt_constants_raise_file_format_error():
+    with pytest.raises(FileFormatError):
+        load_memory_constants("bytes_per_param: 3", "bad.yaml")
