@@ -1,0 +1,88 @@
+"""``echo-plan simulate``: predict one plan's step time, throughput, MFU, memory, and a timeline."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from echo_plan.commands.common import CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, print_json
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("simulate")
+    def simulate_cmd(
+        model: str = ModelOpt,
+        cluster: str = ClusterOpt,
+        nodes: Optional[int] = NodesOpt,
+        gpus: Optional[int] = GpusOpt,
+        tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
+        pp: int = typer.Option(1, "--pp", help="pipeline-parallel degree"),
+        dp: Optional[int] = typer.Option(None, "--dp", help="data-parallel degree (default: GPUs / (tp x pp))"),
+        mbs: int = typer.Option(1, "--mbs", help="micro-batch size"),
+        gbs: Optional[int] = typer.Option(None, "--gbs", help="global batch size (default: mbs x dp)"),
+        vpp: int = typer.Option(1, "--vpp", help="virtual pipeline stages per rank; above 1 implies interleaved"),
+        schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe | 1f1b | interleaved"),
+        recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
+        sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron-LM sequence parallelism"),
+        distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer",
+                                                   help="shard optimizer states over DP (reduce-scatter + all-gather)"),
+        dtype: str = typer.Option("bf16", "--dtype", help="bf16 | fp16"),
+        no_overlap_grad_reduce: bool = typer.Option(False, "--no-overlap-grad-reduce",
+                                                    help="reduce gradients after the backward pass, not during it"),
+        no_overlap_param_gather: bool = typer.Option(False, "--no-overlap-param-gather",
+                                                     help="gather parameters after the optimizer, not during the forward"),
+        layer_split: Optional[str] = typer.Option(None, "--layer-split", help="layers per stage, e.g. 13,12,12,11"),
+        interference_file: Optional[str] = typer.Option(None, "--interference", help="interference factors YAML"),
+        no_interference: bool = typer.Option(False, "--no-interference", help="ignore compute/comm interference"),
+        as_json: bool = JsonOpt,
+        trace: Optional[str] = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace JSON of the step"),
+        cache_dir: Optional[str] = CacheDirOpt,
+    ) -> None:
+        """Predict the training step of one plan: time, throughput, MFU, memory per stage, breakdown."""
+        from echo_plan.commands.common import resolve_specs
+        from echo_plan.errors import SpecError
+        from echo_plan.specs import PlanSpec
+
+        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
+        if dp is None:
+            if cluster_spec.num_gpus % (tp * pp):
+                raise SpecError("--dp", None, f"GPUs {cluster_spec.num_gpus} are not a multiple of tp x pp = {tp * pp}; "
+                                              "give --dp or another --tp/--pp")
+            dp = cluster_spec.num_gpus // (tp * pp)
+        if no_interference and interference_file:
+            raise SpecError("--interference", interference_file, "not together with --no-interference")
+        fields = dict(
+            tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs if gbs is not None else mbs * dp,
+            virtual_stages=vpp, recompute=recompute, sequence_parallel=sequence_parallel,
+            distributed_optimizer=distributed_optimizer, dtype=dtype,
+            overlap_grad_reduce=not no_overlap_grad_reduce, overlap_param_gather=not no_overlap_param_gather,
+        )
+        if schedule is not None:
+            fields["schedule"] = schedule
+        elif vpp > 1:
+            fields["schedule"] = "interleaved"
+        if layer_split:
+            try:
+                fields["layer_split"] = tuple(int(x) for x in layer_split.split(","))
+            except ValueError:
+                raise SpecError("--layer-split", layer_split, "comma-separated layer counts, e.g. 13,12,12,11") from None
+        plan = PlanSpec.build(fields, context="plan")
+
+        from echo_plan.replay.interference import InterferenceModel, load_interference
+        from echo_plan.simulate import simulate
+        from echo_plan.trace.cache import TraceCache
+
+        interference = InterferenceModel.none() if no_interference else load_interference(interference_file)
+        result = simulate(model_spec, cluster_spec, plan, cache=TraceCache(cache_dir), interference=interference,
+                          timeline=trace is not None)
+        if trace is not None:
+            from echo_plan.replay.timeline import write_chrome_trace
+
+            write_chrome_trace(trace, result)
+        if as_json:
+            print_json(result.as_json())
+        else:
+            from echo_plan.commands.simulate_view import print_result
+
+            print_result(result, trace)

@@ -1,0 +1,54 @@
+"""The human-readable view of a StepResult: key figures, the breakdown, memory per stage."""
+
+from __future__ import annotations
+
+from echo_plan.replay.results import GiB, StepResult
+
+
+def print_result(result: StepResult, trace_path: str | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    plan = result.plan
+    label = (f"tp{plan['tp']} pp{plan['pp']} dp{plan['dp']} mbs{plan['micro_batch_size']} "
+             f"gbs{plan['global_batch_size']} vpp{plan['virtual_stages']} {plan['schedule']} "
+             f"recompute={plan['recompute']}{' sp' if plan['sequence_parallel'] else ''}"
+             f"{' dist-opt' if plan['distributed_optimizer'] else ''} {plan['dtype']}")
+    console.print(f"[bold]{result.model}[/bold] on [bold]{result.cluster}[/bold] ({result.num_gpus} GPUs): {label}")
+
+    head = Table(show_header=False, box=None, padding=(0, 2))
+    head.add_row("step time", f"{result.step_time_s:.4f} s")
+    head.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s")
+    head.add_row("model TFLOP/s per GPU", f"{result.model_tflops_per_gpu:.1f}")
+    head.add_row("hardware TFLOP/s per GPU", f"{result.hardware_tflops_per_gpu:.1f}")
+    head.add_row("MFU", f"{result.mfu * 100:.1f} %")
+    head.add_row("peak memory", f"{result.memory_peak_gib:.1f} GiB")
+    over = result.overflow
+    head.add_row("fits", "yes" if over is None else
+                 f"[red]NO[/red]: stage {over[0]} over capacity by {over[1]:.1f} GiB")
+    console.print(head)
+
+    bd = Table(title="Breakdown (rank that finishes last)", title_justify="left")
+    bd.add_column("part")
+    bd.add_column("seconds", justify="right")
+    bd.add_column("share", justify="right")
+    total = result.breakdown.total_s or 1.0
+    for name, sec in result.breakdown.as_json().items():
+        bd.add_row(name, f"{sec:.4f}", f"{sec / total * 100:.1f} %")
+    bd.add_row("[bold]total[/bold]", f"{result.breakdown.total_s:.4f}", "100.0 %")
+    console.print(bd)
+
+    mem = Table(title="Memory per pipeline stage (GiB)", title_justify="left")
+    for col in ("stage", "weights", "grads", "optimizer", "activations", "buffers", "total", "capacity", "fits"):
+        mem.add_column(col, justify="right")
+    for m in result.memory:
+        mem.add_row(str(m.stage), *(f"{b / GiB:.2f}" for b in (
+            m.weights_bytes, m.gradients_bytes, m.optimizer_bytes, m.activations_bytes, m.buffers_bytes,
+            m.total_bytes, m.capacity_bytes)),
+            "yes" if m.fits else f"[red]no (+{m.overflow_bytes / GiB:.2f})[/red]")
+    console.print(mem)
+    for note in result.notes:
+        console.print(f"note: {note}")
+    if trace_path:
+        console.print(f"timeline written to {trace_path} (open it in ui.perfetto.dev or chrome://tracing)")

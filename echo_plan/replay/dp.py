@@ -1,0 +1,83 @@
+"""Data-parallel gradient buckets and the optimizer step of one pipeline rank.
+
+Bucketing follows Megatron-LM's DistributedDataParallel (megatron/core/distributed/
+distributed_data_parallel.py): with ``overlap_grad_reduce`` the gradients of each model chunk are
+packed, in the order backward produces them, into buckets of ``max(40e6, 1e6 x dp)`` parameters
+and each bucket is reduced as soon as it is complete; without overlap there is one bucket per
+chunk, reduced after the backward pass. The buffer being reduced is the main-grad buffer: fp32
+for bf16 training (Megatron-LM forces ``accumulate_allreduce_grads_in_fp32`` with bf16) and the
+parameter dtype (2 bytes) for fp16, its default. With the distributed optimizer (ZeRO-1 style) a
+bucket is reduce-scattered and, after the optimizer, its parameters (2 bytes each) are
+all-gathered; otherwise it is all-reduced.
+
+The optimizer is Adam as Megatron-LM's fused multi-tensor kernels run it: memory-bound, per
+parameter it reads the fp32 gradient, master weight and two moments (16 B) plus the gradient
+again for the global norm (4 B), and writes the master weight and moments (12 B) and the 2-byte
+model copy: 20 B read, 14 B written. With the distributed optimizer each rank updates 1/dp of
+its parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from echo_plan.replay.kinds import TaskKind
+from echo_plan.replay.pipeline import DpBucket
+from echo_plan.specs.cluster import DType
+from echo_plan.specs.plan import PlanSpec
+from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind, OpKind, OpRecord, Phase, Stream
+
+BUCKET_MIN_PARAMS = 40_000_000  # Megatron-LM DDP default bucket_size = max(40000000, 1000000 * dp)
+BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+PARAM_BYTES = 2  # bf16/fp16 model weights
+OPT_READ_BYTES_PER_PARAM = 20
+OPT_WRITE_BYTES_PER_PARAM = 14
+
+CommTime = Callable[[CollectiveKind, int, CommGroup], float]
+
+
+def grad_bytes(dtype: DType) -> int:
+    """Bytes per gradient element in the reduced buffer (see the module docstring)."""
+    return 4 if dtype is DType.BF16 else 2
+
+
+def bucket_sizes(params: int, dp: int, overlap: bool) -> tuple[int, ...]:
+    """Parameters per bucket of one chunk, in the order they are reduced."""
+    if params <= 0:
+        return ()
+    if not overlap:
+        return (params,)
+    size = max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * dp)
+    full, rest = divmod(params, size)
+    return tuple([size] * full + ([rest] if rest else []))
+
+
+def dp_group(plan: PlanSpec) -> CommGroup:
+    """Megatron-LM's rank order is tp fastest, then dp: a DP group has stride tp."""
+    return CommGroup(GroupKind.DP, size=plan.dp, stride=plan.tp, start=0)
+
+
+def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime) -> tuple[DpBucket, ...]:
+    """The DP buckets of one chunk of ``params`` parameters (of this rank), with their times."""
+    if plan.dp <= 1:
+        return ()
+    group = dp_group(plan)
+    gb = grad_bytes(plan.dtype)
+    out = []
+    for n in bucket_sizes(params, plan.dp, plan.overlap_grad_reduce):
+        if plan.distributed_optimizer:
+            out.append(DpBucket(n, comm_time(CollectiveKind.REDUCE_SCATTER, n * gb, group), TaskKind.REDUCE_SCATTER,
+                                comm_time(CollectiveKind.ALL_GATHER, n * PARAM_BYTES, group)))
+        else:
+            out.append(DpBucket(n, comm_time(CollectiveKind.ALL_REDUCE, n * gb, group), TaskKind.ALL_REDUCE))
+    return tuple(out)
+
+
+def optimizer_op(params: int, plan: PlanSpec) -> OpRecord:
+    """The Adam step of ``params`` parameters of this rank as one memory-bound op for the compute model."""
+    n = -(-params // plan.dp) if plan.distributed_optimizer else params
+    return OpRecord(
+        index=0, name="optimizer.adam", kind=OpKind.ELEMENTWISE, phase=Phase.BACKWARD, stream=Stream.COMPUTE,
+        inputs=(), outputs=(), flops=12.0 * n, bytes_read=OPT_READ_BYTES_PER_PARAM * n,
+        bytes_written=OPT_WRITE_BYTES_PER_PARAM * n, deps=(), module="optimizer",
+    )

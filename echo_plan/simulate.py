@@ -1,0 +1,259 @@
+"""``simulate``: one plan of one model on one cluster -> the predicted training step.
+
+trace (cached) -> level 1 (one layer on its streams, per trace) -> level 2 (the pipeline schedule
+with p2p, DP buckets and the optimizer, one rank per pipeline stage) -> breakdown, throughput,
+memory. This is the function the search calls for every candidate: per-plan work is proportional
+to the number of level-2 tasks, and everything that only depends on a trace or a message size is
+kept in a :class:`SimulationMemo` that the caller may keep across calls (the search does).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from echo_plan.replay.breakdown import critical_rank, step_breakdown
+from echo_plan.replay.dp import chunk_buckets, optimizer_op
+from echo_plan.replay.metrics import throughput
+from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts, build_tasks
+from echo_plan.replay.results import StepResult
+from echo_plan.replay.schedules import build_schedule
+from echo_plan.specs.cluster import ClusterSpec
+from echo_plan.specs.model import ModelSpec, PositionEmbedding
+from echo_plan.specs.plan import PlanSpec, Schedule, validate_plan
+from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
+
+if TYPE_CHECKING:
+    from echo_plan.cost.base import CollectiveModel, ComputeModel
+    from echo_plan.replay.interference import InterferenceModel
+    from echo_plan.trace.cache import TraceCache
+
+__all__ = ["simulate", "SimulationMemo"]
+
+
+class SimulationMemo:
+    """Results that depend only on a trace, a message or the models, reused across plans.
+
+    Keys hold the model objects themselves (compute, collective and interference models and the
+    cluster's JSON), so two calls with different models never share an entry. Not thread-safe;
+    one per process (or per Ray worker).
+    """
+
+    def __init__(self) -> None:
+        self._traces: dict[tuple, Any] = {}
+        self._layers: dict[tuple, Any] = {}
+        self._comm: dict[tuple, float] = {}
+        self._defaults: dict[str, Any] = {}
+        self.layer_hits = 0
+        self.layer_misses = 0
+
+    def default_interference(self) -> "InterferenceModel":
+        if "interference" not in self._defaults:
+            from echo_plan.replay.interference import load_interference
+
+            self._defaults["interference"] = load_interference(None)
+        return self._defaults["interference"]
+
+    def default_compute(self, cluster: ClusterSpec) -> "ComputeModel":
+        key = ("compute", cluster.gpu.model_dump_json())
+        if key not in self._defaults:
+            from echo_plan.cost.kernel_db import compute_model_for
+
+            self._defaults[key] = compute_model_for(cluster)
+        return self._defaults[key]
+
+    def default_comm(self, cluster: ClusterSpec) -> "CollectiveModel":
+        key = ("comm", cluster.model_dump_json())
+        if key not in self._defaults:
+            from echo_plan.cost.collectives import collective_model_for
+
+            self._defaults[key] = collective_model_for(cluster)
+        return self._defaults[key]
+
+    def traces(self, model: ModelSpec, plan: PlanSpec, cache: "TraceCache | None"):
+        from echo_plan.trace.tracer import trace_model
+
+        key = (model.model_dump_json(), plan.tp, plan.sequence_parallel, plan.micro_batch_size,
+               plan.dtype, plan.recompute, None if cache is None else str(cache.root))
+        hit = self._traces.get(key)
+        if hit is None:
+            hit = self._traces[key] = trace_model(model, plan, cache)
+        return hit
+
+    def layer(self, trace, compute, comm, cluster: ClusterSpec, cluster_key: str, plan: PlanSpec, interference):
+        from echo_plan.replay.layer import replay_layer
+
+        key = (trace.key.digest(), compute, comm, cluster_key, plan.dtype, interference)
+        hit = self._layers.get(key)
+        if hit is None:
+            self.layer_misses += 1
+            hit = self._layers[key] = replay_layer(trace, compute, comm, cluster, plan.dtype, interference)
+        else:
+            self.layer_hits += 1
+        return hit
+
+    def comm_time(self, comm, cluster_key: str, cluster: ClusterSpec, kind: CollectiveKind, nbytes: int,
+                  group: CommGroup) -> float:
+        key = (comm, cluster_key, kind, nbytes, group)
+        t = self._comm.get(key)
+        if t is None:
+            t = self._comm[key] = comm.time(kind, nbytes, group, cluster).time_s
+        return t
+
+
+def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "TraceCache | None" = None,
+             compute: "ComputeModel | None" = None, comm: "CollectiveModel | None" = None,
+             interference: "InterferenceModel | None" = None, timeline: bool = False,
+             memo: SimulationMemo | None = None, work_scale: tuple[float, ...] | None = None) -> StepResult:
+    """Predict one training step. ``interference=None`` uses the default factors (data file);
+    pass ``InterferenceModel.none()`` to switch interference off. ``work_scale`` (one factor per
+    pipeline stage, > 0) slows that stage's GPUs for a what-if. Raises SpecError for a bad plan."""
+    from echo_plan.cost.memory import stage_memory
+    from echo_plan.errors import SpecError
+    from echo_plan.replay.engine import replay
+
+    validate_plan(plan, model, cluster)
+    if work_scale is not None and (len(work_scale) != plan.pp or min(work_scale) <= 0):
+        raise SpecError("work_scale", work_scale, f"one positive factor per pipeline stage ({plan.pp})")
+    memo = memo if memo is not None else SimulationMemo()
+    compute = compute if compute is not None else memo.default_compute(cluster)
+    comm = comm if comm is not None else memo.default_comm(cluster)
+    if interference is None:
+        interference = memo.default_interference()
+
+    traces = memo.traces(model, plan, cache)
+    cluster_key = cluster.model_dump_json()
+    timing = {name: memo.layer(getattr(traces, name), compute, comm, cluster, cluster_key, plan, interference)
+              for name in ("block", "embedding", "output")}
+
+    def comm_time(kind: CollectiveKind, nbytes: int, group: CommGroup) -> float:
+        return memo.comm_time(comm, cluster_key, cluster, kind, nbytes, group)
+
+    costs = _step_costs(model, cluster, plan, timing, compute, comm_time, work_scale)
+    steps = build_tasks(costs)
+    result = replay(steps.tasks, interference)
+    rank = critical_rank(result, plan.pp)
+    breakdown = step_breakdown(steps, result, rank)
+    step_s = result.makespan_s
+    thr = throughput(model, plan, cluster.num_gpus, cluster.gpu.peak_tflops(plan.dtype), step_s)
+    memory = stage_memory(model, plan, cluster, traces)
+    events: tuple = ()
+    if timeline:
+        from echo_plan.replay.timeline import timeline_events
+
+        events = timeline_events(steps, result)
+    notes = [f"critical pipeline stage: {rank}", f"micro-batches per step: {plan.num_microbatches}",
+             f"level-2 tasks: {len(steps.tasks)}"]
+    over = [m for m in memory if not m.fits]
+    if over:
+        worst = max(over, key=lambda m: m.overflow_bytes)
+        notes.append(f"does not fit: stage {worst.stage} needs {worst.total_bytes / 2**30:.1f} GiB of "
+                     f"{worst.capacity_bytes / 2**30:.1f} GiB (over by {worst.overflow_bytes / 2**30:.1f} GiB)")
+    return StepResult(
+        model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, plan=plan.model_dump(mode="json"),
+        step_time_s=step_s, tokens_per_s=thr.tokens_per_s, model_tflops_per_gpu=thr.model_tflops_per_gpu,
+        hardware_tflops_per_gpu=thr.hardware_tflops_per_gpu, mfu=thr.mfu, memory=tuple(memory),
+        breakdown=breakdown, timeline=events, notes=tuple(notes),
+    )
+
+
+def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
+    """Sum of level-1 phase timings, each taken ``count`` times, as one aggregated chunk cost."""
+    work = compute = tp = inter = 0.0
+    mix: dict = {}
+    for ph, count in parts:
+        work += ph.duration_s * count
+        compute += ph.compute_s * count
+        tp += ph.tp_comm_exposed_s * count
+        inter += ph.interference_s * count
+        for kind, sec in ph.work_by_kind:
+            if kind.is_compute:
+                mix[kind] = mix.get(kind, 0.0) + sec * count
+    mix_t = tuple(sorted(((k, v) for k, v in mix.items() if v > 0), key=lambda kv: kv[0].value)) or None
+    return PhaseCost(work, compute, tp, inter, mix_t)
+
+
+def _step_costs(model, cluster, plan, timing, compute, comm_time, work_scale) -> StepCosts:
+    pp, v = plan.pp, plan.virtual_stages
+    schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
+                                           else plan.schedule)
+    sched = build_schedule(schedule, pp, plan.num_microbatches, v)
+    split = plan.stage_layers(model.num_layers)
+    nvs = pp * v
+    layers_of = [split[vs % pp] // v for vs in range(nvs)]
+    first_layer = [sum(layers_of[:vs]) for vs in range(nvs)]
+    block_params, emb_params, out_params = _params(model, plan)
+    blk, emb, out = timing["block"], timing["embedding"], timing["output"]
+
+    stages = []
+    for r in range(pp):
+        fwd, bwd, labels, buckets = [], [], [], []
+        rank_params = 0
+        for c in range(v):
+            vs = c * pp + r
+            n = layers_of[vs]
+            f_parts, b_parts = [(blk.forward, n)], [(blk.backward, n)]
+            params = n * block_params
+            label = f"layers {first_layer[vs]}-{first_layer[vs] + n - 1}"
+            if vs == 0:
+                f_parts.insert(0, (emb.forward, 1))
+                b_parts.append((emb.backward, 1))
+                params += emb_params
+                label += " +embedding"
+            if vs == nvs - 1:
+                f_parts.append((out.forward, 1))
+                b_parts.insert(0, (out.backward, 1))
+                params += out_params
+                label += " +output"
+            fwd.append(_phase(f_parts))
+            bwd.append(_phase(b_parts))
+            labels.append(label)
+            buckets.append(chunk_buckets(params, plan, comm_time))
+            rank_params += params
+        opt = compute.op_time(optimizer_op(rank_params, plan), cluster.gpu, plan.dtype)
+        stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt))
+
+    return StepCosts(
+        schedule=sched, stages=tuple(stages), p2p_s=_p2p_time(model, plan, comm_time) if nvs > 1 else 0.0,
+        tied_allreduce_s=_tied_time(model, plan, comm_time), overlap_grad_reduce=plan.overlap_grad_reduce,
+        overlap_param_gather=plan.overlap_param_gather, work_scale=work_scale,
+    )
+
+
+def _params(model: ModelSpec, plan: PlanSpec) -> tuple[int, int, int]:
+    """Parameters one rank holds: per block, for the embedding, for the output (norm + head).
+
+    Linear weights are split by tp; the learned position embedding is replicated, as in
+    Megatron-LM; with tied embeddings and pp > 1 the last stage keeps its own copy of the word
+    embedding for the output projection (kept equal by the tied all-reduce)."""
+    tp = plan.tp
+    block = -(-model.params_per_layer // tp)
+    word = -(-model.vocab_size * model.hidden_size // tp)
+    pos = model.seq_length * model.hidden_size if model.position_embedding is PositionEmbedding.LEARNED else 0
+    norm = model.output_params - (0 if model.tied_embeddings else model.vocab_size * model.hidden_size)
+    head = word if (not model.tied_embeddings or plan.pp > 1) else 0
+    return block, word + pos, norm + head
+
+
+def _p2p_time(model: ModelSpec, plan: PlanSpec, comm_time) -> float:
+    """One activation (or gradient) between adjacent stages: [mbs, seq, hidden] in the plan dtype.
+
+    With sequence parallelism each TP rank holds and sends 1/tp of it. Without it, Megatron-LM's
+    scatter/gather optimisation (Narayanan et al. 2021, section 4.1) sends 1/tp per rank over the
+    inter-stage link and all-gathers it over NVLink on the receiving stage."""
+    full = plan.micro_batch_size * model.seq_length * model.hidden_size * plan.dtype.nbytes
+    group = CommGroup(GroupKind.PP, size=2, stride=plan.tp * plan.dp)
+    t = comm_time(CollectiveKind.SEND_RECV, -(-full // plan.tp), group)
+    if plan.tp > 1 and not plan.sequence_parallel:
+        t += comm_time(CollectiveKind.ALL_GATHER, full, CommGroup(GroupKind.TP, size=plan.tp))
+    return t
+
+
+def _tied_time(model: ModelSpec, plan: PlanSpec, comm_time) -> float:
+    """The word-embedding gradient all-reduce between the first and the last stage (tied weights)."""
+    if not model.tied_embeddings or plan.pp == 1:
+        return 0.0
+    from echo_plan.replay.dp import grad_bytes
+
+    nbytes = -(-model.vocab_size * model.hidden_size // plan.tp) * grad_bytes(plan.dtype)
+    group = CommGroup(GroupKind.PP, size=2, stride=(plan.pp - 1) * plan.tp * plan.dp)
+    return comm_time(CollectiveKind.ALL_REDUCE, nbytes, group)
