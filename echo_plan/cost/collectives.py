@@ -19,8 +19,8 @@ from typing import Any, Mapping
 
 from echo_plan.cost import nccl_algos as algos
 from echo_plan.cost.base import Algorithm, CollectiveEstimate, Protocol_
-from echo_plan.cost.nccl_algos import Candidate, Topo, bus_factor
-from echo_plan.cost.nccl_params import NcclParams, load_default_params
+from echo_plan.cost.nccl_algos import Line, Topo, bus_factor
+from echo_plan.cost.nccl_params import PROTOCOLS, NcclParams, load_default_params
 from echo_plan.errors import SpecError
 from echo_plan.specs.cluster import ClusterSpec, Fabric
 from echo_plan.trace.records import CollectiveKind, CommGroup
@@ -65,81 +65,92 @@ def make_topo(group: CommGroup, cluster: ClusterSpec, params: NcclParams) -> Top
 
 
 class NcclModel:
-    """NCCL-style collective cost model; memoises per (kind, nbytes, group, cluster) in the instance."""
+    """NCCL-style collective cost model.
+
+    Two explicit caches live in the instance: the cost lines of each (kind, group, cluster) (they
+    do not depend on the size) and the estimates per (kind, nbytes, group, cluster). Entries keep a
+    reference to their cluster, so a cluster object's id cannot be reused while it is cached.
+    """
 
     def __init__(self, params: NcclParams | None = None, max_cache: int = 500_000) -> None:
         self.params = params if params is not None else load_default_params()
         self.max_cache = max_cache
-        self._memo: dict[tuple, CollectiveEstimate] = {}
-        self._topos: dict[tuple[int, CommGroup], tuple[ClusterSpec, Topo]] = {}
+        self._memo: dict[tuple, tuple[ClusterSpec, CollectiveEstimate]] = {}
+        self._lines: dict[tuple, tuple[ClusterSpec, Topo, list[Line]]] = {}
 
     # -- public API -------------------------------------------------------------------------
     def time(self, kind: CollectiveKind, nbytes: int, group: CommGroup, cluster: ClusterSpec) -> CollectiveEstimate:
         key = (kind, nbytes, group, id(cluster))
         hit = self._memo.get(key)
-        if hit is not None and self._topos.get((id(cluster), group), (None,))[0] is cluster:
-            return hit
+        if hit is not None and hit[0] is cluster:
+            return hit[1]
         if group.size <= 1 or nbytes <= 0:
             return _ZERO
-        topo = self._topo(group, cluster)
-        best = self._choose(kind, nbytes, topo)
-        est = self._estimate(kind, nbytes, topo.n, best)
+        topo, lines = self._lines_for(kind, group, cluster)
+        p = self.params
+        if kind is CollectiveKind.SEND_RECV:
+            best, t = self._by_threshold(lines, p, nbytes, nbytes)
+        elif kind is CollectiveKind.ALL_TO_ALL:
+            best, t = self._by_threshold(lines, p, nbytes, nbytes / topo.n)
+        else:
+            best, t = lines[0], algos.line_time_us(lines[0], nbytes, p)
+            for line in lines[1:]:
+                lt = algos.line_time_us(line, nbytes, p)
+                if lt < t:
+                    best, t = line, lt
+        est = _estimate(kind, nbytes, topo.n, best, t)
         if len(self._memo) >= self.max_cache:
             self._memo.clear()
-        self._memo[key] = est
+        self._memo[key] = (cluster, est)
         return est
 
     def candidates(self, kind: CollectiveKind, nbytes: int, group: CommGroup, cluster: ClusterSpec) -> list[CollectiveEstimate]:
         """Every (algorithm, protocol) considered, fastest first (``comm --all``)."""
         if group.size <= 1 or nbytes <= 0:
             return [_ZERO]
-        topo = self._topo(group, cluster)
-        cands = self._all(kind, nbytes, topo)
-        return [self._estimate(kind, nbytes, topo.n, c) for c in sorted(cands, key=lambda c: c.time_us)]
+        topo, lines = self._lines_for(kind, group, cluster)
+        ests = [_estimate(kind, nbytes, topo.n, line, algos.line_time_us(line, nbytes, self.params)) for line in lines]
+        return sorted(ests, key=lambda e: e.time_s)
 
     def clear(self) -> None:
         self._memo.clear()
-        self._topos.clear()
+        self._lines.clear()
 
     # -- internals --------------------------------------------------------------------------
-    def _topo(self, group: CommGroup, cluster: ClusterSpec) -> Topo:
-        key = (id(cluster), group)
-        entry = self._topos.get(key)
-        if entry is not None and entry[0] is cluster:  # the reference kept in the entry pins the id
-            return entry[1]
+    @staticmethod
+    def _by_threshold(lines: list[Line], p: NcclParams, nbytes: int, per_peer: float) -> tuple[Line, float]:
+        want = PROTOCOLS[algos.p2p_protocol(p, per_peer)]
+        line = next(ln for ln in lines if ln.protocol is want)
+        return line, algos.line_time_us(line, nbytes, p)
+
+    def _lines_for(self, kind: CollectiveKind, group: CommGroup, cluster: ClusterSpec) -> tuple[Topo, list[Line]]:
+        key = (kind, group, id(cluster))
+        entry = self._lines.get(key)
+        if entry is not None and entry[0] is cluster:
+            return entry[1], entry[2]
         if group.size > cluster.num_gpus:
             raise SpecError("group.size", group.size, f"at most the cluster's {cluster.num_gpus} GPUs", cluster.name)
         topo = make_topo(group, cluster, self.params)
-        if len(self._topos) >= self.max_cache:
-            self._topos.clear()
-        self._topos[key] = (cluster, topo)
-        return topo
-
-    def _all(self, kind: CollectiveKind, nbytes: int, topo: Topo) -> list[Candidate]:
         p = self.params
         if kind is CollectiveKind.SEND_RECV:
-            return [algos.send_recv(nbytes, topo, p, proto) for proto in (algos.LL, algos.SIMPLE)]
-        if kind is CollectiveKind.ALL_TO_ALL:
-            return [algos.all_to_all(nbytes, topo, p, proto) for proto in (algos.LL, algos.SIMPLE)]
-        cands = algos.ring(kind, nbytes, topo, p)
-        if kind is CollectiveKind.ALL_REDUCE:
-            cands += algos.tree(nbytes, topo, p)
-        if topo.nvls:
-            cands += algos.nvls(kind, nbytes, topo, p)
-        return cands
+            lines = [algos.send_recv(topo, p, proto) for proto in (algos.LL, algos.SIMPLE)]
+        elif kind is CollectiveKind.ALL_TO_ALL:
+            lines = [algos.all_to_all(topo, p, proto) for proto in (algos.LL, algos.SIMPLE)]
+        else:
+            lines = algos.ring(kind, topo, p)
+            if kind is CollectiveKind.ALL_REDUCE:
+                lines += algos.tree(topo, p)
+            if topo.nvls:
+                lines += algos.nvls(kind, topo, p)
+        if len(self._lines) >= self.max_cache:
+            self._lines.clear()
+        self._lines[key] = (cluster, topo, lines)
+        return topo, lines
 
-    def _choose(self, kind: CollectiveKind, nbytes: int, topo: Topo) -> Candidate:
-        p = self.params
-        if kind is CollectiveKind.SEND_RECV:
-            return algos.send_recv(nbytes, topo, p, algos.p2p_protocol(p, nbytes))
-        if kind is CollectiveKind.ALL_TO_ALL:
-            return algos.all_to_all(nbytes, topo, p, algos.p2p_protocol(p, nbytes / topo.n))
-        return min(self._all(kind, nbytes, topo), key=lambda c: c.time_us)
 
-    @staticmethod
-    def _estimate(kind: CollectiveKind, nbytes: int, n: int, c: Candidate) -> CollectiveEstimate:
-        algbw = nbytes / (c.time_us * 1000.0)  # B/us / 1000 = GB/s
-        return CollectiveEstimate(c.time_us * 1e-6, c.algorithm, c.protocol, algbw, algbw * bus_factor(kind, n))
+def _estimate(kind: CollectiveKind, nbytes: int, n: int, line: Line, time_us: float) -> CollectiveEstimate:
+    algbw = nbytes / (time_us * 1000.0)  # bytes/us / 1000 = GB/s
+    return CollectiveEstimate(time_us * 1e-6, line.algorithm, line.protocol, algbw, algbw * bus_factor(kind, n))
 
 
 def params_from_calibration(calibration: Mapping[str, Any], base: NcclParams | None = None,

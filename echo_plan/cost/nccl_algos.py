@@ -38,10 +38,25 @@ class Topo:
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
+class Line:
+    """One (algorithm, protocol) as a cost line: ``time_us = latency_us + bytes / (1000 x algbw)``.
+
+    ``tree_proto`` is the protocol index when NCCL's tree size correction applies, else -1.
+    Lines depend on the group and cluster only, so a model computes them once per group.
+    """
+
     algorithm: Algorithm
     protocol: Protocol_
-    time_us: float
+    latency_us: float
+    algbw_GBps: float
+    tree_proto: int = -1
+
+
+def line_time_us(line: Line, nbytes: int, p: NcclParams) -> float:
+    bw = line.algbw_GBps
+    if line.tree_proto >= 0:
+        bw *= tree_correction(p, line.tree_proto, nbytes)
+    return line.latency_us + nbytes / (1000.0 * bw)
 
 
 def bus_factor(kind: CollectiveKind, n: int) -> float:
@@ -100,7 +115,7 @@ def tree_correction(p: NcclParams, proto: int, nbytes: int) -> float:
     return table[i] * (1.0 - frac) + table[i + 1] * frac
 
 
-def ring(kind: CollectiveKind, nbytes: int, topo: Topo, p: NcclParams) -> list[Candidate]:
+def ring(kind: CollectiveKind, topo: Topo, p: NcclParams) -> list[Line]:
     steps, inter = ring_steps(kind, topo.n, topo.nodes)
     intra = steps - inter
     bf = bus_factor(kind, topo.n)
@@ -115,11 +130,11 @@ def ring(kind: CollectiveKind, nbytes: int, topo: Topo, p: NcclParams) -> list[C
             + inter * _inter_hop(p, topo, "ring", proto)
         if kind is CollectiveKind.ALL_REDUCE and proto == SIMPLE and topo.nodes > 1:
             lat *= p.ring_plateau_sm80_plus if topo.sm_arch >= 80 else p.ring_plateau_pre_sm80
-        out.append(Candidate(Algorithm.RING, PROTOCOLS[proto], lat + nbytes / (1000.0 * algbw)))
+        out.append(Line(Algorithm.RING, PROTOCOLS[proto], lat, algbw))
     return out
 
 
-def tree(nbytes: int, topo: Topo, p: NcclParams) -> list[Candidate]:
+def tree(topo: Topo, p: NcclParams) -> list[Line]:
     """All-reduce over a chain inside each server and a (double binary) tree across servers."""
     factors = p.tree_protocol_factor_single if topo.nodes == 1 else p.tree_protocol_factor_multi
     ll_cap = _ll_cap(p, topo)
@@ -129,14 +144,14 @@ def tree(nbytes: int, topo: Topo, p: NcclParams) -> list[Candidate]:
         bw = topo.bus_GBps * p.tree_allreduce_factor * factors[proto] * p.protocol_bw_scale[proto]
         if proto == LL:
             bw = min(bw, ll_cap)
-        algbw = bw * p.tree_algbw_ratio * tree_correction(p, proto, nbytes)
+        algbw = bw * p.tree_algbw_ratio
         lat = _base(p, "tree", proto) + 2.0 * (
             (topo.ppn - 1) * _intra_hop(p, topo, "tree", proto) + depth * _inter_hop(p, topo, "tree", proto))
-        out.append(Candidate(Algorithm.TREE, PROTOCOLS[proto], lat + nbytes / (1000.0 * algbw)))
+        out.append(Line(Algorithm.TREE, PROTOCOLS[proto], lat, algbw, tree_proto=proto))
     return out
 
 
-def nvls(kind: CollectiveKind, nbytes: int, topo: Topo, p: NcclParams) -> list[Candidate]:
+def nvls(kind: CollectiveKind, topo: Topo, p: NcclParams) -> list[Line]:
     """NVLink SHARP inside one server (Simple only): the switch reduces, so all-reduce moves half."""
     eff = max((v for a, v in p.nvls_efficiency.items() if a <= topo.sm_arch), default=0.0)
     if eff <= 0.0 or topo.nodes != 1 or topo.n < 2:
@@ -150,7 +165,7 @@ def nvls(kind: CollectiveKind, nbytes: int, topo: Topo, p: NcclParams) -> list[C
     algbw *= p.protocol_bw_scale[SIMPLE]
     lat = _base(p, "nvls", SIMPLE) + p.nvlink_hop_us["nvls"][SIMPLE] * topo.intra_lat_scale \
         * p.nvlink_latency_scale[SIMPLE]
-    return [Candidate(Algorithm.NVLS, Protocol_.SIMPLE, lat + nbytes / (1000.0 * algbw))]
+    return [Line(Algorithm.NVLS, Protocol_.SIMPLE, lat, algbw)]
 
 
 def p2p_protocol(p: NcclParams, bytes_per_peer: float) -> int:
@@ -158,7 +173,7 @@ def p2p_protocol(p: NcclParams, bytes_per_peer: float) -> int:
     return LL if bytes_per_peer <= p.p2p_ll_threshold_bytes else SIMPLE
 
 
-def send_recv(nbytes: int, topo: Topo, p: NcclParams, proto: int) -> Candidate:
+def send_recv(topo: Topo, p: NcclParams, proto: int) -> Line:
     if topo.p2p_intra:
         hop = p.nvlink_hop_us["ring"][proto] * topo.intra_lat_scale * p.nvlink_latency_scale[proto]
         bw = topo.nvl_GBps
@@ -167,10 +182,10 @@ def send_recv(nbytes: int, topo: Topo, p: NcclParams, proto: int) -> Candidate:
         bw = topo.net_rank_GBps
     bw *= p.ring_protocol_factor[proto] * p.protocol_bw_scale[proto]
     lat = _base(p, "ring", proto) + hop
-    return Candidate(Algorithm.P2P, PROTOCOLS[proto], lat + nbytes / (1000.0 * bw))
+    return Line(Algorithm.P2P, PROTOCOLS[proto], lat, bw)
 
 
-def all_to_all(nbytes: int, topo: Topo, p: NcclParams, proto: int) -> Candidate:
+def all_to_all(topo: Topo, p: NcclParams, proto: int) -> Line:
     """Grouped send/recv to every peer: NVLink carries the peers in the server, the NICs the rest.
 
     Latency: the protocol's base latency and one hop of the protocol (pipeline fill), plus a
@@ -179,11 +194,11 @@ def all_to_all(nbytes: int, topo: Topo, p: NcclParams, proto: int) -> Candidate:
     n, ppn = topo.n, topo.ppn
     intra_peers, inter_peers = ppn - 1, n - ppn
     f = p.ring_protocol_factor[proto] * p.protocol_bw_scale[proto]
-    t_bw = 0.0
+    inv = 0.0  # seconds per byte of the slower tier, in 1/GBps: the tiers run concurrently
     if intra_peers:
-        t_bw = max(t_bw, nbytes * intra_peers / n / (1000.0 * topo.nvl_GBps * f))
+        inv = max(inv, intra_peers / n / (topo.nvl_GBps * f))
     if inter_peers:
-        t_bw = max(t_bw, nbytes * inter_peers / n / (1000.0 * topo.net_rank_GBps * f))
+        inv = max(inv, inter_peers / n / (topo.net_rank_GBps * f))
     nv_ll = p.nvlink_hop_us["ring"][LL] * topo.intra_lat_scale * p.nvlink_latency_scale[LL]
     net_ll = p.net_hop_us["ring"][LL] * topo.inter_lat_scale * p.net_latency_scale[LL]
     if inter_peers:
@@ -191,4 +206,4 @@ def all_to_all(nbytes: int, topo: Topo, p: NcclParams, proto: int) -> Candidate:
     else:
         fill = p.nvlink_hop_us["ring"][proto] * topo.intra_lat_scale * p.nvlink_latency_scale[proto]
     lat = _base(p, "ring", proto) + fill + intra_peers * nv_ll + inter_peers * net_ll
-    return Candidate(Algorithm.P2P, PROTOCOLS[proto], lat + t_bw)
+    return Line(Algorithm.P2P, PROTOCOLS[proto], lat, 1.0 / inv)
