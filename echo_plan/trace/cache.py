@@ -1,0 +1,117 @@
+"""On-disk cache of traces, keyed by the content hash of their TraceKey.
+
+File format (text): one header line of JSON, then the trace as JSON.
+The header names the format and its version, the full key, and the SHA-256 of the payload; a
+file whose header, key or checksum does not match is corrupt or foreign: it is reported once
+(a ``TraceCacheWarning``), removed, counted, and the trace is made again. Writes go to a
+temporary file in the same folder and are renamed into place, so concurrent writers (Ray
+workers tracing the same key) each install a complete file and readers never see a partial one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+from echo_plan.trace.records import LayerTrace, TraceKey
+from echo_plan.trace.serialize import key_to_dict, trace_from_dict, trace_to_dict
+
+FORMAT = "echo-plan-trace"
+FORMAT_VERSION = 1
+ENV_VAR = "ECHO_PLAN_CACHE_DIR"
+
+
+class TraceCacheWarning(UserWarning):
+    """A cache file could not be trusted and was discarded."""
+
+
+def default_cache_root() -> Path:
+    """``$ECHO_PLAN_CACHE_DIR`` if set, else the user cache folder (platformdirs) / traces."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("echo-plan")) / "traces"
+
+
+class TraceCache:
+    """Traces on disk under ``root``; ``hits``, ``misses`` and ``corrupt`` count this instance's lookups."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root).expanduser() if root is not None else default_cache_root()
+        self.hits = 0
+        self.misses = 0
+        self.corrupt = 0
+
+    def path_for(self, key: TraceKey) -> Path:
+        return self.root / f"{key.stage.value}-{key.digest()}.json"
+
+    def get(self, key: TraceKey) -> LayerTrace | None:
+        path = self.path_for(key)
+        try:
+            raw = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            self.misses += 1
+            return None
+        except OSError as exc:
+            return self._discard(path, f"unreadable ({exc.strerror or exc})")
+        try:
+            trace = self._decode(raw, key)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            return self._discard(path, str(exc) or type(exc).__name__)
+        self.hits += 1
+        return trace
+
+    def put(self, trace: LayerTrace) -> None:
+        payload = json.dumps(trace_to_dict(trace), separators=(",", ":")).encode()
+        header = {
+            "format": FORMAT, "version": FORMAT_VERSION, "digest": trace.key.digest(),
+            "sha256": hashlib.sha256(payload).hexdigest(), "key": key_to_dict(trace.key),
+        }
+        data = json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
+        target = self.path_for(trace.key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            os.chmod(tmp, 0o644)  # a shared cache folder stays readable like any other file
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @staticmethod
+    def _decode(raw: bytes, key: TraceKey) -> LayerTrace:
+        head, sep, payload = raw.partition(b"\n")
+        if not sep:
+            raise ValueError("no header line")
+        header = json.loads(head)
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise ValueError("not an echo-plan trace file")
+        if header.get("version") != FORMAT_VERSION:
+            raise ValueError(f"format version {header.get('version')!r}, expected {FORMAT_VERSION}")
+        if header.get("key") != key_to_dict(key) or header.get("digest") != key.digest():
+            raise ValueError("written for a different trace key")
+        if header.get("sha256") != hashlib.sha256(payload).hexdigest():
+            raise ValueError("checksum mismatch (truncated or altered)")
+        trace = trace_from_dict(json.loads(payload), from_cache=True)
+        if trace.key != key:
+            raise ValueError("payload key differs from the header")
+        return trace
+
+    def _discard(self, path: Path, why: str) -> None:
+        self.corrupt += 1
+        self.misses += 1
+        warnings.warn(f"trace cache: discarding {path}: {why}; tracing again", TraceCacheWarning, stacklevel=3)
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        return None

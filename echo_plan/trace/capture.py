@@ -1,0 +1,126 @@
+"""Build one stage's modules under FakeTensorMode and run a micro-batch forward and backward.
+
+This is the torch-heavy half of the tracer (``tracer.py`` stays light so a cache hit never
+imports torch). Activation memory is measured, not computed: every tensor autograd saves for
+backward passes a saved-tensors hook, and the distinct storages it keeps alive are summed
+(parameters and buffers excluded). A checkpointed region saves only its inputs, so the same
+measurement under each recompute mode gives that mode's saved bytes.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from echo_plan.specs import DType, ModelSpec, Recompute
+from echo_plan.trace.block import TransformerBlock
+from echo_plan.trace.fake_pg import TPGroup, fake_tp_group
+from echo_plan.trace.modtrack import ModuleLabeler
+from echo_plan.trace.recorder import Recorder
+from echo_plan.trace.records import OpRecord, Phase, StageKind
+from echo_plan.trace.stages import EmbeddingStage, OutputStage
+
+TORCH_DTYPES = {DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP32: torch.float32}
+
+
+@dataclass(frozen=True)
+class Captured:
+    ops: tuple[OpRecord, ...]
+    saved_bytes_by_mode: dict[str, int]
+    param_count: int
+
+
+class SavedBytesMeter:
+    """Sums the distinct storages autograd saves for backward, leaving out ``exclude``."""
+
+    def __init__(self, exclude: set[int]) -> None:
+        self.exclude = exclude
+        self.storages: dict[int, int] = {}
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key not in self.exclude:
+            self.storages[key] = storage.nbytes()
+        return t
+
+    @contextmanager
+    def measuring(self) -> Iterator["SavedBytesMeter"]:
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield self
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
+def _build(stage: StageKind, model: ModelSpec, group: TPGroup | None, sp: bool, dtype: torch.dtype,
+           recompute: Recompute, recompute_context: Callable) -> nn.Module:
+    if stage is StageKind.BLOCK:
+        return TransformerBlock(model, group, sp, dtype, recompute, recompute_context)
+    if stage is StageKind.EMBEDDING:
+        return EmbeddingStage(model, group, sp, dtype)
+    return OutputStage(model, group, sp, dtype)
+
+
+def _inputs(stage: StageKind, model: ModelSpec, tp: int, sp: bool, mbs: int, dtype: torch.dtype) -> tuple:
+    seq = model.seq_length // tp if sp else model.seq_length
+    if stage is StageKind.BLOCK:
+        return (torch.empty(seq, mbs, model.hidden_size, dtype=dtype, requires_grad=True),)
+    ids = torch.empty(mbs, model.seq_length, dtype=torch.long)
+    if stage is StageKind.EMBEDDING:
+        return (ids,)
+    return (torch.empty(seq, mbs, model.hidden_size, dtype=dtype, requires_grad=True), ids)
+
+
+def _fixed_storages(module: nn.Module) -> set[int]:
+    tensors = list(module.parameters()) + list(module.buffers())
+    return {t.untyped_storage()._cdata for t in tensors}
+
+
+def _param_count(module: nn.Module) -> int:
+    if isinstance(module, OutputStage):
+        return module.owned_parameters()
+    return sum(p.numel() for p in module.parameters())
+
+
+def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
+            micro_batch_size: int, dtype: DType, recompute: Recompute) -> Captured:
+    """Trace one stage on TP rank 0: forward then backward of one micro-batch."""
+    tdtype = TORCH_DTYPES[dtype]
+    modes = list(Recompute) if stage is StageKind.BLOCK else [recompute]
+    saved: dict[str, int] = {}
+    with FakeTensorMode(), fake_tp_group(tp) as group:
+        recorder = Recorder(tp)
+        module = _build(stage, model, group, sequence_parallel, tdtype, recompute, recorder.recomputing)
+        inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype)
+        meter = SavedBytesMeter(_fixed_storages(module))
+        ModuleLabeler(module, recorder)  # hooks live as long as the module
+        with meter.measuring(), recorder:
+            out = module(*inputs)
+        saved[recompute.value] = meter.total
+        recorder.phase = Phase.BACKWARD
+        with recorder:
+            if out.dim() == 0:
+                out.backward()
+            else:
+                out.backward(torch.empty_like(out))
+        param_count = _param_count(module)
+        ops = tuple(recorder.ops)
+        for mode in modes:  # saved bytes under the other recompute modes: forward only, unrecorded
+            if mode.value in saved:
+                continue
+            other = _build(stage, model, group, sequence_parallel, tdtype, mode, nullcontext)
+            other_meter = SavedBytesMeter(_fixed_storages(other))
+            other_inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype)
+            with other_meter.measuring():
+                other(*other_inputs)
+            saved[mode.value] = other_meter.total
+    if stage is not StageKind.BLOCK:  # recompute modes apply to transformer layers only
+        saved = {mode.value: saved[recompute.value] for mode in Recompute}
+    return Captured(ops=ops, saved_bytes_by_mode=saved, param_count=param_count)

@@ -1,0 +1,52 @@
+"""A fake ``torch.distributed`` process group for tracing, scoped to a ``with`` block.
+
+torch ships a "fake" backend (``torch.testing._internal.distributed.fake_pg``): every collective
+returns at once without moving data, but it goes through the real c10d dispatch, so a dispatch
+mode sees each collective with its real input, output and group. The group is created for one
+trace and destroyed when the block exits, so no process-group state outlives a trace.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from echo_plan.errors import EchoPlanError
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """The tensor-parallel group this rank (rank 0) traces in: ``size`` ranks, c10d name ``name``."""
+
+    size: int
+    name: str
+    handle: Any  # the torch ProcessGroup
+
+
+@contextmanager
+def fake_tp_group(tp: int) -> Iterator[TPGroup | None]:
+    """Yield a fake TP group of ``tp`` ranks (ranks 0..tp-1, this process is rank 0).
+
+    With ``tp == 1`` there is nothing to communicate (Megatron-LM skips collectives on a group of
+    one) and ``None`` is yielded. The default process group is torn down on exit.
+    """
+    if tp <= 1:
+        yield None
+        return
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_available():  # pragma: no cover - every torch wheel we support ships c10d
+        raise EchoPlanError("tracing needs torch.distributed, which this torch build lacks")
+    if dist.is_initialized():
+        raise EchoPlanError(
+            "a torch.distributed process group is already initialised in this process; "
+            "trace in a process of its own (the tracer creates and destroys a fake group per trace)"
+        )
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    try:
+        group = dist.group.WORLD
+        yield TPGroup(size=tp, name=group.group_name, handle=group)
+    finally:
+        dist.destroy_process_group()

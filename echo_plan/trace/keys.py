@@ -1,0 +1,84 @@
+"""TraceKey construction: everything that changes a trace, without importing torch.
+
+``code_version`` hashes the source of the modules that define and run the traced code and the
+installed torch version (its dispatch decides which aten ops appear), so editing a module or
+upgrading torch invalidates cached traces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import metadata
+from pathlib import Path
+
+from echo_plan.errors import SpecError
+from echo_plan.specs import DType, ModelSpec, Recompute
+from echo_plan.trace.records import StageKind, TraceKey
+
+# The modules whose source decides what a trace contains.
+TRACED_MODULES = (
+    "block.py", "layers.py", "parallel.py", "stages.py", "fake_pg.py",
+    "capture.py", "recorder.py", "opinfo.py", "modtrack.py", "records.py",
+)
+TRACE_DTYPES = (DType.BF16, DType.FP16)
+
+
+def code_version() -> str:
+    """A short hash of the traced modules' source and the torch version."""
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in TRACED_MODULES:
+        h.update(name.encode())
+        h.update((here / name).read_bytes())
+    try:
+        h.update(metadata.version("torch").encode())
+    except metadata.PackageNotFoundError:  # pragma: no cover - torch is a dependency
+        h.update(b"torch-unknown")
+    return h.hexdigest()[:16]
+
+
+def structure(model: ModelSpec, stage: StageKind) -> str:
+    """Canonical text of the model fields that change this stage's trace."""
+    fields = [
+        f"hidden={model.hidden_size}", f"heads={model.num_attention_heads}", f"kv_heads={model.kv_heads}",
+        f"ffn={model.ffn_size}", f"activation={model.activation.value}", f"norm={model.norm.value}",
+        f"position={model.position_embedding.value}", f"seq={model.seq_length}",
+    ]
+    if stage is not StageKind.BLOCK:
+        fields += [f"vocab={model.vocab_size}", f"tied={model.tied_embeddings}"]
+    return ";".join(fields)
+
+
+def check_tp(model: ModelSpec, tp: int, sequence_parallel: bool) -> None:
+    """Raise SpecError unless ``tp`` can shard ``model`` (heads, kv heads, FFN, and seq with SP)."""
+    if tp < 1:
+        raise SpecError("tp", tp, "must be a positive integer")
+    valid = [t for t in range(1, model.num_attention_heads + 1)
+             if model.num_attention_heads % t == 0 and model.kv_heads % t == 0 and model.ffn_size % t == 0]
+    for value, what in ((model.num_attention_heads, "num_attention_heads"), (model.kv_heads, "num_kv_heads"),
+                        (model.ffn_size, "ffn_hidden_size")):
+        if value % tp:
+            raise SpecError("tp", tp, f"must divide {what} {value} of {model.name}; valid: "
+                            f"{', '.join(map(str, valid))}")
+    if sequence_parallel and model.seq_length % tp:
+        raise SpecError("sequence_parallel", True,
+                        f"needs seq_length {model.seq_length} divisible by tp {tp}")
+
+
+def make_key(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
+             micro_batch_size: int, dtype: DType, recompute: Recompute, version: str | None = None) -> TraceKey:
+    """The cache key of a trace; validates the arguments first."""
+    check_tp(model, tp, sequence_parallel)
+    if micro_batch_size < 1:
+        raise SpecError("micro_batch_size", micro_batch_size, "must be a positive integer")
+    dtype = DType(dtype)
+    if dtype not in TRACE_DTYPES:
+        raise SpecError("dtype", dtype.value, "traces use bf16 or fp16 activations and weights")
+    sp = bool(sequence_parallel and tp > 1)  # Megatron-LM ignores sequence parallelism at tp 1
+    if stage is not StageKind.BLOCK:  # Megatron-LM recomputes transformer layers only
+        recompute = Recompute.NONE
+    return TraceKey(
+        stage=StageKind(stage), structure=structure(model, stage), tp=tp, sequence_parallel=sp,
+        micro_batch_size=micro_batch_size, seq_length=model.seq_length, dtype=dtype.value,
+        recompute=Recompute(recompute).value, code_version=version or code_version(),
+    )

@@ -1,0 +1,173 @@
+"""Megatron-LM's tensor/sequence-parallel communication, as autograd functions over c10d.
+
+Each function issues real functional collectives (``torch.ops._c10d_functional``) on the fake TP
+group, so the tracer records them with their true sizes. Tensors are laid out [seq, batch, ...]
+as in Megatron-LM, so sequence-parallel gathers and scatters work on dimension 0.
+
+Conjugate pairs (Shoeybi et al. 2019, Fig. 3; Korthikanti et al. 2022, Sec. 4.2.2):
+  copy_to_tp       f: identity forward,      all-reduce backward
+  reduce_from_tp   g: all-reduce forward,    identity backward
+  gather_from_sp     all-gather forward,     reduce-scatter backward
+  reduce_scatter_sp  reduce-scatter forward, all-gather backward
+  scatter_to_sp      split forward,          all-gather backward
+"""
+
+from __future__ import annotations
+
+import torch
+
+from echo_plan.trace.fake_pg import TPGroup
+
+_c10d = torch.ops._c10d_functional
+
+
+def all_reduce(x: torch.Tensor, group: TPGroup | None, op: str = "sum") -> torch.Tensor:
+    if group is None:
+        return x
+    return _c10d.wait_tensor(_c10d.all_reduce(x.contiguous(), op, group.name))
+
+
+def all_gather(x: torch.Tensor, group: TPGroup | None) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along dimension 0."""
+    if group is None:
+        return x
+    return _c10d.wait_tensor(_c10d.all_gather_into_tensor(x.contiguous(), group.size, group.name))
+
+
+def reduce_scatter(x: torch.Tensor, group: TPGroup | None) -> torch.Tensor:
+    """Sum over ranks, keep this rank's 1/size slice of dimension 0."""
+    if group is None:
+        return x
+    return _c10d.wait_tensor(_c10d.reduce_scatter_tensor(x.contiguous(), "sum", group.size, group.name))
+
+
+def _local_slice(x: torch.Tensor, group: TPGroup | None) -> torch.Tensor:
+    if group is None:
+        return x
+    return x.chunk(group.size, dim=0)[0].contiguous()  # rank 0's shard
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_reduce(grad, ctx.group), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        return all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherFromSP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return all_gather(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_scatter(grad, ctx.group), None
+
+
+class _ReduceScatterToSP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return reduce_scatter(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather(grad, ctx.group), None
+
+
+class _ScatterToSP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _local_slice(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather(grad, ctx.group), None
+
+
+def copy_to_tp(x: torch.Tensor, group: TPGroup | None) -> torch.Tensor:
+    return x if group is None else _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x: torch.Tensor, group: TPGroup | None) -> torch.Tensor:
+    return x if group is None else _ReduceFromTP.apply(x, group)
+
+
+def gather_from_sp(x: torch.Tensor, group: TPGroup | None) -> torch.Tensor:
+    return x if group is None else _GatherFromSP.apply(x, group)
+
+
+def reduce_scatter_to_sp(x: torch.Tensor, group: TPGroup | None) -> torch.Tensor:
+    return x if group is None else _ReduceScatterToSP.apply(x, group)
+
+
+def scatter_to_sp(x: torch.Tensor, group: TPGroup | None) -> torch.Tensor:
+    return x if group is None else _ScatterToSP.apply(x, group)
+
+
+class _ParallelLinear(torch.autograd.Function):
+    """y = x W^T (+ b) on this rank's weight shard, with Megatron-LM's communication.
+
+    Mirrors Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication``: with sequence
+    parallelism the input shard is all-gathered in forward, only the shard is saved, and backward
+    gathers it again for the weight gradient; the input gradient is reduced (all-reduce, or
+    reduce-scatter with sequence parallelism) while the weight gradient is computed.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, gather_input, reduce_grad):
+        ctx.group, ctx.gather_input, ctx.reduce_grad = group, gather_input, reduce_grad
+        ctx.has_bias = bias is not None
+        total = all_gather(x, group) if gather_input else x
+        ctx.save_for_backward(x, weight)
+        out = torch.matmul(total, weight.t())
+        if bias is not None:
+            out = out + bias
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        group = ctx.group
+        total = all_gather(x, group) if ctx.gather_input else x
+        grad_in = grad_out.matmul(weight)
+        if ctx.reduce_grad == "reduce_scatter":
+            grad_in = reduce_scatter(grad_in, group)
+        elif ctx.reduce_grad == "all_reduce":
+            grad_in = all_reduce(grad_in, group)
+        g2 = grad_out.reshape(-1, grad_out.shape[-1])
+        t2 = total.reshape(-1, total.shape[-1])
+        grad_w = g2.t().matmul(t2)
+        grad_b = g2.sum(dim=0) if ctx.has_bias else None
+        return grad_in, grad_w, grad_b, None, None, None
+
+
+def column_parallel_linear(x, weight, bias, group: TPGroup | None, sequence_parallel: bool):
+    """Column-parallel linear: the input is replicated (or gathered from sequence shards)."""
+    if group is None:
+        return _ParallelLinear.apply(x, weight, bias, None, False, None)
+    reduce_grad = "reduce_scatter" if sequence_parallel else "all_reduce"
+    return _ParallelLinear.apply(x, weight, bias, group, sequence_parallel, reduce_grad)
+
+
+def row_parallel_linear(x, weight, bias, group: TPGroup | None, sequence_parallel: bool):
+    """Row-parallel linear: partial sums are all-reduced (or reduce-scattered), then the bias added."""
+    out = _ParallelLinear.apply(x, weight, None, group, False, None)
+    out = reduce_scatter_to_sp(out, group) if sequence_parallel else reduce_from_tp(out, group)
+    return out + bias if bias is not None else out

@@ -1,0 +1,93 @@
+"""A dispatch mode that writes down every aten op a traced stage runs, as OpRecords.
+
+It sits above FakeTensorMode, so it sees the ops the module code issues in forward and (because
+autograd runs them through the same dispatcher) in backward, collectives included. Dependencies
+are found through storages: an op depends on the last op that wrote a storage it reads.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from echo_plan.trace.opinfo import collective_kind, op_bytes, op_flops, op_kind
+from echo_plan.trace.records import (
+    CollectiveInfo, CommGroup, CollectiveKind, GroupKind, OpKind, OpRecord, Phase, Stream, TensorMeta,
+)
+
+def _meta(t: torch.Tensor) -> TensorMeta:
+    return TensorMeta(tuple(int(d) for d in t.shape), str(t.dtype).removeprefix("torch."))
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(tree)
+    return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+class Recorder(TorchDispatchMode):
+    """Records ops into ``self.ops``; ``phase`` and ``module`` label what is recorded next."""
+
+    def __init__(self, tp_size: int) -> None:
+        super().__init__()
+        self.ops: list[OpRecord] = []
+        self.phase = Phase.FORWARD
+        self.module = ""
+        self._tp_group = CommGroup(GroupKind.TP, size=tp_size, stride=1)
+        self._writer: dict[int, int] = {}  # storage -> index of the op that last wrote it
+        self._alive: list = []  # keeps storages alive so their keys stay unique
+
+    @contextmanager
+    def recomputing(self) -> Iterator[None]:
+        """Label ops run inside this block (checkpointed forward re-run in backward) RECOMPUTE."""
+        saved = self.phase
+        self.phase = Phase.RECOMPUTE
+        try:
+            yield
+        finally:
+            self.phase = saved
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace != "prim":
+            self._record(func, args, kwargs, out)
+        return out
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        inputs = _tensors((args, kwargs))
+        outputs = _tensors(out)
+        kind = op_kind(func)
+        index = len(self.ops)
+        deps = sorted({self._writer[k] for k in map(_storage_key, inputs) if k in self._writer})
+        collective = None
+        stream = Stream.COMPUTE
+        ckind = collective_kind(func)
+        if ckind is not None:
+            stream = Stream.TP_COMM
+            source = outputs if ckind is CollectiveKind.ALL_GATHER else inputs[:1]
+            nbytes = sum(t.numel() * t.element_size() for t in source)
+            collective = CollectiveInfo(ckind, nbytes, self._tp_group)
+        flops = 0.0 if kind is OpKind.VIEW else op_flops(func, args, kwargs, out)
+        read, written = op_bytes(func, kind, inputs, outputs)
+        self.ops.append(OpRecord(
+            index=index, name=str(func), kind=kind, phase=self.phase, stream=stream,
+            inputs=tuple(_meta(t) for t in inputs), outputs=tuple(_meta(t) for t in outputs),
+            flops=flops, bytes_read=read, bytes_written=written, deps=tuple(deps),
+            collective=collective, module=self.module,
+        ))
+        for t in outputs:
+            key = _storage_key(t)
+            if kind is not OpKind.VIEW:
+                self._writer[key] = index
+            elif deps and key not in self._writer:  # an alias in a new storage (wait_tensor)
+                self._writer[key] = self._writer.get(_storage_key(inputs[0]), deps[-1]) if inputs else deps[-1]
+            # Hold the storage (not the tensor, which would stop autograd from stealing gradients)
+            self._alive.append(t.untyped_storage())

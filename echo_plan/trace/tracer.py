@@ -1,0 +1,61 @@
+"""The tracer's entry points: one stage, or the three stages a model's plan needs.
+
+A cache hit never imports torch; a miss builds the stage under FakeTensorMode and a fake process
+group (``capture.py``), records it and stores it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echo_plan.specs import DType, ModelSpec, PlanSpec, Recompute
+from echo_plan.trace.cache import TraceCache
+from echo_plan.trace.keys import code_version, make_key
+from echo_plan.trace.records import LayerTrace, StageKind
+
+
+@dataclass(frozen=True)
+class ModelTraces:
+    block: LayerTrace
+    embedding: LayerTrace
+    output: LayerTrace
+
+
+def trace_stage(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
+                micro_batch_size: int, dtype: DType, recompute: Recompute,
+                cache: TraceCache | None = None) -> LayerTrace:
+    """Trace one stage on TP rank 0 for one micro-batch (from ``cache`` when it holds it).
+
+    Raises SpecError when ``tp`` cannot shard the model, or for a bad micro-batch or dtype.
+    """
+    key = make_key(model, StageKind(stage), tp=tp, sequence_parallel=sequence_parallel,
+                   micro_batch_size=micro_batch_size, dtype=dtype, recompute=recompute,
+                   version=code_version())
+    if cache is not None:
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+    from echo_plan.trace.capture import capture
+
+    got = capture(model, key.stage, tp=key.tp, sequence_parallel=key.sequence_parallel,
+                  micro_batch_size=key.micro_batch_size, dtype=DType(dtype),
+                  recompute=Recompute(key.recompute))
+    trace = LayerTrace(
+        key=key, ops=got.ops, saved_bytes=got.saved_bytes_by_mode[key.recompute],
+        saved_bytes_by_mode=dict(got.saved_bytes_by_mode), param_count=got.param_count,
+    )
+    if cache is not None:
+        cache.put(trace)
+    return trace
+
+
+def trace_model(model: ModelSpec, plan: PlanSpec, cache: TraceCache | None = None) -> ModelTraces:
+    """The block, embedding and output traces for ``plan``'s tp, sequence parallelism, micro-batch,
+    dtype and recompute mode."""
+    common = dict(tp=plan.tp, sequence_parallel=plan.sequence_parallel,
+                  micro_batch_size=plan.micro_batch_size, dtype=plan.dtype, recompute=plan.recompute, cache=cache)
+    return ModelTraces(
+        block=trace_stage(model, StageKind.BLOCK, **common),
+        embedding=trace_stage(model, StageKind.EMBEDDING, **common),
+        output=trace_stage(model, StageKind.OUTPUT, **common),
+    )
