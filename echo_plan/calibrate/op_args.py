@@ -1,0 +1,240 @@
+"""Rebuilding a runnable call of a traced op from its record.
+
+A trace records an op's name and its tensor inputs and outputs (shape, dtype), not its other
+arguments. To run the op for real, the arguments are rebuilt from the op's schema: tensor slots
+take the recorded inputs in order, and the non-tensor arguments are inferred from the shapes
+(a reduction's dims from the input and output shapes, a factory's size from the output, a cast's
+dtype from the output's) or set to values that do not change the work (scalars, eps). The caller
+checks the rebuilt call's outputs against the recorded ones and skips the op when they differ.
+
+Fused attention is timed through ``torch.nn.functional.scaled_dot_product_attention`` (forward,
+and autograd for the backward) so that the device's own fused kernel runs: a trace made on CPU
+records the CPU variant's name, which a CUDA device does not implement.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from echo_plan.trace.records import OpKind, OpRecord, TensorMeta
+
+
+class CannotRun(Exception):
+    """The op cannot be rebuilt into a call on this device; the message says why."""
+
+
+def resolve_op(name: str) -> Any:
+    """``aten.mm.default`` -> ``torch.ops.aten.mm.default`` (custom namespaces once imported)."""
+    import torch
+
+    import echo_plan.trace  # noqa: F401  (the tracer registers its custom ops on import)
+
+    parts = name.split(".")
+    if len(parts) != 3:
+        raise CannotRun(f"op name {name!r} is not namespace.op.overload")
+    ns, op, overload = parts
+    try:
+        return getattr(getattr(getattr(torch.ops, ns), op), overload)
+    except (AttributeError, RuntimeError):
+        _import_trace_modules()
+        try:
+            return getattr(getattr(getattr(torch.ops, ns), op), overload)
+        except (AttributeError, RuntimeError):
+            raise CannotRun(f"no operator {name} in this torch build") from None
+
+
+def _import_trace_modules() -> None:
+    import importlib
+    import pkgutil
+
+    import echo_plan.trace as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        try:
+            importlib.import_module(f"echo_plan.trace.{info.name}")
+        except Exception:  # a module that fails to import registers nothing; the op is then skipped
+            continue
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise CannotRun(f"unknown dtype {name!r}")
+    return dt
+
+
+def make_tensor(meta: TensorMeta, device: str) -> Any:
+    """A real tensor of the recorded shape: small random floats, zero indices and masks."""
+    import torch
+
+    dt = torch_dtype(meta.dtype)
+    if dt.is_floating_point:
+        return (torch.randn(meta.shape, dtype=torch.float32, device=device) * 0.1).to(dt)
+    return torch.zeros(meta.shape, dtype=dt, device=device)
+
+
+def build_call(op: OpRecord, device: str) -> Callable[[], Any]:
+    """A zero-argument function that runs ``op`` once on ``device`` with fresh tensors."""
+    if op.kind is OpKind.ATTENTION:
+        return _attention_call(op, device)
+    fn = resolve_op(op.name)
+    args, kwargs = _schema_args(fn, op, device)
+    return lambda: fn(*args, **kwargs)
+
+
+def outputs_match(result: Any, op: OpRecord) -> bool:
+    """Whether a call's tensor outputs have the recorded shapes and dtypes, in order."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten(result)
+    got = [(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in leaves if isinstance(t, torch.Tensor)]
+    want = [(tuple(t.shape), t.dtype) for t in op.outputs]
+    if op.kind is OpKind.ATTENTION:  # the public SDPA call returns the main outputs, not the kernel's extras
+        n = min(len(got), len(want))
+        return n > 0 and got[:n] == want[:n]
+    return got == want
+
+
+# -- schema-driven arguments --------------------------------------------------------------------
+
+def _schema_args(fn: Any, op: OpRecord, device: str) -> tuple[list[Any], dict[str, Any]]:
+    schema = fn._schema
+    metas = list(op.inputs)
+    tensors = [make_tensor(m, device) for m in metas]
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    pos = 0
+    arguments = list(schema.arguments)
+    for i, arg in enumerate(arguments):
+        type_s = str(arg.type)
+        if type_s in ("Tensor", "Tensor?", "Optional[Tensor]"):
+            if pos < len(tensors):
+                value: Any = tensors[pos]
+                pos += 1
+            elif type_s == "Tensor" and pos > 0:
+                value = 1  # the traced call passed a Python number here (torch wrapped it)
+            elif type_s == "Tensor":
+                raise CannotRun(f"{op.name}: fewer recorded inputs than tensor arguments")
+            else:
+                value = None
+        elif "Tensor" in type_s and ("List" in type_s or "[]" in type_s):
+            after = sum(1 for a in arguments[i + 1:] if str(a.type) == "Tensor")
+            take = max(0, len(tensors) - pos - after)
+            value = tensors[pos: pos + take]
+            pos += take
+        else:
+            value = _scalar_arg(arg, type_s, op, metas, device)
+            if value is _DEFAULT:
+                continue
+        if arg.kwarg_only:
+            kwargs[arg.name] = value
+        else:
+            args.append(value)
+    if pos < len(tensors):
+        raise CannotRun(f"{op.name}: {len(tensors) - pos} recorded inputs have no tensor argument")
+    return args, kwargs
+
+
+_DEFAULT = object()
+
+
+def _scalar_arg(arg: Any, type_s: str, op: OpRecord, metas: list[TensorMeta], device: str) -> Any:
+    name = arg.name
+    first = metas[0].shape if metas else ()
+    out = op.outputs[0] if op.outputs else None
+    if name in ("dim", "keepdim") and out is not None and metas:
+        dims, keep = _reduced_dims(first, out.shape)
+        if name == "keepdim":
+            return keep
+        if type_s.startswith(("List", "int[]", "Optional[List")) or "[]" in type_s:
+            return dims
+        return dims[0] if dims else -1
+    if name == "dtype" and out is not None:
+        return torch_dtype(out.dtype)
+    if name == "input_dtype" and metas:
+        return torch_dtype(metas[0].dtype)
+    if name == "device":
+        return device
+    if name in ("size", "input_sizes") and out is not None:
+        return list(out.shape)
+    if name in ("start", "end", "step") and out is not None and metas and op.name.startswith("aten.slice_backward"):
+        dim = _reduced_dims(first, out.shape)[0][0]
+        return {"start": 0, "end": first[dim], "step": 1}[name]
+    if name == "end" and out is not None:
+        return out.numel if out.shape else 1
+    if name == "num_weights" and out is not None:
+        return out.shape[0]
+    if name == "padding_idx":
+        return -1
+    if name == "normalized_shape":
+        return _normalized_shape(op, metas)
+    if name == "output_mask":
+        return [True] * min(3, len(op.outputs)) + [False] * (3 - min(3, len(op.outputs)))
+    if name in ("eps",):
+        return 1e-5
+    if name in ("dropout_p", "p"):
+        return 0.0
+    if name == "is_causal":
+        return True
+    if arg.has_default_value():
+        return _DEFAULT
+    if type_s in ("Scalar", "number", "float", "int", "SymInt"):
+        return 1
+    if type_s == "bool":
+        return False
+    raise CannotRun(f"{op.name}: no rule for argument {name}: {type_s}")
+
+
+def _reduced_dims(inp: tuple[int, ...], out: tuple[int, ...]) -> tuple[list[int], bool]:
+    """The dims a reduction (or concatenation) changed, and whether it kept them."""
+    if len(out) == len(inp):
+        changed = [i for i, (a, b) in enumerate(zip(inp, out)) if a != b]
+        return (changed or [len(inp) - 1]), True
+    kept, j = [], 0
+    for i, d in enumerate(inp):  # align the output's dims greedily with the input's
+        if j < len(out) and out[j] == d:
+            j += 1
+        else:
+            kept.append(i)
+    if j != len(out):
+        raise CannotRun(f"cannot tell which dims of {inp} reduce to {out}")
+    return kept, False
+
+
+def _normalized_shape(op: OpRecord, metas: list[TensorMeta]) -> list[int]:
+    if "backward" in op.name and len(metas) >= 3:  # grad_out, input, mean, rstd, weight?, bias?
+        if len(metas) >= 5:
+            return list(metas[4].shape)
+        inp, stat = metas[1].shape, metas[2].shape
+        k = 0
+        while k < len(inp) and stat[-1 - k] == 1 and inp[-1 - k] != 1:
+            k += 1
+        return list(inp[len(inp) - max(1, k):])
+    if len(metas) >= 2:  # input, weight, bias
+        return list(metas[1].shape)
+    return [metas[0].shape[-1]]
+
+
+# -- fused attention ----------------------------------------------------------------------------
+
+def _attention_call(op: OpRecord, device: str) -> Callable[[], Any]:
+    import torch
+    import torch.nn.functional as F
+
+    four = [m for m in op.inputs if len(m.shape) == 4]
+    backward = "backward" in op.name
+    qkv = four[1:4] if backward else four[:3]
+    if len(qkv) < 3:
+        raise CannotRun(f"{op.name}: expected query, key and value of rank 4")
+    q, k, v = (make_tensor(m, device) for m in qkv)
+    gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    # ModelSpec models are decoder-only: causal attention, as the analytical model assumes.
+    if not backward:
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+    grad = torch.randn_like(out)
+    return lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)

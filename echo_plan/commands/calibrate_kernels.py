@@ -1,0 +1,128 @@
+"""``echo-plan calibrate kernels``: time the traced ops on this machine's GPU into a kernel database.
+
+``echo_plan/commands/calibrate_cmd.py`` owns the ``calibrate`` sub-app and calls
+``register_kernels(calibrate_app)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from echo_plan.commands.common import ModelOpt, write_atomic
+from echo_plan.errors import EchoPlanError, SpecError
+
+
+def parse_int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise SpecError(what, text, "a comma-separated list of positive integers, e.g. 1,2,4,8") from None
+    if not values or min(values) < 1:
+        raise SpecError(what, text, "a comma-separated list of positive integers, e.g. 1,2,4,8")
+    return sorted(set(values))
+
+
+def parse_recompute(text: str) -> list:
+    from echo_plan.specs import Recompute
+
+    out = []
+    for part in (p for p in text.replace(" ", "").split(",") if p):
+        try:
+            out.append(Recompute(part))
+        except ValueError:
+            valid = ", ".join(r.value for r in Recompute)
+            raise SpecError("--recompute", part, f"one or more of {valid}, comma-separated") from None
+    if not out:
+        raise SpecError("--recompute", text, "at least one recompute mode")
+    return out
+
+
+def default_output(gpu_name: str) -> Path:
+    from echo_plan.cost.kernel_db import kernels_dir
+
+    stem = re.sub(r"[^A-Za-z0-9]+", "-", gpu_name).strip("-") or "device"
+    return (kernels_dir() or Path("kernels")) / f"{stem}.json"
+
+
+def traced_ops(model, tps: list[int], mbs: list[int], sequence_parallel: bool, recompute: list, dtype) -> list:
+    """Every op of the block, embedding and output stages for each (tp, mbs, recompute) asked for."""
+    from echo_plan.trace.records import StageKind
+    from echo_plan.trace.tracer import trace_stage
+
+    ops = []
+    for tp in tps:  # trace_stage raises SpecError for a tp that cannot shard the model
+        sp = sequence_parallel and tp > 1
+        if sp and model.seq_length % tp:
+            raise SpecError("--tp", tp, f"sequence parallelism needs seq_length {model.seq_length} divisible by tp")
+        for b in mbs:
+            for stage in StageKind:
+                modes = recompute if stage is StageKind.BLOCK else recompute[:1]
+                for mode in modes:
+                    trace = trace_stage(model, stage, tp=tp, sequence_parallel=sp, micro_batch_size=b,
+                                        dtype=dtype, recompute=mode, cache=None)
+                    ops.extend(trace.ops)
+    return ops
+
+
+def register_kernels(calibrate_app: typer.Typer) -> None:
+    @calibrate_app.command("kernels")
+    def kernels(
+        model: str = ModelOpt,
+        tp: str = typer.Option("1,2,4,8", "--tp", help="tensor-parallel degrees to trace, comma-separated"),
+        mbs: str = typer.Option("1", "--mbs", help="micro-batch sizes to trace, comma-separated"),
+        sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="trace with sequence parallelism"),
+        recompute: str = typer.Option("none", "--recompute", help="recompute modes to trace: none, selective, full"),
+        dtype: str = typer.Option("bf16", "--dtype", help="training dtype: bf16 or fp16"),
+        device: str = typer.Option("cuda", "--device", help="cuda (a real measurement) or cpu (tests the harness)"),
+        warmup: int = typer.Option(5, "--warmup", min=0, help="untimed runs per op"),
+        iters: int = typer.Option(20, "--iters", min=1, help="timed runs per op (the median is kept)"),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", help="database file (default kernels/<GPU>.json)"),
+        as_json: bool = typer.Option(False, "--json", help="print a JSON summary"),
+    ) -> None:
+        """Run the model's traced ops on this machine's GPU and write a kernel database."""
+        from echo_plan.calibrate.kernels import NoCudaDevice, check_device, database_json, measure_ops
+        from echo_plan.specs import DType, load_model
+
+        if device not in ("cuda", "cpu"):
+            raise SpecError("--device", device, "cuda or cpu")
+        try:
+            check_device(device)
+        except NoCudaDevice as exc:
+            typer.echo(f"calibrate kernels: {exc}; nothing measured, no file written. "
+                       "Run it on a machine with an NVIDIA GPU (or --device cpu to test the harness).")
+            return
+        try:
+            dt = DType(dtype)
+        except ValueError:
+            raise SpecError("--dtype", dtype, "bf16 or fp16") from None
+        spec = load_model(model)
+        tps, sizes, modes = parse_int_list(tp, "--tp"), parse_int_list(mbs, "--mbs"), parse_recompute(recompute)
+        typer.echo(f"tracing {spec.name} at tp={tps} mbs={sizes} recompute={[m.value for m in modes]} ...", err=True)
+        ops = traced_ops(spec, tps, sizes, sequence_parallel, modes, dt)
+
+        def progress(i: int, n: int, name: str) -> None:
+            if i % 25 == 0:
+                typer.echo(f"  [{i}/{n}] {name}", err=True)
+
+        run = measure_ops(ops, device, warmup=warmup, iters=iters, progress=progress)
+        settings = {"model": spec.name, "tp": tps, "mbs": sizes, "sequence_parallel": sequence_parallel,
+                    "recompute": [m.value for m in modes], "dtype": dt.value, "warmup": warmup, "iters": iters}
+        data = database_json(run, device, settings)
+        target = output if output is not None else default_output(data["gpu"]["name"])
+        if not run.measured:
+            raise EchoPlanError(f"no op could be measured on {device}; nothing written")
+        write_atomic(target, json.dumps(data, indent=1) + "\n")
+        summary = {"path": str(target), "gpu": data["gpu"]["name"], "ops_total": run.ops_total,
+                   "measured": len(run.measured), "skipped": [{"op": s.key[0], "reason": s.reason} for s in run.skipped]}
+        if as_json:
+            typer.echo(json.dumps(summary, indent=2))
+            return
+        typer.echo(f"measured {len(run.measured)} of {run.ops_total} distinct ops on {data['gpu']['name']}; "
+                   f"wrote {target}")
+        for s in run.skipped:
+            typer.echo(f"  skipped {s.key[0]}: {s.reason}")

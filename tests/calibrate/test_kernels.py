@@ -1,0 +1,113 @@
+"""``calibrate kernels``: the measuring harness on CPU, argument rebuilding, and the no-GPU exit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from echo_plan.calibrate.kernels import distinct_ops, measure_ops
+from echo_plan.calibrate.op_args import CannotRun, _reduced_dims, build_call, outputs_match
+from echo_plan.commands.calibrate_kernels import parse_int_list, register_kernels
+from echo_plan.cost.compute import AnalyticalComputeModel
+from echo_plan.cost.kernel_db import DatabaseComputeModel, KernelDatabase
+from echo_plan.errors import SpecError
+from echo_plan.specs import DType, ModelSpec, Recompute, load_cluster
+from echo_plan.trace.records import OpKind, OpRecord, Phase, StageKind, Stream, TensorMeta
+from echo_plan.trace.tracer import trace_stage
+
+TINY = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
+        "vocab_size": 128, "seq_length": 32, "activation": "swiglu", "norm": "rmsnorm",
+        "position_embedding": "rotary", "tied_embeddings": False}
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    cal = typer.Typer()
+    register_kernels(cal)
+    app.add_typer(cal, name="calibrate")
+
+    @app.callback()
+    def _root() -> None:
+        pass
+
+    return app
+
+
+def _tiny_ops(spec: ModelSpec, tp: int) -> list[OpRecord]:
+    ops = []
+    for stage in StageKind:
+        ops += trace_stage(spec, stage, tp=tp, sequence_parallel=tp > 1, micro_batch_size=1,
+                           dtype=DType.BF16, recompute=Recompute.SELECTIVE).ops
+    return ops
+
+
+def test_cli_measures_tiny_model_on_cpu_and_the_database_covers_it(tmp_path):
+    model_file = tmp_path / "tiny.yaml"
+    model_file.write_text(json.dumps(TINY))
+    out = tmp_path / "kernels" / "cpu.json"
+    result = CliRunner().invoke(_app(), [
+        "calibrate", "kernels", "--model", str(model_file), "--tp", "1,2", "--sequence-parallel",
+        "--recompute", "selective", "--device", "cpu", "--warmup", "1", "--iters", "3", "-o", str(out), "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    db = KernelDatabase.load(out)
+    assert db.provenance["torch"] and db.provenance["device"] == "cpu" and db.provenance["tp"] == [1, 2]
+    spec = ModelSpec.build(TINY)
+    ops = _tiny_ops(spec, 2) + _tiny_ops(spec, 1)
+    model = DatabaseComputeModel(db, AnalyticalComputeModel())
+    cov = model.coverage(ops, load_cluster("h800").gpu, DType.BF16)
+    assert cov.ops_measured > 0
+    assert cov.op_share >= 0.95, cov.missing
+    assert all(e.median_us > 0 and e.p10_us <= e.median_us <= e.p90_us for e in db.entries.values())
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cuda_without_gpu_says_so_and_writes_nothing(tmp_path):
+    out = tmp_path / "gpu.json"
+    result = CliRunner().invoke(_app(), ["calibrate", "kernels", "--model", "gpt-13b", "--device", "cuda", "-o", str(out)])
+    assert result.exit_code == 0
+    assert "no CUDA GPU" in result.output
+    assert not out.exists()
+
+
+def test_distinct_ops_drop_views_and_duplicates():
+    spec = ModelSpec.build(TINY)
+    ops = _tiny_ops(spec, 2)
+    distinct = distinct_ops(ops + ops)
+    assert all(op.kind not in (OpKind.VIEW, OpKind.COLLECTIVE) for op in distinct)
+    assert len(distinct) == len(distinct_ops(ops)) < len(ops)
+
+
+def test_rebuilt_calls_reproduce_recorded_outputs():
+    spec = ModelSpec.build(TINY)
+    for op in distinct_ops(_tiny_ops(spec, 2)):
+        assert outputs_match(build_call(op, "cpu")(), op), op.name
+
+
+def test_an_op_that_cannot_be_rebuilt_is_skipped_with_a_reason():
+    bogus = OpRecord(0, "aten.no_such_op.default", OpKind.ELEMENTWISE, Phase.FORWARD, Stream.COMPUTE,
+                     (TensorMeta((4,), "float32"),), (TensorMeta((4,), "float32"),), 0.0, 16, 16, ())
+    wrong = OpRecord(0, "aten.mm.default", OpKind.GEMM, Phase.FORWARD, Stream.COMPUTE,
+                     (TensorMeta((4, 8), "float32"), TensorMeta((8, 2), "float32")),
+                     (TensorMeta((4, 3), "float32"),), 128.0, 0, 0, ())
+    run = measure_ops([bogus, wrong], "cpu", warmup=0, iters=1)
+    assert run.measured == () and len(run.skipped) == 2
+    assert "no operator" in run.skipped[0].reason and "output shapes" in run.skipped[1].reason
+
+
+def test_reduced_dims():
+    assert _reduced_dims((8, 4, 16), (8, 4, 1)) == ([2], True)
+    assert _reduced_dims((8, 4, 16), (8, 4)) == ([2], False)
+    assert _reduced_dims((8, 4, 16), (4, 16)) == ([0], False)
+    with pytest.raises(CannotRun):
+        _reduced_dims((8, 4), (3,))
+
+
+def test_int_lists_validated():
+    assert parse_int_list("8,1, 2", "--tp") == [1, 2, 8]
+    for bad in ("", "0", "a,b"):
+        with pytest.raises(SpecError):
+            parse_int_list(bad, "--tp")
