@@ -170,3 +170,40 @@ def test_layer_properties(seed, n, scale):
     has_compute = any(t.stream == "compute" for t in r.tasks)
     if has_compute:
         assert idle == pytest.approx(plain.forward.tp_comm_exposed_s, abs=1e-12)
+
+
+# -- integration: a real traced layer with the analytical compute and NCCL models --------------
+
+@pytest.fixture(scope="module")
+def gpt3_block():
+    from echo_plan.specs import Recompute, load_model
+    from echo_plan.trace.records import StageKind as SK
+    from echo_plan.trace.tracer import trace_stage
+
+    return trace_stage(load_model("gpt3-175b"), SK.BLOCK, tp=8, sequence_parallel=False, micro_batch_size=1,
+                       dtype=DType.BF16, recompute=Recompute.NONE)
+
+
+def test_real_traced_layer(gpt3_block):
+    from echo_plan.cost.collectives import NcclModel
+    from echo_plan.cost.compute import AnalyticalComputeModel
+
+    args = (gpt3_block, AnalyticalComputeModel(), NcclModel(), CLUSTER, DType.BF16)
+    real = replay_layer(*args, load_interference(None))
+    none = replay_layer(*args, InterferenceModel.none())
+    f, b = real.forward, real.backward
+    for p in (f, b, none.forward, none.backward):
+        check_invariant(p)
+        assert p.compute_s > 0 and p.tp_comm_s > 0
+    # Megatron-LM forward without sequence parallelism: the row-parallel all-reduces (attention
+    # output, MLP output) are read by the next op, so all of their time is exposed, and nothing
+    # runs beside them.
+    assert f.tp_comm_exposed_s == pytest.approx(f.tp_comm_s)
+    assert f.interference_s == 0.0
+    # backward: the column-parallel input-gradient all-reduces run beside the weight-gradient GEMMs
+    assert b.tp_comm_hidden_s > 0.5 * b.tp_comm_s
+    assert b.interference_s > 0.0 and none.backward.interference_s == 0.0
+    assert none.backward.duration_s < b.duration_s
+    # GEMMs dominate a 175B layer's compute
+    assert dict(f.work_by_kind)[TaskKind.GEMM] > 0.5 * f.compute_s
+    assert {s.stream for s in b.spans} == {"compute", "tp_comm"}
