@@ -112,6 +112,10 @@ class NcclModel:
         ests = [_estimate(kind, nbytes, topo.n, line, algos.line_time_us(line, nbytes, self.params)) for line in lines]
         return sorted(ests, key=lambda e: e.time_s)
 
+    def lines(self, kind: CollectiveKind, group: CommGroup, cluster: ClusterSpec) -> tuple[Topo, list[Line]]:
+        """The cost lines (one per algorithm/protocol) of ``kind`` on ``group`` (for vectorised fits)."""
+        return self._lines_for(kind, group, cluster)
+
     def clear(self) -> None:
         self._memo.clear()
         self._lines.clear()
