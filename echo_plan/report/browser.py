@@ -1,0 +1,118 @@
+"""Open a report in headless Chromium: load it, read back the drawn page, take a screenshot.
+
+Used by the browser test and ``benchmarks/report_bench.py`` to check a report as a person would see
+it (charts drawn, no JavaScript errors) and how long it takes to open.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from echo_plan.errors import EchoPlanError
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+# Flags for a quiet, offline, sandbox-free headless run (CI containers run as root, without a GPU).
+BASE_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+              "--disable-component-update", "--disable-sync", "--disable-quic", "--disable-dev-shm-usage",
+              "--hide-scrollbars", "--mute-audio")
+
+
+def find_chromium() -> str | None:
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PageLoad:
+    """What the page looked like once loaded."""
+
+    dom: str  # the serialized DOM after scripts ran
+    console: tuple[str, ...]  # console messages Chromium logged at error level, and JavaScript exceptions
+    wall_s: float  # the Chromium run from start to exit, browser start-up included
+
+    @property
+    def js_errors(self) -> list[str]:
+        """Errors the page caught itself (window.onerror into <html data-js-errors>)."""
+        m = re.search(r'<html[^>]*\sdata-js-errors="([^"]*)"', self.dom)
+        if not m:
+            return ["the page did not record its error list (data-js-errors missing)"]
+        raw = m.group(1).replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">")
+        try:
+            return [str(e) for e in json.loads(raw)]
+        except json.JSONDecodeError:
+            return [f"unreadable error list: {raw[:200]}"]
+
+    def body_attr(self, name: str) -> str | None:
+        m = re.search(r"<body[^>]*\s" + re.escape(name) + r'="([^"]*)"', self.dom)
+        return m.group(1) if m else None
+
+    @property
+    def charts_ready(self) -> int:
+        value = self.body_attr("data-charts-ready")
+        return int(value) if value and value.isdigit() else 0
+
+    @property
+    def charts_ms(self) -> float | None:
+        """Milliseconds from navigation start until every chart had drawn, measured by the page."""
+        value = self.body_attr("data-charts-ms")
+        return float(value) if value else None
+
+    @property
+    def plots_drawn(self) -> int:
+        """Plot containers that Plotly drew into (they hold its .main-svg)."""
+        return len(re.findall(r'class="[^"]*js-plotly-plot', self.dom))
+
+
+def _run(args: list[str], timeout_s: float) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, errors="replace")
+    except subprocess.TimeoutExpired:
+        raise EchoPlanError(f"Chromium did not finish within {timeout_s:g} s") from None
+    return proc, time.perf_counter() - t0
+
+
+def _console_errors(stderr: str) -> tuple[str, ...]:
+    """Console messages at error level and uncaught exceptions from Chromium's stderr log."""
+    out = []
+    for line in stderr.splitlines():
+        if "CONSOLE" in line and ("ERROR" in line or "Uncaught" in line):
+            out.append(line.strip())
+        elif "Uncaught" in line:
+            out.append(line.strip())
+    return tuple(out)
+
+
+def load(html: Path, chromium: str, budget_ms: int = 5000, timeout_s: float = 60.0) -> PageLoad:
+    """Load ``html`` and return its DOM after the scripts ran (virtual time lets timers settle)."""
+    with tempfile.TemporaryDirectory(prefix="echo-plan-chromium-") as profile:
+        args = [chromium, *BASE_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+                f"--virtual-time-budget={budget_ms}", "--dump-dom", Path(html).resolve().as_uri()]
+        proc, wall = _run(args, timeout_s)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise EchoPlanError(f"Chromium failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return PageLoad(proc.stdout, _console_errors(proc.stderr), wall)
+
+
+def screenshot(html: Path, png: Path, chromium: str, width: int = 1400, height: int = 2400,
+               budget_ms: int = 5000, timeout_s: float = 60.0) -> Path:
+    """A PNG of the top ``width`` x ``height`` pixels of the loaded page."""
+    png = Path(png).resolve()
+    with tempfile.TemporaryDirectory(prefix="echo-plan-chromium-") as profile:
+        args = [chromium, *BASE_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
+                f"--virtual-time-budget={budget_ms}", f"--screenshot={png}", Path(html).resolve().as_uri()]
+        proc, _ = _run(args, timeout_s)
+    if proc.returncode != 0 or not png.exists():
+        raise EchoPlanError(f"Chromium could not take a screenshot (exit {proc.returncode}): "
+                            f"{proc.stderr.strip()[-500:]}")
+    return png

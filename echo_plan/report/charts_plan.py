@@ -1,0 +1,148 @@
+"""Charts of one plan's step: the pipeline timeline and the memory of each pipeline stage."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from echo_plan.replay.results import StepResult, TimelineEvent
+from echo_plan.report.chart import CAPACITY_COLOR, GiB, MEMORY_COLORS, PALETTE, Chart, base_layout
+
+# Fixed colours for the categories the replay emits; any other category takes the next free colour.
+CATEGORY_COLORS = {
+    "forward": "#4C78A8",
+    "backward": "#F58518",
+    "recompute": "#9ECAE9",
+    "p2p": "#E45756",
+    "tp": "#B279A2",
+    "dp": "#72B7B2",
+    "optimizer": "#54A24B",
+}
+STREAM_ORDER = ("compute", "tp_comm", "pp_comm", "dp_comm")
+
+
+def _row_labels(events: tuple[TimelineEvent, ...], pp: int) -> tuple[dict[tuple[int, str], str], list[str]]:
+    ranks = sorted({e.rank for e in events})
+    word = "stage" if len(ranks) <= max(pp, 1) else "rank"
+    streams_of: dict[int, set[str]] = defaultdict(set)
+    for e in events:
+        streams_of[e.rank].add(e.stream)
+    labels: dict[tuple[int, str], str] = {}
+    order: list[str] = []
+    for rank in ranks:
+        streams = sorted(streams_of[rank], key=lambda s: (STREAM_ORDER.index(s) if s in STREAM_ORDER
+                                                           else len(STREAM_ORDER), s))
+        for stream in streams:
+            label = f"{word} {rank} · {stream.replace('_', ' ')}"
+            labels[(rank, stream)] = label
+            order.append(label)
+    return labels, order
+
+
+def category_colors(categories: list[str]) -> dict[str, str]:
+    colors = dict(CATEGORY_COLORS)
+    spare = [c for c in PALETTE if c not in colors.values()] or list(PALETTE)
+    for i, cat in enumerate(c for c in categories if c not in colors):
+        colors[cat] = spare[i % len(spare)]
+    return colors
+
+
+def raster(events: tuple[TimelineEvent, ...], row_of: dict[tuple[int, str], int], n_rows: int,
+           cat_index: dict[str, int], bins: int) -> tuple[float, list[list[int | None]], list[list[str]]]:
+    """The step cut into ``bins`` equal time slots per row: which category and event fills each slot.
+
+    A slot takes the event that overlaps it longest, so even an event shorter than a slot shows as
+    one slot. Returns (slot width in seconds, category index or None per slot, event name per slot).
+    """
+    end = max(e.start_s + e.duration_s for e in events)
+    width = end / bins if end > 0 else 1.0
+    z: list[list[int | None]] = [[None] * bins for _ in range(n_rows)]
+    names = [[""] * bins for _ in range(n_rows)]
+    cover = [[0.0] * bins for _ in range(n_rows)]
+    for e in events:
+        row = row_of[(e.rank, e.stream)]
+        e0, e1 = e.start_s, e.start_s + e.duration_s
+        first, last = int(e0 / width), min(bins - 1, int(e1 / width))
+        for b in range(max(0, first), last + 1):
+            overlap = min(e1, (b + 1) * width) - max(e0, b * width)
+            if z[row][b] is None or overlap > cover[row][b]:
+                cover[row][b] = max(overlap, 0.0)
+                z[row][b] = cat_index[e.category]
+                names[row][b] = e.name
+    return width, z, names
+
+
+def timeline_chart(result: StepResult, bins: int = 1600) -> Chart | None:
+    """Stages (and their streams) by time, coloured by what runs; None without events.
+
+    Drawn as a raster (a heatmap of ``bins`` time slots per row) so that a step of tens of thousands
+    of events draws as fast as one of ten, and hovering anywhere names the event.
+    """
+    events = result.timeline
+    if not events:
+        return None
+    labels, order = _row_labels(events, int(result.plan.get("pp", 1)))
+    row_of = {key: order.index(label) for key, label in labels.items()}
+    present = {e.category for e in events}
+    cats = sorted(present, key=lambda c: (list(CATEGORY_COLORS).index(c) if c in CATEGORY_COLORS else 99, c))
+    colors = category_colors(cats)
+    width, z, names = raster(events, row_of, len(order), {c: i for i, c in enumerate(cats)}, bins)
+    k = len(cats)
+    scale = []
+    for i, c in enumerate(cats):
+        scale += [[i / k, colors[c]], [(i + 1) / k, colors[c]]]
+    end_s = bins * width
+    unit, scale_to = ("s", 1.0) if end_s >= 2.0 else ("ms", 1e3)
+    data: list[dict[str, Any]] = [{
+        "type": "heatmap", "x": [(b + 0.5) * width * scale_to for b in range(bins)], "y": order, "z": z,
+        "text": names, "zmin": -0.5, "zmax": k - 0.5, "colorscale": scale, "showscale": False, "ygap": 3,
+        "hoverongaps": False, "name": "timeline",
+        "hovertemplate": "%{y}<br>%{text}<br>at %{x:.4g} " + unit + "<extra></extra>",
+    }]
+    for c in cats:  # legend entries: the heatmap itself has none
+        data.append({"type": "scatter", "mode": "markers", "name": c, "x": [None], "y": [None],
+                     "marker": {"color": colors[c], "symbol": "square", "size": 12}, "hoverinfo": "skip"})
+    layout = base_layout(max(240, 90 + 30 * len(order)), hovermode="closest",
+                         xaxis={"title": {"text": f"time in the step ({unit})"}, "range": [0, end_s * scale_to]},
+                         yaxis={"autorange": "reversed", "automargin": True, "showgrid": False,
+                                "categoryorder": "array", "categoryarray": order},
+                         margin={"l": 10})
+    return Chart("chart-timeline", "Pipeline timeline of the recommended plan",
+                 f"One simulated step ({len(events)} events): each row is a pipeline stage's compute or "
+                 "communication stream, coloured by what runs: forward and backward chunks of micro-batches, "
+                 "point-to-point transfers, gradient reduction, the optimizer step. White on a compute row is "
+                 "pipeline bubble or waiting. Hover to name an event; drag to zoom "
+                 f"(resolution {width * 1e3:.3g} ms).", tuple(data), layout)
+
+
+def memory_chart(result: StepResult) -> Chart | None:
+    """Stacked memory of each pipeline stage against the GPU's capacity; None without memory records."""
+    if not result.memory:
+        return None
+    stages = [f"stage {m.stage}" for m in result.memory]
+    parts = {
+        "weights": [m.weights_bytes for m in result.memory],
+        "gradients": [m.gradients_bytes for m in result.memory],
+        "optimizer": [m.optimizer_bytes for m in result.memory],
+        "activations": [m.activations_bytes for m in result.memory],
+        "buffers": [m.buffers_bytes for m in result.memory],
+    }
+    data = [{"type": "bar", "name": name, "x": stages, "y": [b / GiB for b in values],
+             "marker": {"color": MEMORY_COLORS[name]},
+             "hovertemplate": f"%{{x}}<br>{name}: %{{y:.2f}} GiB<extra></extra>"}
+            for name, values in parts.items()]
+    cap = max(m.capacity_bytes for m in result.memory) / GiB
+    top = max(m.total_bytes for m in result.memory) / GiB
+    layout = base_layout(
+        360, barmode="stack",
+        yaxis={"title": {"text": "GiB per GPU"}, "range": [0, max(cap, top) * 1.12]},
+        shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": cap, "y1": cap,
+                 "line": {"color": CAPACITY_COLOR, "width": 2, "dash": "dash"}}],
+        annotations=[{"xref": "paper", "x": 1, "y": cap, "text": f"capacity {cap:g} GiB", "showarrow": False,
+                      "xanchor": "right", "yanchor": "bottom", "font": {"color": CAPACITY_COLOR}}],
+    )
+    caption = f"Peak memory of one GPU of each stage, by what holds it, against the {cap:g} GiB the GPU has."
+    if len(result.memory) > 1 and result.plan.get("schedule") != "gpipe":
+        caption += " Under 1F1B early stages keep more micro-batches' activations in flight."
+    return Chart("chart-memory", "Memory per pipeline stage of the recommended plan", caption,
+                 tuple(data), layout)

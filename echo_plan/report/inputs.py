@@ -1,0 +1,93 @@
+"""The report's inputs section: model, cluster (with sources), search space, version, caveats."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from echo_plan.report.chart import fmt_count
+
+# What the prediction accounts for and what it leaves out (DESIGN.md, stages 2-4).
+MODELLED = (
+    "The transformer layer's operators and collectives, traced from PyTorch module code sharded as "
+    "Megatron-LM shards it, with their real shapes (FakeTensorMode, fake process group).",
+    "Kernel times from a per-GPU roofline model with shape-dependent GEMM and attention efficiency, "
+    "or a measured kernel database when one is given.",
+    "NCCL collectives analytically: ring, tree and NVLS algorithms, LL/LL128/Simple protocols, NVLink "
+    "inside a server and the NICs between servers.",
+    "Slowdown of compute kernels that overlap communication (interference).",
+    "The pipeline schedule with its point-to-point transfers and bubbles, data-parallel gradient "
+    "reduction overlapped with backward, parameter all-gather, and the optimizer step.",
+    "Memory per GPU: weights, gradients, optimizer states (with sharding), activations saved for "
+    "backward, communication buffers.",
+)
+NOT_MODELLED = (
+    "Data loading, checkpoint saving, evaluation, failures and restarts.",
+    "Stragglers, other jobs' traffic on the network, throttling: data- and tensor-parallel peers are "
+    "assumed identical.",
+    "Allocator fragmentation and memory the framework reserves beyond the modelled buffers: keep some "
+    "headroom below the capacity line.",
+    "Differences between library versions and kernel choices at run time: predictions are as good as "
+    "the compute and collective calibration for this GPU.",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    model: tuple[tuple[str, str], ...]
+    cluster: tuple[tuple[str, str], ...]
+    sources: tuple[str, ...]
+    space: tuple[tuple[str, str], ...]
+    run: tuple[tuple[str, str], ...]
+    modelled: tuple[str, ...] = MODELLED
+    not_modelled: tuple[str, ...] = NOT_MODELLED
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, (dict, list, tuple)):
+        return json.dumps(v, default=str)
+    return str(v)
+
+
+def model_rows(model: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = [(k.replace("_", " "), _value(v)) for k, v in model.items() if v not in (None, "")]
+    try:  # the parameter count, when the mapping is a valid ModelSpec
+        from echo_plan.specs import ModelSpec
+
+        rows.insert(1, ("parameters", fmt_count(ModelSpec.build(dict(model)).num_params)))
+    except Exception:  # an older or foreign mapping: show the fields only
+        pass
+    return rows
+
+
+def cluster_rows(cluster: dict[str, Any]) -> list[tuple[str, str]]:
+    gpu = cluster.get("gpu") or {}
+    net = cluster.get("network") or {}
+    nodes, per = cluster.get("num_nodes"), cluster.get("gpus_per_node")
+    rows = [("name", _value(cluster.get("name", "?")))]
+    if isinstance(nodes, int) and isinstance(per, int):
+        rows.append(("size", f"{nodes} servers x {per} GPUs = {nodes * per} GPUs"))
+    if gpu:
+        rows.append(("GPU", f"{gpu.get('name', '?')}: {gpu.get('hbm_GiB', '?')} GiB, "
+                            f"{gpu.get('peak_bf16_tflops', '?')} dense BF16 TFLOP/s, "
+                            f"{gpu.get('hbm_bw_GBps', '?')} GB/s HBM"))
+        rows.append(("NVLink", f"{gpu.get('nvlink_bw_GBps', '?')} GB/s per GPU (both directions), "
+                               f"{gpu.get('nvlink_links', '?')} links"))
+    if net:
+        rows.append(("network", f"{net.get('nics_per_node', '?')} x {net.get('nic_bw_Gbps', '?')} Gb/s NICs "
+                                f"per server, {net.get('fabric', '?')}, oversubscription "
+                                f"{net.get('oversubscription', '?')}"))
+    if cluster.get("calibration"):
+        rows.append(("calibration", _value(cluster["calibration"])))
+    return rows
+
+
+def space_rows(space: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(str(k), _value(v)) for k, v in space.items()]
+
+
+def build_inputs(model: dict[str, Any], cluster: dict[str, Any], space: dict[str, Any],
+                 run: list[tuple[str, str]]) -> Inputs:
+    return Inputs(tuple(model_rows(model)), tuple(cluster_rows(cluster)),
+                  tuple(str(s) for s in cluster.get("sources") or ()), tuple(space_rows(space)), tuple(run))

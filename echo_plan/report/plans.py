@@ -1,0 +1,134 @@
+"""Plans as people read them: short labels, sentences, and which knobs differ between plans.
+
+A plan is the ``PlanSpec.model_dump(mode="json")`` mapping stored in every StepResult and trial.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+# The knobs in the order a reader expects them, with a column header and a formatter.
+_ON_OFF = {True: "on", False: "off"}
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    key: str
+    header: str
+    fmt: Callable[[Any], str]
+
+
+def _plain(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return _ON_OFF[v]
+    if isinstance(v, (list, tuple)):
+        return "/".join(str(x) for x in v)
+    return str(v)
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("tp", "TP", _plain),
+    Knob("pp", "PP", _plain),
+    Knob("dp", "DP", _plain),
+    Knob("micro_batch_size", "micro-batch", _plain),
+    Knob("global_batch_size", "global batch", _plain),
+    Knob("virtual_stages", "chunks/stage", _plain),
+    Knob("schedule", "schedule", _plain),
+    Knob("recompute", "recompute", _plain),
+    Knob("sequence_parallel", "seq. parallel", _plain),
+    Knob("distributed_optimizer", "dist. optimizer", _plain),
+    Knob("overlap_grad_reduce", "overlap grad reduce", _plain),
+    Knob("overlap_param_gather", "overlap param gather", _plain),
+    Knob("dtype", "dtype", _plain),
+    Knob("layer_split", "layers/stage", _plain),
+)
+_KNOWN = {k.key for k in KNOBS}
+
+
+def knobs_of(plans: Sequence[dict[str, Any]]) -> list[Knob]:
+    """The known knobs, then any other key the plans carry (a newer PlanSpec field), sorted."""
+    extra = sorted({key for p in plans for key in p} - _KNOWN)
+    return list(KNOBS) + [Knob(key, key.replace("_", " "), _plain) for key in extra]
+
+
+def knob_value(plan: dict[str, Any], knob: Knob) -> str:
+    return knob.fmt(plan.get(knob.key))
+
+
+def differing_knobs(plans: Sequence[dict[str, Any]]) -> list[Knob]:
+    """Knobs whose value is not the same in every plan (in KNOBS order)."""
+    return [k for k in knobs_of(plans) if len({knob_value(p, k) for p in plans}) > 1]
+
+
+def constant_knobs(plans: Sequence[dict[str, Any]]) -> list[tuple[Knob, str]]:
+    """Knobs that every plan sets the same way, with that value."""
+    if not plans:
+        return []
+    return [(k, knob_value(plans[0], k)) for k in knobs_of(plans)
+            if len({knob_value(p, k) for p in plans}) == 1 and k.key in plans[0]]
+
+
+def short_label(plan: dict[str, Any]) -> str:
+    """A compact label like ``tp8 pp4 dp3 mbs1 vpp2 sel-recompute sp dist-opt`` (as PlanSpec.short)."""
+    parts = [f"tp{plan.get('tp', 1)}", f"pp{plan.get('pp', 1)}", f"dp{plan.get('dp', 1)}",
+             f"mbs{plan.get('micro_batch_size', 1)}"]
+    if int(plan.get("virtual_stages") or 1) > 1:
+        parts.append(f"vpp{plan['virtual_stages']}")
+    if plan.get("schedule") == "gpipe":
+        parts.append("gpipe")
+    recompute = plan.get("recompute", "none")
+    if recompute and recompute != "none":
+        parts.append(f"{recompute}-recompute" if recompute != "selective" else "sel-recompute")
+    if plan.get("sequence_parallel"):
+        parts.append("sp")
+    if plan.get("distributed_optimizer"):
+        parts.append("dist-opt")
+    return " ".join(parts)
+
+
+def num_microbatches(plan: dict[str, Any]) -> int | None:
+    try:
+        return int(plan["global_batch_size"]) // (int(plan["dp"]) * int(plan["micro_batch_size"]))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def plan_in_words(plan: dict[str, Any]) -> str:
+    """One sentence that says how the job is laid out."""
+    tp, pp, dp = int(plan.get("tp", 1)), int(plan.get("pp", 1)), int(plan.get("dp", 1))
+    layout = []
+    layout.append(f"{tp}-way tensor parallel" if tp > 1 else "no tensor parallelism")
+    if pp > 1:
+        vpp = int(plan.get("virtual_stages") or 1)
+        sched = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}.get(
+            str(plan.get("schedule")), str(plan.get("schedule")))
+        chunks = f", {vpp} chunks per stage" if vpp > 1 else ""
+        layout.append(f"{pp} pipeline stages ({sched}{chunks})")
+    else:
+        layout.append("no pipeline")
+    layout.append(f"{dp}-way data parallel" if dp > 1 else "no data parallelism")
+    text = " × ".join(layout)
+    mb = num_microbatches(plan)
+    batch = f"micro-batch {plan.get('micro_batch_size', 1)}"
+    if mb is not None:
+        batch += f", {mb} micro-batches per step (global batch {plan.get('global_batch_size')})"
+    extras = []
+    recompute = plan.get("recompute", "none")
+    extras.append({"none": "no recomputation", "selective": "selective recomputation",
+                   "full": "full recomputation"}.get(str(recompute), f"{recompute} recomputation"))
+    if plan.get("sequence_parallel"):
+        extras.append("sequence parallel")
+    if plan.get("distributed_optimizer"):
+        extras.append("distributed (sharded) optimizer")
+    if plan.get("dtype"):
+        extras.append(str(plan["dtype"]))
+    return f"{text}; {batch}; " + ", ".join(extras) + "."
+
+
+def knob_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(header, value in a, value in b) for every knob on which two plans differ."""
+    return [(k.header, knob_value(a, k), knob_value(b, k)) for k in knobs_of([a, b])
+            if knob_value(a, k) != knob_value(b, k)]

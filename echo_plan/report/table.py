@@ -1,0 +1,105 @@
+"""The ranked table: top plans with the knobs that vary as columns, cells unlike #1 highlighted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from echo_plan.replay.results import StepResult
+from echo_plan.report.chart import fmt_count, fmt_seconds
+from echo_plan.report.plans import constant_knobs, differing_knobs, knob_value, short_label
+from echo_plan.search.results import CompareRow
+
+NO_VALUE = 1e308  # sorts after every real value (JSON/JS have no infinity literal)
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    text: str
+    sort: float | str  # what the column sorts by
+    differs: bool = False  # a knob set otherwise than in the recommended plan
+    numeric: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    headers: tuple[str, ...]
+    numeric: tuple[bool, ...]  # per column: sorts as a number
+    rows: tuple[tuple[Cell, ...], ...]
+    constant: tuple[tuple[str, str], ...]  # (knob, value) the same in every row
+    total: int  # how many ranked plans there are (the table may show fewer)
+
+
+def _as_number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def ranked_table(ranked: tuple[StepResult, ...], tokens_budget: float | None = None, top: int = 25) -> Table:
+    shown = list(ranked[:top])
+    plans = [r.plan for r in shown]
+    knobs = differing_knobs(plans) if len(plans) > 1 else []
+    best = shown[0] if shown else None
+    headers = ["#"] + [k.header for k in knobs] + ["step time", "vs #1", "tokens/s", "MFU", "peak GiB"]
+    if tokens_budget:
+        headers.append("time to train")
+    rows = []
+    for i, r in enumerate(shown):
+        cells = [Cell(str(i + 1), i + 1)]
+        for k in knobs:
+            text = knob_value(r.plan, k)
+            num = _as_number(text)
+            cells.append(Cell(text, num if num is not None else text,
+                              differs=best is not None and text != knob_value(best.plan, k), numeric=num is not None))
+        slower = r.step_time_s / best.step_time_s - 1 if best and best.step_time_s > 0 else 0.0
+        cells += [
+            Cell(fmt_seconds(r.step_time_s), r.step_time_s),
+            Cell("-" if i == 0 else f"+{slower:.1%}", slower),
+            Cell(fmt_count(r.tokens_per_s), r.tokens_per_s),
+            Cell(f"{r.mfu:.1%}", r.mfu),
+            Cell(f"{r.memory_peak_gib:.1f}", r.memory_peak_gib),
+        ]
+        if tokens_budget:
+            cells.append(_optional(tokens_budget / r.tokens_per_s if r.tokens_per_s > 0 else None, fmt_seconds))
+        rows.append(tuple(cells))
+    numeric = tuple(all(row[j].numeric for row in rows) if rows else True for j in range(len(headers)))
+    constant = tuple((k.header, v) for k, v in constant_knobs(plans)) if len(plans) > 1 else ()
+    return Table(tuple(headers), numeric, tuple(rows), constant, len(ranked))
+
+
+def sizes_table(rows: tuple[CompareRow, ...]) -> Table:
+    """One row per cluster size: its best plan and what it would take to train."""
+    has_time = any(r.train_time_s is not None for r in rows)
+    has_hours = any(r.gpu_hours is not None for r in rows)
+    has_cost = any(r.cost is not None for r in rows)
+    headers = ["GPUs", "best plan", "step time", "tokens/s", "MFU", "peak GiB", "scaling eff."]
+    headers += (["time to train"] if has_time else []) + (["GPU-hours"] if has_hours else [])
+    headers += ["cost"] if has_cost else []
+    out = []
+    for r in sorted(rows, key=lambda r: r.num_gpus):
+        b = r.outcome.best
+        cells = [Cell(str(r.num_gpus), r.num_gpus)]
+        if b is None:
+            cells += [Cell("no plan fits", "~", numeric=False)] + [Cell("-", NO_VALUE) for _ in range(5)]
+        else:
+            eff = r.scaling_efficiency
+            cells += [Cell(short_label(b.plan), short_label(b.plan), numeric=False),
+                      Cell(fmt_seconds(b.step_time_s), b.step_time_s),
+                      Cell(fmt_count(b.tokens_per_s), b.tokens_per_s),
+                      Cell(f"{b.mfu:.1%}", b.mfu), Cell(f"{b.memory_peak_gib:.1f}", b.memory_peak_gib),
+                      Cell("-" if eff is None else f"{eff:.0%}", -1.0 if eff is None else eff)]
+        if has_time:
+            cells.append(_optional(r.train_time_s, fmt_seconds))
+        if has_hours:
+            cells.append(_optional(r.gpu_hours, lambda v: f"{v:,.0f}"))
+        if has_cost:
+            cells.append(_optional(r.cost, lambda v: f"{v:,.0f}"))
+        out.append(tuple(cells))
+    numeric = tuple(all(row[j].numeric for row in out) if out else True for j in range(len(headers)))
+    return Table(tuple(headers), numeric, tuple(out), (), len(rows))
+
+
+def _optional(value: float | None, fmt: Callable[[float], str]) -> Cell:
+    return Cell("-", NO_VALUE) if value is None else Cell(fmt(value), value)
