@@ -82,6 +82,8 @@ class ReplayResult:
     slowdown_s: dict[int, float]  # end - start - work_s: what interference cost each task (>= 0)
     waited_on: dict[int, int | None]  # the dependency that ended last, if it (not the stream) set the start
     makespan_s: float
+    streams: dict[tuple[int, str], tuple[int, ...]]  # (device, stream) -> its task ids in run order
+    device_end_s: dict[int, float]  # device -> when its last task ended
 
     @property
     def total_slowdown_s(self) -> float:
@@ -89,13 +91,14 @@ class ReplayResult:
 
     def device_end(self, device: int) -> float:
         """When the last task of ``device`` ended (0.0 for a device with no task)."""
-        return max((self.end_s[t.id] for t in self.tasks if t.device == device), default=0.0)
+        return self.device_end_s.get(device, 0.0)
 
-    def stream_tasks(self, device: int, stream: str) -> tuple[Task, ...]:
-        return tuple(t for t in self.tasks if t.device == device and t.stream == stream)
+    def stream_ids(self, device: int, stream: str) -> tuple[int, ...]:
+        """Ids of the tasks of one stream, in the order they ran."""
+        return self.streams.get((device, stream), ())
 
     def busy_s(self, device: int, stream: str) -> float:
-        return sum(self.end_s[t.id] - self.start_s[t.id] for t in self.stream_tasks(device, stream))
+        return sum(self.end_s[i] - self.start_s[i] for i in self.stream_ids(device, stream))
 
     def idle_intervals(self, device: int, stream: str, since_s: float = 0.0,
                        until_s: float | None = None) -> tuple[IdleInterval, ...]:
@@ -103,11 +106,11 @@ class ReplayResult:
         task it waited on. Zero-length gaps are left out."""
         out: list[IdleInterval] = []
         cursor = since_s
-        for t in self.stream_tasks(device, stream):
-            s = self.start_s[t.id]
+        for i in self.stream_ids(device, stream):
+            s = self.start_s[i]
             if s > cursor:
-                out.append(IdleInterval(cursor, s, self.waited_on[t.id], t.id))
-            cursor = max(cursor, self.end_s[t.id])
+                out.append(IdleInterval(cursor, s, self.waited_on[i], i))
+            cursor = max(cursor, self.end_s[i])
         if until_s is not None and until_s > cursor:
             out.append(IdleInterval(cursor, until_s, None, None))
         return tuple(out)
@@ -130,6 +133,10 @@ def replay(tasks: Sequence[Task], interference: InterferenceModel | None = None)
             waited[ids[i]] = ids[j] if j >= 0 and dep_end[i] > prev_end else None
             prev_end = end[i]
     work = g.work
+    device_end: dict[int, float] = {}
+    for d, e in zip(g.device_of, end):
+        if e > device_end.get(d, -1.0):
+            device_end[d] = e
     return ReplayResult(
         tasks=tuple(tasks),
         start_s=dict(zip(ids, start)),
@@ -137,13 +144,16 @@ def replay(tasks: Sequence[Task], interference: InterferenceModel | None = None)
         slowdown_s=dict(zip(ids, [max(0.0, e - s - w) for s, e, w in zip(start, end, work)])),
         waited_on=waited,
         makespan_s=max(end, default=0.0),
+        streams={key: tuple(ids[i] for i in q) for key, q in zip(g.stream_keys, g.queues)},
+        device_end_s=device_end,
     )
 
 
 class _Graph:
     """Tasks as index arrays: work, stream id, device, dependency counts and dependents."""
 
-    __slots__ = ("tasks", "n", "ids", "work", "stream_of", "device_of", "queues", "ndeps", "dependents")
+    __slots__ = ("tasks", "n", "ids", "work", "stream_of", "device_of", "queues", "stream_keys", "ndeps",
+                 "dependents")
 
     def __init__(self, tasks: Sequence[Task]) -> None:
         self.tasks = tasks
@@ -188,6 +198,7 @@ class _Graph:
             queues[s].append(i)
             stream_of[i] = s
         self.queues = queues
+        self.stream_keys = list(sid_of)
 
     def deadlock(self, ndeps: list[int], head: list[int]) -> ValueError:
         for s, q in enumerate(self.queues):

@@ -18,6 +18,8 @@ Combination rules (what the replay engine uses, see ``task_factor``):
 * With ``share_compute`` on, compute tasks that run at once on different streams of one GPU share
   its SMs: each runs ``n`` times slower for ``n`` concurrent compute tasks (time slicing).
 * DELAY tasks neither suffer nor cause interference.
+* Two collectives beside each other on one GPU do not slow each other here (sharing of NVLink or
+  NIC bandwidth between, say, a DP all-reduce and a pipeline send is not modelled).
 
 Every factor is at least 1, so removing interference (``InterferenceModel.none()``) never makes a
 replayed step slower. The defaults live in ``echo_plan/data/interference.yaml`` with their

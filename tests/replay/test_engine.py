@@ -33,6 +33,8 @@ def test_fifo_stream_order_and_deps():
     gaps = r.idle_intervals(0, "compute")
     assert len(gaps) == 1 and gaps[0].start_s == 2.0 and gaps[0].end_s == 3.0 and gaps[0].waited_on == 1
     assert r.device_end(0) == 4.0 and r.device_end(7) == 0.0
+    assert r.stream_ids(0, "compute") == (0, 2, 3) and r.stream_ids(0, "nope") == ()
+    assert r.busy_s(0, "compute") == 3.0 and r.busy_s(0, "comm") == 2.0
 
 
 def test_exact_piecewise_linear_progress():
