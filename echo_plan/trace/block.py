@@ -29,9 +29,13 @@ RecomputeContext = Callable[[], ContextManager]
 
 
 def checkpointed(fn, *args, recompute_context: RecomputeContext):
-    """Run ``fn(*args)`` keeping only its inputs; it runs again inside ``recompute_context()``."""
+    """Run ``fn(*args)`` keeping only its inputs; it runs again inside ``recompute_context()``.
+
+    The whole region is re-run (no early stop), as Megatron-LM's checkpoint re-runs a layer's
+    forward completely, its tensor-parallel collectives included.
+    """
     return checkpoint(
-        fn, *args, use_reentrant=False, preserve_rng_state=False,
+        fn, *args, use_reentrant=False, preserve_rng_state=False, early_stop=False,
         context_fn=lambda: (nullcontext(), recompute_context()),
     )
 

@@ -111,7 +111,7 @@ class VocabParallelEmbedding(nn.Module):
         self.start = 0  # rank 0
         self.weight = nn.Parameter(torch.empty(self.per_rank, hidden, dtype=dtype))
 
-    def local_lookup(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """The partial embedding (before the reduction over ranks)."""
         outside = (ids < self.start) | (ids >= self.start + self.per_rank)
         local_ids = (ids - self.start).masked_fill(outside, 0)

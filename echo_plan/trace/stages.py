@@ -30,7 +30,7 @@ class EmbeddingStage(nn.Module):
             model.seq_length, model.hidden_size, dtype=dtype)) if learned else None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids: [b, s] -> [s(/tp), b, h]
-        partial = self.word.local_lookup(ids).transpose(0, 1).contiguous()
+        partial = self.word(ids).transpose(0, 1).contiguous()
         if self.position is None and self.sp:
             return parallel.reduce_scatter_to_sp(partial, self.group)
         x = parallel.reduce_from_tp(partial, self.group)

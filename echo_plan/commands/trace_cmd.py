@@ -1,0 +1,148 @@
+"""``echo-plan trace``: trace the model's stages and print what each one runs and communicates."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from echo_plan.commands.common import CacheDirOpt, JsonOpt, ModelOpt, print_json
+
+
+class StageChoice(str, Enum):
+    BLOCK = "block"
+    EMBEDDING = "embedding"
+    OUTPUT = "output"
+    ALL = "all"
+
+
+class RecomputeChoice(str, Enum):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class DTypeChoice(str, Enum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+def _si(n: float, unit: str) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {prefix}{unit}"
+    return f"{n:.0f} {unit}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def stage_summary(trace, with_ops: bool) -> dict:
+    """A JSON-ready summary of one LayerTrace (phases, FLOPs, bytes, memory, collectives)."""
+    from echo_plan.trace.records import OpKind, Phase
+
+    phases = {}
+    for phase in Phase:
+        ops = trace.by_phase(phase)
+        if ops:
+            phases[phase.value] = {
+                "ops": len(ops), "kernels": sum(op.kind is not OpKind.VIEW for op in ops),
+                "flops": sum(op.flops for op in ops),
+                "bytes_read": sum(op.bytes_read for op in ops), "bytes_written": sum(op.bytes_written for op in ops),
+            }
+    out = {
+        "stage": trace.key.stage.value, "from_cache": trace.from_cache, "key": trace.key.digest(),
+        "ops": len(trace.ops), "flops": trace.total_flops,
+        "bytes_read": sum(op.bytes_read for op in trace.ops),
+        "bytes_written": sum(op.bytes_written for op in trace.ops),
+        "saved_bytes": trace.saved_bytes, "saved_bytes_by_mode": dict(trace.saved_bytes_by_mode),
+        "param_count": trace.param_count, "phases": phases,
+        "collectives": [
+            {"index": op.index, "phase": op.phase.value, "kind": op.collective.kind.value,
+             "nbytes": op.collective.nbytes, "group": op.collective.group.kind.value,
+             "group_size": op.collective.group.size, "module": op.module}
+            for op in trace.collectives
+        ],
+    }
+    if with_ops:
+        out["op_list"] = [
+            {"index": op.index, "phase": op.phase.value, "name": op.name, "kind": op.kind.value,
+             "stream": op.stream.value, "inputs": [list(t.shape) for t in op.inputs],
+             "outputs": [list(t.shape) for t in op.outputs], "dtype": op.outputs[0].dtype if op.outputs else "",
+             "flops": op.flops, "bytes_read": op.bytes_read, "bytes_written": op.bytes_written,
+             "deps": list(op.deps), "module": op.module}
+            for op in trace.ops
+        ]
+    return out
+
+
+def _print_stage(s: dict, with_ops: bool) -> None:
+    src = "cache" if s["from_cache"] else "traced"
+    typer.echo(f"[{s['stage']}] {s['ops']} ops ({src}, key {s['key'][:12]}), params on this rank "
+               f"{s['param_count'] / 1e6:.2f} M")
+    for phase, p in s["phases"].items():
+        typer.echo(f"  {phase:<10} {p['ops']:4d} ops {p['kernels']:4d} kernels  {_si(p['flops'], 'FLOP'):>12}  "
+                   f"read {_mib(p['bytes_read']):>14}  written {_mib(p['bytes_written']):>14}")
+    modes = ", ".join(f"{k} {_mib(v)}" for k, v in s["saved_bytes_by_mode"].items())
+    typer.echo(f"  saved for backward: {_mib(s['saved_bytes'])}  (by recompute mode: {modes})")
+    if s["collectives"]:
+        typer.echo(f"  collectives ({len(s['collectives'])}):")
+        for c in s["collectives"]:
+            typer.echo(f"    #{c['index']:<4} {c['phase']:<10} {c['kind']:<15} {_mib(c['nbytes']):>12}  "
+                       f"{c['group']}{c['group_size']}  {c['module']}")
+    else:
+        typer.echo("  collectives: none")
+    if with_ops:
+        typer.echo(f"  {'idx':>4} {'phase':<9} {'name':<58} {'kind':<11} {'flops':>11} {'read':>11} "
+                   f"{'written':>11}  shapes -> deps")
+        for op in s["op_list"]:
+            shapes = " ".join("x".join(map(str, sh)) or "()" for sh in op["inputs"])
+            typer.echo(f"  {op['index']:>4} {op['phase']:<9} {op['name']:<58} {op['kind']:<11} "
+                       f"{op['flops']:>11.3g} {op['bytes_read']:>11} {op['bytes_written']:>11}  "
+                       f"{shapes} -> {op['deps']} {op['module']}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("trace")
+    def trace(
+        model: str = ModelOpt,
+        tp: int = typer.Option(1, "--tp", help="tensor-parallel degree (must divide heads, kv heads and FFN)"),
+        mbs: int = typer.Option(1, "--mbs", help="micro-batch size"),
+        sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron-LM sequence parallelism"),
+        recompute: RecomputeChoice = typer.Option(RecomputeChoice.NONE, "--recompute", help="activation recomputation"),
+        dtype: DTypeChoice = typer.Option(DTypeChoice.BF16, "--dtype", help="activation and weight dtype"),
+        stage: StageChoice = typer.Option(StageChoice.ALL, "--stage", help="which stage to trace"),
+        ops: bool = typer.Option(False, "--ops", help="list every op (index, phase, name, kind, shapes, flops, bytes, deps)"),
+        as_json: bool = JsonOpt,
+        cache_dir: Optional[Path] = CacheDirOpt,
+    ) -> None:
+        """Trace the model's transformer layer, embedding and output stage (or one of them) for one micro-batch."""
+        from echo_plan.specs import DType, Recompute, load_model
+        from echo_plan.trace import TraceCache, trace_stage
+        from echo_plan.trace.records import StageKind
+
+        spec = load_model(model)
+        cache = TraceCache(cache_dir)
+        stages = list(StageKind) if stage is StageChoice.ALL else [StageKind(stage.value)]
+        summaries = []
+        for kind in stages:
+            result = trace_stage(spec, kind, tp=tp, sequence_parallel=sequence_parallel, micro_batch_size=mbs,
+                                 dtype=DType(dtype.value), recompute=Recompute(recompute.value), cache=cache)
+            summaries.append(stage_summary(result, ops))
+        if as_json:
+            print_json({
+                "model": spec.name, "tp": tp, "micro_batch_size": mbs,
+                "sequence_parallel": bool(sequence_parallel and tp > 1), "recompute": recompute.value,
+                "dtype": dtype.value, "cache_dir": str(cache.root),
+                "cache": {"hits": cache.hits, "misses": cache.misses, "corrupt": cache.corrupt},
+                "stages": summaries,
+            })
+            return
+        sp = " sequence-parallel" if sequence_parallel and tp > 1 else ""
+        typer.echo(f"{spec.name}: tp {tp}, micro-batch {mbs}, seq {spec.seq_length}, {dtype.value}, "
+                   f"recompute {recompute.value}{sp}  (cache {cache.root}: {cache.hits} hit, {cache.misses} miss)")
+        for s in summaries:
+            _print_stage(s, ops)
