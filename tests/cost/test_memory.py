@@ -169,3 +169,24 @@ def test_traced_activations_scale_with_saved_bytes():
 def test_corrupt_constants_raise_file_format_error():
     with pytest.raises(FileFormatError):
         load_memory_constants("bytes_per_param: 3", "bad.yaml")
+
+
+AGREEMENT_PLANS = [
+    ("gpt3-175b", dict(tp=8, pp=8, dp=1, global_batch_size=64, sequence_parallel=True, recompute="selective")),
+    ("gpt3-175b", dict(tp=4, pp=8, dp=2, global_batch_size=64, virtual_stages=3, recompute="full")),
+    ("llama2-70b", dict(tp=8, pp=4, dp=2, global_batch_size=64, micro_batch_size=2)),
+    ("llama3-8b", dict(tp=2, pp=2, dp=4, global_batch_size=64, schedule="gpipe", sequence_parallel=True)),
+]
+
+
+@pytest.mark.parametrize("name,kw", AGREEMENT_PLANS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(AGREEMENT_PLANS)])
+def test_closed_form_agrees_with_traced_activations(name, kw):
+    from echo_plan.trace.tracer import trace_model
+
+    model, p = load_model(name), PlanSpec.build(kw)
+    traced = stage_memory(model, p, CLUSTER, trace_model(model, p))
+    closed = estimate_memory(model, p, CLUSTER)
+    for t, e in zip(traced, closed):
+        assert e.activations_bytes == pytest.approx(t.activations_bytes, rel=0.15)
+        assert e.total_bytes == pytest.approx(t.total_bytes, rel=0.15)
+        assert (e.weights_bytes, e.optimizer_bytes) == (t.weights_bytes, t.optimizer_bytes)
