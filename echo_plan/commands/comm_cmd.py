@@ -1,0 +1,72 @@
+"""``echo-plan comm``: predict one collective on N GPUs of a cluster (placed on consecutive servers)."""
+
+from __future__ import annotations
+
+import typer
+
+from echo_plan.commands.common import ClusterOpt, JsonOpt, print_json
+
+
+def _estimate_dict(est, nbytes: int) -> dict:
+    return {
+        "time_us": round(est.time_s * 1e6, 3),
+        "algbw_GBps": round(est.algbw_GBps, 3),
+        "busbw_GBps": round(est.busbw_GBps, 3),
+        "algorithm": est.algorithm.value,
+        "protocol": est.protocol.value,
+        "size_bytes": nbytes,
+    }
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("comm")
+    def comm(
+        cluster: str = ClusterOpt,
+        gpus: int = typer.Option(..., "--gpus", "-n", help="GPUs in the group, filling servers in order"),
+        op: str = typer.Option("all_reduce", "--op",
+                               help="all_reduce | all_gather | reduce_scatter | all_to_all | broadcast | send_recv"),
+        size: str = typer.Option(..., "--size", "-s", help="bytes, nccl-tests convention: 1048576, 64MB, 1GiB"),
+        show_all: bool = typer.Option(False, "--all", help="show every algorithm/protocol considered"),
+        as_json: bool = JsonOpt,
+    ) -> None:
+        """Time, algorithm, protocol, algbw and busbw (nccl-tests sense) of one collective."""
+        from echo_plan.cost.collectives import collective_model_for
+        from echo_plan.errors import SpecError
+        from echo_plan.specs import load_cluster, parse_size
+        from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
+
+        try:
+            kind = CollectiveKind(op.replace("-", "_").lower())
+        except ValueError:
+            raise SpecError("--op", op, ", ".join(k.value for k in CollectiveKind)) from None
+        if gpus < 1:
+            raise SpecError("--gpus", gpus, "a positive number of GPUs")
+        nbytes = parse_size(size)
+        spec = load_cluster(cluster)
+        nodes = -(-gpus // spec.gpus_per_node)
+        if nodes > spec.num_nodes:
+            spec = spec.replace(num_nodes=nodes)
+        group = CommGroup(GroupKind.WORLD, gpus)
+        model = collective_model_for(spec)
+        est = model.time(kind, nbytes, group, spec)
+        cands = model.candidates(kind, nbytes, group, spec) if show_all else []
+        per_node, spanned = group.placement(spec.gpus_per_node)
+        calibrated = "nccl" in spec.calibration
+        if as_json:
+            out = {"op": kind.value, "gpus": gpus, "cluster": spec.name, "ranks_per_node": per_node,
+                   "nodes": spanned, "calibrated": calibrated, **_estimate_dict(est, nbytes)}
+            if show_all:
+                out["candidates"] = [_estimate_dict(c, nbytes) for c in cands]
+            print_json(out)
+            return
+        typer.echo(f"{kind.value} of {nbytes} B on {gpus} GPUs of {spec.name} ({per_node} per server, {spanned} "
+                   f"server{'s' if spanned > 1 else ''}; {'calibrated' if calibrated else 'uncalibrated'} NCCL model)")
+        typer.echo(f"  time   {est.time_s * 1e6:12.2f} us")
+        typer.echo(f"  choice {est.algorithm.value}/{est.protocol.value}")
+        typer.echo(f"  algbw  {est.algbw_GBps:12.2f} GB/s")
+        typer.echo(f"  busbw  {est.busbw_GBps:12.2f} GB/s")
+        if show_all:
+            typer.echo("  candidates (fastest first):")
+            for c in cands:
+                typer.echo(f"    {c.algorithm.value + '/' + c.protocol.value:<14} {c.time_s * 1e6:12.2f} us  "
+                           f"busbw {c.busbw_GBps:9.2f} GB/s")
