@@ -18,9 +18,15 @@ Semantics
   dependency-constrained schedule: ``end = start + work_s`` for every task.
 * A cycle (through deps and stream order) is a deadlock and raises ValueError naming a task.
 
-Speed: a binary-heap event loop, per-task lazy progress (a task's remaining work is brought up to
-date only when its rate changes), factors cached per (profile, others) inside one call. No
-pydantic, no global state.
+* Removing interference never delays any task: stream order and deps are fixed, every factor is
+  >= 1, so by induction over that order each start and end without interference is no later than
+  with it (tested as a property).
+
+Speed: with no interference the schedule is a longest-path pass in topological order (no event
+queue); with interference, a binary-heap event loop with per-task lazy progress (a running
+task's remaining work is brought up to date only when its factor changes) and factors cached per
+(profile, others) inside one call. No pydantic, no global state. ``benchmarks/engine_bench.py``
+measures ~3-4e5 tasks/s without and ~2e5 tasks/s with interference on one CPU core.
 """
 
 from __future__ import annotations
@@ -59,8 +65,8 @@ class Task:
 @dataclass(frozen=True, slots=True)
 class IdleInterval:
     """A gap on a stream: from ``start_s`` to ``end_s`` nothing ran on it. ``waited_on`` is the id
-    of the dependency whose end released the next task (None: a gap before the stream's first task
-    released by no dependency, which does not happen, or the end of the replay)."""
+    of the dependency whose end released ``next_task`` (the task after the gap); both are None for
+    the gap after a stream's last task up to ``until_s``."""
 
     start_s: float
     end_s: float
