@@ -122,9 +122,10 @@ def ring(kind: CollectiveKind, topo: Topo, p: NcclParams) -> list[Line]:
     ll_cap = _ll_cap(p, topo)
     out = []
     for proto in (LL, LL128, SIMPLE):
-        bw = topo.bus_GBps * p.ring_protocol_factor[proto] * p.protocol_bw_scale[proto]
+        bw = topo.bus_GBps * p.ring_protocol_factor[proto]
         if proto == LL:
             bw = min(bw, ll_cap)
+        bw *= p.protocol_bw_scale[proto]  # calibration scales NCCL's protocol bandwidth, cap included
         algbw = bw / bf
         lat = _base(p, "ring", proto) + intra * _intra_hop(p, topo, "ring", proto) \
             + inter * _inter_hop(p, topo, "ring", proto)
@@ -141,9 +142,10 @@ def tree(topo: Topo, p: NcclParams) -> list[Line]:
     depth = int(math.log2(topo.nodes)) if topo.nodes > 1 else 0
     out = []
     for proto in (LL, LL128, SIMPLE):
-        bw = topo.bus_GBps * p.tree_allreduce_factor * factors[proto] * p.protocol_bw_scale[proto]
+        bw = topo.bus_GBps * p.tree_allreduce_factor * factors[proto]
         if proto == LL:
             bw = min(bw, ll_cap)
+        bw *= p.protocol_bw_scale[proto]
         algbw = bw * p.tree_algbw_ratio
         lat = _base(p, "tree", proto) + 2.0 * (
             (topo.ppn - 1) * _intra_hop(p, topo, "tree", proto) + depth * _inter_hop(p, topo, "tree", proto))
