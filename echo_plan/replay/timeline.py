@@ -26,7 +26,7 @@ def timeline_events(steps: StepTasks, result: ReplayResult) -> tuple[TimelineEve
         start = result.start_s[t.id]
         dur = result.end_s[t.id] - start
         args: dict[str, Any] = {"isolated_us": t.work_s * 1e6}
-        if dur > t.work_s:
+        if dur - t.work_s > 1e-9 * max(dur, 1e-9):
             args["interference_us"] = (dur - t.work_s) * 1e6
         out.append(TimelineEvent(rank=t.device, stream=t.stream, name=t.name, start_s=start, duration_s=dur,
                                  category=t.category, args=args))
