@@ -28,6 +28,8 @@ def register(app: typer.Typer) -> None:
         size: str = typer.Option(..., "--size", "-s", help="bytes, nccl-tests convention: 1048576, 64MB, 1GiB"),
         show_all: bool = typer.Option(False, "--all", help="show every algorithm/protocol considered"),
         as_json: bool = JsonOpt,
+        algorithm: str = typer.Option(None, "--algorithm",
+                                      help="an MSCCL-IR XML algorithm to predict beside NCCL's ring and tree"),
     ) -> None:
         """Time, algorithm, protocol, algbw and busbw (nccl-tests sense) of one collective."""
         from echo_plan.cost.collectives import collective_model_for
@@ -52,6 +54,19 @@ def register(app: typer.Typer) -> None:
         cands = model.candidates(kind, nbytes, group, spec) if show_all else []
         per_node, spanned = group.placement(spec.gpus_per_node)
         calibrated = "nccl" in spec.calibration
+        if algorithm is not None:
+            from echo_plan.interop.msccl_model import compare_with_nccl
+
+            cmp = compare_with_nccl(algorithm, kind, nbytes, group, spec, model)
+            if as_json:
+                print_json({"op": kind.value, "gpus": gpus, "cluster": spec.name, "size_bytes": nbytes, **cmp})
+                return
+            typer.echo(f"{kind.value} of {nbytes} B on {gpus} GPUs of {spec.name} ({per_node} per server, "
+                       f"{spanned} server{'s' if spanned > 1 else ''})")
+            for row in cmp["rows"]:
+                typer.echo(f"  {row['name']:<34} {row['protocol']:<7} {row['time_us']:12.2f} us  "
+                           f"algbw {row['algbw_GBps']:8.2f}  busbw {row['busbw_GBps']:8.2f} GB/s")
+            return
         if as_json:
             out = {"op": kind.value, "gpus": gpus, "cluster": spec.name, "ranks_per_node": per_node,
                    "nodes": spanned, "calibrated": calibrated, **_estimate_dict(est, nbytes)}

@@ -38,6 +38,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
         trace: Optional[str] = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace JSON of the step"),
         cache_dir: Optional[str] = CacheDirOpt,
+        collective_algorithm: Optional[list[str]] = typer.Option(
+            None, "--collective-algorithm",
+            help="time a collective with an MSCCL-IR XML algorithm, e.g. all_reduce=ring.xml (repeatable; "
+                 "used where the group size fits the file, NCCL otherwise)"),
     ) -> None:
         """Predict the training step of one plan: time, throughput, MFU, memory per stage, breakdown."""
         from echo_plan.commands.common import resolve_specs
@@ -74,8 +78,15 @@ def register(app: typer.Typer) -> None:
         from echo_plan.trace.cache import TraceCache
 
         interference = InterferenceModel.none() if no_interference else load_interference(interference_file)
+        comm = None
+        if collective_algorithm:
+            from echo_plan.cost.collectives import collective_model_for
+            from echo_plan.interop.msccl_model import MscclCollectiveModel, parse_algorithm_options
+
+            comm = MscclCollectiveModel(collective_model_for(cluster_spec),
+                                        parse_algorithm_options(collective_algorithm))
         result = simulate(model_spec, cluster_spec, plan, cache=TraceCache(cache_dir), interference=interference,
-                          timeline=trace is not None)
+                          timeline=trace is not None, comm=comm)
         if trace is not None:
             from echo_plan.replay.timeline import write_chrome_trace
 

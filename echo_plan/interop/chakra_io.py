@@ -26,7 +26,7 @@ MAX_VARINT32_BYTES = 5
 # Node attributes echo-plan interprets (Chakra's names); others are reported when read.
 KNOWN_ATTRS = frozenset({
     "num_ops", "tensor_size", "comm_type", "comm_size", "pg_name", "comm_src", "comm_dst", "comm_tag",
-    "is_cpu_op", "op_type", "stream",
+    "is_cpu_op", "op_type", "stream", "echo_plan_mix",
 })
 SUPPORTED_NODE_TYPES = frozenset({cs.COMP_NODE, cs.COMM_COLL_NODE, cs.COMM_SEND_NODE, cs.COMM_RECV_NODE})
 
