@@ -201,9 +201,17 @@ class AnalyticalComputeModel:
         self.constants = constants or load_compute_constants()
         self.causal_attention = causal_attention
         self._cache: dict[tuple[Any, ...], KernelEstimate] = {}
+        # Fast path for the replay's hot loop: the same OpRecord and GPUSpec objects come back for
+        # every plan. Keyed by identity; the entry holds both objects, so their ids stay theirs.
+        self._by_identity: dict[tuple[int, int, DType], tuple[OpRecord, GPUSpec, KernelEstimate]] = {}
 
     def op_time(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> float:
-        return self.estimate(op, gpu, dtype).time_s
+        hit = self._by_identity.get((id(op), id(gpu), dtype))
+        if hit is not None and hit[0] is op and hit[1] is gpu:
+            return hit[2].time_s
+        est = self.estimate(op, gpu, dtype)
+        self._by_identity[(id(op), id(gpu), dtype)] = (op, gpu, est)
+        return est.time_s
 
     def estimate(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> KernelEstimate:
         """Time, limiting resource and efficiency of one op (cached by op shape and GPU)."""

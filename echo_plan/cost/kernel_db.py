@@ -226,6 +226,7 @@ class DatabaseComputeModel:
     db: KernelDatabase
     fallback: Any  # a ComputeModel
     _tally: dict[str, Any] = field(default_factory=lambda: {"m": 0, "f": 0, "tm": 0.0, "tf": 0.0, "miss": set()})
+    _memo: dict[tuple[int, int, DType], tuple[OpRecord, GPUSpec, tuple[float, bool]]] = field(default_factory=dict)
 
     def op_time(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> float:
         t, measured = self._time(op, gpu, dtype)
@@ -241,12 +242,16 @@ class DatabaseComputeModel:
         return t
 
     def _time(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> tuple[float, bool]:
-        if op.kind is OpKind.VIEW:
-            return self.fallback.op_time(op, gpu, dtype), False
-        entry = self.db.lookup(op)
+        hit = self._memo.get((id(op), id(gpu), dtype))  # identity cache, as in AnalyticalComputeModel
+        if hit is not None and hit[0] is op and hit[1] is gpu:
+            return hit[2]
+        entry = None if op.kind is OpKind.VIEW else self.db.lookup(op)
         if entry is not None:
-            return entry.median_us * 1e-6, True
-        return self.fallback.op_time(op, gpu, dtype), False
+            result = (entry.median_us * 1e-6, True)
+        else:
+            result = (self.fallback.op_time(op, gpu, dtype), False)
+        self._memo[(id(op), id(gpu), dtype)] = (op, gpu, result)
+        return result
 
     def coverage(self, ops: Iterable[OpRecord], gpu: GPUSpec, dtype: DType) -> Coverage:
         """Coverage of ``ops`` (each counted once per occurrence), without touching the running tally."""
