@@ -44,6 +44,10 @@ class SearchOutcome:
     wall_s: float
     tokens_budget: float | None = None
     notes: tuple[str, ...] = ()
+    pareto: tuple[StepResult, ...] = ()  # NSGA-II: fitting plans no other beats on both tokens/s and memory
+    # knob -> value -> {"candidates": n, "valid": n, "evaluated": n, <prune reason>: n, ...}: why a value
+    # was (never) tried
+    pruned_by_knob: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
 
     @property
     def best(self) -> StepResult | None:

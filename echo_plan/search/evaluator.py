@@ -1,0 +1,152 @@
+"""Evaluating one candidate plan: the narrow interface between the search and the simulator.
+
+An :class:`Evaluator` turns a plan into a StepResult and counts the traces it made and the trace
+cache hits. The search builds evaluators from an :class:`EvaluatorFactory`, a small picklable
+object, so that Ray workers can build their own; :class:`SimulatorFactory` is the real one and
+calls ``echo_plan.simulate.simulate`` with an on-disk trace cache shared by every worker and a
+level-1 memo kept for the life of the evaluator (one process).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol, runtime_checkable
+
+from echo_plan.errors import EchoPlanError
+from echo_plan.replay.results import StepResult
+from echo_plan.specs.cluster import ClusterSpec
+from echo_plan.specs.model import ModelSpec
+from echo_plan.specs.plan import PlanSpec
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    def evaluate(self, plan: PlanSpec) -> StepResult:
+        """Simulate one training step of ``plan``."""
+        ...
+
+    @property
+    def traces_made(self) -> int:
+        """Layer traces this evaluator produced so far (trace cache misses)."""
+        ...
+
+    @property
+    def cache_hits(self) -> int:
+        """Layer traces this evaluator found in the trace cache so far."""
+        ...
+
+
+@runtime_checkable
+class EvaluatorFactory(Protocol):
+    def build(self) -> Evaluator:
+        """A fresh evaluator for this process (called once per process or Ray worker)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """What one evaluation gave: a result or an error, its wall time and the trace counters it moved."""
+
+    result: StepResult | None
+    error: str
+    wall_s: float
+    traces_made: int
+    cache_hits: int
+
+
+def run_one(evaluator: Evaluator, plan: PlanSpec) -> Evaluation:
+    """Evaluate ``plan``; a plan the simulator rejects becomes an error string, not a crash."""
+    made0, hits0 = evaluator.traces_made, evaluator.cache_hits
+    t0 = time.perf_counter()
+    try:
+        result: StepResult | None = evaluator.evaluate(plan)
+        error = ""
+    except EchoPlanError as exc:
+        result, error = None, str(exc)
+    except Exception as exc:  # a simulator bug on one plan must not lose the whole search
+        result = None
+        last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        where = f" at {Path(last.filename).name}:{last.lineno}" if last else ""
+        error = f"{type(exc).__name__}: {exc}{where}"
+    return Evaluation(result, error, time.perf_counter() - t0,
+                      evaluator.traces_made - made0, evaluator.cache_hits - hits0)
+
+
+class SimulatorEvaluator:
+    """The real evaluator: ``simulate`` with a shared on-disk trace cache and a per-process memo.
+
+    Before simulating, the plan's traces are fetched (or made) while holding a file lock named after
+    the trace key in the cache folder, so when several Ray workers need the same new layer at once,
+    one traces it and the others wait and read it from the cache: each distinct layer is traced
+    once per search, not once per worker.
+    """
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, cache_dir: str | None) -> None:
+        from echo_plan.simulate import SimulationMemo
+        from echo_plan.trace.cache import TraceCache
+
+        self.model = model
+        self.cluster = cluster
+        self.cache = TraceCache(cache_dir)
+        self.memo = SimulationMemo()
+        self._ready: set[tuple] = set()
+
+    def evaluate(self, plan: PlanSpec) -> StepResult:
+        from echo_plan.simulate import simulate
+
+        key = (plan.tp, plan.sequence_parallel, plan.micro_batch_size, plan.dtype.value, plan.recompute.value)
+        if key not in self._ready:
+            from filelock import FileLock
+
+            self.cache.root.mkdir(parents=True, exist_ok=True)
+            name = "-".join(str(k) for k in key)
+            lock = self.cache.root / f".lock-{self.model.name}-{name}"
+            with FileLock(str(lock)):
+                self.memo.traces(self.model, plan, self.cache)  # kept in the memo for later plans
+            self._ready.add(key)
+        return simulate(self.model, self.cluster, plan, cache=self.cache, memo=self.memo)
+
+    @property
+    def traces_made(self) -> int:
+        return int(self.cache.misses)
+
+    @property
+    def cache_hits(self) -> int:
+        return int(self.cache.hits)
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatorFactory:
+    """Builds :class:`SimulatorEvaluator`; picklable, so Ray workers build their own."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    cache_dir: str | None = None
+
+    def build(self) -> Evaluator:
+        return SimulatorEvaluator(self.model, self.cluster, self.cache_dir)
+
+
+OnDone = Callable[[int, Evaluation], None]
+
+
+class LocalPool:
+    """Evaluates plans one after another in this process, with one evaluator for the whole search."""
+
+    def __init__(self, factory: EvaluatorFactory) -> None:
+        self.evaluator = factory.build()
+        self.workers = 1
+
+    def evaluate_many(self, plans: list[PlanSpec], on_done: OnDone) -> list[Evaluation]:
+        out = []
+        for i, plan in enumerate(plans):
+            ev = run_one(self.evaluator, plan)
+            on_done(i, ev)
+            out.append(ev)
+        return out
+
+    def close(self) -> None:
+        return None

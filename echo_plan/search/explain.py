@@ -1,0 +1,103 @@
+"""Explaining a search: why each knob value was (never) tried, what dominates the best plan's step,
+and what the runner-up trades against it."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from echo_plan.replay.results import Breakdown, StepResult
+from echo_plan.search.prune import PrunedSpace
+from echo_plan.search.results import TrialRecord, TrialState
+from echo_plan.search.space import Knob
+
+# Breakdown fields in words, for sentences.
+_PART_NAMES = {
+    "compute": "compute", "tp_comm_exposed": "exposed tensor-parallel communication",
+    "pp_comm_exposed": "exposed pipeline point-to-point communication",
+    "dp_comm_exposed": "exposed data-parallel gradient/parameter communication",
+    "bubble": "pipeline bubble", "interference": "slow-down from compute/communication interference",
+    "optimizer": "optimizer step",
+}
+
+
+def _value_label(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def knob_stats(pruned: PrunedSpace, trials: Iterable[TrialRecord]) -> dict[str, dict[str, dict[str, int]]]:
+    """knob -> value -> counts: candidates with that value, how many passed the checks, how many the
+    search simulated, and how many were pruned per reason. Answers "why was tp 4 never tried"."""
+    stats: dict[str, dict[str, dict[str, int]]] = {}
+    for v in pruned.verdicts:
+        for name, value in v.combo.items():
+            row = stats.setdefault(name, {}).setdefault(_value_label(value), {"candidates": 0, "valid": 0,
+                                                                               "evaluated": 0})
+            row["candidates"] += 1
+            if v.reason is None:
+                row["valid"] += 1
+            else:
+                row[v.reason.value] = row.get(v.reason.value, 0) + 1
+    seen: set[tuple] = set()
+    for t in trials:
+        if t.state is not TrialState.COMPLETE:
+            continue
+        key = tuple(sorted((k, str(v)) for k, v in t.plan.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        for name in stats:
+            value = t.plan.get(name)
+            row = stats[name].get(_value_label(value))
+            if row is not None:
+                row["evaluated"] += 1
+    return stats
+
+
+def format_knob_stats(stats: dict[str, dict[str, dict[str, int]]], only_varying: bool = True) -> list[str]:
+    """Lines of text: one per knob value, with its counts and the reasons it was pruned."""
+    lines = []
+    for knob in Knob:
+        values = stats.get(knob.value, {})
+        if only_varying and len(values) < 2:
+            continue
+        lines.append(f"{knob.value}:")
+        for value, row in values.items():
+            reasons = {k: n for k, n in row.items() if k not in ("candidates", "valid", "evaluated")}
+            why = "; ".join(f"{n} {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+            lines.append(f"  {value:>10}: {row['candidates']:6d} candidates, {row['valid']:5d} valid, "
+                         f"{row['evaluated']:4d} simulated" + (f"; pruned: {why}" if why else ""))
+    return lines
+
+
+def dominant_part(b: Breakdown) -> tuple[str, float]:
+    """(part name, share of the step) of the largest breakdown part."""
+    parts = b.as_json()
+    total = b.total_s or 1.0
+    name = max(parts, key=lambda k: parts[k])
+    return name, parts[name] / total
+
+
+def explain_top(ranked: tuple[StepResult, ...]) -> list[str]:
+    """What dominates the best plan's step, and what the runner-up trades (knobs and breakdown)."""
+    if not ranked:
+        return []
+    best = ranked[0]
+    name, share = dominant_part(best.breakdown)
+    parts = best.breakdown.as_json()
+    second = sorted(parts, key=lambda k: -parts[k])[1]
+    lines = [f"The best plan's step ({best.step_time_s:.3f} s) is dominated by {_PART_NAMES[name]} "
+             f"({share:.0%}); next is {_PART_NAMES[second]} ({parts[second] / (best.breakdown.total_s or 1):.0%})."]
+    if len(ranked) < 2:
+        return lines
+    runner = ranked[1]
+    diffs = [f"{k} {_value_label(best.plan.get(k))} -> {_value_label(runner.plan.get(k))}"
+             for k in tuple(kn.value for kn in Knob) + ("dp",) if best.plan.get(k) != runner.plan.get(k)]
+    rparts = runner.breakdown.as_json()
+    moves = sorted(((k, rparts[k] - parts[k]) for k in parts), key=lambda kv: -abs(kv[1]))
+    moved = [f"{_PART_NAMES[k]} {d * 1000:+.1f} ms" for k, d in moves[:3] if abs(d) > 1e-6]
+    slower = runner.step_time_s / best.step_time_s - 1 if best.step_time_s else 0.0
+    mem = runner.memory_peak_gib - best.memory_peak_gib
+    lines.append(f"The runner-up ({runner.step_time_s:.3f} s, {slower:+.1%}) changes "
+                 f"{', '.join(diffs) or 'nothing in the plan'}: " + (", ".join(moved) or "same breakdown")
+                 + f"; peak memory {mem:+.1f} GiB.")
+    return lines

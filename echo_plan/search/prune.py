@@ -1,0 +1,210 @@
+"""Checking every candidate of a space before any simulation, and counting what is pruned and why.
+
+Rules run in a fixed order and a candidate is counted under the first one it breaks, so the
+counts add up to the size of the space. Cheap arithmetic rules come first; the memory estimate
+(``echo_plan.cost.memory.estimate_memory``) runs only on candidates that pass all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable
+
+from echo_plan.errors import EchoPlanError, SpecError
+from echo_plan.replay.results import StageMemory
+from echo_plan.specs.cluster import ClusterSpec
+from echo_plan.specs.model import ModelSpec
+from echo_plan.specs.plan import PlanSpec, Schedule, validate_plan
+from echo_plan.search.space import Knob, SearchSpace
+
+MemoryEstimator = Callable[[ModelSpec, PlanSpec, ClusterSpec], tuple[StageMemory, ...]]
+
+
+class PruneReason(str, Enum):
+    """Stable categories; the value is what users see (and what is stored with pruned trials)."""
+
+    GPUS = "tp x pp does not divide the GPUs"
+    BATCH = "global batch not divisible by dp x micro-batch"
+    TP_MODEL = "tp does not divide the model's heads or FFN"
+    TP_NODE = "tp exceeds a node"
+    LAYERS = "pp x virtual stages does not divide the layers"
+    SCHEDULE = "schedule does not fit the virtual stages"
+    INTERLEAVE_BATCH = "interleaving needs micro-batches a multiple of pp"
+    SEQUENCE_PARALLEL = "sequence parallel needs seq divisible by tp"
+    DUPLICATE = "same plan as another candidate"
+    OOM_ESTIMATE = "out of memory (estimate)"
+    INVALID = "invalid plan (other rule)"
+
+
+# validate_plan names the field it rejects; this maps that field to a category.
+_FIELD_REASON = {
+    "tp x pp x dp": PruneReason.GPUS,
+    "tp": PruneReason.TP_MODEL,
+    "pp": PruneReason.LAYERS,
+    "pp x virtual_stages": PruneReason.LAYERS,
+    "virtual_stages": PruneReason.INTERLEAVE_BATCH,
+    "sequence_parallel": PruneReason.SEQUENCE_PARALLEL,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the checks say about one combination of knob values."""
+
+    combo: dict[str, Any]  # the knob values as the space gave them
+    plan: PlanSpec | None  # the canonical plan (None when no plan can be built)
+    reason: PruneReason | None  # None: simulate it
+    detail: str = ""
+    memory: tuple[StageMemory, ...] = ()
+    same_as: int | None = None  # for a duplicate: the index of the first combination with its plan
+
+
+def canonical(combo: dict[str, Any]) -> dict[str, Any]:
+    """The combination with settings that change nothing normalised, so equal plans compare equal.
+
+    Sequence parallelism needs tp > 1; overlapping the parameter all-gather needs a distributed
+    optimizer (Megatron-LM); a single pipeline stage has no schedule to choose, so it is 1F1B;
+    1F1B with virtual stages is the interleaved 1F1B schedule.
+    """
+    c = dict(combo)
+    if c["tp"] == 1:
+        c["sequence_parallel"] = False
+    if not c["distributed_optimizer"]:
+        c["overlap_param_gather"] = False
+    if c["pp"] == 1 and c["virtual_stages"] == 1:
+        c["schedule"] = Schedule.ONE_F_ONE_B.value
+    if c["virtual_stages"] > 1 and c["schedule"] == Schedule.ONE_F_ONE_B.value:
+        c["schedule"] = Schedule.INTERLEAVED.value
+    return c
+
+
+def plan_key(plan_fields: dict[str, Any]) -> tuple:
+    """A hashable identity of a plan from its knob fields (and dp)."""
+    return tuple((k.value, plan_fields[k.value]) for k in Knob) + (("dp", plan_fields.get("dp")),)
+
+
+class Pruner:
+    """Checks candidates of one (model, cluster, global batch, space); keeps no hidden state."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space: SearchSpace,
+                 memory: MemoryEstimator | None = None) -> None:
+        if global_batch_size < 1:
+            raise SpecError("gbs", global_batch_size, "a positive global batch size (sequences)")
+        self.model = model
+        self.cluster = cluster
+        self.gbs = global_batch_size
+        self.space = space
+        self._memory = memory
+
+    def memory_estimator(self) -> MemoryEstimator:
+        if self._memory is None:
+            self._memory = closed_form_memory()
+        return self._memory
+
+    def check(self, combo: dict[str, Any]) -> Verdict:
+        """Every rule, in order, on one combination; a plan only when all arithmetic rules pass."""
+        c = canonical(combo)
+        gpus = self.cluster.num_gpus
+        tp, pp, vpp, mbs = c["tp"], c["pp"], c["virtual_stages"], c["micro_batch_size"]
+        if gpus % (tp * pp):
+            return Verdict(combo, None, PruneReason.GPUS, f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
+        dp = gpus // (tp * pp)
+        if self.gbs % (dp * mbs):
+            return Verdict(combo, None, PruneReason.BATCH,
+                           f"global batch {self.gbs} is not a multiple of dp x mbs = {dp} x {mbs}")
+        if self.space.tp_within_node and (tp > self.cluster.gpus_per_node or self.cluster.gpus_per_node % tp):
+            return Verdict(combo, None, PruneReason.TP_NODE,
+                           f"tp {tp} does not fit in a {self.cluster.gpus_per_node}-GPU server")
+        schedule = c["schedule"]
+        if vpp > 1 and (pp == 1 or schedule == Schedule.GPIPE.value):
+            why = "interleaving needs pp > 1" if pp == 1 else "GPipe is not interleaved"
+            return Verdict(combo, None, PruneReason.SCHEDULE, f"virtual_stages {vpp}: {why}")
+        if schedule == Schedule.INTERLEAVED.value and vpp == 1:
+            return Verdict(combo, None, PruneReason.SCHEDULE, "the interleaved schedule needs virtual_stages > 1")
+        fields = dict(c, dp=dp, global_batch_size=self.gbs, **dict(self.space.fixed))
+        try:
+            plan = PlanSpec.build(fields, context="candidate plan")
+            validate_plan(plan, self.model, self.cluster)
+        except SpecError as exc:
+            reason = _FIELD_REASON.get(exc.field, PruneReason.INVALID)
+            return Verdict(combo, None, reason, str(exc).split(": ", 1)[-1])
+        return Verdict(combo, plan, None)
+
+    def check_memory(self, verdict: Verdict) -> Verdict:
+        """The memory estimate of a plan that passed the arithmetic rules."""
+        if verdict.plan is None or verdict.reason is not None:
+            return verdict
+        try:
+            memory = tuple(self.memory_estimator()(self.model, verdict.plan, self.cluster))
+        except EchoPlanError as exc:
+            return Verdict(verdict.combo, None, PruneReason.INVALID, str(exc))
+        over = [m for m in memory if not m.fits]
+        if over:
+            worst = max(over, key=lambda m: m.overflow_bytes)
+            detail = (f"stage {worst.stage} needs {worst.total_bytes / 2**30:.1f} GiB of "
+                      f"{worst.capacity_bytes / 2**30:.1f} GiB")
+            return Verdict(verdict.combo, verdict.plan, PruneReason.OOM_ESTIMATE, detail, memory)
+        return Verdict(verdict.combo, verdict.plan, None, "", memory)
+
+
+def closed_form_memory() -> MemoryEstimator:
+    """``echo_plan.cost.memory.estimate_memory`` with its constants read once, not on every call.
+
+    estimate_memory parses memory.yaml on each call (~20 ms); over the thousands of candidates of a
+    space that was most of the pruning time. This does the same assembly with the constants loaded
+    once (tests/search/test_prune.py holds it equal to estimate_memory).
+    """
+    from echo_plan.cost import memory as mem
+    from echo_plan.specs.plan import Recompute
+
+    consts = mem.load_memory_constants()
+
+    def estimate(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec) -> tuple[StageMemory, ...]:
+        return mem._assemble(model, plan, cluster,
+                             mem.layer_activation_bytes(model, plan, plan.recompute, consts),
+                             mem.layer_activation_bytes(model, plan, Recompute.NONE, consts),
+                             mem.embedding_activation_bytes(model, plan, consts),
+                             mem.output_activation_bytes(model, plan), consts=consts)
+
+    return estimate
+
+
+@dataclass(frozen=True, slots=True)
+class PrunedSpace:
+    """Every combination of a space with its verdict; ``valid`` are the distinct plans to simulate."""
+
+    verdicts: tuple[Verdict, ...]
+    valid: tuple[Verdict, ...]  # in enumeration order, one per distinct plan
+
+    @property
+    def total(self) -> int:
+        return len(self.verdicts)
+
+    def counts(self) -> dict[str, int]:
+        """Reason -> combinations pruned for it (stable order: the order of PruneReason)."""
+        raw: dict[PruneReason, int] = {}
+        for v in self.verdicts:
+            if v.reason is not None:
+                raw[v.reason] = raw.get(v.reason, 0) + 1
+        return {r.value: raw[r] for r in PruneReason if r in raw}
+
+
+def prune_space(pruner: Pruner) -> PrunedSpace:
+    """Check every combination of the pruner's space: arithmetic rules, duplicates, then memory."""
+    verdicts: list[Verdict] = []
+    seen: dict[tuple, int] = {}
+    for combo in pruner.space.combos():
+        v = pruner.check(combo)
+        if v.plan is not None:
+            fields = v.plan.model_dump(mode="json")
+            key = plan_key(fields)
+            if key in seen:
+                first = seen[key]
+                v = Verdict(combo, v.plan, PruneReason.DUPLICATE, f"same plan as {v.plan.short()}", same_as=first)
+            else:
+                seen[key] = len(verdicts)
+                v = pruner.check_memory(v)
+        verdicts.append(v)
+    valid = tuple(v for v in verdicts if v.reason is None)
+    return PrunedSpace(tuple(verdicts), valid)

@@ -1,0 +1,97 @@
+"""Evaluating plans on Ray workers: a local Ray started and stopped here (``--workers N``) or an
+existing cluster (``--ray-address``).
+
+Each worker is an actor that builds its own evaluator from the (picklable) factory once, so it
+keeps the simulator's level-1 memo across the plans it is given, and all workers share the
+factory's on-disk trace cache folder. Results come back as they finish; the caller commits each
+one to the study storage at once, so a crashed worker loses only the plan it was running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from echo_plan.errors import EchoPlanError
+from echo_plan.search.evaluator import Evaluation, EvaluatorFactory, OnDone, run_one
+from echo_plan.specs.plan import PlanSpec
+
+
+class RayPool:
+    """A pool of Ray actors, each with its own evaluator; ``close`` stops a Ray it started."""
+
+    def __init__(self, factory: EvaluatorFactory, workers: int | None = None, address: str | None = None) -> None:
+        if address is None and (workers is None or workers < 1):
+            raise EchoPlanError("--workers must be a positive number of Ray workers")
+        import ray
+
+        self._ray = ray
+        self._started = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING,
+                                          log_to_driver=False, configure_logging=True)
+            os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+            try:
+                if address is not None:
+                    ray.init(address=address, **kwargs)
+                else:
+                    ray.init(num_cpus=workers, **kwargs)
+            except Exception as exc:  # connection refused, bad address, ...
+                raise EchoPlanError(f"cannot start or reach Ray ({address or 'local'}): {type(exc).__name__}: {exc}") \
+                    from None
+            self._started = True
+        if workers is None or workers < 1:
+            workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.workers = workers
+        self._factory = factory
+        self._actor_cls = ray.remote(num_cpus=1, max_restarts=0)(_Worker)
+        self._actors = [self._actor_cls.remote(factory) for _ in range(workers)]
+
+    def evaluate_many(self, plans: list[PlanSpec], on_done: OnDone) -> list[Evaluation]:
+        """Every plan on some worker; ``on_done(i, evaluation)`` runs in this process as each finishes."""
+        ray = self._ray
+        out: list[Evaluation | None] = [None] * len(plans)
+        pending: dict[Any, tuple[int, int]] = {}  # object ref -> (plan index, actor index)
+        queue = list(range(len(plans)))
+        free = list(range(len(self._actors)))
+        while queue or pending:
+            while queue and free:
+                i, a = queue.pop(0), free.pop(0)
+                ref = self._actors[a].run.remote(plans[i].model_dump(mode="json"))
+                pending[ref] = (i, a)
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                i, a = pending.pop(ref)
+                try:
+                    ev = ray.get(ref)
+                except Exception as exc:  # the worker died (ray.exceptions.RayActorError) or the task failed
+                    ev = Evaluation(None, f"worker failed: {type(exc).__name__}: {exc}".splitlines()[0], 0.0, 0, 0)
+                    self._actors[a] = self._respawn(a)
+                out[i] = ev
+                on_done(i, ev)
+                free.append(a)
+        return [e for e in out if e is not None]
+
+    def _respawn(self, a: int) -> Any:
+        """A fresh actor in place of one that failed (the old one is killed if still alive)."""
+        try:
+            self._ray.kill(self._actors[a])
+        except Exception:  # already dead
+            pass
+        return self._actor_cls.remote(self._factory)
+
+    def close(self) -> None:
+        if self._started:
+            self._ray.shutdown()
+            self._started = False
+
+
+class _Worker:
+    """One Ray actor: an evaluator built once, then one plan per call."""
+
+    def __init__(self, factory: EvaluatorFactory) -> None:
+        self.evaluator = factory.build()
+
+    def run(self, plan_fields: dict[str, Any]) -> Evaluation:
+        return run_one(self.evaluator, PlanSpec.build(plan_fields))

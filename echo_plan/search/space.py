@@ -1,0 +1,231 @@
+"""Search spaces: which values each plan knob may take, loaded from YAML and enumerated.
+
+The file format is documented in ``search_spaces/README.md``. A space has ``knobs`` (a list of
+values per knob), ``fixed`` settings (one value, applied to every candidate) and ``constraints``.
+The data-parallel degree is never a knob: it is implied by ``gpus / (tp x pp)``; the global batch
+comes from the command line (``--gbs``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterator
+
+from echo_plan.errors import FileFormatError, SpecError
+from echo_plan.specs.cluster import DType
+from echo_plan.specs.plan import Recompute, Schedule
+from echo_plan.specs.loaders import read_mapping
+
+
+class Knob(str, Enum):
+    """A PlanSpec field the search may vary. Order here is the order of enumeration."""
+
+    TP = "tp"
+    PP = "pp"
+    MICRO_BATCH_SIZE = "micro_batch_size"
+    VIRTUAL_STAGES = "virtual_stages"
+    SCHEDULE = "schedule"
+    RECOMPUTE = "recompute"
+    SEQUENCE_PARALLEL = "sequence_parallel"
+    DISTRIBUTED_OPTIMIZER = "distributed_optimizer"
+    OVERLAP_GRAD_REDUCE = "overlap_grad_reduce"
+    OVERLAP_PARAM_GATHER = "overlap_param_gather"
+
+
+class Constraint(str, Enum):
+    TP_WITHIN_NODE = "tp_within_node"  # a tensor-parallel group never spans servers
+
+
+INT_KNOBS = (Knob.TP, Knob.PP, Knob.MICRO_BATCH_SIZE, Knob.VIRTUAL_STAGES)
+BOOL_KNOBS = (Knob.SEQUENCE_PARALLEL, Knob.DISTRIBUTED_OPTIMIZER, Knob.OVERLAP_GRAD_REDUCE,
+              Knob.OVERLAP_PARAM_GATHER)
+ENUM_KNOBS: dict[Knob, type[Enum]] = {Knob.SCHEDULE: Schedule, Knob.RECOMPUTE: Recompute}
+
+# What a knob is when a space says nothing about it (PlanSpec's defaults, Megatron-LM's usual).
+KNOB_DEFAULTS: dict[Knob, Any] = {
+    Knob.TP: 1, Knob.PP: 1, Knob.MICRO_BATCH_SIZE: 1, Knob.VIRTUAL_STAGES: 1,
+    Knob.SCHEDULE: Schedule.ONE_F_ONE_B.value, Knob.RECOMPUTE: Recompute.NONE.value,
+    Knob.SEQUENCE_PARALLEL: False, Knob.DISTRIBUTED_OPTIMIZER: False,
+    Knob.OVERLAP_GRAD_REDUCE: True, Knob.OVERLAP_PARAM_GATHER: True,
+}
+# Settings that may only be fixed (one value for the whole search).
+FIXED_ONLY = {"dtype"}
+# Names a user may reach for that the search sets itself.
+NOT_SETTABLE = {
+    "dp": "dp is implied by gpus / (tp x pp); it is not a knob",
+    "global_batch_size": "the global batch comes from --gbs",
+    "layer_split": "the search uses an even split of layers over pipeline stages",
+}
+TOP_KEYS = {"name", "description", "knobs", "fixed", "constraints"}
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpace:
+    """A validated search space. ``knobs`` maps each knob to its allowed values (JSON scalars)."""
+
+    name: str
+    knobs: tuple[tuple[Knob, tuple[Any, ...]], ...]
+    fixed: tuple[tuple[str, Any], ...]
+    tp_within_node: bool = True
+    description: str = ""
+    source: str = ""  # the file it came from, or "" when built in code
+
+    def values(self, knob: Knob) -> tuple[Any, ...]:
+        for k, vals in self.knobs:
+            if k is knob:
+                return vals
+        raise KeyError(knob)
+
+    @property
+    def varying(self) -> tuple[Knob, ...]:
+        """Knobs with more than one value: the ones a sampler chooses."""
+        return tuple(k for k, vals in self.knobs if len(vals) > 1)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for _, vals in self.knobs:
+            n *= len(vals)
+        return n
+
+    def combos(self) -> Iterator[dict[str, Any]]:
+        """Every combination of knob values, in a stable order, as ``{knob name: value}``."""
+        names = [k.value for k, _ in self.knobs]
+        for vals in itertools.product(*(v for _, v in self.knobs)):
+            yield dict(zip(names, vals))
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "knobs": {k.value: list(v) for k, v in self.knobs},
+            "fixed": dict(self.fixed),
+            "constraints": {Constraint.TP_WITHIN_NODE.value: self.tp_within_node},
+            "file": self.source,
+        }
+
+    def digest(self) -> str:
+        """A short content hash: equal for spaces that would enumerate the same candidates."""
+        body = self.as_json()
+        body.pop("file"), body.pop("name"), body.pop("description")
+        text = json.dumps(body, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def spaces_dir() -> Path:
+    """``search_spaces/`` at the project root (found upward from this file)."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "search_spaces"
+        if (candidate / "default.yaml").exists():
+            return candidate
+    raise FileFormatError("search_spaces/default.yaml", "the default search space file is not installed")
+
+
+def default_space_path() -> Path:
+    return spaces_dir() / "default.yaml"
+
+
+def load_space(path: str | Path | None = None) -> SearchSpace:
+    """Read and validate a search-space YAML file (the default space when ``path`` is None)."""
+    p = Path(path) if path is not None else default_space_path()
+    if path is not None and not p.exists() and not p.suffix and (spaces_dir() / f"{p}.yaml").exists():
+        p = spaces_dir() / f"{p}.yaml"  # a bare name: one of the shipped spaces
+    data = read_mapping(p)
+    return space_from_mapping(data, source=str(p), default_name=p.stem)
+
+
+def space_from_mapping(data: dict[str, Any], source: str = "", default_name: str = "space") -> SearchSpace:
+    """Validate a mapping shaped like a space file; errors name the key and what is valid."""
+    where = source or "search space"
+    unknown = set(data) - TOP_KEYS
+    if unknown:
+        raise FileFormatError(where, f"unknown top-level key {sorted(unknown)[0]!r}; valid keys: "
+                                     f"{', '.join(sorted(TOP_KEYS))}")
+    knobs_in = _mapping(data.get("knobs") or {}, "knobs", where)
+    fixed_in = _mapping(data.get("fixed") or {}, "fixed", where)
+    constraints_in = _mapping(data.get("constraints") or {}, "constraints", where)
+
+    valid_knobs = ", ".join(k.value for k in Knob)
+    values: dict[Knob, tuple[Any, ...]] = {}
+    for name, raw in knobs_in.items():
+        knob = _knob(name, where, valid_knobs)
+        if not isinstance(raw, list):
+            raw = [raw]
+        if not raw:
+            raise SpecError(f"knobs.{name}", raw, "a non-empty list of values", where)
+        vals = tuple(dict.fromkeys(_knob_value(knob, v, f"knobs.{name}", where) for v in raw))
+        values[knob] = vals
+
+    fixed: dict[str, Any] = {}
+    for name, raw in fixed_in.items():
+        if name in FIXED_ONLY:
+            try:
+                fixed[name] = DType(str(raw)).value
+            except ValueError:
+                raise SpecError(f"fixed.{name}", raw, "one of bf16, fp16", where) from None
+            if fixed[name] not in (DType.BF16.value, DType.FP16.value):
+                raise SpecError(f"fixed.{name}", raw, "training runs in bf16 or fp16", where)
+            continue
+        knob = _knob(name, where, valid_knobs + ", " + ", ".join(sorted(FIXED_ONLY)), section="fixed")
+        if knob in values:
+            raise SpecError(f"fixed.{name}", raw, "is also listed under knobs; give it in one place", where)
+        if isinstance(raw, list):
+            raise SpecError(f"fixed.{name}", raw, "a single value (lists go under knobs)", where)
+        values[knob] = (_knob_value(knob, raw, f"fixed.{name}", where),)
+
+    tp_within_node = True
+    for name, raw in constraints_in.items():
+        try:
+            Constraint(name)
+        except ValueError:
+            valid = ", ".join(c.value for c in Constraint)
+            raise SpecError(f"constraints.{name}", raw, f"unknown constraint; valid: {valid}", where) from None
+        if not isinstance(raw, bool):
+            raise SpecError(f"constraints.{name}", raw, "true or false", where)
+        tp_within_node = raw
+
+    ordered = tuple((k, values.get(k, (KNOB_DEFAULTS[k],))) for k in Knob)
+    name = data.get("name") or default_name
+    return SearchSpace(
+        name=str(name), knobs=ordered, fixed=tuple(sorted(fixed.items())), tp_within_node=tp_within_node,
+        description=str(data.get("description") or ""), source=source,
+    )
+
+
+def _mapping(value: Any, key: str, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise FileFormatError(where, f"{key!r} must be a mapping of names to values, found {type(value).__name__}")
+    return {str(k): v for k, v in value.items()}
+
+
+def _knob(name: str, where: str, valid: str, section: str = "knobs") -> Knob:
+    if name in NOT_SETTABLE:
+        raise SpecError(f"{section}.{name}", name, NOT_SETTABLE[name], where)
+    try:
+        return Knob(name)
+    except ValueError:
+        raise SpecError(f"{section}.{name}", name, f"unknown knob; valid knobs: {valid}", where) from None
+
+
+def _knob_value(knob: Knob, raw: Any, field: str, where: str) -> Any:
+    """One knob value, checked against what any plan could take (type and range)."""
+    if knob in INT_KNOBS:
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+            raise SpecError(field, raw, "positive integers (e.g. [1, 2, 4, 8])", where)
+        return raw
+    if knob in BOOL_KNOBS:
+        if not isinstance(raw, bool):
+            raise SpecError(field, raw, "true or false", where)
+        return raw
+    enum = ENUM_KNOBS[knob]
+    try:
+        return enum(str(raw).lower()).value
+    except ValueError:
+        valid = ", ".join(e.value for e in enum)
+        raise SpecError(field, raw, f"one of {valid}", where) from None
