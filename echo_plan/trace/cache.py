@@ -15,6 +15,7 @@ import json
 import os
 import tempfile
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 from echo_plan.trace.records import LayerTrace, TraceKey
@@ -40,18 +41,27 @@ def default_cache_root() -> Path:
 
 
 class TraceCache:
-    """Traces on disk under ``root``; ``hits``, ``misses`` and ``corrupt`` count this instance's lookups."""
+    """Traces on disk under ``root``; ``hits``, ``misses`` and ``corrupt`` count this instance's lookups.
+
+    Traces read or written through this instance are also kept in memory (on the instance), so a
+    search asking for the same key again does not re-read the file.
+    """
 
     def __init__(self, root: str | Path | None = None) -> None:
         self.root = Path(root).expanduser() if root is not None else default_cache_root()
         self.hits = 0
         self.misses = 0
         self.corrupt = 0
+        self._memory: dict[TraceKey, LayerTrace] = {}
 
     def path_for(self, key: TraceKey) -> Path:
         return self.root / f"{key.stage.value}-{key.digest()}.json"
 
     def get(self, key: TraceKey) -> LayerTrace | None:
+        kept = self._memory.get(key)
+        if kept is not None:
+            self.hits += 1
+            return kept
         path = self.path_for(key)
         try:
             raw = path.read_bytes()
@@ -65,6 +75,7 @@ class TraceCache:
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             return self._discard(path, str(exc) or type(exc).__name__)
         self.hits += 1
+        self._memory[key] = trace
         return trace
 
     def put(self, trace: LayerTrace) -> None:
@@ -86,6 +97,7 @@ class TraceCache:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+        self._memory[trace.key] = replace(trace, from_cache=True)
 
     @staticmethod
     def _decode(raw: bytes, key: TraceKey) -> LayerTrace:

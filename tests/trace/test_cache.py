@@ -23,6 +23,17 @@ def test_second_call_hits_and_returns_the_same_trace(tmp_path, gpt_small):
     assert second.saved_bytes_by_mode == first.saved_bytes_by_mode and second.param_count == first.param_count
     other = trace_stage(gpt_small, StageKind.BLOCK, cache=cache, **{**ARGS, "tp": 4})
     assert not other.from_cache and cache.misses == 2
+    reread = TraceCache(tmp_path).get(first.key)  # a new instance reads the file
+    assert reread is not None and reread.ops == first.ops
+
+
+def test_instance_keeps_what_it_read(tmp_path, gpt_small):
+    cache = TraceCache(tmp_path)
+    trace = trace_stage(gpt_small, StageKind.OUTPUT, cache=cache, **ARGS)
+    cache.path_for(trace.key).unlink()
+    kept = cache.get(trace.key)
+    assert kept is not None and kept.from_cache and kept.ops == trace.ops
+    assert TraceCache(tmp_path).get(trace.key) is None
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncate", "flip", "foreign", "old_version"])
