@@ -20,8 +20,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from importlib import resources
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import yaml
 
@@ -77,11 +79,11 @@ class ComputeConstants:
     k_overhead: int
     min_split_k: int
     max_split: int
-    arch: dict[int, ArchParams]
+    arch: Mapping[int, ArchParams]
     attention_block_rows: int
     attention_seq_half: float
     causal_work_fraction: float
-    hbm_efficiency: dict[OpKind, float]
+    hbm_efficiency: Mapping[OpKind, float]
 
     def arch_params(self, sm_arch: int) -> ArchParams:
         """The newest generation in the table that is not newer than ``sm_arch`` (else the oldest)."""
@@ -98,9 +100,9 @@ class KernelEstimate:
 
 
 def load_compute_constants(text: str | None = None, origin: str = "compute.yaml") -> ComputeConstants:
-    """Parse the constants file (the packaged default when ``text`` is None)."""
+    """Parse the constants file (the packaged default, parsed once, when ``text`` is None)."""
     if text is None:
-        text = (resources.files("echo_plan") / "data" / "compute.yaml").read_text(encoding="utf-8")
+        return _packaged_constants()
     try:
         raw = yaml.safe_load(text)
         tiles = tuple(Tile(int(t["m"]), int(t["n"]), float(t["rel_eff"])) for t in raw["gemm_tiles"])
@@ -123,14 +125,20 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
             k_overhead=k0,
             min_split_k=int(raw["gemm_min_split_k"]),
             max_split=int(raw["gemm_max_split"]),
-            arch=arch,
+            arch=MappingProxyType(arch),
             attention_block_rows=int(raw["attention_block_rows"]),
             attention_seq_half=float(raw["attention_seq_half"]),
             causal_work_fraction=float(raw["causal_work_fraction"]),
-            hbm_efficiency=hbm,
+            hbm_efficiency=MappingProxyType(hbm),
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid compute-model constants: {exc!r}") from None
+
+
+@lru_cache(maxsize=1)
+def _packaged_constants() -> ComputeConstants:
+    text = (resources.files("echo_plan") / "data" / "compute.yaml").read_text(encoding="utf-8")
+    return load_compute_constants(text, "echo_plan/data/compute.yaml")
 
 
 def gemm_shape_efficiency(m: int, n: int, k: int, sm_count: int, tiles: tuple[Tile, ...],

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
-from typing import Protocol
+from types import MappingProxyType
+from typing import Mapping, Protocol
 
 import yaml
 
@@ -49,7 +51,7 @@ class ModelTracesLike(Protocol):
 
 @dataclass(frozen=True)
 class MemoryConstants:
-    bytes_per_param: dict[DType, tuple[int, int, int]]  # weights, gradients, optimizer
+    bytes_per_param: Mapping[DType, tuple[int, int, int]]  # weights, gradients, optimizer
     flash_attention: bool
     dropout: bool
     cuda_context_bytes: int
@@ -59,15 +61,16 @@ class MemoryConstants:
 
 
 def load_memory_constants(text: str | None = None, origin: str = "memory.yaml") -> MemoryConstants:
+    """Parse memory-model constants; the packaged file is parsed once (it is read-only package data)."""
     if text is None:
-        text = (resources.files("echo_plan") / "data" / "memory.yaml").read_text(encoding="utf-8")
+        return _packaged_constants()
     try:
         raw = yaml.safe_load(text)
         bpp = {DType(k): (int(v["weights"]), int(v["gradients"]), int(v["optimizer"]))
                for k, v in raw["bytes_per_param"].items()}
         b = raw["buffers"]
         return MemoryConstants(
-            bytes_per_param=bpp,
+            bytes_per_param=MappingProxyType(bpp),
             flash_attention=bool(raw["assume_flash_attention"]),
             dropout=bool(raw["assume_dropout"]),
             cuda_context_bytes=int(float(b["cuda_context_GiB"]) * GiB),
@@ -77,6 +80,12 @@ def load_memory_constants(text: str | None = None, origin: str = "memory.yaml") 
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid memory-model constants: {exc!r}") from None
+
+
+@lru_cache(maxsize=1)
+def _packaged_constants() -> MemoryConstants:
+    text = (resources.files("echo_plan") / "data" / "memory.yaml").read_text(encoding="utf-8")
+    return load_memory_constants(text, "echo_plan/data/memory.yaml")
 
 
 # -- parameters ---------------------------------------------------------------------------------
