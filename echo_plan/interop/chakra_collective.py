@@ -54,11 +54,11 @@ def algorithm_graphs(algo: MscclAlgorithm, nbytes: int) -> dict[int, list[Any]]:
             progressed = False
             rest = []
             for tb, step in pending:
-                prev = [last_of[(tb.id, step.index - 1)]] if step.index > 0 else []
                 if step.index > 0 and (tb.id, step.index - 1) not in last_of or \
                         any(d not in last_of for d in step.deps):
                     rest.append((tb, step))
                     continue
+                prev = [last_of[(tb.id, step.index - 1)]] if step.index > 0 else []
                 deps = prev + [last_of[d] for d in step.deps]
                 size = int(round(step.cnt * chunk))
                 label = f"tb{tb.id} s{step.index} {step.type.value}"
