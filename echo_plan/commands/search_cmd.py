@@ -1,0 +1,207 @@
+"""``echo-plan search`` (the best plans for one cluster) and ``echo-plan compare`` (across sizes).
+
+The report engineer's hook: ``search`` ends with ``after_search(outcome)`` and ``compare`` with
+``after_compare(outcome)``; a ``--report FILE`` option adds its call there.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from echo_plan.commands.common import (
+    CacheDirOpt, ClusterOpt, JsonOpt, ModelOpt, NodesOpt, print_json, stderr_is_tty, write_atomic,
+)
+
+DEFAULT_GBS = 1536  # GPT-3 175B's global batch in Brown et al. 2020 (3.2M tokens at seq 2048)
+DEFAULT_TOP = 10
+GbsOpt = typer.Option(DEFAULT_GBS, "--gbs", help=f"global batch size in sequences (default {DEFAULT_GBS}, GPT-3's)")
+SpaceOpt = typer.Option(None, "--space", help="search-space YAML (default search_spaces/default.yaml)")
+SamplerOpt = typer.Option("auto", "--sampler",
+                          help="auto (grid when the valid plans fit in the budget, else tpe), tpe, nsga2, grid")
+TrialsOpt = typer.Option(None, "--trials", help="distinct plans to simulate (default 100)")
+SeedOpt = typer.Option(0, "--seed", help="sampler seed; a search is deterministic for a seed")
+StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default SQLite in the user data dir); "
+                                                  "'memory' for none")
+StudyOpt = typer.Option(None, "--study-name", help="study name (default: derived from model, cluster, gbs, space)")
+WorkersOpt = typer.Option(0, "--workers", help="evaluate on N local Ray workers (started and stopped here)")
+RayOpt = typer.Option(None, "--ray-address", help="evaluate on an existing Ray cluster")
+ProgressOpt = typer.Option(None, "--progress/--no-progress", help="progress bar on stderr (default: when a TTY)")
+
+
+def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int], gbs: int, space: Optional[str],
+            sampler: str, trials: Optional[int], seed: int, storage: Optional[str], study_name: Optional[str],
+            workers: int, ray_address: Optional[str], tokens: Optional[float] = None):
+    from echo_plan.commands.common import resolve_specs
+    from echo_plan.errors import SpecError
+    from echo_plan.search.space import load_space
+    from echo_plan.search.study import SamplerKind, SearchConfig
+
+    try:
+        kind = SamplerKind(sampler.lower())
+    except ValueError:
+        raise SpecError("--sampler", sampler, "one of " + ", ".join(k.value for k in SamplerKind)) from None
+    if trials is not None and trials < 1:
+        raise SpecError("--trials", trials, "at least 1")
+    if workers < 0:
+        raise SpecError("--workers", workers, "0 (in-process) or a positive number of Ray workers")
+    m, c = resolve_specs(model, cluster, nodes, gpus)
+    return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=load_space(space), sampler=kind, seed=seed,
+                        n_trials=trials, storage=storage, study_name=study_name, workers=workers,
+                        ray_address=ray_address, tokens_budget=tokens)
+
+
+def _progress(enabled: Optional[bool], label: str):
+    show = stderr_is_tty() if enabled is None else enabled
+    if not show:
+        return None
+    from echo_plan.search.progress import RichProgress
+
+    return RichProgress(label)
+
+
+def after_search(outcome) -> None:
+    """Hook for further outputs of a finished search (the HTML report adds its call here)."""
+
+
+def after_compare(outcome) -> None:
+    """Hook for further outputs of a finished compare (the HTML report adds its call here)."""
+
+
+def print_search(outcome, top: int, explain: bool, pruned=None) -> None:
+    from echo_plan.search.explain import explain_top, format_knob_stats
+    from echo_plan.search.table import format_ranked
+
+    gpus = outcome.cluster["gpus_per_node"] * outcome.cluster["num_nodes"]
+    typer.echo(f"{outcome.model['name']} on {gpus} x {outcome.cluster['gpu']['name']} ({outcome.cluster['name']}), "
+               f"space {outcome.space['name']}, study {outcome.study_name}")
+    for line in format_ranked(outcome, top):
+        typer.echo(line)
+    typer.echo("")
+    for line in explain_top(outcome.ranked):
+        typer.echo(line)
+    pruned_total = sum(outcome.pruned_counts.values())
+    sims = sum(1 for t in outcome.trials if t.state.value != "pruned" and not t.detail.startswith(("repeat", "same")))
+    typer.echo(f"{len(outcome.trials)} trials ({sims} simulated this study), {pruned_total} of "
+               f"{outcome.candidates_total} candidates pruned before simulation; traces made "
+               f"{outcome.traces_made}, trace cache hits {outcome.trace_cache_hits}; {outcome.wall_s:.1f} s")
+    if explain:
+        typer.echo("\nPruned, by reason (each candidate under the first rule it breaks):")
+        for reason, n in outcome.pruned_counts.items():
+            typer.echo(f"  {n:6d}  {reason}")
+        typer.echo("\nEach knob value: candidates, valid, simulated, and why the rest were pruned:")
+        for line in format_knob_stats(outcome.pruned_by_knob):
+            typer.echo("  " + line)
+    else:
+        top_reasons = sorted(outcome.pruned_counts.items(), key=lambda kv: -kv[1])[:3]
+        if top_reasons:
+            typer.echo("most pruned: " + "; ".join(f"{n} {r}" for r, n in top_reasons) + " (--explain for each knob value)")
+    for note in outcome.notes:
+        typer.echo(f"note: {note}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("search")
+    def search(
+        model: str = ModelOpt, cluster: str = ClusterOpt, nodes: Optional[int] = NodesOpt,
+        gpus: Optional[int] = typer.Option(None, "--gpus", help="resize the cluster to G GPUs (default: the preset's size)"),
+        gbs: int = GbsOpt, space: Optional[str] = SpaceOpt, sampler: str = SamplerOpt,
+        trials: Optional[int] = TrialsOpt, seed: int = SeedOpt, storage: Optional[str] = StorageOpt,
+        study_name: Optional[str] = StudyOpt, workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt,
+        cache_dir: Optional[str] = CacheDirOpt,
+        top: int = typer.Option(DEFAULT_TOP, "--top", help="plans to show"),
+        as_json: bool = JsonOpt,
+        csv: Optional[str] = typer.Option(None, "--csv", help="write the ranked plans to this CSV file"),
+        explain: bool = typer.Option(False, "--explain", help="pruned candidates per reason and per knob value"),
+        progress: Optional[bool] = ProgressOpt,
+    ) -> None:
+        """Find the fastest plans that fit: prune the space, simulate candidates (Optuna), rank them."""
+        from echo_plan.errors import EchoPlanError
+        from echo_plan.search.evaluator import SimulatorFactory
+        from echo_plan.search.explain import format_knob_stats, knob_stats
+        from echo_plan.search.serialize import outcome_to_json
+        from echo_plan.search.study import prune_for, run_search
+        from echo_plan.search.table import ranked_csv
+
+        if top < 1:
+            raise EchoPlanError("--top must be at least 1")
+        config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
+                         workers, ray_address)
+        pruned = prune_for(config)
+        if not pruned.valid and explain:
+            for line in format_knob_stats(knob_stats(pruned, ())):
+                typer.echo(line, err=True)
+        factory = SimulatorFactory(config.model, config.cluster, cache_dir)
+        try:
+            outcome = run_search(config, factory, pruned=pruned,
+                                 progress=_progress(progress, f"search {config.cluster.num_gpus} GPUs"))
+        except KeyboardInterrupt:
+            typer.echo("interrupted: finished trials are stored; run the same command again to resume", err=True)
+            raise typer.Exit(130) from None
+        if csv:
+            write_atomic(csv, ranked_csv(outcome, top=None))
+        if as_json:
+            print_json(outcome_to_json(outcome))
+        else:
+            print_search(outcome, top, explain)
+            if csv:
+                typer.echo(f"wrote {csv}")
+        after_search(outcome)
+
+    @app.command("compare")
+    def compare(
+        model: str = ModelOpt, cluster: str = ClusterOpt,
+        gpus: str = typer.Option("64,96,128,256,512", "--gpus", help="cluster sizes to compare, comma-separated"),
+        gbs: int = GbsOpt, space: Optional[str] = SpaceOpt, sampler: str = SamplerOpt,
+        trials: Optional[int] = TrialsOpt, seed: int = SeedOpt, storage: Optional[str] = StorageOpt,
+        tokens: str = typer.Option("300B", "--tokens",
+                                   help="token budget to train (300B, 1.5T, 2e12; default 300B, GPT-3's)"),
+        price: Optional[float] = typer.Option(None, "--price-per-gpu-hour", help="adds the cost of the token budget"),
+        workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt, cache_dir: Optional[str] = CacheDirOpt,
+        as_json: bool = JsonOpt,
+        csv: Optional[str] = typer.Option(None, "--csv", help="write the comparison to this CSV file"),
+        progress: Optional[bool] = ProgressOpt,
+    ) -> None:
+        """Search each cluster size: best plan, throughput, scaling efficiency, time and GPU-hours to train."""
+        from echo_plan.search.compare import parse_gpu_list, parse_tokens, run_compare
+        from echo_plan.search.evaluator import SimulatorFactory
+        from echo_plan.search.serialize import compare_to_json
+        from echo_plan.search.table import COMPARE_COLUMNS, compare_rows, format_compare
+
+        sizes = parse_gpu_list(gpus)
+        base = _config(model, cluster, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
+                       ray_address, tokens=parse_tokens(tokens))
+        try:
+            outcome = run_compare(
+                base, sizes, lambda c: SimulatorFactory(base.model, c, cache_dir), price,
+                progress_for=lambda g: _progress(progress, f"search {g} GPUs"))
+        except KeyboardInterrupt:
+            typer.echo("interrupted: finished trials are stored; run the same command again to resume", err=True)
+            raise typer.Exit(130) from None
+        if csv:
+            import csv as csv_mod
+            import io
+
+            buf = io.StringIO()
+            w = csv_mod.DictWriter(buf, fieldnames=COMPARE_COLUMNS, lineterminator="\n")
+            w.writeheader()
+            for row in compare_rows(outcome):
+                w.writerow({k: "" if v is None else v for k, v in row.items()})
+            write_atomic(csv, buf.getvalue())
+        if as_json:
+            print_json(compare_to_json(outcome))
+        else:
+            typer.echo(f"{base.model.name} on {base.cluster.gpu.name} ({base.cluster.name}), gbs {gbs}, "
+                       f"{outcome.tokens_budget:.3g} tokens")
+            for line in format_compare(outcome):
+                typer.echo(line)
+            for row in outcome.rows:
+                for note in row.outcome.notes:
+                    if note.startswith("no plan"):
+                        typer.echo(f"note: {note}")
+            for note in outcome.notes:
+                typer.echo(f"note: {note}")
+            typer.echo(f"{outcome.wall_s:.1f} s")
+        after_compare(outcome)
+

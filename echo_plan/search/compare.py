@@ -1,0 +1,105 @@
+"""``compare``: the best plan per cluster size, scaling efficiency, and the cost of a token budget."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import replace
+from typing import Callable
+
+from echo_plan.errors import EchoPlanError
+from echo_plan.search.evaluator import EvaluatorFactory
+from echo_plan.search.progress import ProgressSink
+from echo_plan.search.results import CompareOutcome, CompareRow, SearchOutcome
+from echo_plan.search.study import SearchConfig, prune_for, run_search
+from echo_plan.specs.cluster import ClusterSpec
+
+_TOKEN_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_tokens(text: str | float) -> float:
+    """A token count from ``300B``, ``1.5T``, ``2e12``, ``500M`` or a plain number."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*", str(text))
+        if m is None:
+            raise EchoPlanError(f"--tokens {text!r} is not a token count; use e.g. 300B, 1.5T or 2e12")
+        value = float(m.group(1)) * _TOKEN_SUFFIX[m.group(2).lower()]
+    if not math.isfinite(value) or value <= 0:
+        raise EchoPlanError(f"--tokens {text!r} must be a positive number of tokens")
+    return value
+
+
+def parse_gpu_list(text: str) -> list[int]:
+    """``64,96,128`` -> [64, 96, 128] (sorted, distinct)."""
+    out: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise EchoPlanError(f"--gpus {text!r}: {part!r} is not a positive number of GPUs; use e.g. 64,96,128")
+        out.add(int(part))
+    if not out:
+        raise EchoPlanError("--gpus needs at least one cluster size, e.g. 64,96,128")
+    return sorted(out)
+
+
+def empty_outcome(config: SearchConfig, why: str, candidates_total: int = 0,
+                  pruned_counts: dict[str, int] | None = None) -> SearchOutcome:
+    """The outcome of a size with no plan that passes the checks (so compare can still show it)."""
+    return SearchOutcome(
+        model=config.model.model_dump(mode="json"), cluster=config.cluster.model_dump(mode="json"),
+        space=config.space.as_json(), sampler=config.sampler.value, seed=config.seed, study_name="", storage="",
+        trials=(), ranked=(), pruned_counts=dict(pruned_counts or {}), candidates_total=candidates_total,
+        traces_made=0, trace_cache_hits=0, wall_s=0.0, tokens_budget=config.tokens_budget, notes=(why,),
+    )
+
+
+def run_compare(base: SearchConfig, sizes: list[int], factory_for: Callable[[ClusterSpec], EvaluatorFactory],
+                price_per_gpu_hour: float | None = None,
+                progress_for: Callable[[int], ProgressSink | None] | None = None) -> CompareOutcome:
+    """One search per cluster size (``base`` with the cluster resized), then the comparison."""
+    if price_per_gpu_hour is not None and not price_per_gpu_hour > 0:
+        raise EchoPlanError("--price-per-gpu-hour must be positive")
+    t0 = time.perf_counter()
+    outcomes: list[tuple[int, SearchOutcome]] = []
+    for gpus in sizes:
+        cluster = base.cluster.resized(gpus=gpus)
+        config = replace(base, cluster=cluster)
+        pruned = prune_for(config)
+        if not pruned.valid:
+            counts = "; ".join(f"{n} {r}" for r, n in pruned.counts().items())
+            outcome = empty_outcome(config, f"no plan passes the checks on {gpus} GPUs ({counts})",
+                                    pruned.total, pruned.counts())
+        else:
+            progress = progress_for(gpus) if progress_for is not None else None
+            outcome = run_search(config, factory_for(cluster), pruned=pruned, progress=progress)
+        outcomes.append((gpus, outcome))
+    return build_compare(base, outcomes, price_per_gpu_hour, time.perf_counter() - t0)
+
+
+def build_compare(base: SearchConfig, outcomes: list[tuple[int, SearchOutcome]], price: float | None,
+                  wall_s: float) -> CompareOutcome:
+    """Scaling efficiency (tokens/s per GPU against the smallest size with a plan), time, GPU-hours, cost."""
+    ref = next(((g, o.best) for g, o in outcomes if o.best is not None), None)
+    notes: list[str] = []
+    if ref is not None and ref[0] != outcomes[0][0]:
+        notes.append(f"scaling efficiency is relative to {ref[0]} GPUs, the smallest size with a plan that fits")
+    rows = []
+    for gpus, o in outcomes:
+        best = o.best
+        eff = train = hours = cost = None
+        if best is not None:
+            if ref is not None:
+                eff = (best.tokens_per_s / gpus) / (ref[1].tokens_per_s / ref[0])
+            if base.tokens_budget is not None:
+                train = base.tokens_budget / best.tokens_per_s
+                hours = train / 3600.0 * gpus
+                cost = hours * price if price is not None else None
+        rows.append(CompareRow(gpus, o, eff, train, hours, cost))
+    return CompareOutcome(model=base.model.model_dump(mode="json"), cluster=base.cluster.model_dump(mode="json"),
+                          rows=tuple(rows), tokens_budget=base.tokens_budget, price_per_gpu_hour=price,
+                          wall_s=wall_s, notes=tuple(notes))

@@ -1,0 +1,100 @@
+"""Ranked plans as rows, a text table and CSV (what ``search`` and ``compare`` print or write)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from echo_plan.replay.results import StepResult
+from echo_plan.search.results import CompareOutcome, SearchOutcome
+from echo_plan.specs.plan import PlanSpec
+
+RANK_COLUMNS = ["rank", "plan", "tp", "pp", "dp", "micro_batch_size", "virtual_stages", "schedule", "recompute",
+                "sequence_parallel", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
+                "step_time_s", "tokens_per_s", "mfu", "memory_peak_gib", "margin_to_next"]
+
+
+def plan_label(plan: dict[str, Any]) -> str:
+    try:
+        return PlanSpec.build(plan).short()
+    except Exception:  # a stored plan from an older version: show its fields
+        return " ".join(f"{k}={v}" for k, v in plan.items())
+
+
+def ranked_rows(ranked: tuple[StepResult, ...], top: int | None = None) -> list[dict[str, Any]]:
+    """One row per plan, fastest first; ``margin_to_next`` is how much slower the next plan is."""
+    rows = []
+    shown = ranked if top is None else ranked[:top]
+    for i, r in enumerate(shown):
+        nxt = ranked[i + 1] if i + 1 < len(ranked) else None
+        margin = (nxt.step_time_s / r.step_time_s - 1.0) if nxt is not None and r.step_time_s > 0 else None
+        row = {"rank": i + 1, "plan": plan_label(r.plan)}
+        row.update({k: r.plan.get(k) for k in RANK_COLUMNS[2:13]})
+        row.update(step_time_s=r.step_time_s, tokens_per_s=r.tokens_per_s, mfu=r.mfu,
+                   memory_peak_gib=r.memory_peak_gib, margin_to_next=margin)
+        rows.append(row)
+    return rows
+
+
+def format_ranked(outcome: SearchOutcome, top: int) -> list[str]:
+    rows = ranked_rows(outcome.ranked, top)
+    if not rows:
+        return ["no simulated plan fits in memory"]
+    width = max(len(r["plan"]) for r in rows)
+    head = (f"{'#':>3}  {'plan':<{width}}  {'step s':>8}  {'tokens/s':>10}  {'MFU':>6}  {'mem GiB':>8}  "
+            f"{'to next':>8}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        margin = f"{r['margin_to_next']:+.2%}" if r["margin_to_next"] is not None else "-"
+        lines.append(f"{r['rank']:>3}  {r['plan']:<{width}}  {r['step_time_s']:8.3f}  {r['tokens_per_s']:10,.0f}  "
+                     f"{r['mfu']:6.1%}  {r['memory_peak_gib']:8.1f}  {margin:>8}")
+    return lines
+
+
+def ranked_csv(outcome: SearchOutcome, top: int | None = None) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=RANK_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in ranked_rows(outcome.ranked, top):
+        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    return buf.getvalue()
+
+
+COMPARE_COLUMNS = ["num_gpus", "plan", "step_time_s", "tokens_per_s", "mfu", "memory_peak_gib",
+                   "scaling_efficiency", "train_days", "gpu_hours", "cost"]
+
+
+def compare_rows(c: CompareOutcome) -> list[dict[str, Any]]:
+    rows = []
+    for row in c.rows:
+        b = row.outcome.best
+        rows.append({
+            "num_gpus": row.num_gpus, "plan": plan_label(b.plan) if b else None,
+            "step_time_s": b.step_time_s if b else None, "tokens_per_s": b.tokens_per_s if b else None,
+            "mfu": b.mfu if b else None, "memory_peak_gib": b.memory_peak_gib if b else None,
+            "scaling_efficiency": row.scaling_efficiency,
+            "train_days": row.train_time_s / 86400.0 if row.train_time_s is not None else None,
+            "gpu_hours": row.gpu_hours, "cost": row.cost,
+        })
+    return rows
+
+
+def format_compare(c: CompareOutcome) -> list[str]:
+    rows = compare_rows(c)
+    width = max([len(r["plan"] or "no plan fits") for r in rows] + [4])
+
+    def f(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    head = (f"{'GPUs':>5}  {'best plan':<{width}}  {'step s':>8}  {'tokens/s':>10}  {'MFU':>6}  {'scaling':>7}  "
+            f"{'days':>7}  {'GPU-hours':>10}" + ("  cost" if c.price_per_gpu_hour is not None else ""))
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        line = (f"{r['num_gpus']:>5}  {r['plan'] or 'no plan fits':<{width}}  {f(r['step_time_s'], '8.3f')}  "
+                f"{f(r['tokens_per_s'], '10,.0f')}  {f(r['mfu'], '6.1%')}  {f(r['scaling_efficiency'], '7.1%')}  "
+                f"{f(r['train_days'], '7.1f')}  {f(r['gpu_hours'], '10,.0f')}")
+        if c.price_per_gpu_hour is not None:
+            line += f"  {f(r['cost'], ',.0f')}"
+        lines.append(line)
+    return lines
