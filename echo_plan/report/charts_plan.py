@@ -18,7 +18,10 @@ CATEGORY_COLORS = {
     "dp": "#72B7B2",
     "optimizer": "#54A24B",
 }
-STREAM_ORDER = ("compute", "tp_comm", "pp_comm", "dp_comm")
+# Rows of a stage, top to bottom, with the names shown (the replay's stream names, echo_plan/replay).
+STREAM_ORDER = ("compute", "tp_comm", "pp_fwd", "pp_bwd", "pp_comm", "dp_comm")
+STREAM_NAMES = {"compute": "compute", "tp_comm": "TP comm", "pp_fwd": "PP send fwd", "pp_bwd": "PP send bwd",
+                "pp_comm": "PP comm", "dp_comm": "DP comm"}
 
 
 def _row_labels(events: tuple[TimelineEvent, ...], pp: int) -> tuple[dict[tuple[int, str], str], list[str]]:
@@ -33,7 +36,7 @@ def _row_labels(events: tuple[TimelineEvent, ...], pp: int) -> tuple[dict[tuple[
         streams = sorted(streams_of[rank], key=lambda s: (STREAM_ORDER.index(s) if s in STREAM_ORDER
                                                            else len(STREAM_ORDER), s))
         for stream in streams:
-            label = f"{word} {rank} · {stream.replace('_', ' ')}"
+            label = f"{word} {rank} · {STREAM_NAMES.get(stream, stream.replace('_', ' '))}"
             labels[(rank, stream)] = label
             order.append(label)
     return labels, order

@@ -1,0 +1,34 @@
+"""``echo-plan report``: the HTML recommendation report from a saved result or a stored study."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report(
+        source: Optional[str] = typer.Argument(
+            None, help="a saved result (`search --json` / `compare --json` output, .json) or a study database (.db)"),
+        output: Path = typer.Option(..., "--output", "-o", help="the HTML file to write (atomically)"),
+        storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL of the study"),
+        study_name: Optional[str] = typer.Option(None, "--study-name", help="the study in that storage"),
+        no_simulate: bool = typer.Option(
+            False, "--no-simulate", help="never simulate; without a stored timeline the report has none"),
+    ) -> None:
+        """Write the HTML report from a saved result or a study, without re-running the search.
+
+        Nothing is simulated, except the recommended plan once when its stored result has no
+        timeline (the report says so; --no-simulate skips it).
+        """
+        from echo_plan.report.api import make_report
+        from echo_plan.report.load import load_source
+
+        outcome = load_source(source, storage, study_name)
+        written = make_report(outcome, output, fill_timeline=not no_simulate)
+        if written.timeline_note:
+            typer.echo(written.timeline_note, err=True)
+        typer.echo(f"report written: {written.path} ({written.size_bytes / 1e6:.1f} MB)")

@@ -1,0 +1,37 @@
+"""The one call the CLI makes: fill in the recommended plan's timeline if needed, render, write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from echo_plan.report.enrich import TimelineSimulator, compare_with_timeline, search_with_timeline
+from echo_plan.report.render import detail_row, write_report
+from echo_plan.search.results import CompareOutcome, SearchOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenReport:
+    path: Path
+    size_bytes: int
+    timeline_note: str | None  # set when the timeline was simulated for the report, or is missing
+
+
+def make_report(outcome: SearchOutcome | CompareOutcome, path: str | Path, *, fill_timeline: bool = True,
+                simulator: TimelineSimulator | None = None, notes: Sequence[str] = ()) -> WrittenReport:
+    """Write the HTML report of ``outcome`` to ``path`` atomically.
+
+    With ``fill_timeline`` the recommended plan is simulated once (``simulate(timeline=True)``) when
+    its result carries no timeline; nothing else is simulated.
+    """
+    note = None
+    if fill_timeline:
+        if isinstance(outcome, CompareOutcome):
+            row = detail_row(outcome)
+            if row is not None:
+                outcome, note = compare_with_timeline(outcome, row.num_gpus, simulator)
+        else:
+            outcome, note = search_with_timeline(outcome, simulator)
+    written = write_report(outcome, path, notes=notes, timeline_note=note)
+    return WrittenReport(written, written.stat().st_size, note)

@@ -1,0 +1,67 @@
+"""Give the recommended plan a timeline when its stored result has none: one simulation, said so.
+
+Saved results and studies keep each plan's breakdown and memory but usually not its timeline
+events; the report's pipeline timeline needs them for the recommended plan only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from echo_plan.errors import EchoPlanError
+from echo_plan.replay.results import StepResult
+from echo_plan.search.results import CompareOutcome, SearchOutcome
+
+# (model dict, cluster dict, plan dict) -> a StepResult with its timeline
+TimelineSimulator = Callable[[dict, dict, dict], StepResult]
+
+
+def simulate_with_timeline(model: dict, cluster: dict, plan: dict) -> StepResult:
+    """The real simulator on the specs recorded in the outcome, with the timeline on."""
+    from echo_plan.simulate import simulate
+    from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec
+
+    return simulate(ModelSpec.build(dict(model), "model in the result"),
+                    ClusterSpec.build(dict(cluster), "cluster in the result"),
+                    PlanSpec.build(dict(plan), "recommended plan"), timeline=True)
+
+
+def search_with_timeline(outcome: SearchOutcome,
+                         simulator: TimelineSimulator | None = None) -> tuple[SearchOutcome, str | None]:
+    """The outcome with a timeline on its best plan, and a note saying where it came from.
+
+    Returns the outcome unchanged (note None) when the best plan already has a timeline or there
+    is no best plan; on a simulation error the outcome is unchanged and the note says why.
+    """
+    best = outcome.best
+    if best is None or best.timeline:
+        return outcome, None
+    sim = simulator or simulate_with_timeline
+    try:
+        fresh = sim(outcome.model, outcome.cluster, best.plan)
+    except EchoPlanError as exc:
+        return outcome, f"No timeline: the stored result has none and simulating the plan again failed ({exc})."
+    except ImportError as exc:
+        return outcome, f"No timeline: the stored result has none and the simulator is unavailable ({exc})."
+    if not fresh.timeline:
+        return outcome, "No timeline: the stored result has none and the simulator returned no events."
+    note = ("The stored result carries no timeline, so the recommended plan was simulated once more for this "
+            "chart")
+    if best.step_time_s > 0 and abs(fresh.step_time_s / best.step_time_s - 1) > 0.01:
+        note += (f"; that simulation gave a step of {fresh.step_time_s:.4g} s against the stored "
+                 f"{best.step_time_s:.4g} s (the simulator or its data changed since the search)")
+    ranked = (replace(best, timeline=fresh.timeline), *outcome.ranked[1:])
+    return replace(outcome, ranked=ranked), note + "."
+
+
+def compare_with_timeline(outcome: CompareOutcome, detail_gpus: int,
+                          simulator: TimelineSimulator | None = None) -> tuple[CompareOutcome, str | None]:
+    """The compare with a timeline on the best plan of the size shown in detail."""
+    rows = list(outcome.rows)
+    for i, row in enumerate(rows):
+        if row.num_gpus == detail_gpus:
+            filled, note = search_with_timeline(row.outcome, simulator)
+            rows[i] = replace(row, outcome=filled)
+            return replace(outcome, rows=tuple(rows)), note
+    return outcome, None

@@ -1,0 +1,59 @@
+"""The pipeline timeline raster: every event shows, nothing shows where nothing ran."""
+
+from hypothesis import given, settings, strategies as st
+from report_synthetic import one_f_one_b, search_outcome
+
+from echo_plan.replay.results import TimelineEvent
+from echo_plan.report.charts_plan import _row_labels, raster, timeline_chart
+
+event_st = st.builds(
+    TimelineEvent, rank=st.integers(0, 3), stream=st.sampled_from(["compute", "pp_fwd", "dp_comm"]),
+    name=st.text("abcF B0123", min_size=1, max_size=8), start_s=st.floats(0, 10, allow_nan=False),
+    duration_s=st.floats(1e-6, 3, allow_nan=False), category=st.sampled_from(["forward", "backward", "p2p", "dp"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(event_st, min_size=1, max_size=40), st.integers(5, 300))
+def test_every_event_fills_a_slot_and_idle_slots_stay_empty(events, bins):
+    events = tuple(events)
+    labels, order = _row_labels(events, pp=4)
+    row_of = {k: order.index(v) for k, v in labels.items()}
+    cats = sorted({e.category for e in events})
+    width, z, names = raster(events, row_of, len(order), {c: i for i, c in enumerate(cats)}, bins)
+    assert width * bins >= max(e.start_s + e.duration_s for e in events) * (1 - 1e-9)
+    for e in events:  # each event covers at least one slot of its row
+        row = row_of[(e.rank, e.stream)]
+        first, last = int(e.start_s / width), min(bins - 1, int((e.start_s + e.duration_s) / width))
+        assert any(z[row][b] is not None for b in range(first, last + 1))
+    for row in range(len(order)):  # a filled slot overlaps an event of that row with that name
+        for b in range(bins):
+            if z[row][b] is None:
+                assert names[row][b] == ""
+                continue
+            lo, hi = b * width, (b + 1) * width
+            assert any(row_of[(e.rank, e.stream)] == row and e.name == names[row][b]
+                       and e.start_s <= hi and e.start_s + e.duration_s >= lo for e in events)
+
+
+def test_one_f_one_b_timeline_chart_rows_and_legend():
+    events = one_f_one_b(pp=4, m=8, f_s=0.01, b_s=0.02, p2p_s=0.001, dp_s=0.05, opt_s=0.01)
+    r = search_outcome(30, seed=1).best
+    from dataclasses import replace
+
+    chart = timeline_chart(replace(r, plan={**r.plan, "pp": 4}, timeline=events))
+    heat = chart.data[0]
+    assert heat["type"] == "heatmap"
+    assert heat["y"][:3] == ["stage 0 · compute", "stage 0 · PP comm", "stage 0 · DP comm"]
+    assert len(heat["y"]) == 12
+    legend = {t["name"] for t in chart.data[1:]}
+    assert legend == {"forward", "backward", "p2p", "dp", "optimizer"}
+    # the bubble: stage 3 waits for the first forward to cross three stages before it starts
+    stage3 = heat["z"][heat["y"].index("stage 3 · compute")]
+    assert stage3[0] is None
+
+
+def test_no_events_no_chart():
+    from dataclasses import replace
+
+    r = search_outcome(30, seed=1).best
+    assert timeline_chart(replace(r, timeline=())) is None
