@@ -53,10 +53,13 @@ def _rms_norm_backward_fake(grad, x, weight, rstd):
 def _rms_setup(ctx, inputs, output):
     x, weight, _eps = inputs
     ctx.save_for_backward(x, weight, output[1])
+    ctx.set_materialize_grads(False)  # rstd gets no gradient; do not allocate zeros for it
 
 
 def _rms_backward(ctx, grad_y, _grad_rstd):
     x, weight, rstd = ctx.saved_tensors
+    if grad_y is None:
+        return None, None, None
     gx, gw = _rms_norm_backward(grad_y, x, weight, rstd)
     return gx, gw, None
 

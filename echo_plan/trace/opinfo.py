@@ -23,11 +23,14 @@ _NORM = {"native_layer_norm", "native_layer_norm_backward", "rms_norm", "rms_nor
 _SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data"}
 _EMBEDDING = {"embedding", "embedding_dense_backward", "index_select", "index_add", "index_add_",
               "gather", "scatter_add", "scatter_add_", "index", "index_put", "index_put_", "_index_put_impl_"}
-_COPY = {"copy_", "clone", "_to_copy", "cat", "stack", "contiguous", "_copy_from", "repeat", "constant_pad_nd"}
+_COPY = {"copy_", "clone", "_to_copy", "cat", "stack", "contiguous", "_copy_from", "repeat", "constant_pad_nd",
+         "slice_backward", "select_backward", "narrow_copy", "as_strided_scatter", "slice_scatter"}
 _VIEW_NAMES = {"_unsafe_view", "detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided",
                "new_empty", "new_empty_strided", "_local_scalar_dense", "set_", "resize_", "wait_tensor"}
 _FILL = {"zeros_like", "ones_like", "full_like", "zeros", "ones", "full", "fill_", "zero_", "new_zeros",
          "new_ones", "new_full", "arange", "scalar_tensor"}
+_GATHERS = {"index", "gather", "index_select"}
+_SCATTERS = {"index_put_", "_index_put_impl_", "scatter_add_", "index_add_"}
 _REDUCTION = {"nll_loss_forward", "nll_loss_backward", "amax", "amin", "sum", "mean", "var_mean", "norm"}
 
 # torch's CPU flash-attention ops compute what the CUDA ones do; the registry only names the latter.
@@ -112,6 +115,11 @@ def op_bytes(func: Any, kind: OpKind, inputs: list[torch.Tensor], outputs: list[
         return tensor_bytes(inputs[1]) + written, written
     if name == "copy_" and len(inputs) >= 2:  # reads the source only
         return tensor_bytes(inputs[1]), written
+    if name in _GATHERS:  # reads the indices and the gathered elements, not the whole source
+        return sum(tensor_bytes(t) for t in inputs[1:]) + written, written
+    if name in _SCATTERS:  # in place: reads indices and values, writes only the addressed elements
+        values = tensor_bytes(inputs[-1]) if inputs else 0
+        return sum(tensor_bytes(t) for t in inputs[1:]) + values, values
     if name in _FILL:
         return 0, written
     seen: set[int] = set()

@@ -87,7 +87,7 @@ class Recorder(TorchDispatchMode):
             key = _storage_key(t)
             if kind is not OpKind.VIEW:
                 self._writer[key] = index
-            elif deps and key not in self._writer:  # an alias in a new storage (wait_tensor)
-                self._writer[key] = self._writer.get(_storage_key(inputs[0]), deps[-1]) if inputs else deps[-1]
+            elif func.namespace == "_c10d_functional" and deps and key not in self._writer:
+                self._writer[key] = deps[-1]  # wait_tensor hands back the collective's result
             # Hold the storage (not the tensor, which would stop autograd from stealing gradients)
             self._alive.append(t.untyped_storage())
