@@ -99,12 +99,13 @@ def phase_template(trace: LayerTrace, phase_forward: bool, compute: Any, comm: A
     by_index = {op.index: op for op in ops}
     tasks = phase_tasks(ops, compute, comm, cluster, plan.dtype)
     is_comm = {t.id: t.kind.is_comm for t in tasks}
+    position = {t.id: i for i, t in enumerate(tasks)}
     cut_after: set[int] = set()
     for t in tasks:
         if is_comm[t.id]:
             producers = [d for d in t.deps if not is_comm.get(d, True)]
             if producers:
-                cut_after.add(max(producers, key=lambda d: [x.id for x in tasks].index(d)))
+                cut_after.add(max(producers, key=position.__getitem__))
     nodes: list[_TNode] = []
     node_of: dict[int, int] = {}  # task id -> template node
     seg: list[Any] = []
