@@ -17,10 +17,21 @@ from echo_plan.replay.pipeline import COMPUTE, Category, StepTasks
 from echo_plan.replay.results import Breakdown
 
 
+def device_ends(result: ReplayResult) -> dict[int, float]:
+    """When each device's last task ends, in one pass over the tasks."""
+    ends: dict[int, float] = {}
+    end_s = result.end_s
+    for t in result.tasks:
+        e = end_s[t.id]
+        if e > ends.get(t.device, -1.0):
+            ends[t.device] = e
+    return ends
+
+
 def critical_rank(result: ReplayResult, pp: int) -> int:
     """The pipeline rank whose last task ends last (the lowest such rank on a tie)."""
-    ends = [result.device_end(r) for r in range(pp)]
-    return max(range(pp), key=lambda r: (ends[r], -r))
+    ends = device_ends(result)
+    return max(range(pp), key=lambda r: (ends.get(r, 0.0), -r))
 
 
 def step_breakdown(step: StepTasks, result: ReplayResult, rank: int) -> Breakdown:
@@ -34,7 +45,7 @@ def step_breakdown(step: StepTasks, result: ReplayResult, rank: int) -> Breakdow
         last_on[key] = t.id
 
     acc = {"compute": 0.0, "tp": 0.0, "pp": 0.0, "dp": 0.0, "bubble": 0.0, "interference": 0.0, "optimizer": 0.0}
-    step_end = result.device_end(rank)
+    step_end = device_ends(result).get(rank, 0.0)
     compute_tasks = [t for t in result.tasks if t.device == rank and t.stream == COMPUTE]
     for t in compute_tasks:
         actual = result.end_s[t.id] - result.start_s[t.id]

@@ -46,6 +46,9 @@ class Category(str, Enum):
     OPTIMIZER = "optimizer"
 
 
+P2P_VALUE = Category.P2P.value
+
+
 @dataclass(frozen=True, slots=True)
 class PhaseCost:
     """Isolated cost of a chunk's forward or backward: ``work_s`` = compute + tp exposed + level-1 interference."""
@@ -146,59 +149,72 @@ def build_tasks(costs: StepCosts) -> StepTasks:
             for c in sorted(first_f, key=lambda c: _position(acts, Action(Pass.FORWARD, first_f[c], c))):
                 for b in reversed(range(len(st.buckets[c]))):
                     _gather_task(dp_streams[r], info, tid, r, c, b, st.buckets[c][b])
+        # per (pass, chunk): what every action of that kind needs, computed once
+        per = {}
+        for fwd in (True, False):
+            for c in range(sched.virtual_stages):
+                phase = st.forward[c] if fwd else st.backward[c]
+                cat = Category.FORWARD if fwd else Category.BACKWARD
+                per[(fwd, c)] = (phase, phase.work_s * scale, _compute_kind(phase), cat, cat.value,
+                                 TaskInfo(cat, r, phase, scale), sched.virtual_stage(r, c))
+        stage_labels = st.chunk_labels
         prev_sends: tuple[int, ...] = ()
+        sync = costs.sync_p2p
+        overlap_grad = costs.overlap_grad_reduce
         for a in acts:
-            vs = sched.virtual_stage(r, a.chunk)
             fwd = a.kind is Pass.FORWARD
-            phase = st.forward[a.chunk] if fwd else st.backward[a.chunk]
-            deps: list[int] = list(prev_sends) if costs.sync_p2p else []
+            c, mb = a.chunk, a.microbatch
+            phase, work, kind, cat, cat_value, whole_info, vs = per[(fwd, c)]
+            deps: list[int] = list(prev_sends) if sync else []
             if fwd and vs > 0:
                 pr, pc = sched.rank_chunk(vs - 1)
-                deps.append(tid(("P", pr, Pass.FORWARD, a.microbatch, pc)))
+                deps.append(tid(("P", pr, True, mb, pc)))
             if not fwd and vs < last_vs:
                 nr, nc = sched.rank_chunk(vs + 1)
-                deps.append(tid(("P", nr, Pass.BACKWARD, a.microbatch, nc)))
-            buckets = st.buckets[a.chunk]
-            if fwd and gathers_overlapped and first_f[a.chunk] == a.microbatch:
-                pieces = [(b.params, (tid(("G", r, a.chunk, b_i)),))
-                          for b_i, b in reversed(list(enumerate(buckets)))]
-            elif not fwd and costs.overlap_grad_reduce and buckets and last_b[a.chunk] == a.microbatch:
+                deps.append(tid(("P", nr, False, mb, nc)))
+            buckets = st.buckets[c]
+            name = f"{a.kind.value} mb{mb} chunk{c} {stage_labels[c]}"
+            if fwd and gathers_overlapped and first_f[c] == mb:
+                pieces = [(b.params, (tid(("G", r, c, b_i)),)) for b_i, b in reversed(list(enumerate(buckets)))]
+            elif not fwd and overlap_grad and buckets and last_b[c] == mb:
                 pieces = [(b.params, ()) for b in buckets]
             else:
-                pieces = [(1, ())]
-            total = sum(p for p, _ in pieces) or 1
-            name = f"{a.kind.value} mb{a.microbatch} chunk{a.chunk} {st.chunk_labels[a.chunk]}"
-            piece_ids = []
-            for k, (params, extra) in enumerate(pieces):
-                share = params / total
-                i = tid(("C", r, a.kind, a.microbatch, a.chunk, k))
-                label = name if len(pieces) == 1 else f"{name} (part {k + 1}/{len(pieces)})"
-                tasks.append(Task(i, r, COMPUTE, phase.work_s * share * scale, _compute_kind(phase),
-                                  tuple(deps) + extra, label,
-                                  (Category.FORWARD if fwd else Category.BACKWARD).value, phase.mix))
-                info[i] = TaskInfo(Category.FORWARD if fwd else Category.BACKWARD, r, phase, share * scale)
-                deps = [i]
-                piece_ids.append(i)
-            last_compute[r] = piece_ids[-1]
-            if not fwd and costs.overlap_grad_reduce and buckets and last_b[a.chunk] == a.microbatch:
-                for b_i, (b, pid) in enumerate(zip(buckets, piece_ids)):
-                    reduce_ids[r].append(_reduce_task(dp_streams[r], info, tid, r, a.chunk, b_i, b, (pid,)))
-            sends = []
+                pieces = None
+            if pieces is None:  # the common case: one task for the whole action
+                i = tid(("C", r, fwd, mb, c, 0))
+                tasks.append(Task(i, r, COMPUTE, work, kind, tuple(deps), name, cat_value, phase.mix))
+                info[i] = whole_info
+                piece_ids = [i]
+            else:
+                total = sum(p for p, _ in pieces) or 1
+                piece_ids = []
+                for k, (params, extra) in enumerate(pieces):
+                    share = params / total
+                    i = tid(("C", r, fwd, mb, c, k))
+                    tasks.append(Task(i, r, COMPUTE, work * share, kind, tuple(deps) + extra,
+                                      f"{name} (part {k + 1}/{len(pieces)})", cat_value, phase.mix))
+                    info[i] = TaskInfo(cat, r, phase, share * scale)
+                    deps = [i]
+                    piece_ids.append(i)
+                if not fwd:
+                    for b_i, (b, pid) in enumerate(zip(buckets, piece_ids)):
+                        reduce_ids[r].append(_reduce_task(dp_streams[r], info, tid, r, c, b_i, b, (pid,)))
+            last = piece_ids[-1]
+            last_compute[r] = last
             if fwd and vs < last_vs:
-                i = tid(("P", r, Pass.FORWARD, a.microbatch, a.chunk))
-                nr, _ = sched.rank_chunk(vs + 1)
-                tasks.append(Task(i, r, PP_FWD, costs.p2p_s, TaskKind.P2P, (piece_ids[-1],),
-                                  f"send act mb{a.microbatch} -> stage {nr}", Category.P2P.value))
+                i = tid(("P", r, True, mb, c))
+                tasks.append(Task(i, r, PP_FWD, costs.p2p_s, TaskKind.P2P, (last,),
+                                  f"send act mb{mb} -> stage {(vs + 1) % pp}", P2P_VALUE))
                 info[i] = TaskInfo(Category.P2P, r)
-                sends.append(i)
-            if not fwd and vs > 0:
-                i = tid(("P", r, Pass.BACKWARD, a.microbatch, a.chunk))
-                pr, _ = sched.rank_chunk(vs - 1)
-                tasks.append(Task(i, r, PP_BWD, costs.p2p_s, TaskKind.P2P, (piece_ids[-1],),
-                                  f"send grad mb{a.microbatch} -> stage {pr}", Category.P2P.value))
+                prev_sends = (i,)
+            elif not fwd and vs > 0:
+                i = tid(("P", r, False, mb, c))
+                tasks.append(Task(i, r, PP_BWD, costs.p2p_s, TaskKind.P2P, (last,),
+                                  f"send grad mb{mb} -> stage {(vs - 1) % pp}", P2P_VALUE))
                 info[i] = TaskInfo(Category.P2P, r)
-                sends.append(i)
-            prev_sends = tuple(sends)
+                prev_sends = (i,)
+            else:
+                prev_sends = ()
         if not costs.overlap_grad_reduce:
             for c in sorted(last_b, key=lambda c: _position(acts, Action(Pass.BACKWARD, last_b[c], c))):
                 for b_i, b in enumerate(st.buckets[c]):

@@ -1,0 +1,1 @@
+"""Checks of the planner's predictions against published measurements (../shared/validation/)."""
