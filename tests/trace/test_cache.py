@@ -113,3 +113,17 @@ def test_code_version_follows_the_module_source(tmp_path, monkeypatch):
     (copy / "block.py").write_text((copy / "block.py").read_text() + "\n# edited\n")
     monkeypatch.setattr(keys, "__file__", str(copy / "keys.py"))
     assert keys.code_version() != before
+
+
+def test_concurrent_writers_leave_one_whole_file(tmp_path, gpt_small):
+    from concurrent.futures import ThreadPoolExecutor
+
+    trace = trace_stage(gpt_small, StageKind.OUTPUT, **ARGS)
+    caches = [TraceCache(tmp_path) for _ in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda c: c.put(trace), caches))
+    assert [p.name for p in tmp_path.iterdir()] == [TraceCache(tmp_path).path_for(trace.key).name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = TraceCache(tmp_path).get(trace.key)
+    assert got is not None and got.ops == trace.ops
