@@ -107,6 +107,7 @@ class _Search:
         self.index = {tuple(v.combo.values()): i for i, v in enumerate(pruned.verdicts)}
         self.distributions = self._distributions()
         self.directions = ["maximize", "minimize"] if self.sampler is SamplerKind.NSGA2 else ["minimize"]
+        self._target = 0
         self._keys: dict[int, tuple] = {}  # id(verdict) -> plan key (verdicts live as long as the search)
         self.records: list[TrialRecord] = []
         self.results: dict[tuple, StepResult] = {}
@@ -180,12 +181,14 @@ class _Search:
         self._resume()
         pool = self._pool()
         n_valid = len(self.pruned.valid)
-        target = min(self.config.budget, n_valid)
+        explicit_grid = self.sampler is SamplerKind.GRID and self.config.n_trials is None
+        target = n_valid if explicit_grid else min(self.config.budget, n_valid)  # grid: exhaustive
         max_trials = len(self.records) + MAX_TRIALS_FACTOR * self.config.budget
         if self.sampler is SamplerKind.GRID:
             for v in self.pruned.valid:
                 if plan_key(v.plan.model_dump(mode="json")) not in self.attempted:
                     self.mirror.enqueue_trial({k: v.combo[k] for k in self.varying})
+        self._target = target
         try:
             while len(self.attempted) < target and len(self.records) < max_trials:
                 size = ROUND_SIZE if self.sampler is not SamplerKind.GRID else max(ROUND_SIZE, 2 * pool.workers)
@@ -313,7 +316,7 @@ class _Search:
             fitting = [r.step_time_s for r in self.results.values() if r.fits]
             best = f"{min(fitting):.3f} s/step" if fitting else ""
             pruned = sum(1 for r in self.records if r.state is TrialState.PRUNED) + (rec.state is TrialState.PRUNED)
-            self.progress.update(len(self.attempted), min(self.config.budget, len(self.pruned.valid)),
+            self.progress.update(len(self.attempted), self._target,
                                  len(self.records) + 1, pruned, best)
 
     def _tell(self, trial: Any, params: dict[str, Any], rec: TrialRecord) -> None:
@@ -342,7 +345,7 @@ class _Search:
                      and not r.detail.startswith(("repeat", "same plan")))
         too_big = sum(1 for r in self.results.values() if not r.fits)
         notes = list(self.notes)
-        notes.append(f"{self.sampler.value} sampler; budget {self.config.budget} distinct plans "
+        notes.append(f"{self.sampler.value} sampler; budget {self._target} distinct plans "
                      f"({'--trials' if self.config.n_trials is not None else 'default'}); "
                      f"{len(self.pruned.valid)} of {self.pruned.total} candidates passed the checks; "
                      f"{len(self.attempted)} simulated")

@@ -1,0 +1,99 @@
+"""Pruning: counts add up, every surviving plan is valid and fits, duplicates collapse, reasons are right."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from echo_plan.cost.memory import estimate_memory
+from echo_plan.search.prune import PruneReason, Pruner, canonical, closed_form_memory, prune_space
+from echo_plan.search.space import load_space, space_from_mapping
+from echo_plan.specs import PlanSpec, load_cluster, load_model, validate_plan
+
+MODEL = load_model("gpt-13b")
+
+
+def _pruned(gpus=64, gbs=512, space=None, model=MODEL):
+    cluster = load_cluster("h800", gpus=gpus)
+    return cluster, prune_space(Pruner(model, cluster, gbs, space or load_space()))
+
+
+def test_counts_add_up_and_survivors_are_valid_and_fit():
+    cluster, pruned = _pruned()
+    assert sum(pruned.counts().values()) + len(pruned.valid) == pruned.total == load_space().size
+    assert pruned.valid
+    for v in pruned.valid:
+        validate_plan(v.plan, MODEL, cluster)
+        assert all(m.fits for m in v.memory)
+        assert v.plan.world_size == cluster.num_gpus
+
+
+def test_survivors_are_distinct_plans():
+    _, pruned = _pruned()
+    dumps = [tuple(sorted(v.plan.model_dump(mode="json").items(), key=str)) for v in pruned.valid]
+    assert len(set(map(str, dumps))) == len(dumps)
+
+
+def test_duplicates_point_at_a_combination_with_the_same_plan():
+    _, pruned = _pruned()
+    dups = [v for v in pruned.verdicts if v.reason is PruneReason.DUPLICATE]
+    assert dups
+    for v in dups:
+        first = pruned.verdicts[v.same_as]
+        assert first.plan.model_dump() == v.plan.model_dump()
+        assert canonical(first.combo) == canonical(v.combo)
+
+
+def test_tp_beyond_a_server_is_pruned_for_that_reason():
+    space = space_from_mapping({"knobs": {"tp": [8, 16], "pp": [1, 2, 4]}, "fixed": {"recompute": "full"}})
+    _, pruned = _pruned(space=space)
+    for v in pruned.verdicts:
+        if v.combo["tp"] == 16:
+            assert v.reason is PruneReason.TP_NODE
+    allowed = space_from_mapping({"knobs": {"tp": [16]}, "constraints": {"tp_within_node": False}})
+    _, pruned = _pruned(space=allowed)
+    assert all(v.reason is not PruneReason.TP_NODE for v in pruned.verdicts)
+
+
+def test_memory_is_checked_against_the_gpu():
+    # 175B on 8 GPUs cannot hold its weights and optimizer states
+    space = space_from_mapping({"knobs": {"tp": [8]}, "fixed": {"recompute": "full"}})
+    _, pruned = _pruned(gpus=8, gbs=16, space=space, model=load_model("gpt3-175b"))
+    assert pruned.counts() == {PruneReason.OOM_ESTIMATE.value: 1}
+    assert "GiB" in pruned.verdicts[0].detail
+
+
+def test_batch_and_gpu_divisibility_reasons():
+    space = space_from_mapping({"knobs": {"tp": [1], "pp": [3, 4], "micro_batch_size": [3]}})
+    _, pruned = _pruned(space=space, gbs=80)
+    reasons = {v.combo["pp"]: v.reason for v in pruned.verdicts}
+    assert reasons[3] is PruneReason.GPUS  # 64 GPUs
+    assert reasons[4] is PruneReason.BATCH  # dp 16 x mbs 3 does not divide 80
+
+
+def test_closed_form_memory_matches_estimate_memory():
+    cluster = load_cluster("h800", gpus=64)
+    est = closed_form_memory()
+    for fields in ({"tp": 2, "pp": 4, "dp": 8}, {"tp": 8, "pp": 2, "dp": 4, "recompute": "full", "micro_batch_size": 2},
+                   {"tp": 4, "pp": 4, "dp": 4, "virtual_stages": 2, "distributed_optimizer": True,
+                    "sequence_parallel": True, "recompute": "selective"}):
+        plan = PlanSpec.build(dict(fields, global_batch_size=512))
+        assert est(MODEL, plan, cluster) == estimate_memory(MODEL, plan, cluster)
+
+
+@settings(max_examples=25, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 3, 4, 5, 8]), mbs=st.sampled_from([1, 2, 3]),
+       vpp=st.sampled_from([1, 2, 3]), schedule=st.sampled_from(["gpipe", "1f1b", "interleaved"]),
+       sp=st.booleans(), gbs=st.sampled_from([64, 96, 100, 512]))
+def test_a_verdict_without_reason_is_always_a_runnable_plan(tp, pp, mbs, vpp, schedule, sp, gbs):
+    cluster = load_cluster("h800", gpus=32)
+    space = load_space()
+    pruner = Pruner(MODEL, cluster, gbs, space, memory=closed_form_memory())
+    combo = {"tp": tp, "pp": pp, "micro_batch_size": mbs, "virtual_stages": vpp, "schedule": schedule,
+             "recompute": "none", "sequence_parallel": sp, "distributed_optimizer": True,
+             "overlap_grad_reduce": True, "overlap_param_gather": True}
+    v = pruner.check(combo)
+    if v.reason is None:
+        validate_plan(v.plan, MODEL, cluster)
+        assert v.plan.global_batch_size == gbs and v.plan.micro_batch_size == mbs
+    else:
+        assert isinstance(v.reason, PruneReason) and v.detail
