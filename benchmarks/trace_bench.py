@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -26,13 +27,18 @@ MODELS = ("gpt3-175b", "llama3-70b")
 TP = 8
 
 
-def cli_time(model: str, cache_dir: Path) -> float:
+def cli_time(model: str, cache_dir: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one ``echo-plan trace`` process; CPU time is the figure that
+    other processes competing for the cores disturb least."""
     exe = Path(sys.executable).with_name("echo-plan")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "echo_plan.cli"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run([*cmd, "trace", "-m", model, "--tp", str(TP), "--json", "--cache-dir", str(cache_dir)],
                    check=True, capture_output=True)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def in_process(model_name: str, repeat: int, cache_dir: Path) -> dict[str, float]:
@@ -80,8 +86,8 @@ def main() -> None:
             cold = cli_time(model, tmp / "cli")
             warm = cli_time(model, tmp / "cli")
             print(f"\n{model}, TP {TP}, micro-batch 1, bf16")
-            print(f"  echo-plan trace, cold (empty cache, 3 stages) : {cold:7.2f} s")
-            print(f"  echo-plan trace, warm (3 stages from cache)   : {warm:7.2f} s")
+            print(f"  echo-plan trace, cold (empty cache, 3 stages) : {cold[0]:7.2f} s wall, {cold[1]:6.2f} s CPU")
+            print(f"  echo-plan trace, warm (3 stages from cache)   : {warm[0]:7.2f} s wall, {warm[1]:6.2f} s CPU")
             for name, value in in_process(model, opts.repeat, tmp / "lib").items():
                 print(f"  {name:<46}: {value:7.3f}")
         finally:

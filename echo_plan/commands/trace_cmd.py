@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -121,17 +122,21 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Trace the model's transformer layer, embedding and output stage (or one of them) for one micro-batch."""
         from echo_plan.specs import DType, Recompute, load_model
-        from echo_plan.trace import TraceCache, trace_stage
+        from echo_plan.trace import TraceCache, TraceCacheWarning, trace_stage
         from echo_plan.trace.records import StageKind
 
         spec = load_model(model)
         cache = TraceCache(cache_dir)
         stages = list(StageKind) if stage is StageChoice.ALL else [StageKind(stage.value)]
         summaries = []
-        for kind in stages:
-            result = trace_stage(spec, kind, tp=tp, sequence_parallel=sequence_parallel, micro_batch_size=mbs,
-                                 dtype=DType(dtype.value), recompute=Recompute(recompute.value), cache=cache)
-            summaries.append(stage_summary(result, ops))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceCacheWarning)
+            for kind in stages:
+                result = trace_stage(spec, kind, tp=tp, sequence_parallel=sequence_parallel, micro_batch_size=mbs,
+                                     dtype=DType(dtype.value), recompute=Recompute(recompute.value), cache=cache)
+                summaries.append(stage_summary(result, ops))
+        for w in caught:  # a discarded cache file: one line each on stderr
+            typer.echo(f"warning: {w.message}", err=True)
         if as_json:
             print_json({
                 "model": spec.name, "tp": tp, "micro_batch_size": mbs,

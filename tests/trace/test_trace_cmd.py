@@ -49,3 +49,16 @@ def test_bad_tp_is_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: tp=8") and "num_kv_heads" in err and "\n" not in err
     assert main(["trace", "-m", _model(tmp_path), "--mbs", "0", "--cache-dir", str(tmp_path / "c")]) == 2
+
+
+def test_corrupt_cache_file_is_one_warning_line(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    args = ["trace", "-m", _model(tmp_path), "--stage", "embedding", "--json", "--cache-dir", str(cache)]
+    assert main(args) == 0
+    capsys.readouterr()
+    (entry,) = cache.iterdir()
+    entry.write_text("{broken")
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("warning: trace cache: discarding")
+    assert json.loads(captured.out)["cache"]["corrupt"] == 1
