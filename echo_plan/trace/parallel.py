@@ -21,24 +21,34 @@ from echo_plan.trace.fake_pg import TPGroup
 _c10d = torch.ops._c10d_functional
 
 
-def all_reduce(x: torch.Tensor, group: TPGroup | None, op: str = "sum") -> torch.Tensor:
+def all_reduce(x: torch.Tensor, group: TPGroup | None, op: str = "sum", wait: bool = True) -> torch.Tensor:
+    """Reduce ``x`` over the group. With ``wait=False`` the collective is only launched: pass the
+    result to :func:`wait` before use (Megatron-LM's ``async_op=True`` + ``handle.wait()``)."""
     if group is None:
         return x
-    return _c10d.wait_tensor(_c10d.all_reduce(x.contiguous(), op, group.name))
+    out = _c10d.all_reduce(x.contiguous(), op, group.name)
+    return _c10d.wait_tensor(out) if wait else out
 
 
-def all_gather(x: torch.Tensor, group: TPGroup | None) -> torch.Tensor:
+def all_gather(x: torch.Tensor, group: TPGroup | None, wait: bool = True) -> torch.Tensor:
     """Concatenate every rank's ``x`` along dimension 0."""
     if group is None:
         return x
-    return _c10d.wait_tensor(_c10d.all_gather_into_tensor(x.contiguous(), group.size, group.name))
+    out = _c10d.all_gather_into_tensor(x.contiguous(), group.size, group.name)
+    return _c10d.wait_tensor(out) if wait else out
 
 
-def reduce_scatter(x: torch.Tensor, group: TPGroup | None) -> torch.Tensor:
+def reduce_scatter(x: torch.Tensor, group: TPGroup | None, wait: bool = True) -> torch.Tensor:
     """Sum over ranks, keep this rank's 1/size slice of dimension 0."""
     if group is None:
         return x
-    return _c10d.wait_tensor(_c10d.reduce_scatter_tensor(x.contiguous(), "sum", group.size, group.name))
+    out = _c10d.reduce_scatter_tensor(x.contiguous(), "sum", group.size, group.name)
+    return _c10d.wait_tensor(out) if wait else out
+
+
+def wait(x: torch.Tensor, group: TPGroup | None) -> torch.Tensor:
+    """Block until a collective launched with ``wait=False`` has produced ``x``."""
+    return x if group is None else _c10d.wait_tensor(x)
 
 
 def _local_slice(x: torch.Tensor, group: TPGroup | None) -> torch.Tensor:
@@ -125,9 +135,11 @@ class _ParallelLinear(torch.autograd.Function):
     """y = x W^T (+ b) on this rank's weight shard, with Megatron-LM's communication.
 
     Mirrors Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication``: with sequence
-    parallelism the input shard is all-gathered in forward, only the shard is saved, and backward
-    gathers it again for the weight gradient; the input gradient is reduced (all-reduce, or
-    reduce-scatter with sequence parallelism) while the weight gradient is computed.
+    parallelism the input shard is all-gathered in forward and only the shard is saved; backward
+    launches the re-gather of the input while it computes the input gradient, then launches the
+    input gradient's reduction (all-reduce, or reduce-scatter with sequence parallelism) and
+    computes the weight gradient before waiting for it, so the trace's op order lets both
+    collectives overlap a GEMM as they do in Megatron-LM.
     """
 
     @staticmethod
@@ -145,16 +157,19 @@ class _ParallelLinear(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
         group = ctx.group
-        total = all_gather(x, group) if ctx.gather_input else x
+        gathering = all_gather(x, group, wait=False) if ctx.gather_input else None
         grad_in = grad_out.matmul(weight)
+        total = wait(gathering, group) if gathering is not None else x
         if ctx.reduce_grad == "reduce_scatter":
-            grad_in = reduce_scatter(grad_in, group)
+            grad_in = reduce_scatter(grad_in, group, wait=False)
         elif ctx.reduce_grad == "all_reduce":
-            grad_in = all_reduce(grad_in, group)
+            grad_in = all_reduce(grad_in, group, wait=False)
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         t2 = total.reshape(-1, total.shape[-1])
         grad_w = g2.t().matmul(t2)
         grad_b = g2.sum(dim=0) if ctx.has_bias else None
+        if ctx.reduce_grad is not None:
+            grad_in = wait(grad_in, group)
         return grad_in, grad_w, grad_b, None, None, None
 
 
