@@ -50,7 +50,7 @@ def main() -> None:
             print(f"{gpus:>6} {gbs:>5} {vpp:>3} {plan.num_microbatches:>8} {tasks:>7} {cold:>7.2f} {warm:>7.2f} "
                   f"{hot:>7.3f} {r.step_time_s:>7.2f} {r.mfu * 100:>5.1f}%")
 
-        print("\nGrowth with micro-batches (1,024 GPUs, vpp 1, hot memo): time is linear in level-2 tasks")
+        print("\nGrowth with micro-batches (1,024 GPUs, vpp 1, hot memo): time grows roughly with level-2 tasks")
         cache = TraceCache(f"{tmp}/growth")
         memo = SimulationMemo()
         cluster = load_cluster("h800", gpus=1024)
