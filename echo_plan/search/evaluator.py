@@ -79,7 +79,8 @@ class SimulatorEvaluator:
     """The real evaluator: ``simulate`` with a shared on-disk trace cache and a per-process memo.
 
     Before simulating, the plan's traces are fetched (or made) while holding a file lock named after
-    the trace key in the cache folder, so when several Ray workers need the same new layer at once,
+    the plan's (tp, micro-batch, dtype) in the cache folder, so when several Ray workers need the same
+    new layer at once,
     one traces it and the others wait and read it from the cache: each distinct layer is traced
     once per search, not once per worker.
     """
@@ -102,8 +103,9 @@ class SimulatorEvaluator:
             from filelock import FileLock
 
             self.cache.root.mkdir(parents=True, exist_ok=True)
-            name = "-".join(str(k) for k in key)
-            lock = self.cache.root / f".lock-{self.model.name}-{name}"
+            # The embedding and output traces are shared by plans that differ in recompute or sequence
+            # parallelism, so the lock covers every plan that can share a trace: same tp, mbs, dtype.
+            lock = self.cache.root / f".lock-{self.model.name}-tp{plan.tp}-mbs{plan.micro_batch_size}-{plan.dtype.value}"
             with FileLock(str(lock)):
                 self.memo.traces(self.model, plan, self.cache)  # kept in the memo for later plans
             self._ready.add(key)
