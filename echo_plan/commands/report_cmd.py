@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from echo_plan.commands.common import CacheDirOpt
+
 
 def register(app: typer.Typer) -> None:
     @app.command("report")
@@ -18,6 +20,7 @@ def register(app: typer.Typer) -> None:
         study_name: Optional[str] = typer.Option(None, "--study-name", help="the study in that storage"),
         no_simulate: bool = typer.Option(
             False, "--no-simulate", help="never simulate; without a stored timeline the report has none"),
+        cache_dir: Optional[str] = CacheDirOpt,
     ) -> None:
         """Write the HTML report from a saved result or a study, without re-running the search.
 
@@ -25,10 +28,11 @@ def register(app: typer.Typer) -> None:
         timeline (the report says so; --no-simulate skips it).
         """
         from echo_plan.report.api import make_report
+        from echo_plan.report.enrich import timeline_simulator
         from echo_plan.report.load import load_source
 
         outcome = load_source(source, storage, study_name)
-        written = make_report(outcome, output, fill_timeline=not no_simulate)
+        written = make_report(outcome, output, fill_timeline=not no_simulate, simulator=timeline_simulator(cache_dir))
         if written.timeline_note:
-            typer.echo(written.timeline_note, err=True)
+            typer.echo(f"note: {written.timeline_note}", err=True)
         typer.echo(f"report written: {written.path} ({written.size_bytes / 1e6:.1f} MB)")

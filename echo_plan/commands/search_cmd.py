@@ -28,6 +28,7 @@ StudyOpt = typer.Option(None, "--study-name", help="study name (default: derived
 WorkersOpt = typer.Option(0, "--workers", help="evaluate on N local Ray workers (started and stopped here)")
 RayOpt = typer.Option(None, "--ray-address", help="evaluate on an existing Ray cluster")
 ProgressOpt = typer.Option(None, "--progress/--no-progress", help="progress bar on stderr (default: when a TTY)")
+ReportOpt = typer.Option(None, "--report", help="also write the HTML recommendation report to this file")
 
 
 def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int], gbs: int, space: Optional[str],
@@ -61,12 +62,18 @@ def _progress(enabled: Optional[bool], label: str):
     return RichProgress(label)
 
 
-def after_search(outcome) -> None:
-    """Hook for further outputs of a finished search (the HTML report adds its call here)."""
+def after_search(outcome, report: Optional[str] = None, cache_dir: Optional[str] = None, as_json: bool = False) -> None:
+    """Further outputs of a finished search: the HTML report with ``--report FILE``."""
+    from echo_plan.report.api import report_from_cli
+
+    report_from_cli(outcome, report, cache_dir, quiet_stdout=as_json)
 
 
-def after_compare(outcome) -> None:
-    """Hook for further outputs of a finished compare (the HTML report adds its call here)."""
+def after_compare(outcome, report: Optional[str] = None, cache_dir: Optional[str] = None, as_json: bool = False) -> None:
+    """Further outputs of a finished compare: the HTML report with ``--report FILE``."""
+    from echo_plan.report.api import report_from_cli
+
+    report_from_cli(outcome, report, cache_dir, quiet_stdout=as_json)
 
 
 def print_search(outcome, top: int, explain: bool, pruned=None) -> None:
@@ -114,7 +121,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
         csv: Optional[str] = typer.Option(None, "--csv", help="write the ranked plans to this CSV file"),
         explain: bool = typer.Option(False, "--explain", help="pruned candidates per reason and per knob value"),
-        progress: Optional[bool] = ProgressOpt,
+        progress: Optional[bool] = ProgressOpt, report: Optional[str] = ReportOpt,
     ) -> None:
         """Find the fastest plans that fit: prune the space, simulate candidates (Optuna), rank them."""
         from echo_plan.errors import EchoPlanError
@@ -147,7 +154,7 @@ def register(app: typer.Typer) -> None:
             print_search(outcome, top, explain)
             if csv:
                 typer.echo(f"wrote {csv}")
-        after_search(outcome)
+        after_search(outcome, report, cache_dir, as_json)
 
     @app.command("compare")
     def compare(
@@ -161,7 +168,7 @@ def register(app: typer.Typer) -> None:
         workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt, cache_dir: Optional[str] = CacheDirOpt,
         as_json: bool = JsonOpt,
         csv: Optional[str] = typer.Option(None, "--csv", help="write the comparison to this CSV file"),
-        progress: Optional[bool] = ProgressOpt,
+        progress: Optional[bool] = ProgressOpt, report: Optional[str] = ReportOpt,
     ) -> None:
         """Search each cluster size: best plan, throughput, scaling efficiency, time and GPU-hours to train."""
         from echo_plan.search.compare import parse_gpu_list, parse_tokens, run_compare
@@ -203,5 +210,5 @@ def register(app: typer.Typer) -> None:
             for note in outcome.notes:
                 typer.echo(f"note: {note}")
             typer.echo(f"{outcome.wall_s:.1f} s")
-        after_compare(outcome)
+        after_compare(outcome, report, cache_dir, as_json)
 

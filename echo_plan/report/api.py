@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from echo_plan.report.enrich import TimelineSimulator, compare_with_timeline, search_with_timeline
+from echo_plan.report.enrich import TimelineSimulator, compare_with_timeline, search_with_timeline, \
+    timeline_simulator
 from echo_plan.report.render import detail_row, write_report
 from echo_plan.search.results import CompareOutcome, SearchOutcome
 
@@ -35,3 +36,18 @@ def make_report(outcome: SearchOutcome | CompareOutcome, path: str | Path, *, fi
             outcome, note = search_with_timeline(outcome, simulator)
     written = write_report(outcome, path, notes=notes, timeline_note=note)
     return WrittenReport(written, written.stat().st_size, note)
+
+
+def report_from_cli(outcome: SearchOutcome | CompareOutcome, path: str | None, cache_dir: str | None = None,
+                    quiet_stdout: bool = False) -> WrittenReport | None:
+    """What ``--report FILE`` on search and compare does: write the report, then say where it is
+    (on stderr when stdout carries JSON)."""
+    if not path:
+        return None
+    import typer
+
+    written = make_report(outcome, path, simulator=timeline_simulator(cache_dir))
+    if written.timeline_note:
+        typer.echo(f"note: {written.timeline_note}", err=True)
+    typer.echo(f"report written: {written.path} ({written.size_bytes / 1e6:.1f} MB)", err=quiet_stdout)
+    return written

@@ -17,14 +17,20 @@ from echo_plan.search.results import CompareOutcome, SearchOutcome
 TimelineSimulator = Callable[[dict, dict, dict], StepResult]
 
 
-def simulate_with_timeline(model: dict, cluster: dict, plan: dict) -> StepResult:
-    """The real simulator on the specs recorded in the outcome, with the timeline on."""
-    from echo_plan.simulate import simulate
-    from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec
+def timeline_simulator(cache_dir: str | None = None) -> TimelineSimulator:
+    """The real simulator on the specs recorded in the outcome, with the timeline on, reading
+    traces from the on-disk trace cache (``cache_dir``, or the default cache folder)."""
 
-    return simulate(ModelSpec.build(dict(model), "model in the result"),
-                    ClusterSpec.build(dict(cluster), "cluster in the result"),
-                    PlanSpec.build(dict(plan), "recommended plan"), timeline=True)
+    def run(model: dict, cluster: dict, plan: dict) -> StepResult:
+        from echo_plan.simulate import simulate
+        from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec
+        from echo_plan.trace.cache import TraceCache
+
+        return simulate(ModelSpec.build(dict(model), "model in the result"),
+                        ClusterSpec.build(dict(cluster), "cluster in the result"),
+                        PlanSpec.build(dict(plan), "recommended plan"), cache=TraceCache(cache_dir), timeline=True)
+
+    return run
 
 
 def search_with_timeline(outcome: SearchOutcome,
@@ -37,7 +43,7 @@ def search_with_timeline(outcome: SearchOutcome,
     best = outcome.best
     if best is None or best.timeline:
         return outcome, None
-    sim = simulator or simulate_with_timeline
+    sim = simulator or timeline_simulator()
     try:
         fresh = sim(outcome.model, outcome.cluster, best.plan)
     except EchoPlanError as exc:
