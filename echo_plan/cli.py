@@ -55,7 +55,7 @@ _register_all()
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user mistakes print one line on stderr and exit with code 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        rv = app(args=argv, standalone_mode=False)
     except EchoPlanError as exc:
         typer.echo(f"error: {exc}", err=True)
         return 2
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         if type(exc).__name__ == "Exit" and hasattr(exc, "exit_code"):
             return int(exc.exit_code)
         raise
-    return 0
+    # In non-standalone mode click hands back typer.Exit's code instead of raising it.
+    return rv if isinstance(rv, int) else 0
 
 
 def entry() -> None:

@@ -53,6 +53,21 @@ def validation_dir() -> Path:
 
 
 @dataclass(frozen=True, slots=True)
+class TableSettings:
+    """What a table of this format leaves implicit; defaults are the SC21 table's (its header)."""
+
+    cluster: str = "dgx-a100"
+    seq_length: int = SEQ
+    vocab_size: int = VOCAB
+    dtype: str = "fp16"
+    recompute: str = "full"
+    unfused_attention: bool = True  # the 2021 software stack (software2021.py)
+
+
+MEGATRON_2021 = TableSettings()
+
+
+@dataclass(frozen=True, slots=True)
 class Row:
     params_b: float
     heads: int
@@ -63,6 +78,8 @@ class Row:
     gpus: int
     global_batch: int
     published_tflops: float
+    micro_batch_size: int | None = None  # when the table gives it; else megatron_choice decides
+    virtual_stages: int | None = None
 
 
 def load_rows(path: str | Path | None = None) -> tuple[Row, ...]:
@@ -73,38 +90,41 @@ def load_rows(path: str | Path | None = None) -> tuple[Row, ...]:
     rows = []
     for n, rec in enumerate(csv.DictReader(lines), start=2):
         try:
+            mbs, vpp = rec.get("micro_batch_size"), rec.get("virtual_stages")
             rows.append(Row(float(rec["params_b"]), int(rec["heads"]), int(rec["hidden"]), int(rec["layers"]),
                             int(rec["tp"]), int(rec["pp"]), int(rec["gpus"]), int(rec["global_batch"]),
-                            float(rec["achieved_tflops_per_gpu"])))
+                            float(rec["achieved_tflops_per_gpu"]),
+                            int(mbs) if mbs not in (None, "") else None,
+                            int(vpp) if vpp not in (None, "") else None))
         except (KeyError, ValueError, TypeError) as exc:
             raise FileFormatError(str(p), f"row {n} of the table is malformed: {exc}") from None
     return tuple(rows)
 
 
-def row_model(row: Row):
+def row_model(row: Row, settings: TableSettings = MEGATRON_2021):
     from echo_plan.specs import ModelSpec
 
     return ModelSpec.build({
         "name": f"gpt-{row.params_b:g}b", "num_layers": row.layers, "hidden_size": row.hidden,
-        "num_attention_heads": row.heads, "vocab_size": VOCAB, "seq_length": SEQ,
-        "source": "Narayanan et al. 2021, Table 1",
+        "num_attention_heads": row.heads, "vocab_size": settings.vocab_size, "seq_length": settings.seq_length,
+        "source": "validation table row",
     })
 
 
-def row_cluster(row: Row):
+def row_cluster(row: Row, settings: TableSettings = MEGATRON_2021):
     from echo_plan.specs import load_cluster
 
-    return load_cluster("dgx-a100", gpus=row.gpus)
+    return load_cluster(settings.cluster, gpus=row.gpus)
 
 
-def row_plan(row: Row, mbs: int, vpp: int):
+def row_plan(row: Row, mbs: int, vpp: int, settings: TableSettings = MEGATRON_2021):
     from echo_plan.specs import PlanSpec
 
     dp = row.gpus // (row.tp * row.pp)
     return PlanSpec.build({
         "tp": row.tp, "pp": row.pp, "dp": dp, "micro_batch_size": mbs, "global_batch_size": row.global_batch,
-        "virtual_stages": vpp, "schedule": "interleaved" if vpp > 1 else "1f1b", "recompute": "full",
-        "dtype": "fp16", "distributed_optimizer": False, "overlap_grad_reduce": False,
+        "virtual_stages": vpp, "schedule": "interleaved" if vpp > 1 else "1f1b", "recompute": settings.recompute,
+        "dtype": settings.dtype, "distributed_optimizer": False, "overlap_grad_reduce": False,
     })
 
 
@@ -117,7 +137,10 @@ def interleaving_allowed(row: Row, mbs: int, vpp: int) -> bool:
 
 
 def megatron_choice(row: Row) -> tuple[int, int]:
-    """(micro-batch, virtual stages) by the rule in the module docstring."""
+    """(micro-batch, virtual stages): the row's own when the table gives them, else the rule in
+    the module docstring."""
+    if row.micro_batch_size is not None:
+        return row.micro_batch_size, row.virtual_stages or 1
     if row.pp == 1:
         return 4, 1
     return 1, 2 if interleaving_allowed(row, 1, 2) else 1
@@ -141,13 +164,15 @@ class Prediction:
 class Predictor:
     """Simulates rows with the 2021 kernels; keeps one memo and one compute model per factor."""
 
-    def __init__(self, cache=None, memo=None, compute_scale: float = 1.0, unfused_attention: bool = True) -> None:
+    def __init__(self, cache=None, memo=None, compute_scale: float = 1.0, unfused_attention: bool | None = None,
+                 settings: TableSettings = MEGATRON_2021) -> None:
         from echo_plan.simulate import SimulationMemo
 
         self.cache = cache
         self.memo = memo if memo is not None else SimulationMemo()
         self.compute_scale = compute_scale
-        self.unfused_attention = unfused_attention
+        self.settings = settings
+        self.unfused_attention = settings.unfused_attention if unfused_attention is None else unfused_attention
         self._compute: dict[tuple, object] = {}
 
     def compute_model(self, cluster, scale: float):
@@ -165,11 +190,13 @@ class Predictor:
         from echo_plan.replay.metrics import megatron_gpt_flops
         from echo_plan.simulate import simulate
 
-        cluster = row_cluster(row)
+        st = self.settings
+        cluster = row_cluster(row, st)
         compute = self.compute_model(cluster, self.compute_scale if scale is None else scale)
-        result = simulate(row_model(row), cluster, row_plan(row, mbs, vpp), cache=self.cache, memo=self.memo,
+        result = simulate(row_model(row, st), cluster, row_plan(row, mbs, vpp, st), cache=self.cache, memo=self.memo,
                           compute=compute)
-        flops = megatron_gpt_flops(row.global_batch, SEQ, row.layers, row.hidden, VOCAB, full_recompute=True)
+        flops = megatron_gpt_flops(row.global_batch, st.seq_length, row.layers, row.hidden, st.vocab_size,
+                                   full_recompute=st.recompute == "full")
         return Prediction(row, mbs, vpp, flops / (result.step_time_s * row.gpus) / 1e12, result.step_time_s,
                           result.fits)
 
