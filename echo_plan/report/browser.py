@@ -93,14 +93,21 @@ def _console_errors(stderr: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def load(html: Path, chromium: str, budget_ms: int = 5000, timeout_s: float = 60.0) -> PageLoad:
-    """Load ``html`` and return its DOM after the scripts ran (virtual time lets timers settle)."""
+def load(html: Path, chromium: str, budget_ms: int = 5000, timeout_s: float = 90.0,
+         screenshot_to: Path | None = None, window: tuple[int, int] = (1400, 2400)) -> PageLoad:
+    """Load ``html`` and return its DOM after the scripts ran (virtual time lets timers settle);
+    with ``screenshot_to``, the same run also saves a PNG of the top ``window`` pixels."""
     with tempfile.TemporaryDirectory(prefix="echo-plan-chromium-") as profile:
         args = [chromium, *BASE_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
-                f"--virtual-time-budget={budget_ms}", "--dump-dom", Path(html).resolve().as_uri()]
+                f"--virtual-time-budget={budget_ms}", f"--window-size={window[0]},{window[1]}"]
+        if screenshot_to is not None:
+            args.append(f"--screenshot={Path(screenshot_to).resolve()}")
+        args += ["--dump-dom", Path(html).resolve().as_uri()]
         proc, wall = _run(args, timeout_s)
     if proc.returncode != 0 or not proc.stdout.strip():
         raise EchoPlanError(f"Chromium failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    if screenshot_to is not None and not Path(screenshot_to).exists():
+        raise EchoPlanError(f"Chromium wrote no screenshot: {proc.stderr.strip()[-500:]}")
     return PageLoad(proc.stdout, _console_errors(proc.stderr), wall)
 
 

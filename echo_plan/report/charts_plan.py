@@ -105,7 +105,8 @@ def timeline_chart(result: StepResult, bins: int = 1600) -> Chart | None:
     for c in cats:  # legend entries: the heatmap itself has none
         data.append({"type": "scatter", "mode": "markers", "name": c, "x": [None], "y": [None],
                      "marker": {"color": colors[c], "symbol": "square", "size": 12}, "hoverinfo": "skip"})
-    layout = base_layout(max(240, 90 + 30 * len(order)), hovermode="closest",
+    row_px = 30 if len(order) <= 16 else 22
+    layout = base_layout(max(240, 90 + row_px * len(order)), hovermode="closest",
                          xaxis={"title": {"text": f"time in the step ({unit})"}, "range": [0, end_s * scale_to]},
                          yaxis={"autorange": "reversed", "automargin": True, "showgrid": False,
                                 "categoryorder": "array", "categoryarray": order},

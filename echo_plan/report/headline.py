@@ -24,7 +24,7 @@ class Headline:
     sentence: str  # the plan in words
     metrics: tuple[Metric, ...]
     reasons: tuple[str, ...]  # why it wins
-    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # the simulator's notes on the plan
 
 
 def plan_metrics(r: StepResult, tokens_budget: float | None, cap_gib: float | None) -> list[Metric]:
@@ -109,9 +109,8 @@ def search_headline(outcome: SearchOutcome) -> Headline:
     if cap:
         reasons.append(f"Peak memory {best.memory_peak_gib:.1f} GiB leaves {cap - best.memory_peak_gib:.1f} GiB "
                        f"of the {cap:g} GiB free on its fullest GPU.")
-    warnings = tuple(best.notes)
     return Headline(short_label(best.plan), plan_in_words(best.plan),
-                    tuple(plan_metrics(best, outcome.tokens_budget, cap)), tuple(reasons), warnings)
+                    tuple(plan_metrics(best, outcome.tokens_budget, cap)), tuple(reasons), tuple(best.notes))
 
 
 def _row_summary(row: CompareRow, best: StepResult) -> str:

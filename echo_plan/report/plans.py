@@ -15,8 +15,13 @@ _ON_OFF = {True: "on", False: "off"}
 @dataclass(frozen=True, slots=True)
 class Knob:
     key: str
-    header: str
+    header: str  # short column header
     fmt: Callable[[Any], str]
+    title: str = ""  # the full name, shown on hover
+
+    @property
+    def long(self) -> str:
+        return self.title or self.header
 
 
 def _plain(v: Any) -> str:
@@ -30,20 +35,20 @@ def _plain(v: Any) -> str:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("tp", "TP", _plain),
-    Knob("pp", "PP", _plain),
-    Knob("dp", "DP", _plain),
-    Knob("micro_batch_size", "micro-batch", _plain),
-    Knob("global_batch_size", "global batch", _plain),
-    Knob("virtual_stages", "chunks/stage", _plain),
-    Knob("schedule", "schedule", _plain),
-    Knob("recompute", "recompute", _plain),
-    Knob("sequence_parallel", "seq. parallel", _plain),
-    Knob("distributed_optimizer", "dist. optimizer", _plain),
-    Knob("overlap_grad_reduce", "overlap grad reduce", _plain),
-    Knob("overlap_param_gather", "overlap param gather", _plain),
-    Knob("dtype", "dtype", _plain),
-    Knob("layer_split", "layers/stage", _plain),
+    Knob("tp", "TP", _plain, "tensor-parallel degree"),
+    Knob("pp", "PP", _plain, "pipeline stages"),
+    Knob("dp", "DP", _plain, "data-parallel degree"),
+    Knob("micro_batch_size", "mbs", _plain, "micro-batch size"),
+    Knob("global_batch_size", "gbs", _plain, "global batch size"),
+    Knob("virtual_stages", "vpp", _plain, "model chunks per pipeline stage (interleaving)"),
+    Knob("schedule", "schedule", _plain, "pipeline schedule"),
+    Knob("recompute", "recompute", _plain, "activation recomputation"),
+    Knob("sequence_parallel", "SP", _plain, "sequence parallelism"),
+    Knob("distributed_optimizer", "dist-opt", _plain, "distributed (sharded) optimizer"),
+    Knob("overlap_grad_reduce", "grad overlap", _plain, "gradient reduction overlapped with backward"),
+    Knob("overlap_param_gather", "param overlap", _plain, "parameter all-gather overlapped with forward"),
+    Knob("dtype", "dtype", _plain, "training data type"),
+    Knob("layer_split", "layers/stage", _plain, "layers per pipeline stage"),
 )
 _KNOWN = {k.key for k in KNOBS}
 
@@ -68,7 +73,7 @@ def constant_knobs(plans: Sequence[dict[str, Any]]) -> list[tuple[Knob, str]]:
     if not plans:
         return []
     return [(k, knob_value(plans[0], k)) for k in knobs_of(plans)
-            if len({knob_value(p, k) for p in plans}) == 1 and k.key in plans[0]]
+            if len({knob_value(p, k) for p in plans}) == 1 and plans[0].get(k.key) is not None]
 
 
 def short_label(plan: dict[str, Any]) -> str:
@@ -129,6 +134,6 @@ def plan_in_words(plan: dict[str, Any]) -> str:
 
 
 def knob_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(header, value in a, value in b) for every knob on which two plans differ."""
-    return [(k.header, knob_value(a, k), knob_value(b, k)) for k in knobs_of([a, b])
+    """(name, value in a, value in b) for every knob on which two plans differ."""
+    return [(k.long, knob_value(a, k), knob_value(b, k)) for k in knobs_of([a, b])
             if knob_value(a, k) != knob_value(b, k)]

@@ -24,6 +24,7 @@ class Cell:
 @dataclass(frozen=True, slots=True)
 class Table:
     headers: tuple[str, ...]
+    titles: tuple[str, ...]  # per column: what the header means (hover)
     numeric: tuple[bool, ...]  # per column: sorts as a number
     rows: tuple[tuple[Cell, ...], ...]
     constant: tuple[tuple[str, str], ...]  # (knob, value) the same in every row
@@ -43,8 +44,12 @@ def ranked_table(ranked: tuple[StepResult, ...], tokens_budget: float | None = N
     knobs = differing_knobs(plans) if len(plans) > 1 else []
     best = shown[0] if shown else None
     headers = ["#"] + [k.header for k in knobs] + ["step time", "vs #1", "tokens/s", "MFU", "peak GiB"]
+    titles = ["rank"] + [k.long for k in knobs] + [
+        "predicted training step time", "slower than the recommended plan", "training throughput",
+        "model FLOPs utilisation", "peak memory of the fullest GPU"]
     if tokens_budget:
         headers.append("time to train")
+        titles.append("wall-clock time to train the token budget")
     rows = []
     for i, r in enumerate(shown):
         cells = [Cell(str(i + 1), i + 1)]
@@ -65,8 +70,8 @@ def ranked_table(ranked: tuple[StepResult, ...], tokens_budget: float | None = N
             cells.append(_optional(tokens_budget / r.tokens_per_s if r.tokens_per_s > 0 else None, fmt_seconds))
         rows.append(tuple(cells))
     numeric = tuple(all(row[j].numeric for row in rows) if rows else True for j in range(len(headers)))
-    constant = tuple((k.header, v) for k, v in constant_knobs(plans)) if len(plans) > 1 else ()
-    return Table(tuple(headers), numeric, tuple(rows), constant, len(ranked))
+    constant = tuple((k.long, v) for k, v in constant_knobs(plans)) if len(plans) > 1 else ()
+    return Table(tuple(headers), tuple(titles), numeric, tuple(rows), constant, len(ranked))
 
 
 def sizes_table(rows: tuple[CompareRow, ...]) -> Table:
@@ -98,7 +103,7 @@ def sizes_table(rows: tuple[CompareRow, ...]) -> Table:
             cells.append(_optional(r.cost, lambda v: f"{v:,.0f}"))
         out.append(tuple(cells))
     numeric = tuple(all(row[j].numeric for row in out) if out else True for j in range(len(headers)))
-    return Table(tuple(headers), numeric, tuple(out), (), len(rows))
+    return Table(tuple(headers), tuple(headers), numeric, tuple(out), (), len(rows))
 
 
 def _optional(value: float | None, fmt: Callable[[float], str]) -> Cell:
