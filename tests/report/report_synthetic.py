@@ -122,29 +122,31 @@ def with_timeline(r: StepResult) -> StepResult:
     return replace(r, timeline=events)
 
 
-def candidate_plans(num_gpus: int) -> list[dict[str, Any]]:
+def candidate_plans(num_gpus: int, gbs: int = 1536) -> list[dict[str, Any]]:
     out = []
     for tp in (1, 2, 4, 8):
         for pp in (1, 2, 3, 4, 6, 8, 12, 16, 24):
             if num_gpus % (tp * pp) or 96 % pp:
                 continue
             dp = num_gpus // (tp * pp)
-            if 1536 % dp:
+            if gbs % dp:
                 continue
             for mbs in (1, 2, 4):
                 for vpp in (1, 2):
                     for rc in ("none", "selective", "full"):
                         for dopt in (False, True):
-                            if vpp > 1 and (pp == 1 or (1536 // (dp * mbs)) % pp or 96 % (pp * vpp)):
+                            if gbs % (dp * mbs) or (vpp > 1 and (pp == 1 or (gbs // (dp * mbs)) % pp
+                                                                  or 96 % (pp * vpp))):
                                 continue
-                            out.append(plan(tp, pp, dp, mbs, vpp, rc, tp > 1, dopt))
+                            out.append(plan(tp, pp, dp, mbs, vpp, rc, tp > 1, dopt, gbs))
     return out
 
 
-def search_outcome(n_trials: int = 60, seed: int = 0, nodes: int = 12, timeline: bool = True) -> SearchOutcome:
+def search_outcome(n_trials: int = 60, seed: int = 0, nodes: int = 12, timeline: bool = True,
+                   gbs: int = 1536) -> SearchOutcome:
     rng = random.Random(seed)
     num_gpus = nodes * 8
-    cands = candidate_plans(num_gpus)
+    cands = candidate_plans(num_gpus, gbs)
     trials = []
     pruned: dict[str, int] = {}
     reasons = ("tp exceeds a node", "out of memory (estimate)", "pp x virtual stages does not divide layers")
@@ -174,11 +176,12 @@ def search_outcome(n_trials: int = 60, seed: int = 0, nodes: int = 12, timeline:
                          tokens_budget=300e9)
 
 
-def compare_outcome(nodes: tuple[int, ...] = (6, 12, 24), n_trials: int = 40, price: float | None = 2.5) -> CompareOutcome:
+def compare_outcome(nodes: tuple[int, ...] = (6, 12, 24), n_trials: int = 40, price: float | None = 2.5,
+                    gbs: int = 1536) -> CompareOutcome:
     rows = []
     base = None
     for k, n in enumerate(nodes):
-        o = search_outcome(n_trials, seed=k, nodes=n)
+        o = search_outcome(n_trials, seed=k, nodes=n, gbs=gbs)
         b = o.best
         if b is None:
             rows.append(CompareRow(n * 8, o, None, None, None, None))

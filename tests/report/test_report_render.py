@@ -20,7 +20,7 @@ def charts_of(html: str) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def outcome():
-    return search_outcome(n_trials=80, seed=3)
+    return search_outcome(n_trials=80, seed=3, gbs=256)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_missing_timeline_is_said(outcome):
 
 
 def test_compare_report_has_sizes_scaling_and_cost():
-    c = compare_outcome()
+    c = compare_outcome(gbs=256)
     html = render_report(c)
     charts = charts_of(html)
     assert {"chart-scaling", "chart-train-cost", "chart-scatter", "chart-timeline"} <= set(charts)

@@ -37,7 +37,7 @@ def test_every_event_fills_a_slot_and_idle_slots_stay_empty(events, bins):
 
 def test_one_f_one_b_timeline_chart_rows_and_legend():
     events = one_f_one_b(pp=4, m=8, f_s=0.01, b_s=0.02, p2p_s=0.001, dp_s=0.05, opt_s=0.01)
-    r = search_outcome(30, seed=1).best
+    r = search_outcome(30, seed=1, gbs=256).best
     from dataclasses import replace
 
     chart = timeline_chart(replace(r, plan={**r.plan, "pp": 4}, timeline=events))
@@ -55,5 +55,5 @@ def test_one_f_one_b_timeline_chart_rows_and_legend():
 def test_no_events_no_chart():
     from dataclasses import replace
 
-    r = search_outcome(30, seed=1).best
+    r = search_outcome(30, seed=1, gbs=256).best
     assert timeline_chart(replace(r, timeline=())) is None

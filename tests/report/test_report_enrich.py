@@ -1,0 +1,70 @@
+"""Filling in the recommended plan's timeline: one simulation at most, and the report says so."""
+
+from dataclasses import replace
+
+import pytest
+from report_synthetic import compare_outcome, search_outcome, with_timeline
+
+from echo_plan.errors import SpecError
+from echo_plan.report.enrich import compare_with_timeline, search_with_timeline
+from echo_plan.report.render import detail_row
+
+
+@pytest.fixture(scope="module")
+def bare():
+    o = search_outcome(40, seed=4, timeline=False, gbs=256)
+    assert not o.best.timeline
+    return o
+
+
+def test_missing_timeline_is_simulated_once_for_the_best_plan(bare):
+    calls = []
+
+    def sim(model, cluster, plan):
+        calls.append(plan)
+        return with_timeline(bare.best)
+
+    filled, note = search_with_timeline(bare, sim)
+    assert calls == [bare.best.plan]
+    assert filled.best.timeline and filled.best.step_time_s == bare.best.step_time_s
+    assert filled.ranked[1:] == bare.ranked[1:]
+    assert "simulated once more" in note and "against the stored" not in note
+
+
+def test_a_different_step_time_is_reported(bare):
+    other = replace(with_timeline(bare.best), step_time_s=bare.best.step_time_s * 1.2)
+    _, note = search_with_timeline(bare, lambda *a: other)
+    assert "against the stored" in note
+
+
+def test_a_failing_simulation_leaves_the_outcome_and_says_why(bare):
+    def sim(*args):
+        raise SpecError("tp", 3, "must divide 96")
+
+    same, note = search_with_timeline(bare, sim)
+    assert same is bare
+    assert note.startswith("No timeline") and "must divide" in note
+
+
+def test_nothing_is_simulated_when_the_timeline_is_there():
+    o = search_outcome(30, seed=1, gbs=256)
+    assert o.best.timeline
+
+    def sim(*args):
+        raise AssertionError("must not simulate")
+
+    assert search_with_timeline(o, sim) == (o, None)
+
+
+def test_compare_fills_the_size_shown_in_detail():
+    c = compare_outcome(n_trials=20, gbs=256)
+    rows = tuple(replace(r, outcome=replace(r.outcome, ranked=(replace(r.outcome.best, timeline=()),
+                                                                *r.outcome.ranked[1:])))
+                 for r in c.rows)
+    bare = replace(c, rows=rows)
+    size = detail_row(bare).num_gpus
+    filled, note = compare_with_timeline(bare, size, lambda m, cl, p: with_timeline(
+        next(r.outcome.best for r in bare.rows if r.num_gpus == size)))
+    assert note
+    for row in filled.rows:
+        assert bool(row.outcome.best.timeline) is (row.num_gpus == size)
