@@ -18,27 +18,27 @@ CATEGORY_COLORS = {
     "dp": "#72B7B2",
     "optimizer": "#54A24B",
 }
-# Rows of a stage, top to bottom, with the names shown (the replay's stream names, echo_plan/replay).
-STREAM_ORDER = ("compute", "tp_comm", "pp_fwd", "pp_bwd", "pp_comm", "dp_comm")
-STREAM_NAMES = {"compute": "compute", "tp_comm": "TP comm", "pp_fwd": "PP send fwd", "pp_bwd": "PP send bwd",
-                "pp_comm": "PP comm", "dp_comm": "DP comm"}
+# Rows of a stage, top to bottom: the replay's streams (echo_plan/replay), the two pipeline
+# directions drawn on one row to keep the chart short.
+STREAM_ROW = {"compute": "compute", "tp_comm": "TP comm", "pp_fwd": "PP comm", "pp_bwd": "PP comm",
+              "pp_comm": "PP comm", "dp_comm": "DP comm"}
+ROW_ORDER = ("compute", "TP comm", "PP comm", "DP comm")
 
 
 def _row_labels(events: tuple[TimelineEvent, ...], pp: int) -> tuple[dict[tuple[int, str], str], list[str]]:
+    """The row label of each (rank, stream), and the rows in drawing order."""
     ranks = sorted({e.rank for e in events})
     word = "stage" if len(ranks) <= max(pp, 1) else "rank"
-    streams_of: dict[int, set[str]] = defaultdict(set)
-    for e in events:
-        streams_of[e.rank].add(e.stream)
+    rows_of: dict[int, set[str]] = defaultdict(set)
     labels: dict[tuple[int, str], str] = {}
+    for e in events:
+        row = STREAM_ROW.get(e.stream, e.stream.replace("_", " "))
+        rows_of[e.rank].add(row)
+        labels[(e.rank, e.stream)] = f"{word} {e.rank} · {row}"
     order: list[str] = []
     for rank in ranks:
-        streams = sorted(streams_of[rank], key=lambda s: (STREAM_ORDER.index(s) if s in STREAM_ORDER
-                                                           else len(STREAM_ORDER), s))
-        for stream in streams:
-            label = f"{word} {rank} · {STREAM_NAMES.get(stream, stream.replace('_', ' '))}"
-            labels[(rank, stream)] = label
-            order.append(label)
+        rows = sorted(rows_of[rank], key=lambda r: (ROW_ORDER.index(r) if r in ROW_ORDER else len(ROW_ORDER), r))
+        order += [f"{word} {rank} · {row}" for row in rows]
     return labels, order
 
 

@@ -135,7 +135,8 @@ def progress_chart(outcome: SearchOutcome) -> Chart:
         if sel:
             data.append({"type": "scatter", "mode": "markers", "name": f"trial: {name}",
                          "x": [n for n, _ in sel], "y": [r.step_time_s for _, r in sel],
-                         "text": [hover_text(r, n) for n, r in sel], "hovertemplate": "%{text}<extra></extra>",
+                         "text": [f"trial {n}: {short_label(r.plan)}" for n, r in sel],
+                         "hovertemplate": "%{text}<br>step %{y:.4g} s<extra></extra>",
                          "marker": {"color": color, "size": 5}})
     xs, ys, best = [], [], float("inf")
     for n, r in done:
