@@ -39,8 +39,9 @@ def scaling_chart(outcome: CompareOutcome) -> Chart:
     layout = base_layout(400, xaxis={"title": {"text": "GPUs"}, "type": "log", "tickvals": gpus,
                                      "ticktext": [str(g) for g in gpus]},
                          yaxis={"title": {"text": "tokens/s (best plan)"}, "rangemode": "tozero"},
-                         yaxis2={"title": {"text": "scaling efficiency (%)"}, "overlaying": "y", "side": "right",
-                                 "range": [0, 110], "showgrid": False},
+                         yaxis2={"title": {"text": "scaling efficiency"}, "overlaying": "y", "side": "right",
+                                 "range": [0, 110], "showgrid": False, "tickmode": "array",
+                                 "tickvals": [0, 25, 50, 75, 100], "ticktext": ["0%", "25%", "50%", "75%", "100%"]},
                          margin={"r": 70})
     return Chart("chart-scaling", "Throughput and scaling efficiency by cluster size",
                  "The best fitting plan at each size. Scaling efficiency is throughput per GPU relative to the "
@@ -67,13 +68,13 @@ def train_cost_chart(outcome: CompareOutcome) -> Chart | None:
                      "marker": {"color": BEST_COLOR}, "text": [fmt_count(r.cost or 0.0) for _, r in costs],
                      "textposition": "auto", "hovertemplate": "%{x}: %{y:,.0f}<extra>cost</extra>"})
         extra["yaxis2"] = {"title": {"text": "cost"}, "overlaying": "y", "side": "right", "showgrid": False,
-                           "rangemode": "tozero"}
+                           "rangemode": "tozero", "tickmode": "auto"}
     elif hours:
         data.append({"type": "bar", "name": "GPU-hours (right axis)", "x": [lab for lab, _ in hours],
                      "y": [r.gpu_hours for _, r in hours], "yaxis": "y2", "offsetgroup": "hours",
                      "marker": {"color": BEST_COLOR}, "hovertemplate": "%{x}: %{y:,.0f} GPU-hours<extra></extra>"})
         extra["yaxis2"] = {"title": {"text": "GPU-hours"}, "overlaying": "y", "side": "right",
-                           "showgrid": False, "rangemode": "tozero"}
+                           "showgrid": False, "rangemode": "tozero", "tickmode": "auto"}
     layout = base_layout(380, barmode="group", yaxis={"title": {"text": "days to train"}}, margin={"r": 70},
                          **extra)
     budget = f"{fmt_count(outcome.tokens_budget)} tokens" if outcome.tokens_budget else "the token budget"

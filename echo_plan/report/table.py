@@ -30,6 +30,10 @@ class Table:
     constant: tuple[tuple[str, str], ...]  # (knob, value) the same in every row
     total: int  # how many ranked plans there are (the table may show fewer)
 
+    @property
+    def has_differences(self) -> bool:
+        return any(c.differs for row in self.rows for c in row)
+
 
 def _as_number(text: str) -> float | None:
     try:

@@ -57,3 +57,13 @@ def test_no_events_no_chart():
 
     r = search_outcome(30, seed=1, gbs=256).best
     assert timeline_chart(replace(r, timeline=())) is None
+
+
+def test_both_pipeline_directions_share_one_row_per_stage():
+    ev = (TimelineEvent(0, "compute", "F mb0", 0.0, 1.0, "forward"),
+          TimelineEvent(0, "pp_fwd", "send F mb0", 1.0, 0.1, "p2p"),
+          TimelineEvent(1, "pp_bwd", "send B mb0", 2.0, 0.1, "p2p"),
+          TimelineEvent(1, "dp_comm", "reduce-scatter", 3.0, 0.5, "dp"))
+    labels, order = _row_labels(ev, pp=2)
+    assert order == ["stage 0 · compute", "stage 0 · PP comm", "stage 1 · PP comm", "stage 1 · DP comm"]
+    assert labels[(1, "pp_bwd")] == "stage 1 · PP comm"
