@@ -17,7 +17,7 @@ from echo_plan.report.charts_search import breakdown_chart, evaluated, progress_
     throughput_memory_chart
 from echo_plan.report.headline import compare_headline, search_headline
 from echo_plan.report.inputs import build_inputs
-from echo_plan.report.table import ranked_table, sizes_table
+from echo_plan.report.table import knob_value_table, ranked_table, sizes_table
 from echo_plan.search.results import CompareOutcome, SearchOutcome, TrialState
 
 Outcome = SearchOutcome | CompareOutcome
@@ -26,6 +26,7 @@ Outcome = SearchOutcome | CompareOutcome
 @dataclass(frozen=True, slots=True)
 class SearchView:
     table: Any
+    knobs: Any  # the per-knob-value table, or None
     charts: dict[str, Chart | None]
     run: tuple[tuple[str, str], ...]
     timeline_note: str | None
@@ -60,7 +61,8 @@ def search_view(o: SearchOutcome, timeline_note: str | None = None) -> SearchVie
     }
     if best is not None and not best.timeline and timeline_note is None:
         timeline_note = "No timeline: this result carries no timeline events of the recommended plan."
-    return SearchView(ranked_table(o.ranked, o.tokens_budget), charts, _run_rows(o), timeline_note)
+    return SearchView(ranked_table(o.ranked, o.tokens_budget), knob_value_table(o.pruned_by_knob), charts,
+                      _run_rows(o), timeline_note)
 
 
 def _environment() -> Any:

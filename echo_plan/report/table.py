@@ -112,3 +112,30 @@ def sizes_table(rows: tuple[CompareRow, ...]) -> Table:
 
 def _optional(value: float | None, fmt: Callable[[float], str]) -> Cell:
     return Cell("-", NO_VALUE) if value is None else Cell(fmt(value), value)
+
+
+def knob_value_table(pruned_by_knob: dict[str, dict[str, dict[str, int]]]) -> Table | None:
+    """Per value of each varying knob: candidates, how many passed the checks, how many were
+    simulated, and the main reason the rest were pruned ("why was TP 4 never tried")."""
+    counts = ("candidates", "valid", "evaluated")
+    rows = []
+    for knob, values in pruned_by_knob.items():
+        if len(values) < 2:
+            continue
+        for value, row in values.items():
+            reasons = {k: n for k, n in row.items() if k not in counts and n > 0}
+            main = max(reasons.items(), key=lambda kv: (kv[1], kv[0]), default=None)
+            why = "-" if main is None else f"{main[0]} ({main[1]})"
+            rows.append((Cell(knob.replace("_", " "), knob, numeric=False), Cell(str(value), str(value), numeric=False),
+                         Cell(str(row.get("candidates", 0)), row.get("candidates", 0)),
+                         Cell(str(row.get("valid", 0)), row.get("valid", 0)),
+                         Cell(str(row.get("evaluated", 0)), row.get("evaluated", 0),
+                              differs=row.get("evaluated", 0) == 0),
+                         Cell(why, why, numeric=False)))
+    if not rows:
+        return None
+    headers = ("knob", "value", "candidates", "passed checks", "simulated", "most pruned for")
+    titles = ("search-space knob", "its value", "candidate plans with this value",
+              "of those, plans that passed the validity and memory checks", "of those, plans the search simulated",
+              "the commonest reason plans with this value were pruned")
+    return Table(headers, titles, (False, False, True, True, True, False), tuple(rows), (), len(rows))

@@ -168,12 +168,24 @@ def search_outcome(n_trials: int = 60, seed: int = 0, nodes: int = 12, timeline:
     ranked = sorted(fitting.values(), key=lambda r: r.step_time_s)
     if ranked and timeline:
         ranked[0] = with_timeline(ranked[0])
+    by_knob: dict[str, dict[str, dict[str, int]]] = {}
+    simulated = {repr(sorted(t.plan.items())): t.plan for t in trials if t.result is not None}
+    for knob in ("tp", "pp", "recompute"):
+        for c in cands + [plan(16, 1, num_gpus // 16)]:  # tp16 stands for a value every plan of fails
+            row = by_knob.setdefault(knob, {}).setdefault(str(c[knob]), {"candidates": 0, "valid": 0, "evaluated": 0})
+            row["candidates"] += 1
+            if c["tp"] > 8:
+                row["tp exceeds a node"] = row.get("tp exceeds a node", 0) + 1
+            else:
+                row["valid"] += 1
+        for p in simulated.values():
+            by_knob[knob][str(p[knob])]["evaluated"] += 1
     return SearchOutcome(model=MODEL, cluster=cluster(nodes), space={"file": "search_spaces/default.yaml",
                                                                      "tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8]},
                          sampler="tpe", seed=seed, study_name=f"gpt3-175b-h800-{num_gpus}", storage="sqlite:///x.db",
                          trials=tuple(trials), ranked=tuple(ranked), pruned_counts=pruned,
                          candidates_total=len(cands), traces_made=12, trace_cache_hits=40, wall_s=95.0,
-                         tokens_budget=300e9)
+                         tokens_budget=300e9, pruned_by_knob=by_knob)
 
 
 def compare_outcome(nodes: tuple[int, ...] = (6, 12, 24), n_trials: int = 40, price: float | None = 2.5,
