@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
         source: Optional[str] = typer.Argument(
             None, help="a saved result (`search --json` / `compare --json` output, .json) or a study database (.db)"),
         output: Path = typer.Option(..., "--output", "-o", help="the HTML file to write (atomically)"),
-        storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL of the study"),
+        storage: Optional[str] = typer.Option(
+            None, "--storage", help="Optuna storage URL of the study (default: where `echo-plan search` keeps them)"),
         study_name: Optional[str] = typer.Option(None, "--study-name", help="the study in that storage"),
         no_simulate: bool = typer.Option(
             False, "--no-simulate", help="never simulate; without a stored timeline the report has none"),

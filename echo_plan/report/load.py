@@ -157,7 +157,12 @@ def load_source(source: str | None, storage: str | None = None,
             raise EchoPlanError("give either a file or --storage, not both")
         return load_study(storage_url(storage), study_name)
     if source is None:
-        raise EchoPlanError("give a saved result (.json), a study database (.db), or --storage URL --study-name NAME")
+        if study_name is not None:  # a study in the default storage, where `echo-plan search` keeps them
+            from echo_plan.search.storage import default_storage_url
+
+            return load_study(default_storage_url(), study_name)
+        raise EchoPlanError("give a saved result (.json), a study database (.db), or --study-name NAME "
+                            "[--storage URL]")
     if "://" in source or Path(source).suffix.lower() in SQLITE_SUFFIXES:
         return load_study(storage_url(source), study_name)
     if study_name is not None:
