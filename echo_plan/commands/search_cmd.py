@@ -85,6 +85,12 @@ def print_search(outcome, top: int, explain: bool, pruned=None) -> None:
                f"space {outcome.space['name']}, study {outcome.study_name}")
     for line in format_ranked(outcome, top):
         typer.echo(line)
+    if outcome.sampler == "nsga2" and outcome.pareto:
+        from echo_plan.search.table import plan_label
+
+        typer.echo("\nPareto front (no other plan has more tokens/s and less memory):")
+        for r in outcome.pareto:
+            typer.echo(f"  {r.tokens_per_s:10,.0f} tokens/s  {r.memory_peak_gib:6.1f} GiB  {plan_label(r.plan)}")
     typer.echo("")
     for line in explain_top(outcome.ranked):
         typer.echo(line)
