@@ -134,3 +134,35 @@ def screenshot(html: Path, png: Path, chromium: str, width: int = 1400, height: 
         raise EchoPlanError(f"Chromium could not take a screenshot (exit {proc.returncode}): "
                             f"{proc.stderr.strip()[-500:]}")
     return png
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m echo_plan.report.browser REPORT.html [--screenshot PNG]``: check a report in
+    headless Chromium (charts drawn, no script errors) and optionally save a screenshot."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m echo_plan.report.browser", description=main.__doc__)
+    ap.add_argument("report", type=Path)
+    ap.add_argument("--screenshot", type=Path, help="save a PNG of the top of the page here")
+    ap.add_argument("--size", default="1400x2200", help="window WIDTHxHEIGHT in pixels (default 1400x2200)")
+    args = ap.parse_args(argv)
+    chromium = find_chromium()
+    if chromium is None:
+        print("headless Chromium not found (apt-get install chromium)")
+        return 2
+    try:
+        width, height = (int(v) for v in args.size.lower().split("x"))
+    except ValueError:
+        print(f"--size {args.size!r}: expected WIDTHxHEIGHT, e.g. 1400x2200")
+        return 2
+    if args.screenshot is not None:
+        args.screenshot.parent.mkdir(parents=True, exist_ok=True)
+    page = load(args.report, chromium, screenshot_to=args.screenshot, window=(width, height))
+    print(f"{page.charts_ready} charts drawn, {page.plots_drawn} plots, JavaScript errors: {page.js_errors or 'none'}")
+    if args.screenshot is not None:
+        print(f"screenshot: {args.screenshot}")
+    return 0 if page.charts_ready and not page.js_errors and not page.console else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
