@@ -140,3 +140,16 @@ def test_knob_value_table_answers_why_a_value_was_never_tried(outcome, html):
     assert len(tp16) == 1
     assert 'class="diff"' in tp16[0] and "tp exceeds a node" in tp16[0]  # never simulated, and why
     assert len(rows) == sum(len(v) for v in outcome.pruned_by_knob.values() if len(v) > 1)
+
+
+def test_empty_search_and_compare_still_render():
+    o = search_outcome(10, gbs=256)
+    empty = replace(o, trials=(), ranked=(), pruned_counts={"out of memory (estimate)": 50})
+    assert "No plan fits" in render_report(empty)
+    c = compare_outcome(n_trials=10, gbs=256)
+    none_fit = replace(c, rows=tuple(replace(r, outcome=replace(r.outcome, ranked=(), trials=())) for r in c.rows))
+    html = render_report(none_fit)
+    assert "No plan fits at any size" in html
+    assert "no plan fits" in html[html.index('id="sizes"'):]
+    with pytest.raises(EchoPlanError, match="no cluster sizes"):
+        render_report(replace(c, rows=()))
