@@ -110,17 +110,17 @@ def rounded(obj: Any, digits: int = 5) -> Any:
     return obj
 
 
-def fmt_seconds(s: float) -> str:
+def fmt_seconds(s: float, digits: int = 3) -> str:
     """3.2 ms, 1.45 s, 2.1 min, 3.4 h, 12.3 days: the unit a person would say."""
     if s < 1.0:
-        return f"{s * 1e3:.3g} ms"
+        return f"{s * 1e3:.{digits}g} ms"
     if s < 120:
-        return f"{s:.3g} s"
+        return f"{s:.{digits}g} s"
     if s < 2 * 3600:
-        return f"{s / 60:.3g} min"
+        return f"{s / 60:.{digits}g} min"
     if s < 3 * 86400:
-        return f"{s / 3600:.3g} h"
-    return f"{s / 86400:.3g} days"
+        return f"{s / 3600:.{digits}g} h"
+    return f"{s / 86400:.{digits}g} days"
 
 
 def fmt_count(x: float) -> str:

@@ -61,7 +61,7 @@ def search_view(o: SearchOutcome, timeline_note: str | None = None) -> SearchVie
     }
     if best is not None and not best.timeline and timeline_note is None:
         timeline_note = "No timeline: this result carries no timeline events of the recommended plan."
-    return SearchView(ranked_table(o.ranked, o.tokens_budget), knob_value_table(o.pruned_by_knob), charts,
+    return SearchView(ranked_table(o.ranked, o.tokens_budget, top=50), knob_value_table(o.pruned_by_knob), charts,
                       _run_rows(o), timeline_note)
 
 

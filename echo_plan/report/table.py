@@ -64,7 +64,7 @@ def ranked_table(ranked: tuple[StepResult, ...], tokens_budget: float | None = N
                               differs=best is not None and text != knob_value(best.plan, k), numeric=num is not None))
         slower = r.step_time_s / best.step_time_s - 1 if best and best.step_time_s > 0 else 0.0
         cells += [
-            Cell(fmt_seconds(r.step_time_s), r.step_time_s),
+            Cell(fmt_seconds(r.step_time_s, 4), r.step_time_s),
             Cell("-" if i == 0 else f"+{slower:.1%}", slower),
             Cell(fmt_count(r.tokens_per_s), r.tokens_per_s),
             Cell(f"{r.mfu:.1%}", r.mfu),

@@ -79,8 +79,13 @@ def test_memory_chart_stacks_each_stage_total(outcome, html):
 
 def test_ranked_table_is_in_step_time_order_and_marks_differing_knobs(outcome, html):
     table = html[html.index('id="ranked"'):html.index('id="sec-chart-scatter"')]
-    rows = re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]
-    assert len(rows) == min(25, len(outcome.ranked))
+    headers = re.findall(r"<th[^>]*>(.*?)</th>", table)
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table, re.S)[1:]
+    assert len(rows) == min(50, len(outcome.ranked))
+    assert len(re.findall(r'<tr class="more">', table)) == max(0, len(rows) - 10)  # folded after 10
+    col = headers.index("step time")
+    steps = [float(re.findall(r'data-sort="([^"]*)"', r)[col]) for r in rows]
+    assert steps == sorted(steps) and steps[0] == pytest.approx(outcome.best.step_time_s)
     first_cells = re.findall(r"<td[^>]*>", rows[0])
     assert not any("diff" in c for c in first_cells)  # #1 differs from nothing
     assert any("diff" in c for r in rows[1:] for c in re.findall(r"<td[^>]*>", r))

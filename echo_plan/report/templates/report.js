@@ -33,6 +33,13 @@
     Array.prototype.forEach.call(table.tHead.rows[0].cells, function (h) { h.removeAttribute("aria-sort"); });
     th.setAttribute("aria-sort", asc ? "ascending" : "descending");
   }
+  document.querySelectorAll("button.more").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var card = button.closest("section");
+      var open = card.classList.toggle("unfolded");
+      button.textContent = open ? "show fewer rows" : "show all rows";
+    });
+  });
   document.querySelectorAll("table.sortable").forEach(function (table) {
     Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th, col) {
       th.addEventListener("click", function () { sortBy(table, col, th.dataset.numeric === "1", th); });
