@@ -83,8 +83,23 @@ def cluster_rows(cluster: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _listing(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_listing(x) for x in v)
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return _value(v)
+
+
 def space_rows(space: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(str(k), _value(v)) for k, v in space.items()]
+    """The space as rows; a mapping such as its knobs opens into one row per key ("knobs · tp")."""
+    rows: list[tuple[str, str]] = []
+    for k, v in space.items():
+        if isinstance(v, dict) and v:
+            rows += [(f"{k} · {k2}".replace("_", " "), _listing(v2)) for k2, v2 in v.items()]
+        else:
+            rows.append((str(k).replace("_", " "), _listing(v)))
+    return rows
 
 
 def build_inputs(model: dict[str, Any], cluster: dict[str, Any], space: dict[str, Any],

@@ -140,7 +140,7 @@ def test_write_report_is_atomic_and_checks_the_suffix(outcome, tmp_path):
 
 def test_knob_value_table_answers_why_a_value_was_never_tried(outcome, html):
     part = html[html.index('id="knob-values"'):html.index('id="inputs"')]
-    rows = re.findall(r"<tr>(.*?)</tr>", part, re.S)[1:]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", part, re.S)[1:]
     tp16 = [r for r in rows if re.match(r'\s*<td data-sort="tp"[^>]*>tp</td><td data-sort="16"', r)]
     assert len(tp16) == 1
     assert 'class="diff"' in tp16[0] and "tp exceeds a node" in tp16[0]  # never simulated, and why
