@@ -82,6 +82,13 @@ def base_layout(height: int = 380, **extra: Any) -> dict[str, Any]:
     return layout
 
 
+def label_margin(labels: list[str] | tuple[str, ...], px_per_char: float = 6.6, pad: int = 16) -> int:
+    """A left margin wide enough for these axis labels at the report's 12 px font, so Plotly need
+    not measure them and lay the chart out twice (``automargin``)."""
+    longest = max((len(x) for x in labels), default=0)
+    return int(min(480, pad + px_per_char * longest))
+
+
 def log_ticks(lo: float, hi: float) -> list[float]:
     """Tick values 1, 2, 5, 10, 20, 50, ... covering [lo, hi] for a log axis (readable, not crowded)."""
     ticks: list[float] = []

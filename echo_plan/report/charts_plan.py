@@ -6,7 +6,7 @@ from collections import defaultdict
 from typing import Any
 
 from echo_plan.replay.results import StepResult, TimelineEvent
-from echo_plan.report.chart import CAPACITY_COLOR, GiB, MEMORY_COLORS, PALETTE, Chart, base_layout
+from echo_plan.report.chart import CAPACITY_COLOR, GiB, MEMORY_COLORS, PALETTE, Chart, base_layout, label_margin
 
 # Fixed colours for the categories the replay emits; any other category takes the next free colour.
 CATEGORY_COLORS = {
@@ -54,37 +54,48 @@ def raster(events: tuple[TimelineEvent, ...], row_of: dict[tuple[int, str], int]
            cat_index: dict[str, int], bins: int) -> tuple[float, list[list[int | None]], list[list[str]]]:
     """The step cut into ``bins`` equal time slots per row: which category and event fills each slot.
 
-    A slot takes the event that overlaps it longest, so even an event shorter than a slot shows as
-    one slot. Returns (slot width in seconds, category index or None per slot, event name per slot).
+    A slot shows the event running at its middle, so where events are shorter than a slot (forward
+    and backward chunks of many micro-batches) the slots sample them in proportion to their time;
+    a slot whose middle is idle shows the event that overlaps it longest, so even an event shorter
+    than a slot shows. Returns (slot width in seconds, category index or None, event name per slot).
     """
     end = max(e.start_s + e.duration_s for e in events)
     width = end / bins if end > 0 else 1.0
     z: list[list[int | None]] = [[None] * bins for _ in range(n_rows)]
     names = [[""] * bins for _ in range(n_rows)]
-    cover = [[0.0] * bins for _ in range(n_rows)]
+    rank = [[(False, 0.0)] * bins for _ in range(n_rows)]  # (covers the middle, overlap) of the shown event
     for e in events:
         row = row_of[(e.rank, e.stream)]
         e0, e1 = e.start_s, e.start_s + e.duration_s
         first, last = int(e0 / width), min(bins - 1, int(e1 / width))
         for b in range(max(0, first), last + 1):
-            overlap = min(e1, (b + 1) * width) - max(e0, b * width)
-            if z[row][b] is None or overlap > cover[row][b]:
-                cover[row][b] = max(overlap, 0.0)
+            mid = (b + 0.5) * width
+            key = (e0 <= mid < e1, min(e1, (b + 1) * width) - max(e0, b * width))
+            if z[row][b] is None or key > rank[row][b]:
+                rank[row][b] = key
                 z[row][b] = cat_index[e.category]
                 names[row][b] = e.name
     return width, z, names
 
 
-def timeline_chart(result: StepResult, bins: int = 1600) -> Chart | None:
+# Heatmap cells the browser draws at about 10 us each on a busy 2-core machine (measured with
+# benchmarks/report_bench.py): ~36k cells keep the timeline near a third of a second.
+CELL_BUDGET = 36_000
+
+
+def timeline_chart(result: StepResult, bins: int | None = None) -> Chart | None:
     """Stages (and their streams) by time, coloured by what runs; None without events.
 
-    Drawn as a raster (a heatmap of ``bins`` time slots per row) so that a step of tens of thousands
-    of events draws as fast as one of ten, and hovering anywhere names the event.
+    Drawn as a raster (a heatmap of ``bins`` time slots per row; by default as many as keep the
+    chart within CELL_BUDGET cells, 300 to 1000, about one per pixel column) so that a step of tens
+    of thousands of events draws as fast as one of ten, and hovering anywhere names the event.
     """
     events = result.timeline
     if not events:
         return None
     labels, order = _row_labels(events, int(result.plan.get("pp", 1)))
+    if bins is None:
+        bins = max(300, min(1000, CELL_BUDGET // len(order)))
     row_of = {key: order.index(label) for key, label in labels.items()}
     present = {e.category for e in events}
     cats = sorted(present, key=lambda c: (list(CATEGORY_COLORS).index(c) if c in CATEGORY_COLORS else 99, c))
@@ -108,15 +119,16 @@ def timeline_chart(result: StepResult, bins: int = 1600) -> Chart | None:
     row_px = 30 if len(order) <= 16 else 22
     layout = base_layout(max(240, 90 + row_px * len(order)), hovermode="closest",
                          xaxis={"title": {"text": f"time in the step ({unit})"}, "range": [0, end_s * scale_to]},
-                         yaxis={"autorange": "reversed", "automargin": True, "showgrid": False,
+                         yaxis={"autorange": "reversed", "showgrid": False,
                                 "categoryorder": "array", "categoryarray": order},
-                         margin={"l": 10})
+                         margin={"l": label_margin(order)})
     return Chart("chart-timeline", "Pipeline timeline of the recommended plan",
                  f"One simulated step ({len(events)} events): each row is a pipeline stage's compute or "
                  "communication stream, coloured by what runs: forward and backward chunks of micro-batches, "
                  "point-to-point transfers, gradient reduction, the optimizer step. White on a compute row is "
-                 "pipeline bubble or waiting. Hover to name an event; drag to zoom "
-                 f"(resolution {width * 1e3:.3g} ms).", tuple(data), layout)
+                 f"pipeline bubble or waiting. Each row is cut into {bins} slots of {width * 1e3:.3g} ms; a slot "
+                 "shows what runs at its middle (or a shorter event inside it). Hover to name an event.",
+                 tuple(data), layout)
 
 
 def memory_chart(result: StepResult) -> Chart | None:

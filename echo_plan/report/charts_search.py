@@ -9,7 +9,7 @@ from typing import Any
 from echo_plan.replay.results import StepResult
 from echo_plan.report.chart import (
     BEST_COLOR, BREAKDOWN_COLORS, BREAKDOWN_NAMES, FIT_COLOR, FRONT_COLOR, NOFIT_COLOR, CAPACITY_COLOR,
-    Chart, base_layout, fmt_count, log_ticks,
+    Chart, base_layout, fmt_count, label_margin, log_ticks,
 )
 from echo_plan.report.pareto import pareto_front
 from echo_plan.report.plans import short_label
@@ -118,8 +118,7 @@ def breakdown_chart(outcome: SearchOutcome, top: int = 10) -> Chart:
         })
     layout = base_layout(max(260, 70 + 34 * len(results)), barmode="stack",
                          xaxis={"title": {"text": "step time (s)"}},
-                         yaxis={"autorange": "reversed", "automargin": True},
-                         margin={"l": 10})
+                         yaxis={"autorange": "reversed"}, margin={"l": label_margin(labels)})
     return Chart("chart-breakdown", f"Where the step time goes (top {len(results)} plans)",
                  "Each bar is one plan's step; its segments add up to the step time: compute, communication "
                  "that is not hidden behind compute, pipeline bubble, slowdown from overlapping kernels, and "
@@ -173,7 +172,7 @@ def pruned_chart(outcome: SearchOutcome) -> Chart:
              "hovertemplate": "%{y}: %{x} candidates<extra></extra>"},)
     layout = base_layout(max(200, 80 + 30 * len(items)), showlegend=False,
                          xaxis={"title": {"text": "candidates"}},
-                         yaxis={"autorange": "reversed", "automargin": True}, margin={"l": 10})
+                         yaxis={"autorange": "reversed"}, margin={"l": label_margin([k for k, _ in items])})
     total = sum(outcome.pruned_counts.values())
     return Chart("chart-pruned", "Candidates pruned, by reason",
                  f"{total} of {outcome.candidates_total} candidate plans were rejected before simulation "

@@ -14,7 +14,7 @@ event_st = st.builds(
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(event_st, min_size=1, max_size=40), st.integers(5, 300))
-def test_every_event_fills_a_slot_and_idle_slots_stay_empty(events, bins):
+def test_slots_show_what_runs_at_their_middle_and_every_event_shows(events, bins):
     events = tuple(events)
     labels, order = _row_labels(events, pp=4)
     row_of = {k: order.index(v) for k, v in labels.items()}
@@ -33,6 +33,11 @@ def test_every_event_fills_a_slot_and_idle_slots_stay_empty(events, bins):
             lo, hi = b * width, (b + 1) * width
             assert any(row_of[(e.rank, e.stream)] == row and e.name == names[row][b]
                        and e.start_s <= hi and e.start_s + e.duration_s >= lo for e in events)
+            mid = (b + 0.5) * width
+            at_mid = {e.name for e in events if row_of[(e.rank, e.stream)] == row
+                      and e.start_s <= mid < e.start_s + e.duration_s}
+            if at_mid:  # what runs at the slot's middle is what the slot shows
+                assert names[row][b] in at_mid
 
 
 def test_one_f_one_b_timeline_chart_rows_and_legend():
