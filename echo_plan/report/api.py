@@ -40,11 +40,17 @@ def make_report(outcome: SearchOutcome | CompareOutcome, path: str | Path, *, fi
 
 def report_from_cli(outcome: SearchOutcome | CompareOutcome, path: str | None, cache_dir: str | None = None,
                     quiet_stdout: bool = False) -> WrittenReport | None:
-    """What ``--report FILE`` on search and compare does: write the report, then say where it is
-    (on stderr when stdout carries JSON)."""
+    """What search and compare do at the end: store the search's settings with its study (so that
+    ``echo-plan report`` can re-render it fully later), and with ``--report FILE`` write the report
+    and say where it is (on stderr when stdout carries JSON)."""
+    import typer
+
+    from echo_plan.report.load import save_settings
+
+    for note in save_settings(outcome):
+        typer.echo(f"note: {note}", err=True)
     if not path:
         return None
-    import typer
 
     written = make_report(outcome, path, simulator=timeline_simulator(cache_dir))
     if written.timeline_note:

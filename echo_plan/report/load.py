@@ -10,6 +10,7 @@ stored it, and otherwise rebuilt from the presets named in the trials' results (
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +144,31 @@ def load_study(url: str, study_name: str | None = None) -> SearchOutcome:
     return _with_trials(base, trials, tuple(notes))
 
 
-def _with_trials(base: SearchOutcome, trials: list[TrialRecord], notes: tuple[str, ...]) -> SearchOutcome:
-    from dataclasses import replace
+def save_settings(outcome: SearchOutcome | CompareOutcome) -> list[str]:
+    """Store each search's settings (the outcome without its trials) as the study's user attribute
+    ``echo_plan_outcome``, so that ``echo-plan report STUDY`` later shows the same model, cluster,
+    space and pruning counts. Studies kept in memory are skipped. Returns a note per study that
+    could not be written (the search's results are safe in its trials either way)."""
+    import optuna
 
+    from echo_plan.search.serialize import outcome_to_json
+
+    outcomes = [r.outcome for r in outcome.rows] if isinstance(outcome, CompareOutcome) else [outcome]
+    notes = []
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for o in outcomes:
+        if "://" not in o.storage:
+            continue
+        meta = outcome_to_json(replace(o, trials=(), ranked=(), pareto=()))
+        try:
+            study = optuna.load_study(study_name=o.study_name, storage=o.storage)
+            study.set_user_attr(OUTCOME_ATTR, json.dumps(meta, default=str))
+        except Exception as exc:  # a read-only or unreachable database must not fail the search
+            notes.append(f"could not store the search's settings in study {o.study_name}: {type(exc).__name__}: {exc}")
+    return notes
+
+
+def _with_trials(base: SearchOutcome, trials: list[TrialRecord], notes: tuple[str, ...]) -> SearchOutcome:
     return replace(base, trials=tuple(trials), ranked=_ranked(trials), notes=(*base.notes, *notes))
 
 

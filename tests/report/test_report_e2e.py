@@ -58,3 +58,5 @@ def test_search_report_then_report_from_json_and_from_the_study(tmp_path, common
     top = [t for t in scatter["data"] if t["name"] == "recommended"][0]
     assert top["y"][0] == pytest.approx(best["tokens_per_s"], rel=1e-4)
     assert "No timeline" in text  # --no-simulate, and studies keep no timelines
+    # the search stored its settings with the study, so the report shows its space, not a guess
+    assert "not the search&#39;s settings" not in text and "knobs · pp" in text
