@@ -25,8 +25,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write the HTML report from a saved result or a study, without re-running the search.
 
-        Nothing is simulated, except the recommended plan once when its stored result has no
-        timeline (the report says so; --no-simulate skips it).
+        Nothing is simulated, except the recommended plan once when its stored result has no timeline (the report says so; --no-simulate skips it).
         """
         from echo_plan.report.api import make_report
         from echo_plan.report.enrich import timeline_simulator
