@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import resource
 import shutil
 import subprocess
 import tempfile
@@ -40,7 +39,6 @@ class PageLoad:
     dom: str  # the serialized DOM after scripts ran
     console: tuple[str, ...]  # console messages Chromium logged at error level, and JavaScript exceptions
     wall_s: float  # the Chromium run from start to exit, browser start-up included
-    cpu_s: float = 0.0  # CPU time of Chromium's processes in that run (does not grow when the machine is busy)
 
     @property
     def js_errors(self) -> list[str]:
@@ -75,19 +73,14 @@ class PageLoad:
         return len(re.findall(r'class="[^"]*js-plotly-plot', self.dom))
 
 
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _run(args: list[str], timeout_s: float) -> tuple[subprocess.CompletedProcess, float, float]:
-    """Run Chromium; returns the process, its wall time and the CPU time of its processes."""
-    t0, c0 = time.perf_counter(), _children_cpu_s()
+def _run(args: list[str], timeout_s: float) -> tuple[subprocess.CompletedProcess, float]:
+    """Run Chromium; returns the process and its wall time."""
+    t0 = time.perf_counter()
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, errors="replace")
     except subprocess.TimeoutExpired:
         raise EchoPlanError(f"Chromium did not finish within {timeout_s:g} s") from None
-    return proc, time.perf_counter() - t0, _children_cpu_s() - c0
+    return proc, time.perf_counter() - t0
 
 
 def _console_errors(stderr: str) -> tuple[str, ...]:
@@ -102,10 +95,11 @@ def _console_errors(stderr: str) -> tuple[str, ...]:
 
 
 def load(html: Path, chromium: str, budget_ms: int | None = 5000, timeout_s: float = 90.0,
-         screenshot_to: Path | None = None, window: tuple[int, int] = (1400, 2400)) -> PageLoad:
+         screenshot_to: Path | None = None, window: tuple[int, int] = (1400, 2400), fragment: str = "") -> PageLoad:
     """Load ``html`` and return its DOM after the scripts ran (``budget_ms`` of virtual time lets
     timers settle; None reads the DOM at the load event, in real time, for timing);
-    with ``screenshot_to``, the same run also saves a PNG of the top ``window`` pixels."""
+    with ``screenshot_to``, the same run also saves a PNG of the top ``window`` pixels.
+    ``fragment`` is added to the URL (``"sync"``: the report draws before its load event)."""
     with tempfile.TemporaryDirectory(prefix="echo-plan-chromium-") as profile:
         args = [chromium, *BASE_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
                 f"--window-size={window[0]},{window[1]}"]
@@ -113,13 +107,14 @@ def load(html: Path, chromium: str, budget_ms: int | None = 5000, timeout_s: flo
             args.append(f"--virtual-time-budget={budget_ms}")
         if screenshot_to is not None:
             args.append(f"--screenshot={Path(screenshot_to).resolve()}")
-        args += ["--dump-dom", Path(html).resolve().as_uri()]
-        proc, wall, cpu = _run(args, timeout_s)
+        url = Path(html).resolve().as_uri() + (f"#{fragment}" if fragment else "")
+        args += ["--dump-dom", url]
+        proc, wall = _run(args, timeout_s)
     if proc.returncode != 0 or not proc.stdout.strip():
         raise EchoPlanError(f"Chromium failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
     if screenshot_to is not None and not Path(screenshot_to).exists():
         raise EchoPlanError(f"Chromium wrote no screenshot: {proc.stderr.strip()[-500:]}")
-    return PageLoad(proc.stdout, _console_errors(proc.stderr), wall, cpu)
+    return PageLoad(proc.stdout, _console_errors(proc.stderr), wall)
 
 
 def screenshot(html: Path, png: Path, chromium: str, width: int = 1400, height: int = 2400,
@@ -129,7 +124,7 @@ def screenshot(html: Path, png: Path, chromium: str, width: int = 1400, height: 
     with tempfile.TemporaryDirectory(prefix="echo-plan-chromium-") as profile:
         args = [chromium, *BASE_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
                 f"--virtual-time-budget={budget_ms}", f"--screenshot={png}", Path(html).resolve().as_uri()]
-        proc, _, _ = _run(args, timeout_s)
+        proc, _ = _run(args, timeout_s)
     if proc.returncode != 0 or not png.exists():
         raise EchoPlanError(f"Chromium could not take a screenshot (exit {proc.returncode}): "
                             f"{proc.stderr.strip()[-500:]}")
