@@ -7,6 +7,7 @@ it (charts drawn, no JavaScript errors) and how long it takes to open.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -73,11 +74,12 @@ class PageLoad:
         return len(re.findall(r'class="[^"]*js-plotly-plot', self.dom))
 
 
-def _run(args: list[str], timeout_s: float) -> tuple[subprocess.CompletedProcess, float]:
-    """Run Chromium; returns the process and its wall time."""
+def _run(args: list[str], timeout_s: float, profile: str) -> tuple[subprocess.CompletedProcess, float]:
+    """Run Chromium with its home and caches inside ``profile``; returns the process and its wall time."""
+    env = {**os.environ, "HOME": profile, "XDG_CONFIG_HOME": profile, "XDG_CACHE_HOME": profile}
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, errors="replace")
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, errors="replace", env=env)
     except subprocess.TimeoutExpired:
         raise EchoPlanError(f"Chromium did not finish within {timeout_s:g} s") from None
     return proc, time.perf_counter() - t0
@@ -95,12 +97,15 @@ def _console_errors(stderr: str) -> tuple[str, ...]:
 
 
 def load(html: Path, chromium: str, budget_ms: int | None = 5000, timeout_s: float = 90.0,
-         screenshot_to: Path | None = None, window: tuple[int, int] = (1400, 2400), fragment: str = "") -> PageLoad:
+         screenshot_to: Path | None = None, window: tuple[int, int] = (1400, 2400), fragment: str = "",
+         profile_root: Path | None = None) -> PageLoad:
     """Load ``html`` and return its DOM after the scripts ran (``budget_ms`` of virtual time lets
     timers settle; None reads the DOM at the load event, in real time, for timing);
     with ``screenshot_to``, the same run also saves a PNG of the top ``window`` pixels.
-    ``fragment`` is added to the URL (``"sync"``: the report draws before its load event)."""
-    with tempfile.TemporaryDirectory(prefix="echo-plan-chromium-") as profile:
+    ``fragment`` is added to the URL (``"sync"``: the report draws before its load event).
+    Chromium's profile, home and caches live in a temporary folder under ``profile_root`` (default:
+    the system's temporary folder), removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="echo-plan-chromium-", dir=profile_root) as profile:
         args = [chromium, *BASE_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
                 f"--window-size={window[0]},{window[1]}"]
         if budget_ms is not None:
@@ -109,7 +114,7 @@ def load(html: Path, chromium: str, budget_ms: int | None = 5000, timeout_s: flo
             args.append(f"--screenshot={Path(screenshot_to).resolve()}")
         url = Path(html).resolve().as_uri() + (f"#{fragment}" if fragment else "")
         args += ["--dump-dom", url]
-        proc, wall = _run(args, timeout_s)
+        proc, wall = _run(args, timeout_s, profile)
     if proc.returncode != 0 or not proc.stdout.strip():
         raise EchoPlanError(f"Chromium failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
     if screenshot_to is not None and not Path(screenshot_to).exists():
@@ -118,13 +123,13 @@ def load(html: Path, chromium: str, budget_ms: int | None = 5000, timeout_s: flo
 
 
 def screenshot(html: Path, png: Path, chromium: str, width: int = 1400, height: int = 2400,
-               budget_ms: int = 5000, timeout_s: float = 60.0) -> Path:
+               budget_ms: int = 5000, timeout_s: float = 60.0, profile_root: Path | None = None) -> Path:
     """A PNG of the top ``width`` x ``height`` pixels of the loaded page."""
     png = Path(png).resolve()
-    with tempfile.TemporaryDirectory(prefix="echo-plan-chromium-") as profile:
+    with tempfile.TemporaryDirectory(prefix="echo-plan-chromium-", dir=profile_root) as profile:
         args = [chromium, *BASE_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
                 f"--virtual-time-budget={budget_ms}", f"--screenshot={png}", Path(html).resolve().as_uri()]
-        proc, _ = _run(args, timeout_s)
+        proc, _ = _run(args, timeout_s, profile)
     if proc.returncode != 0 or not png.exists():
         raise EchoPlanError(f"Chromium could not take a screenshot (exit {proc.returncode}): "
                             f"{proc.stderr.strip()[-500:]}")

@@ -39,17 +39,20 @@ def check_drawn(load, expected_charts):
 def test_search_report_loads_draws_and_screenshots(tmp_path):
     html = write_report(search_outcome(120, seed=5), tmp_path / "search.html")
     png = tmp_path / "search.png"
-    load = browser.load(html, CHROMIUM, screenshot_to=png, window=(1280, 1600))
+    load = browser.load(html, CHROMIUM, screenshot_to=png, window=(1280, 1600), profile_root=tmp_path)
     check_drawn(load, 6)
     assert "tp" in re.search(r'<div class="plan">(.*?)</div>', load.dom).group(1)
     assert png_size(png) == (1280, 1600)
     assert png.stat().st_size > 50_000  # a drawn page, not a blank one
 
 
-def test_compare_report_loads_and_draws(tmp_path):
+def test_compare_report_loads_and_draws_before_load_in_sync_mode(tmp_path):
     html = write_report(compare_outcome(n_trials=30), tmp_path / "compare.html")
-    load = browser.load(html, CHROMIUM)
+    # report.html#sync (the benchmark's timing mode) draws everything before the load event, where
+    # headless Chromium reads the DOM in real time (no virtual time)
+    load = browser.load(html, CHROMIUM, budget_ms=None, fragment="sync", profile_root=tmp_path)
     check_drawn(load, 8)
+    assert 0 < float(load.body_attr("data-plotly-ms")) <= load.charts_ms
     assert 'id="sizes"' in load.dom
 
 
@@ -57,6 +60,6 @@ def test_a_script_error_is_caught_and_reported(tmp_path):
     html = write_report(search_outcome(20, seed=2), tmp_path / "broken.html")
     text = html.read_text(encoding="utf-8")
     html.write_text(text.replace('var payload = JSON.parse(', 'var payload = JSON.parse("{" + ', 1), encoding="utf-8")
-    load = browser.load(html, CHROMIUM)
+    load = browser.load(html, CHROMIUM, profile_root=tmp_path)
     assert load.js_errors and "JSON" in " ".join(load.js_errors)
     assert load.charts_ready == 0
