@@ -31,3 +31,39 @@ def test_ray_workers_rank_like_in_process_and_share_the_trace_cache(tmp_path):
     assert local.traces_made == 0
     # every distinct layer (one cache file each) was traced exactly once across the workers
     assert on_ray.traces_made == len(list((tmp_path / "traces").glob("*.json")))
+
+
+@pytest.mark.slow
+def test_a_crashed_worker_loses_no_finished_trial(tmp_path):
+    import os
+
+    import ray
+
+    from . import toy
+    from echo_plan.search.results import TrialState
+
+    class Dying(toy.ToyEvaluator):
+        def evaluate(self, plan):
+            if plan.tp == 8 and plan.pp == 2:
+                os._exit(1)  # the worker process dies mid-plan
+            return super().evaluate(plan)
+
+    class DyingFactory(toy.ToyFactory):
+        def build(self):
+            return Dying(self.model, self.cluster)
+
+    ray.cloudpickle.register_pickle_by_value(toy)  # workers cannot import the tests package
+    model, cluster = load_model("gpt-13b"), load_cluster("h800", gpus=64)
+    space = space_from_mapping({"knobs": {"tp": [2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2]}})
+    url = f"sqlite:///{tmp_path / 'crash.db'}"
+    config = SearchConfig(model=model, cluster=cluster, global_batch_size=512, space=space, storage=url,
+                          sampler=SamplerKind.GRID, workers=2)
+    outcome = run_search(config, DyingFactory(model, cluster), memory=toy.toy_memory)
+    failed = [t for t in outcome.trials if t.state is TrialState.FAILED]
+    assert failed and all(t.plan["tp"] == 8 and t.plan["pp"] == 2 and "worker failed" in t.detail for t in failed)
+    done = [t for t in outcome.trials if t.state is TrialState.COMPLETE]
+    assert len(done) + len(failed) == len(outcome.trials)
+    assert done  # plans after the crash still ran on a new worker
+    # and every finished trial is in storage
+    again = run_search(config, toy.ToyFactory(model, cluster), memory=toy.toy_memory)
+    assert len(again.trials) == len(outcome.trials)
