@@ -279,12 +279,17 @@ def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[f
     profile_ids: dict[tuple, int] = {}
     profiles: list[tuple] = []
     pid = [0] * n
+    by_raw: dict[tuple, int] = {}  # (kind, mix as given) -> profile; level 2 repeats a few mixes
     for i, t in enumerate(tasks):
-        p = (t.kind, _normalised(t))
-        k = profile_ids.get(p)
+        raw = (t.kind, t.mix)
+        k = by_raw.get(raw)
         if k is None:
-            k = profile_ids[p] = len(profiles)
-            profiles.append(p)
+            p = (t.kind, _normalised(t))
+            k = profile_ids.get(p)
+            if k is None:
+                k = profile_ids[p] = len(profiles)
+                profiles.append(p)
+            by_raw[raw] = k
         pid[i] = k
     running: dict[int, list[int]] = {}  # device -> running task indices
     fcache: dict[tuple, float] = {}
