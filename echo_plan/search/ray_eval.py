@@ -32,6 +32,8 @@ class RayPool:
             kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING,
                                           log_to_driver=False, configure_logging=True)
             os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+            if address is not None:
+                check_reachable(address)
             try:
                 if address is not None:
                     ray.init(address=address, **kwargs)
@@ -85,6 +87,22 @@ class RayPool:
         if self._started:
             self._ray.shutdown()
             self._started = False
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a ``host:port`` nothing listens on (ray.init would retry for minutes).
+    ``auto`` and ``ray://`` client addresses are left to Ray."""
+    import socket
+
+    if address == "auto" or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        raise EchoPlanError(f"--ray-address {address}: nothing answers there ({exc}); start Ray with "
+                            f"`ray start --head` or use --workers N for a local one") from None
 
 
 class _Worker:

@@ -85,3 +85,12 @@ def test_a_space_no_plan_can_take_says_why(tmp_path, capsys):
     assert main(["search", "--gpus", "8", "--space", str(space), "--storage", "memory", "--explain"]) == 2
     captured = capsys.readouterr()
     assert "tp x pp does not divide the GPUs" in captured.err
+
+
+def test_an_unreachable_ray_address_fails_fast(common, capsys):
+    import time
+
+    t0 = time.perf_counter()
+    assert main(["search", "--gpus", "8", *common, "--ray-address", "127.0.0.1:1"]) == 2
+    assert time.perf_counter() - t0 < 30
+    assert "--ray-address 127.0.0.1:1" in capsys.readouterr().err
