@@ -110,6 +110,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "
     from echo_plan.cost.memory import stage_memory
     from echo_plan.errors import SpecError
     from echo_plan.replay.engine import replay
+    from echo_plan.replay.steady import StepReplay, steady_state_step
 
     validate_plan(plan, model, cluster)
     if work_scale is not None and (len(work_scale) != plan.pp or min(work_scale) <= 0):
@@ -128,21 +129,29 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "
     def comm_time(kind: CollectiveKind, nbytes: int, group: CommGroup) -> float:
         return memo.comm_time(comm, cluster_key, cluster, kind, nbytes, group)
 
-    costs = _step_costs(model, cluster, plan, timing, compute, comm_time, work_scale)
-    steps = build_tasks(costs)
-    result = replay(steps.tasks, interference)
-    rank = critical_rank(result, plan.pp)
-    breakdown = step_breakdown(steps, result, rank)
-    step_s = result.makespan_s
+    def replay_at(m: int) -> StepReplay:
+        at = plan if m == plan.num_microbatches else plan.replace(
+            global_batch_size=m * plan.dp * plan.micro_batch_size)
+        steps = build_tasks(_step_costs(model, cluster, at, timing, compute, comm_time, work_scale))
+        result = replay(steps.tasks, interference)
+        rank = critical_rank(result, plan.pp)
+        return StepReplay(m, result.makespan_s, step_breakdown(steps, result, rank), rank, len(steps.tasks),
+                          steps, result)
+
+    step = steady_state_step(plan.pp, plan.virtual_stages, plan.num_microbatches, replay_at, exact=timeline)
+    rank, breakdown, step_s = step.rank, step.breakdown, step.step_s
     thr = throughput(model, plan, cluster.num_gpus, cluster.gpu.peak_tflops(plan.dtype), step_s)
     memory = stage_memory(model, plan, cluster, traces)
     events: tuple = ()
-    if timeline:
+    if timeline and step.full is not None:
         from echo_plan.replay.timeline import timeline_events
 
-        events = timeline_events(steps, result)
+        events = timeline_events(step.full.steps, step.full.result)
     notes = [f"critical pipeline stage: {rank}", f"micro-batches per step: {plan.num_microbatches}",
-             f"level-2 tasks: {len(steps.tasks)}"]
+             f"level-2 tasks: {step.tasks_replayed}"]
+    if step.extrapolated:
+        notes.append("steady state verified periodic at {} micro-batches and extrapolated exactly".format(
+            ", ".join(map(str, step.sampled[-3:]))))
     over = [m for m in memory if not m.fits]
     if over:
         worst = max(over, key=lambda m: m.overflow_bytes)
