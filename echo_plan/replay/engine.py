@@ -34,12 +34,13 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from echo_plan.replay.interference import InterferenceModel, Mix
 from echo_plan.replay.kinds import TaskKind
+from echo_plan.replay.outcome import IdleInterval, ReplayResult
 
-__all__ = ["TaskKind", "Task", "IdleInterval", "ReplayResult", "replay"]
+__all__ = ["TaskKind", "Task", "IdleInterval", "ReplayResult", "replay", "replay_columns"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,141 +63,59 @@ class Task:
     mix: Mix | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class IdleInterval:
-    """A gap on a stream: from ``start_s`` to ``end_s`` nothing ran on it. ``waited_on`` is the id
-    of the dependency whose end released ``next_task`` (the task after the gap); both are None for
-    the gap after a stream's last task up to ``until_s``."""
-
-    start_s: float
-    end_s: float
-    waited_on: int | None
-    next_task: int | None
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayResult:
-    """Start and end of every task (by task id), and what interference cost each."""
-
-    tasks: tuple[Task, ...]
-    start_s: dict[int, float]
-    end_s: dict[int, float]
-    slowdown_s: dict[int, float]  # end - start - work_s: what interference cost each task (>= 0)
-    waited_on: dict[int, int | None]  # the dependency that ended last, if it (not the stream) set the start
-    makespan_s: float
-    streams: dict[tuple[int, str], tuple[int, ...]]  # (device, stream) -> its task ids in run order
-    device_end_s: dict[int, float]  # device -> when its last task ended
-
-    @property
-    def total_slowdown_s(self) -> float:
-        return sum(self.slowdown_s.values())
-
-    def device_end(self, device: int) -> float:
-        """When the last task of ``device`` ended (0.0 for a device with no task)."""
-        return self.device_end_s.get(device, 0.0)
-
-    def stream_ids(self, device: int, stream: str) -> tuple[int, ...]:
-        """Ids of the tasks of one stream, in the order they ran."""
-        return self.streams.get((device, stream), ())
-
-    def busy_s(self, device: int, stream: str) -> float:
-        return sum(self.end_s[i] - self.start_s[i] for i in self.stream_ids(device, stream))
-
-    def idle_intervals(self, device: int, stream: str, since_s: float = 0.0,
-                       until_s: float | None = None) -> tuple[IdleInterval, ...]:
-        """The gaps of a stream between ``since_s`` and its last task (or ``until_s``), each with the
-        task it waited on. Zero-length gaps are left out."""
-        out: list[IdleInterval] = []
-        cursor = since_s
-        for i in self.stream_ids(device, stream):
-            s = self.start_s[i]
-            if s > cursor:
-                out.append(IdleInterval(cursor, s, self.waited_on[i], i))
-            cursor = max(cursor, self.end_s[i])
-        if until_s is not None and until_s > cursor:
-            out.append(IdleInterval(cursor, until_s, None, None))
-        return tuple(out)
-
-
 def replay(tasks: Sequence[Task], interference: InterferenceModel | None = None) -> ReplayResult:
     """Replay ``tasks`` (semantics in the module docstring). ``interference=None`` means none."""
+    tasks = tuple(tasks)
+    return _replay(_Graph.of_tasks(tasks), interference, tasks)
+
+
+def replay_columns(device: list[int], stream: list[str], work: list[float], kind: list[TaskKind],
+                   mix: list[Mix | None], deps: list[tuple[int, ...]], interference: InterferenceModel | None,
+                   tasks: Callable[[], Sequence[Task]]) -> ReplayResult:
+    """``replay`` of tasks given as parallel lists, task ``i`` having id ``i`` (deps are positions, each
+    lower or higher, all in range: the caller builds them). ``tasks`` makes the Task objects, only
+    when something asks for them (an error message, ``ReplayResult.tasks``)."""
+    return _replay(_Graph(device, stream, work, kind, mix, deps, None, tasks), interference, tasks)
+
+
+def _replay(g: "_Graph", interference: InterferenceModel | None, tasks) -> ReplayResult:
     model = interference if interference is not None else InterferenceModel.none()
-    g = _Graph(tasks)
     if model.is_none:
         start, end, dep_end, dep_last = _run_plain(g)
     else:
         start, end, dep_end, dep_last = _run_rates(g, model)
-    ids = g.ids
-    waited: dict[int, int | None] = {}
-    for q in g.queues:
-        prev_end = 0.0
-        for i in q:
-            j = dep_last[i]
-            waited[ids[i]] = ids[j] if j >= 0 and dep_end[i] > prev_end else None
-            prev_end = end[i]
-    work = g.work
-    device_end: dict[int, float] = {}
-    for d, e in zip(g.device_of, end):
-        if e > device_end.get(d, -1.0):
-            device_end[d] = e
-    return ReplayResult(
-        tasks=tuple(tasks),
-        start_s=dict(zip(ids, start)),
-        end_s=dict(zip(ids, end)),
-        slowdown_s=dict(zip(ids, [max(0.0, e - s - w) for s, e, w in zip(start, end, work)])),
-        waited_on=waited,
-        makespan_s=max(end, default=0.0),
-        streams={key: tuple(ids[i] for i in q) for key, q in zip(g.stream_keys, g.queues)},
-        device_end_s=device_end,
-    )
+    ids = g.ids if g.ids is not None else range(g.n)
+    return ReplayResult(tasks, ids, start, end, g.work, dep_end, dep_last, g.stream_keys, g.queues)
 
 
 class _Graph:
-    """Tasks as index arrays: work, stream id, device, dependency counts and dependents."""
+    """Tasks as index arrays: work, stream id, device, kind, mix, dependency counts and dependents.
+    ``ids`` is None when task ``i`` has id ``i``; ``tasks()`` gives the Task objects (for messages)."""
 
-    __slots__ = ("tasks", "n", "ids", "work", "stream_of", "device_of", "queues", "stream_keys", "ndeps",
-                 "dependents")
+    __slots__ = ("tasks", "n", "ids", "work", "kind", "mix", "stream_of", "device_of", "queues", "stream_keys",
+                 "ndeps", "dependents")
 
-    def __init__(self, tasks: Sequence[Task]) -> None:
+    def __init__(self, device: list[int], stream: list[str], work: list[float], kind: list[TaskKind],
+                 mix: list[Mix | None], deps: list[tuple[int, ...]], ids: list[int] | None,
+                 tasks: Callable[[], Sequence[Task]]) -> None:
         self.tasks = tasks
-        n = self.n = len(tasks)
-        ids = self.ids = [t.id for t in tasks]
-        work = self.work = [t.work_s for t in tasks]
-        for t, w in zip(tasks, work):
-            if not (w >= 0.0 and math.isfinite(w)):
-                raise ValueError(f"task {t.id} ({t.name}): work_s must be finite and >= 0, got {w!r}")
-        if ids == list(range(n)):
-            idx_of: dict[int, int] | None = None
-        else:
-            idx_of = {tid: i for i, tid in enumerate(ids)}
-            if len(idx_of) != n:
-                seen: set[int] = set()
-                dup = next(x for x in ids if x in seen or seen.add(x))  # type: ignore[func-returns-value]
-                raise ValueError(f"duplicate task id {dup}")
-        ndeps = self.ndeps = [0] * n
+        n = self.n = len(work)
+        self.ids, self.work, self.kind, self.mix, self.device_of = ids, work, kind, mix, device
+        if work and not (min(work) >= 0.0 and max(work) < math.inf and sum(work) == sum(work)):
+            for i, w in enumerate(work):  # NaN, inf or negative somewhere: name the first
+                if not (w >= 0.0 and math.isfinite(w)):
+                    t = tasks()[i]
+                    raise ValueError(f"task {t.id} ({t.name}): work_s must be finite and >= 0, got {w!r}")
+        self.ndeps = [len(d) for d in deps]
         dependents: list[list[int]] = [[] for _ in range(n)]
         self.dependents = dependents
-        for i, t in enumerate(tasks):
-            deps = t.deps
-            if not deps:
-                continue
-            for d in deps:
-                j = d if idx_of is None and 0 <= d < n and isinstance(d, int) else (
-                    idx_of.get(d) if idx_of is not None else None)
-                if j is None:
-                    raise ValueError(f"task {t.id} ({t.name}) depends on unknown task {d}")
-                dependents[j].append(i)
-            ndeps[i] = len(deps)
+        for i, ds in enumerate(deps):
+            for d in ds:
+                dependents[d].append(i)
         sid_of: dict[tuple[int, str], int] = {}
         queues: list[list[int]] = []
         stream_of = self.stream_of = [0] * n
-        device_of = self.device_of = [t.device for t in tasks]
-        for i, t in enumerate(tasks):
-            key = (device_of[i], t.stream)
+        for i, key in enumerate(zip(device, stream)):
             s = sid_of.get(key)
             if s is None:
                 s = sid_of[key] = len(queues)
@@ -206,10 +125,45 @@ class _Graph:
         self.queues = queues
         self.stream_keys = list(sid_of)
 
+    @classmethod
+    def of_tasks(cls, tasks: tuple[Task, ...]) -> "_Graph":
+        """From Task objects: checks ids and deps and turns deps into positions."""
+        n = len(tasks)
+        ids = [t.id for t in tasks]
+        if ids == list(range(n)):
+            idx_of: dict[int, int] | None = None
+        else:
+            idx_of = {tid: i for i, tid in enumerate(ids)}
+            if len(idx_of) != n:
+                seen: set[int] = set()
+                dup = next(x for x in ids if x in seen or seen.add(x))  # type: ignore[func-returns-value]
+                raise ValueError(f"duplicate task id {dup}")
+        work = [t.work_s for t in tasks]
+        if work and not (min(work) >= 0.0 and max(work) < math.inf and sum(work) == sum(work)):
+            for t, w in zip(tasks, work):
+                if not (w >= 0.0 and math.isfinite(w)):
+                    raise ValueError(f"task {t.id} ({t.name}): work_s must be finite and >= 0, got {w!r}")
+        deps: list[tuple[int, ...]] = []
+        for t in tasks:
+            ds = t.deps
+            if ds:
+                out = []
+                for d in ds:
+                    j = d if idx_of is None and 0 <= d < n and isinstance(d, int) else (
+                        idx_of.get(d) if idx_of is not None else None)
+                    if j is None:
+                        raise ValueError(f"task {t.id} ({t.name}) depends on unknown task {d}")
+                    out.append(j)
+                deps.append(tuple(out))
+            else:
+                deps.append(())
+        return cls([t.device for t in tasks], [t.stream for t in tasks], work, [t.kind for t in tasks],
+                   [t.mix for t in tasks], deps, None if idx_of is None else ids, lambda: tasks)
+
     def deadlock(self, ndeps: list[int], head: list[int]) -> ValueError:
         for s, q in enumerate(self.queues):
             if head[s] < len(q):
-                t = self.tasks[q[head[s]]]
+                t = self.tasks()[q[head[s]]]
                 why = "waits on tasks that never end" if ndeps[q[head[s]]] else "is blocked"
                 return ValueError(f"deadlock: task {t.id} ({t.name or t.kind.value}) on device {t.device} "
                                   f"stream {t.stream!r} {why} (a cycle through deps and stream order)")
@@ -262,8 +216,8 @@ def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[f
     """With interference: a heap of predicted ends; when the set of running tasks on a device
     changes, each running task there whose factor changed is brought up to date and re-queued
     (older predictions are skipped by a version number)."""
-    tasks, n, work, queues, stream_of, device_of, dependents = (
-        g.tasks, g.n, g.work, g.queues, g.stream_of, g.device_of, g.dependents)
+    n, work, queues, stream_of, device_of, dependents = (g.n, g.work, g.queues, g.stream_of, g.device_of,
+                                                         g.dependents)
     ndeps = list(g.ndeps)
     nstreams = len(queues)
     head = [0] * nstreams
@@ -280,11 +234,10 @@ def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[f
     profiles: list[tuple] = []
     pid = [0] * n
     by_raw: dict[tuple, int] = {}  # (kind, mix as given) -> profile; level 2 repeats a few mixes
-    for i, t in enumerate(tasks):
-        raw = (t.kind, t.mix)
+    for i, raw in enumerate(zip(g.kind, g.mix)):
         k = by_raw.get(raw)
         if k is None:
-            p = (t.kind, _normalised(t))
+            p = (raw[0], _normalised(g, i))
             k = profile_ids.get(p)
             if k is None:
                 k = profile_ids[p] = len(profiles)
@@ -293,6 +246,7 @@ def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[f
         pid[i] = k
     running: dict[int, list[int]] = {}  # device -> running task indices
     fcache: dict[tuple, float] = {}
+    task_factor = model.task_factor
     heap: list[tuple[float, int, int, int]] = []  # (time, seq, task index, version)
     heappush, heappop = heapq.heappush, heapq.heappop
     seq = 0
@@ -319,38 +273,41 @@ def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[f
             run.append(i)
         dirty.add(d)
 
-    def update_device(d: int, now: float) -> None:
-        nonlocal seq
-        run = running[d]
-        alone = len(run) == 1
-        for i in run:
-            if alone:
-                f = 1.0
-            else:
-                key = (pid[i], tuple(sorted(pid[j] for j in run if j != i)))
-                f = fcache.get(key)
-                if f is None:
-                    f = fcache[key] = model.task_factor(*profiles[pid[i]], [profiles[o] for o in key[1]])
-            fi = factor[i]
-            if f != fi:
-                if fi > 0.0:
-                    r = rem[i] - (now - last[i]) / fi
-                    rem[i] = r if r > 0.0 else 0.0
-                    last[i] = now
-                factor[i] = f
-                v = ver[i] = ver[i] + 1
-                heappush(heap, (now + rem[i] * f, seq, i, v))
-                seq += 1
-
     for s in range(nstreams):
         start_head(s, 0.0)
-    for d in dirty:
-        update_device(d, 0.0)
-    dirty.clear()
-    while heap:
-        now, _, i, v = heappop(heap)
-        if v != ver[i]:
-            continue
+    now = 0.0
+    while True:
+        for d in dirty:  # bring the tasks of every device whose running set changed up to date
+            run = running[d]
+            nrun = len(run)
+            for i in run:
+                if nrun == 1:
+                    f = 1.0
+                else:
+                    if nrun == 2:
+                        key = (pid[i], (pid[run[1] if run[0] == i else run[0]],))
+                    else:
+                        key = (pid[i], tuple(sorted([pid[j] for j in run if j != i])))
+                    f = fcache.get(key)
+                    if f is None:
+                        f = fcache[key] = task_factor(*profiles[key[0]], [profiles[o] for o in key[1]])
+                fi = factor[i]
+                if f != fi:
+                    if fi > 0.0:
+                        r = rem[i] - (now - last[i]) / fi
+                        rem[i] = r if r > 0.0 else 0.0
+                        last[i] = now
+                    factor[i] = f
+                    v = ver[i] = ver[i] + 1
+                    heappush(heap, (now + rem[i] * f, seq, i, v))
+                    seq += 1
+        dirty.clear()
+        while heap:
+            now, _, i, v = heappop(heap)
+            if v == ver[i]:
+                break
+        else:
+            break
         end[i] = now
         ver[i] = -1
         done += 1
@@ -361,27 +318,33 @@ def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[f
         running[d].remove(i)
         dirty.add(d)
         for j in dependents[i]:
-            ndeps[j] -= 1
+            nd = ndeps[j] = ndeps[j] - 1
             if now >= dep_end[j]:
                 dep_end[j] = now
                 dep_last[j] = i
-            if ndeps[j] == 0:
-                start_head(stream_of[j], now)
-        start_head(s, now)
-        for d in dirty:
-            update_device(d, now)
-        dirty.clear()
+            if nd == 0:
+                sj = stream_of[j]
+                if not busy[sj]:
+                    start_head(sj, now)
+        # the stream's next task (its deps may all have ended already)
+        q = queues[s]
+        h = head[s]
+        if h < len(q) and not ndeps[q[h]]:
+            start_head(s, now)
     if done != n:
         raise g.deadlock(ndeps, head)
     return start, end, dep_end, dep_last
 
 
-def _normalised(t: Task) -> Mix | None:
-    if t.mix is None:
+def _normalised(g: _Graph, i: int) -> Mix | None:
+    mix = g.mix[i]
+    if mix is None:
         return None
-    total = sum(w for _, w in t.mix)
-    if not (total > 0.0 and all(w >= 0.0 for _, w in t.mix)):
+    total = sum(w for _, w in mix)
+    if not (total > 0.0 and all(w >= 0.0 for _, w in mix)):
+        t = g.tasks()[i]
         raise ValueError(f"task {t.id} ({t.name}): mix shares must be >= 0 with a positive sum")
-    if any(not k.is_compute for k, _ in t.mix) or not t.kind.is_compute:
+    if any(not k.is_compute for k, _ in mix) or not g.kind[i].is_compute:
+        t = g.tasks()[i]
         raise ValueError(f"task {t.id} ({t.name}): a mix is for compute tasks made of compute kinds")
-    return tuple(sorted(((k, w / total) for k, w in t.mix), key=lambda kw: kw[0].value))
+    return tuple(sorted(((k, w / total) for k, w in mix), key=lambda kw: kw[0].value))
