@@ -62,7 +62,7 @@ def _figures(r: StepReplay) -> list[float]:
 def sample_counts(pp: int, virtual_stages: int, m: int, start: int | None = None) -> tuple[int, int, int] | None:
     """Three micro-batch counts to replay, or None when replaying all ``m`` costs no more."""
     d = pp
-    a = start if start is not None else pp * (virtual_stages + 2)
+    a = start if start is not None else 2 * pp  # the check rejects a warm-up that is too short
     if pp < 2 or 3 * a + 3 * d >= m:  # the three replays must cost less than the whole step
         return None
     return (a, a + d, a + 2 * d)

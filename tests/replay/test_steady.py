@@ -42,7 +42,7 @@ def test_a_changing_critical_stage_is_not_extrapolated():
 
 
 def test_exact_or_short_steps_replay_in_full():
-    assert sample_counts(8, 2, 96) is None  # three samples would cost more than the step
+    assert sample_counts(8, 2, 64) is None  # three samples would cost more than the step
     assert sample_counts(1, 1, 10_000) is None  # no pipeline: nothing to extrapolate
     out = steady_state_step(4, 1, 400, lambda m: _replay(m, lambda k: 1.0 + k), exact=True)
     assert not out.extrapolated and out.sampled == (400,)
