@@ -109,7 +109,6 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "
     pipeline stage, > 0) slows that stage's GPUs for a what-if. Raises SpecError for a bad plan."""
     from echo_plan.cost.memory import stage_memory
     from echo_plan.errors import SpecError
-    from echo_plan.replay.engine import replay
     from echo_plan.replay.steady import StepReplay, steady_state_step
 
     validate_plan(plan, model, cluster)
@@ -133,9 +132,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "
         at = plan if m == plan.num_microbatches else plan.replace(
             global_batch_size=m * plan.dp * plan.micro_batch_size)
         steps = build_tasks(_step_costs(model, cluster, at, timing, compute, comm_time, work_scale))
-        result = replay(steps.tasks, interference)
+        result = steps.replay(interference)
         rank = critical_rank(result, plan.pp)
-        return StepReplay(m, result.makespan_s, step_breakdown(steps, result, rank), rank, len(steps.tasks),
+        return StepReplay(m, result.makespan_s, step_breakdown(steps, result, rank), rank, len(steps.work),
                           steps, result)
 
     step = steady_state_step(plan.pp, plan.virtual_stages, plan.num_microbatches, replay_at, exact=timeline)

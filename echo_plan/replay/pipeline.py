@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from echo_plan.replay.engine import Task
-from echo_plan.replay.interference import Mix
+from echo_plan.replay.engine import ReplayResult, Task, replay_columns
+from echo_plan.replay.interference import InterferenceModel, Mix
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.schedules import Action, Pass, PipelineSchedule
 
@@ -101,153 +101,235 @@ class TaskInfo:
     share: float = 1.0  # compute pieces: their share of the phase
 
 
-@dataclass(frozen=True, slots=True)
 class StepTasks:
-    tasks: tuple[Task, ...]
-    info: dict[int, TaskInfo]
-    optimizer_ids: tuple[int, ...]  # per rank
+    """The tasks of one step as parallel lists; task ``i`` has id ``i`` (its position). ``tasks``
+    (the Task objects, with their names) is built on first use: the search only replays."""
+
+    __slots__ = ("device", "stream", "work", "kind", "mix", "deps", "category", "info", "optimizer_ids",
+                 "_names", "_tasks")
+
+    def __init__(self, device: list[int], stream: list[str], work: list[float], kind: list[TaskKind],
+                 mix: list[Mix | None], deps: list[tuple[int, ...]], category: list[str], names: list,
+                 info: list[TaskInfo], optimizer_ids: tuple[int, ...]) -> None:
+        self.device, self.stream, self.work, self.kind, self.mix, self.deps = device, stream, work, kind, mix, deps
+        self.category, self._names, self.info, self.optimizer_ids = category, names, info, optimizer_ids
+        self._tasks: tuple[Task, ...] | None = None
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        if self._tasks is None:
+            self._tasks = tuple(Task(i, d, s, w, k, deps, _name(nm), cat, m) for i, (d, s, w, k, deps, nm, cat, m)
+                                in enumerate(zip(self.device, self.stream, self.work, self.kind, self.deps,
+                                                 self._names, self.category, self.mix)))
+        return self._tasks
+
+    def replay(self, interference: InterferenceModel | None) -> ReplayResult:
+        """``replay(self.tasks, interference)``, without building the Task objects."""
+        return replay_columns(self.device, self.stream, self.work, self.kind, self.mix, self.deps, interference,
+                              lambda: self.tasks)
 
 
-class _Ids:
-    def __init__(self) -> None:
-        self.ids: dict[tuple, int] = {}
-
-    def __call__(self, key: tuple) -> int:
-        i = self.ids.get(key)
-        if i is None:
-            i = self.ids[key] = len(self.ids)
-        return i
+def _name(nm: str | tuple) -> str:
+    """A task's name from the parts build_tasks stored: formatted only when asked for."""
+    if nm.__class__ is str:
+        return nm  # type: ignore[return-value]
+    if len(nm) == 3:
+        return f"send {nm[0]} mb{nm[1]} -> stage {nm[2]}"
+    kv, mb, c, label, k, npieces = nm
+    base = f"{kv} mb{mb} chunk{c} {label}"
+    return f"{base} (part {k}/{npieces})" if npieces else base
 
 
 def build_tasks(costs: StepCosts) -> StepTasks:
-    """All tasks of one step, per stream in execution order (see the module docstring)."""
+    """All tasks of one step, per stream in execution order (see the module docstring).
+
+    Order: every rank's compute and p2p tasks (rank by rank, in action order), then per rank its
+    optimizer followed by its DP stream. Ids are positions, computed ahead (a first pass counts
+    each rank's tasks) so that a dependency on a later task needs no lookup table."""
     sched = costs.schedule
     pp = sched.pp
     if len(costs.stages) != pp:
         raise ValueError(f"need costs for {pp} pipeline ranks, got {len(costs.stages)}")
-    tid = _Ids()
-    tasks: list[Task] = []
-    info: dict[int, TaskInfo] = {}
+    v, m = sched.virtual_stages, sched.num_microbatches
     last_vs = sched.num_virtual_stages - 1
+    FWD = Pass.FORWARD
+    tied_on = costs.tied_allreduce_s > 0 and pp > 1
+    overlap_grad, overlap_gather, sync = costs.overlap_grad_reduce, costs.overlap_param_gather, costs.sync_p2p
+
+    # first pass: where every send lands, and how many tasks each rank's DP stream gets
+    send_at = [0] * (pp * v * 2 * m)  # ((rank * v + chunk) * 2 + forward) * m + microbatch -> position
+    firsts, lasts, overlapped, ndp = [], [], [], []
+    pos = 0
+    for r in range(pp):
+        st = costs.stages[r]
+        acts = sched.actions[r]
+        first_f: dict[int, int] = {}
+        last_b: dict[int, int] = {}
+        for a in acts:
+            if a.kind is FWD:
+                first_f.setdefault(a.chunk, a.microbatch)
+            else:
+                last_b[a.chunk] = a.microbatch
+        go = overlap_gather and any(b.gather_s > 0 for bs in st.buckets for b in bs)
+        firsts.append(first_f)
+        lasts.append(last_b)
+        overlapped.append(go)
+        nb = [len(bs) for bs in st.buckets]
+        for a in acts:
+            fwd = a.kind is FWD
+            c, mb = a.chunk, a.microbatch
+            if fwd:
+                pos += nb[c] if go and first_f[c] == mb else 1
+            else:
+                pos += nb[c] if overlap_grad and nb[c] and last_b[c] == mb else 1
+            vs = c * pp + r
+            if (vs < last_vs) if fwd else (vs > 0):
+                send_at[((r * v + c) * 2 + fwd) * m + mb] = pos
+                pos += 1
+        ndp.append((sum(nb[c] for c in first_f) if go else 0) + sum(nb[c] for c in last_b)
+                   + (1 if tied_on and r == pp - 1 else 0)
+                   + (0 if overlap_gather else sum(1 for bs in st.buckets for b in bs if b.gather_s > 0)))
+    dp_base = []  # position of each rank's optimizer; its DP stream follows
+    for r in range(pp):
+        dp_base.append(pos)
+        pos += 1 + ndp[r]
+    total = pos
+
+    device: list[int] = []
+    stream: list[str] = []
+    work_l: list[float] = []
+    kind_l: list[TaskKind] = []
+    mix_l: list[Mix | None] = []
+    deps_l: list[tuple[int, ...]] = []
+    cat_l: list[str] = []
+    names: list = []
+    info: list[TaskInfo] = []
+    add_dev, add_stream, add_work, add_kind, add_mix, add_deps, add_cat, add_name, add_info = (
+        device.append, stream.append, work_l.append, kind_l.append, mix_l.append, deps_l.append, cat_l.append,
+        names.append, info.append)
+    dp_rows: list[list[tuple]] = [[] for _ in range(pp)]  # per rank: its DP stream, in order
     reduce_ids: list[list[int]] = [[] for _ in range(pp)]
     last_compute: list[int] = [0] * pp
-    dp_streams: list[list[Task]] = [[] for _ in range(pp)]  # appended at the end, in order
 
+    def dp_task(r: int, work: float, kind: TaskKind, deps: tuple[int, ...], name: str) -> int:
+        rows = dp_rows[r]
+        i = dp_base[r] + 1 + len(rows)
+        rows.append((work, kind, deps, name))
+        return i
+
+    def reduce_task(r: int, c: int, b_i: int, b: DpBucket, deps: tuple[int, ...]) -> int:
+        what = "reduce-scatter" if b.reduce_kind is TaskKind.REDUCE_SCATTER else "all-reduce"
+        i = dp_task(r, b.reduce_s, b.reduce_kind, deps, f"DP {what} chunk{c} bucket {b_i}")
+        reduce_ids[r].append(i)
+        return i
+
+    def gather_task(r: int, c: int, b_i: int, b: DpBucket, deps: tuple[int, ...] = ()) -> int:
+        return dp_task(r, b.gather_s, TaskKind.ALL_GATHER, deps, f"DP param all-gather chunk{c} bucket {b_i}")
+
+    p2p_s = costs.p2p_s
     for r in range(pp):
         st = costs.stages[r]
         scale = costs.work_scale[r] if costs.work_scale else 1.0
         acts = sched.actions[r]
-        first_f = {}
-        last_b = {}
-        for a in acts:
-            if a.kind is Pass.FORWARD:
-                first_f.setdefault(a.chunk, a.microbatch)
-            else:
-                last_b[a.chunk] = a.microbatch
-        gathers_overlapped = costs.overlap_param_gather and any(b.gather_s > 0 for bs in st.buckets for b in bs)
-        if gathers_overlapped:  # in order of first use: chunks in forward order, each from its first layers
-            for c in sorted(first_f, key=lambda c: _position(acts, Action(Pass.FORWARD, first_f[c], c))):
+        first_f, last_b, go = firsts[r], lasts[r], overlapped[r]
+        gather_at: dict[tuple[int, int], int] = {}
+        if go:  # in order of first use: chunks in forward order, each from its first layers
+            for c in sorted(first_f, key=lambda c: _position(acts, Action(FWD, first_f[c], c))):
                 for b in reversed(range(len(st.buckets[c]))):
-                    _gather_task(dp_streams[r], info, tid, r, c, b, st.buckets[c][b])
+                    gather_at[(c, b)] = gather_task(r, c, b, st.buckets[c][b])
         # per (pass, chunk): what every action of that kind needs, computed once
         per = {}
         for fwd in (True, False):
-            for c in range(sched.virtual_stages):
+            for c in range(v):
                 phase = st.forward[c] if fwd else st.backward[c]
                 cat = Category.FORWARD if fwd else Category.BACKWARD
+                vs = sched.virtual_stage(r, c)
+                if fwd:
+                    src = ((vs - 1) % pp * v + (vs - 1) // pp) * 2 + 1 if vs > 0 else -1
+                    dst = (vs + 1) % pp if vs < last_vs else -1
+                else:
+                    src = ((vs + 1) % pp * v + (vs + 1) // pp) * 2 if vs < last_vs else -1
+                    dst = (vs - 1) % pp if vs > 0 else -1
                 per[(fwd, c)] = (phase, phase.work_s * scale, _compute_kind(phase), cat, cat.value,
-                                 TaskInfo(cat, r, phase, scale), sched.virtual_stage(r, c))
-        stage_labels = st.chunk_labels
+                                 TaskInfo(cat, r, phase, scale), src, dst, (FWD if fwd else Pass.BACKWARD).value,
+                                 st.chunk_labels[c], phase.mix)
+        p2p_info = TaskInfo(Category.P2P, r)
         prev_sends: tuple[int, ...] = ()
-        sync = costs.sync_p2p
-        overlap_grad = costs.overlap_grad_reduce
         for a in acts:
-            fwd = a.kind is Pass.FORWARD
+            fwd = a.kind is FWD
             c, mb = a.chunk, a.microbatch
-            phase, work, kind, cat, cat_value, whole_info, vs = per[(fwd, c)]
-            deps: list[int] = list(prev_sends) if sync else []
-            if fwd and vs > 0:
-                pr, pc = sched.rank_chunk(vs - 1)
-                deps.append(tid(("P", pr, True, mb, pc)))
-            if not fwd and vs < last_vs:
-                nr, nc = sched.rank_chunk(vs + 1)
-                deps.append(tid(("P", nr, False, mb, nc)))
+            phase, work, kind, cat, cat_value, whole_info, src, dst, kv, label, mix = per[(fwd, c)]
+            deps: tuple[int, ...] = prev_sends if sync else ()
+            if src >= 0:
+                deps = (*deps, send_at[src * m + mb])
             buckets = st.buckets[c]
-            name = f"{a.kind.value} mb{mb} chunk{c} {stage_labels[c]}"
-            if fwd and gathers_overlapped and first_f[c] == mb:
-                pieces = [(b.params, (tid(("G", r, c, b_i)),)) for b_i, b in reversed(list(enumerate(buckets)))]
+            if fwd and go and first_f[c] == mb:
+                pieces = [(b.params, (gather_at[(c, b_i)],)) for b_i, b in reversed(list(enumerate(buckets)))]
             elif not fwd and overlap_grad and buckets and last_b[c] == mb:
                 pieces = [(b.params, ()) for b in buckets]
             else:
                 pieces = None
             if pieces is None:  # the common case: one task for the whole action
-                i = tid(("C", r, fwd, mb, c, 0))
-                tasks.append(Task(i, r, COMPUTE, work, kind, tuple(deps), name, cat_value, phase.mix))
-                info[i] = whole_info
-                piece_ids = [i]
+                last = len(work_l)
+                add_dev(r), add_stream(COMPUTE), add_work(work), add_kind(kind), add_mix(mix), add_deps(deps)
+                add_cat(cat_value), add_name((kv, mb, c, label, 0, 0)), add_info(whole_info)
             else:
-                total = sum(p for p, _ in pieces) or 1
+                tot = sum(p for p, _ in pieces) or 1
                 piece_ids = []
                 for k, (params, extra) in enumerate(pieces):
-                    share = params / total
-                    i = tid(("C", r, fwd, mb, c, k))
-                    tasks.append(Task(i, r, COMPUTE, work * share, kind, tuple(deps) + extra,
-                                      f"{name} (part {k + 1}/{len(pieces)})", cat_value, phase.mix))
-                    info[i] = TaskInfo(cat, r, phase, share * scale)
-                    deps = [i]
-                    piece_ids.append(i)
+                    share = params / tot
+                    last = len(work_l)
+                    add_dev(r), add_stream(COMPUTE), add_work(work * share), add_kind(kind), add_mix(mix)
+                    add_deps(deps + extra), add_cat(cat_value), add_name((kv, mb, c, label, k + 1, len(pieces)))
+                    add_info(TaskInfo(cat, r, phase, share * scale))
+                    deps = (last,)
+                    piece_ids.append(last)
                 if not fwd:
                     for b_i, (b, pid) in enumerate(zip(buckets, piece_ids)):
-                        reduce_ids[r].append(_reduce_task(dp_streams[r], info, tid, r, c, b_i, b, (pid,)))
-            last = piece_ids[-1]
+                        reduce_task(r, c, b_i, b, (pid,))
             last_compute[r] = last
-            if fwd and vs < last_vs:
-                i = tid(("P", r, True, mb, c))
-                tasks.append(Task(i, r, PP_FWD, costs.p2p_s, TaskKind.P2P, (last,),
-                                  f"send act mb{mb} -> stage {(vs + 1) % pp}", P2P_VALUE))
-                info[i] = TaskInfo(Category.P2P, r)
-                prev_sends = (i,)
-            elif not fwd and vs > 0:
-                i = tid(("P", r, False, mb, c))
-                tasks.append(Task(i, r, PP_BWD, costs.p2p_s, TaskKind.P2P, (last,),
-                                  f"send grad mb{mb} -> stage {(vs - 1) % pp}", P2P_VALUE))
-                info[i] = TaskInfo(Category.P2P, r)
+            if dst >= 0:
+                i = len(work_l)
+                add_dev(r), add_stream(PP_FWD if fwd else PP_BWD), add_work(p2p_s), add_kind(TaskKind.P2P)
+                add_mix(None), add_deps((last,)), add_cat(P2P_VALUE), add_name(("act" if fwd else "grad", mb, dst))
+                add_info(p2p_info)
                 prev_sends = (i,)
             else:
                 prev_sends = ()
-        if not costs.overlap_grad_reduce:
+        if not overlap_grad:
             for c in sorted(last_b, key=lambda c: _position(acts, Action(Pass.BACKWARD, last_b[c], c))):
                 for b_i, b in enumerate(st.buckets[c]):
-                    reduce_ids[r].append(_reduce_task(dp_streams[r], info, tid, r, c, b_i, b, (last_compute[r],)))
+                    reduce_task(r, c, b_i, b, (last_compute[r],))
 
     tied = None
-    if costs.tied_allreduce_s > 0 and pp > 1:
-        tied = tid(("T",))
-        deps = tuple(reduce_ids[0] + reduce_ids[pp - 1]) + (last_compute[0], last_compute[pp - 1])
-        dp_streams[pp - 1].append(Task(tied, pp - 1, DP, costs.tied_allreduce_s, TaskKind.ALL_REDUCE, deps,
-                                       "tied embedding grad all-reduce (first <-> last stage)", Category.DP.value))
-        info[tied] = TaskInfo(Category.DP, pp - 1)
+    if tied_on:
+        tied = dp_task(pp - 1, costs.tied_allreduce_s, TaskKind.ALL_REDUCE,
+                       tuple(reduce_ids[0] + reduce_ids[pp - 1]) + (last_compute[0], last_compute[pp - 1]),
+                       "tied embedding grad all-reduce (first <-> last stage)")
 
     opt_ids = []
     for r in range(pp):
         st = costs.stages[r]
         scale = costs.work_scale[r] if costs.work_scale else 1.0
-        i = tid(("O", r))
-        deps = (last_compute[r], *reduce_ids[r], *((tied,) if tied is not None and r in (0, pp - 1) else ()))
-        tasks.append(Task(i, r, COMPUTE, st.optimizer_s * scale, TaskKind.MEMORY, deps, "optimizer",
-                          Category.OPTIMIZER.value))
-        info[i] = TaskInfo(Category.OPTIMIZER, r, share=scale)
-        opt_ids.append(i)
-        if not costs.overlap_param_gather:
+        i = dp_base[r]
+        if not overlap_gather:
             for c, bs in enumerate(st.buckets):
                 for b_i, b in enumerate(bs):
                     if b.gather_s > 0:
-                        _gather_task(dp_streams[r], info, tid, r, c, b_i, b, (i,))
-        tasks.extend(dp_streams[r])
-    if len(tid.ids) != len(tasks):
-        missing = set(tid.ids.values()) - {t.id for t in tasks}
-        raise ValueError(f"internal: {len(missing)} task ids referenced but never built")
-    return StepTasks(tuple(tasks), info, tuple(opt_ids))
+                        gather_task(r, c, b_i, b, (i,))
+        if len(work_l) != i or len(dp_rows[r]) != ndp[r]:
+            raise ValueError("internal: task positions counted ahead do not match the tasks built")
+        add_dev(r), add_stream(COMPUTE), add_work(st.optimizer_s * scale), add_kind(TaskKind.MEMORY), add_mix(None)
+        add_deps((last_compute[r], *reduce_ids[r], *((tied,) if tied is not None and r in (0, pp - 1) else ())))
+        add_cat(Category.OPTIMIZER.value), add_name("optimizer"), add_info(TaskInfo(Category.OPTIMIZER, r, share=scale))
+        opt_ids.append(i)
+        dp_info = TaskInfo(Category.DP, r)
+        for work, kind, deps, name in dp_rows[r]:
+            add_dev(r), add_stream(DP), add_work(work), add_kind(kind), add_mix(None), add_deps(deps)
+            add_cat(Category.DP.value), add_name(name), add_info(dp_info)
+    if len(work_l) != total:
+        raise ValueError("internal: task positions counted ahead do not match the tasks built")
+    return StepTasks(device, stream, work_l, kind_l, mix_l, deps_l, cat_l, names, info, tuple(opt_ids))
 
 
 def _position(acts: tuple[Action, ...], a: Action) -> int:
@@ -258,22 +340,3 @@ def _compute_kind(phase: PhaseCost) -> TaskKind:
     if not phase.mix:
         return TaskKind.GEMM
     return max(phase.mix, key=lambda kw: kw[1])[0]
-
-
-def _reduce_task(stream: list[Task], info: dict, tid: _Ids, r: int, c: int, b_i: int, b: DpBucket,
-                 deps: tuple[int, ...]) -> int:
-    i = tid(("R", r, c, b_i))
-    what = "reduce-scatter" if b.reduce_kind is TaskKind.REDUCE_SCATTER else "all-reduce"
-    stream.append(Task(i, r, DP, b.reduce_s, b.reduce_kind, deps, f"DP {what} chunk{c} bucket {b_i}",
-                       Category.DP.value))
-    info[i] = TaskInfo(Category.DP, r)
-    return i
-
-
-def _gather_task(stream: list[Task], info: dict, tid: _Ids, r: int, c: int, b_i: int, b: DpBucket,
-                 deps: tuple[int, ...] = ()) -> int:
-    i = tid(("G", r, c, b_i))
-    stream.append(Task(i, r, DP, b.gather_s, TaskKind.ALL_GATHER, deps, f"DP param all-gather chunk{c} bucket {b_i}",
-                       Category.DP.value))
-    info[i] = TaskInfo(Category.DP, r)
-    return i
