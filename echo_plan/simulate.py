@@ -222,6 +222,7 @@ def _step_costs(model, cluster, plan, timing, compute, comm_time, work_scale) ->
 
     return StepCosts(
         schedule=sched, stages=tuple(stages), p2p_s=_p2p_time(model, plan, comm_time) if nvs > 1 else 0.0,
+        p2p_recv_s=_p2p_gather_time(model, plan, comm_time) if nvs > 1 else 0.0,
         tied_allreduce_s=_tied_time(model, plan, comm_time), overlap_grad_reduce=plan.overlap_grad_reduce,
         overlap_param_gather=plan.overlap_param_gather, work_scale=work_scale,
     )
@@ -248,12 +249,20 @@ def _p2p_time(model: ModelSpec, plan: PlanSpec, comm_time) -> float:
     With sequence parallelism each TP rank holds and sends 1/tp of it. Without it, Megatron-LM's
     scatter/gather optimisation (Narayanan et al. 2021, section 4.1) sends 1/tp per rank over the
     inter-stage link and all-gathers it over NVLink on the receiving stage."""
-    full = plan.micro_batch_size * model.seq_length * model.hidden_size * plan.dtype.nbytes
     group = CommGroup(GroupKind.PP, size=2, stride=plan.tp * plan.dp)
-    t = comm_time(CollectiveKind.SEND_RECV, -(-full // plan.tp), group)
-    if plan.tp > 1 and not plan.sequence_parallel:
-        t += comm_time(CollectiveKind.ALL_GATHER, full, CommGroup(GroupKind.TP, size=plan.tp))
-    return t
+    return comm_time(CollectiveKind.SEND_RECV, -(-_message_bytes(model, plan) // plan.tp), group)
+
+
+def _p2p_gather_time(model: ModelSpec, plan: PlanSpec, comm_time) -> float:
+    """Without sequence parallelism, the receiving stage all-gathers the 1/tp parts over TP before
+    using them (its own stream; the sender does not wait for it)."""
+    if plan.tp == 1 or plan.sequence_parallel:
+        return 0.0
+    return comm_time(CollectiveKind.ALL_GATHER, _message_bytes(model, plan), CommGroup(GroupKind.TP, size=plan.tp))
+
+
+def _message_bytes(model: ModelSpec, plan: PlanSpec) -> int:
+    return plan.micro_batch_size * model.seq_length * model.hidden_size * plan.dtype.nbytes
 
 
 def _tied_time(model: ModelSpec, plan: PlanSpec, comm_time) -> float:

@@ -12,7 +12,9 @@ What becomes a task, and on which stream of the rank's device:
 * ``pp_fwd`` / ``pp_bwd``: sending an activation to the next virtual stage / a gradient to the
   previous one. The receiver's compute depends on it. Megatron-LM's p2p is synchronous (batched
   isend/irecv followed by a wait), so with ``sync_p2p`` the sender's next compute waits for its
-  sends as well.
+  sends as well (the send only: see ``pp_gather``).
+* ``pp_gather``: without sequence parallelism a message travels as 1/tp parts and the receiving
+  stage all-gathers it over TP before its compute uses it (Megatron-LM's scatter/gather).
 * ``dp_comm``: gradient buckets (all-reduce, or reduce-scatter with the distributed optimizer),
   and the distributed optimizer's parameter all-gather. With ``overlap_grad_reduce`` the last
   backward of each chunk is split into one piece per bucket and a bucket's reduction starts when
@@ -36,6 +38,7 @@ from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.schedules import Action, Pass, PipelineSchedule
 
 COMPUTE, PP_FWD, PP_BWD, DP = "compute", "pp_fwd", "pp_bwd", "dp_comm"
+PP_GATHER = "pp_gather"  # the receiving stage's TP all-gather of a message sent scattered over TP
 
 
 class Category(str, Enum):
@@ -89,6 +92,7 @@ class StepCosts:
     overlap_param_gather: bool = True
     sync_p2p: bool = True
     work_scale: tuple[float, ...] | None = None  # per pipeline rank compute multiplier (what-if)
+    p2p_recv_s: float = 0.0  # on the receiving stage: the TP all-gather of what arrived (no SP), before use
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +159,7 @@ def build_tasks(costs: StepCosts) -> StepTasks:
     FWD = Pass.FORWARD
     tied_on = costs.tied_allreduce_s > 0 and pp > 1
     overlap_grad, overlap_gather, sync = costs.overlap_grad_reduce, costs.overlap_param_gather, costs.sync_p2p
+    recv_s = costs.p2p_recv_s
 
     # first pass: where every send lands, and how many tasks each rank's DP stream gets
     send_at = [0] * (pp * v * 2 * m)  # ((rank * v + chunk) * 2 + forward) * m + microbatch -> position
@@ -178,11 +183,13 @@ def build_tasks(costs: StepCosts) -> StepTasks:
         for a in acts:
             fwd = a.kind is FWD
             c, mb = a.chunk, a.microbatch
+            vs = c * pp + r
+            if recv_s > 0 and ((vs > 0) if fwd else (vs < last_vs)):
+                pos += 1  # the TP all-gather of the received message
             if fwd:
                 pos += nb[c] if go and first_f[c] == mb else 1
             else:
                 pos += nb[c] if overlap_grad and nb[c] and last_b[c] == mb else 1
-            vs = c * pp + r
             if (vs < last_vs) if fwd else (vs > 0):
                 send_at[((r * v + c) * 2 + fwd) * m + mb] = pos
                 pos += 1
@@ -261,7 +268,14 @@ def build_tasks(costs: StepCosts) -> StepTasks:
             phase, work, kind, cat, cat_value, whole_info, src, dst, kv, label, mix = per[(fwd, c)]
             deps: tuple[int, ...] = prev_sends if sync else ()
             if src >= 0:
-                deps = (*deps, send_at[src * m + mb])
+                got = send_at[src * m + mb]
+                if recv_s > 0:  # Megatron-LM's scatter/gather: all-gather on the receiver, after the recv
+                    g = len(work_l)
+                    add_dev(r), add_stream(PP_GATHER), add_work(recv_s), add_kind(TaskKind.ALL_GATHER)
+                    add_mix(None), add_deps((got,)), add_cat(P2P_VALUE)
+                    add_name(f"TP all-gather of received {'act' if fwd else 'grad'} mb{mb}"), add_info(p2p_info)
+                    got = g
+                deps = (*deps, got)
             buckets = st.buckets[c]
             if fwd and go and first_f[c] == mb:
                 pieces = [(b.params, (gather_at[(c, b_i)],)) for b_i, b in reversed(list(enumerate(buckets)))]
