@@ -42,9 +42,18 @@ class SimulationMemo:
         self._traces: dict[tuple, Any] = {}
         self._layers: dict[tuple, Any] = {}
         self._comm: dict[tuple, float] = {}
+        self._schedules: dict[tuple, Any] = {}
         self._defaults: dict[str, Any] = {}
         self.layer_hits = 0
         self.layer_misses = 0
+
+    def schedule(self, schedule: Schedule, pp: int, microbatches: int, virtual_stages: int):
+        """The (pure, immutable) action lists, shared by every plan and steady-state sample with them."""
+        key = (schedule, pp, microbatches, virtual_stages)
+        sched = self._schedules.get(key)
+        if sched is None:
+            sched = self._schedules[key] = build_schedule(schedule, pp, microbatches, virtual_stages)
+        return sched
 
     def default_interference(self) -> "InterferenceModel":
         if "interference" not in self._defaults:
@@ -131,7 +140,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "
     def replay_at(m: int) -> StepReplay:
         at = plan if m == plan.num_microbatches else plan.replace(
             global_batch_size=m * plan.dp * plan.micro_batch_size)
-        steps = build_tasks(_step_costs(model, cluster, at, timing, compute, comm_time, work_scale))
+        steps = build_tasks(_step_costs(model, cluster, at, timing, compute, comm_time, work_scale, memo.schedule))
         result = steps.replay(interference)
         rank = critical_rank(result, plan.pp)
         return StepReplay(m, result.makespan_s, step_breakdown(steps, result, rank), rank, len(steps.work),
@@ -180,11 +189,11 @@ def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
     return PhaseCost(work, compute, tp, inter, mix_t)
 
 
-def _step_costs(model, cluster, plan, timing, compute, comm_time, work_scale) -> StepCosts:
+def _step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, schedules=build_schedule) -> StepCosts:
     pp, v = plan.pp, plan.virtual_stages
     schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
                                            else plan.schedule)
-    sched = build_schedule(schedule, pp, plan.num_microbatches, v)
+    sched = schedules(schedule, pp, plan.num_microbatches, v)
     split = plan.stage_layers(model.num_layers)
     nvs = pp * v
     layers_of = [split[vs % pp] // v for vs in range(nvs)]
