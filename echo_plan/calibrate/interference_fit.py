@@ -33,6 +33,7 @@ from enum import Enum
 from pathlib import Path
 
 from echo_plan.errors import FileFormatError
+from echo_plan.files import read_text
 from echo_plan.replay.interference import InterferenceModel
 from echo_plan.replay.kinds import COMM_KINDS, COMPUTE_KINDS, TaskKind
 
@@ -107,12 +108,7 @@ class InterferenceFit:
 def read_measurements(path: str | Path) -> list[Measurement]:
     """Parse the CSV (format in the module docstring); errors name the file and line."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileFormatError(str(p), "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FileFormatError(str(p), f"cannot read: {exc}") from None
+    text = read_text(p)
     return parse_measurements(text, str(p))
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from echo_plan.cost.nccl_algos import bus_factor
 from echo_plan.errors import FileFormatError
+from echo_plan.files import read_text
 from echo_plan.trace.records import CollectiveKind
 
 MPI_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
@@ -177,12 +178,7 @@ def parse_nccl_tests_text(text: str, source: str = "<text>", kind: CollectiveKin
 def parse_nccl_tests(path: str | Path, kind: CollectiveKind | None = None) -> NcclTestsLog:
     """Parse one nccl-tests log file; ``kind`` overrides the collective read from the file name."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        raise FileFormatError(str(p), "no such file") from None
-    except OSError as exc:
-        raise FileFormatError(str(p), f"cannot read: {exc}") from None
+    text = read_text(p, errors="replace")
     if "\x00" in text:
         raise FileFormatError(str(p), "binary data: not nccl-tests output")
     return parse_nccl_tests_text(text, source=str(p), kind=kind)

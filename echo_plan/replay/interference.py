@@ -36,6 +36,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
 from echo_plan.errors import FileFormatError
+from echo_plan.files import read_text
 from echo_plan.replay.kinds import COMM_KINDS, COMPUTE_KINDS, TaskKind
 
 FORMAT = "echo-plan-interference/1"
@@ -166,12 +167,7 @@ def load_interference(path: str | Path | None = None) -> InterferenceModel:
     if path is None:
         return model
     p = Path(path)
-    try:
-        user_text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileFormatError(str(p), "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FileFormatError(str(p), f"cannot read: {exc}") from None
+    user_text = read_text(p)
     return _parse(user_text, str(p), base=model)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from echo_plan.errors import EchoPlanError, FileFormatError
+from echo_plan.files import read_text
 from echo_plan.replay.results import StepResult
 from echo_plan.search.results import CompareOutcome, SearchOutcome, TrialRecord, TrialState
 
@@ -28,12 +29,7 @@ def load_result_file(path: str | Path) -> SearchOutcome | CompareOutcome:
     from echo_plan.search.serialize import COMPARE_FORMAT, FORMAT, compare_from_json, outcome_from_json
 
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileFormatError(str(p), "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FileFormatError(str(p), f"cannot read: {exc}") from None
+    text = read_text(p)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

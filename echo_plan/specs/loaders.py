@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from echo_plan.errors import FileFormatError
+from echo_plan.files import read_text
 
 # Hugging Face config.json keys -> ModelSpec fields (Llama, Mistral, Qwen2 and GPT-2 families).
 HF_KEY_MAP: dict[str, str] = {
@@ -33,12 +34,7 @@ HF_GPT2_TYPES = {"gpt2"}
 def read_mapping(path: str | Path) -> dict[str, Any]:
     """Parse a YAML or JSON file that must hold a mapping; errors say the file and the line."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileFormatError(str(p), "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FileFormatError(str(p), f"cannot read: {exc}") from None
+    text = read_text(p)
     if p.suffix.lower() == ".json":
         try:
             data = json.loads(text)
