@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
+from echo_plan.files import write_atomic  # noqa: F401  (commands import it from here)
 from echo_plan.specs import DEFAULT_CLUSTER, DEFAULT_MODEL, ClusterSpec, ModelSpec, load_cluster, load_model
 
 ModelOpt = typer.Option(DEFAULT_MODEL, "--model", "-m", help="model preset name or a YAML/JSON/HF config.json file")
@@ -29,22 +27,6 @@ def resolve_specs(model: str, cluster: str, nodes: Optional[int], gpus: Optional
 
 def print_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
-
-
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Write a whole file or nothing: a temporary file in the same folder, then a rename."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return target
 
 
 def stderr_is_tty() -> bool:

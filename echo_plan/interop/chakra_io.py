@@ -10,14 +10,13 @@ FileFormatError naming the file, the message and its byte offset.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from echo_plan.errors import FileFormatError
+from echo_plan.files import write_atomic
 from echo_plan.interop import chakra_schema as cs
 
 WRITE_VERSION = "1.0.0"
@@ -128,19 +127,8 @@ def split_stream(data: bytes, path: str) -> Iterator[tuple[int, int, bytes]]:
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
-    """Write a whole binary file or nothing: a temporary file in the same folder, then a rename."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return target
+    """Write a whole binary file or nothing (see echo_plan.files.write_atomic)."""
+    return write_atomic(path, data)
 
 
 def attr(name: str, value: Any, kind: str | None = None) -> Any:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 from dataclasses import replace
 from pathlib import Path
 
+from echo_plan.files import write_atomic
 from echo_plan.trace.records import LayerTrace, TraceKey
 from echo_plan.trace.serialize import key_to_dict, trace_from_dict, trace_to_dict
 
@@ -85,18 +85,7 @@ class TraceCache:
             "sha256": hashlib.sha256(payload).hexdigest(), "key": key_to_dict(trace.key),
         }
         data = json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
-        target = self.path_for(trace.key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            os.chmod(tmp, 0o644)  # a shared cache folder stays readable like any other file
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_atomic(self.path_for(trace.key), data)  # several Ray workers may write the same key
         self._memory[trace.key] = replace(trace, from_cache=True)
 
     @staticmethod
