@@ -93,7 +93,7 @@ class _Graph:
     ``ids`` is None when task ``i`` has id ``i``; ``tasks()`` gives the Task objects (for messages)."""
 
     __slots__ = ("tasks", "n", "ids", "work", "kind", "mix", "stream_of", "device_of", "queues", "stream_keys",
-                 "ndeps", "dependents")
+                 "ndeps", "deps", "_dependents")
 
     def __init__(self, device: list[int], stream: list[str], work: list[float], kind: list[TaskKind],
                  mix: list[Mix | None], deps: list[tuple[int, ...]], ids: list[int] | None,
@@ -106,12 +106,9 @@ class _Graph:
                 if not (w >= 0.0 and math.isfinite(w)):
                     t = tasks()[i]
                     raise ValueError(f"task {t.id} ({t.name}): work_s must be finite and >= 0, got {w!r}")
+        self.deps = deps
         self.ndeps = [len(d) for d in deps]
-        dependents: list[list[int]] = [[] for _ in range(n)]
-        self.dependents = dependents
-        for i, ds in enumerate(deps):
-            for d in ds:
-                dependents[d].append(i)
+        self._dependents: list[list[int]] | None = None
         sid_of: dict[tuple[int, str], int] = {}
         queues: list[list[int]] = []
         stream_of = self.stream_of = [0] * n
@@ -124,6 +121,18 @@ class _Graph:
             stream_of[i] = s
         self.queues = queues
         self.stream_keys = list(sid_of)
+
+    @property
+    def dependents(self) -> list[list[int]]:
+        """For each task, the tasks that list it in deps (in task order). Built on first use: the
+        compiled loop takes deps in array form instead."""
+        if self._dependents is None:
+            dependents: list[list[int]] = [[] for _ in range(self.n)]
+            for i, ds in enumerate(self.deps):
+                for d in ds:
+                    dependents[d].append(i)
+            self._dependents = dependents
+        return self._dependents
 
     @classmethod
     def of_tasks(cls, tasks: tuple[Task, ...]) -> "_Graph":
@@ -215,7 +224,24 @@ def _run_plain(g: _Graph) -> tuple[list[float], list[float], list[float], list[i
 def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[float], list[float], list[int]]:
     """With interference: a heap of predicted ends; when the set of running tasks on a device
     changes, each running task there whose factor changed is brought up to date and re-queued
-    (older predictions are skipped by a version number)."""
+    (older predictions are skipped by a version number). Devices are brought up to date in
+    ascending order. The compiled twin of this loop (``engine_jit``) runs when Numba is there."""
+    pid, profiles = _profiles(g)
+    if use_jit():
+        from echo_plan.replay import engine_jit
+
+        task_factor = model.task_factor
+
+        def factor_of(p: int, others: tuple[int, ...]) -> float:
+            return task_factor(*profiles[p], [profiles[o] for o in others])
+
+        out = engine_jit.run_rates(g.n, g.work, g.stream_of, g.device_of, pid, g.deps, len(g.queues), len(profiles),
+                                   factor_of)
+        if out is not None:
+            start, end, dep_end, dep_last, ndeps_left, head_left = out
+            if sum(1 for e in ndeps_left if e) or any(h < len(q) for h, q in zip(head_left, g.queues)):
+                raise g.deadlock(ndeps_left, head_left)
+            return start, end, dep_end, dep_last
     n, work, queues, stream_of, device_of, dependents = (g.n, g.work, g.queues, g.stream_of, g.device_of,
                                                          g.dependents)
     ndeps = list(g.ndeps)
@@ -230,20 +256,6 @@ def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[f
     rem = [0.0] * n
     last = [0.0] * n
     factor = [0.0] * n
-    profile_ids: dict[tuple, int] = {}
-    profiles: list[tuple] = []
-    pid = [0] * n
-    by_raw: dict[tuple, int] = {}  # (kind, mix as given) -> profile; level 2 repeats a few mixes
-    for i, raw in enumerate(zip(g.kind, g.mix)):
-        k = by_raw.get(raw)
-        if k is None:
-            p = (raw[0], _normalised(g, i))
-            k = profile_ids.get(p)
-            if k is None:
-                k = profile_ids[p] = len(profiles)
-                profiles.append(p)
-            by_raw[raw] = k
-        pid[i] = k
     running: dict[int, list[int]] = {}  # device -> running task indices
     fcache: dict[tuple, float] = {}
     task_factor = model.task_factor
@@ -277,7 +289,7 @@ def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[f
         start_head(s, 0.0)
     now = 0.0
     while True:
-        for d in dirty:  # bring the tasks of every device whose running set changed up to date
+        for d in sorted(dirty):  # bring the tasks of every device whose running set changed up to date
             run = running[d]
             nrun = len(run)
             for i in run:
@@ -334,6 +346,32 @@ def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[f
     if done != n:
         raise g.deadlock(ndeps, head)
     return start, end, dep_end, dep_last
+
+
+def use_jit() -> bool:
+    """Whether the compiled event loop is used (Numba installed and ``ECHO_PLAN_JIT`` not 0)."""
+    from echo_plan.replay import engine_jit
+
+    return engine_jit.available()
+
+
+def _profiles(g: _Graph) -> tuple[list[int], list[tuple]]:
+    """Each task's interference profile (kind, normalised mix) as an index, and the profiles."""
+    profile_ids: dict[tuple, int] = {}
+    profiles: list[tuple] = []
+    pid = [0] * g.n
+    by_raw: dict[tuple, int] = {}  # (kind, mix as given) -> profile; level 2 repeats a few mixes
+    for i, raw in enumerate(zip(g.kind, g.mix)):
+        k = by_raw.get(raw)
+        if k is None:
+            p = (raw[0], _normalised(g, i))
+            k = profile_ids.get(p)
+            if k is None:
+                k = profile_ids[p] = len(profiles)
+                profiles.append(p)
+            by_raw[raw] = k
+        pid[i] = k
+    return pid, profiles
 
 
 def _normalised(g: _Graph, i: int) -> Mix | None:
