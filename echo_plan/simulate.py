@@ -9,6 +9,7 @@ kept in a :class:`SimulationMemo` that the caller may keep across calls (the sea
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from echo_plan.replay.breakdown import critical_rank, step_breakdown
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from echo_plan.replay.interference import InterferenceModel
     from echo_plan.trace.cache import TraceCache
 
-__all__ = ["simulate", "SimulationMemo"]
+__all__ = ["simulate", "SimulationMemo", "step_costs"]
 
 
 class SimulationMemo:
@@ -118,6 +119,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "
     pipeline stage, > 0) slows that stage's GPUs for a what-if. Raises SpecError for a bad plan."""
     from echo_plan.cost.memory import stage_memory
     from echo_plan.errors import SpecError
+    from echo_plan.replay.no_gc import paused_gc
     from echo_plan.replay.steady import StepReplay, steady_state_step
 
     validate_plan(plan, model, cluster)
@@ -137,16 +139,19 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "
     def comm_time(kind: CollectiveKind, nbytes: int, group: CommGroup) -> float:
         return memo.comm_time(comm, cluster_key, cluster, kind, nbytes, group)
 
-    def replay_at(m: int) -> StepReplay:
-        at = plan if m == plan.num_microbatches else plan.replace(
-            global_batch_size=m * plan.dp * plan.micro_batch_size)
-        steps = build_tasks(_step_costs(model, cluster, at, timing, compute, comm_time, work_scale, memo.schedule))
+    base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, memo.schedule)
+
+    def replay_at(m: int) -> StepReplay:  # the stage costs do not depend on the micro-batch count
+        costs = base if m == plan.num_microbatches else replace(
+            base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, base.schedule.virtual_stages))
+        steps = build_tasks(costs)
         result = steps.replay(interference)
         rank = critical_rank(result, plan.pp)
         return StepReplay(m, result.makespan_s, step_breakdown(steps, result, rank), rank, len(steps.work),
                           steps, result)
 
-    step = steady_state_step(plan.pp, plan.virtual_stages, plan.num_microbatches, replay_at, exact=timeline)
+    with paused_gc():  # level 2 allocates many long-lived small objects and no cycles
+        step = steady_state_step(plan.pp, plan.virtual_stages, plan.num_microbatches, replay_at, exact=timeline)
     rank, breakdown, step_s = step.rank, step.breakdown, step.step_s
     thr = throughput(model, plan, cluster.num_gpus, cluster.gpu.peak_tflops(plan.dtype), step_s)
     memory = stage_memory(model, plan, cluster, traces)
@@ -189,7 +194,11 @@ def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
     return PhaseCost(work, compute, tp, inter, mix_t)
 
 
-def _step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, schedules=build_schedule) -> StepCosts:
+def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: dict, compute: "ComputeModel",
+               comm_time, work_scale: tuple[float, ...] | None = None, schedules=build_schedule) -> StepCosts:
+    """What level 2 replays for ``plan``: the schedule's action lists and, per pipeline rank, the
+    cost of each chunk's forward and backward (from the level-1 ``timing`` of block, embedding and
+    output), its DP buckets and its optimizer; ``comm_time(kind, nbytes, group)`` times a collective."""
     pp, v = plan.pp, plan.virtual_stages
     schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
                                            else plan.schedule)

@@ -18,7 +18,7 @@ This mirrors what ``echo_plan.simulate`` replays, at the granularity Chakra cons
   the distributed optimizer's parameter all-gathers, the tied-embedding all-reduce, the optimizer.
 
 Groups are symbolic (TP, DP, PP peer, tied first/last stage) so that ``chakra_export`` can give
-every rank its own. Uses simulate's own internals (``_step_costs``) so the costs are the same.
+every rank its own. Uses simulate's own ``step_costs`` so the costs are the same.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     """Per-stage graphs of one simulated step, and simulate()'s own step time for the same plan."""
     from echo_plan.replay.dp import PARAM_BYTES, grad_bytes
     from echo_plan.replay.pipeline import build_tasks
-    from echo_plan.simulate import SimulationMemo, _step_costs
+    from echo_plan.simulate import SimulationMemo, step_costs
     from echo_plan.specs.plan import validate_plan
 
     validate_plan(plan, model, cluster)
@@ -209,7 +209,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     def comm_time(kind: CollectiveKind, nbytes: int, group: Any) -> float:
         return memo.comm_time(comm, ckey, cluster, kind, nbytes, group)
 
-    costs = _step_costs(model, cluster, plan, timing, compute, comm_time, None)
+    costs = step_costs(model, cluster, plan, timing, compute, comm_time)
     simulated = replay(build_tasks(costs).tasks, interference).makespan_s
 
     templates = {(n, fwd): phase_template(getattr(traces, n), fwd, compute, comm, cluster, plan, f"{n} {'F' if fwd else 'B'}")

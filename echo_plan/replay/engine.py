@@ -109,16 +109,12 @@ class _Graph:
         self.deps = deps
         self.ndeps = [len(d) for d in deps]
         self._dependents: list[list[int]] | None = None
-        sid_of: dict[tuple[int, str], int] = {}
-        queues: list[list[int]] = []
-        stream_of = self.stream_of = [0] * n
-        for i, key in enumerate(zip(device, stream)):
-            s = sid_of.get(key)
-            if s is None:
-                s = sid_of[key] = len(queues)
-                queues.append([])
+        keys = list(zip(device, stream))
+        sid_of = {key: s for s, key in enumerate(dict.fromkeys(keys))}  # numbered in order of first use
+        stream_of = self.stream_of = list(map(sid_of.__getitem__, keys))
+        queues: list[list[int]] = [[] for _ in sid_of]
+        for i, s in enumerate(stream_of):
             queues[s].append(i)
-            stream_of[i] = s
         self.queues = queues
         self.stream_keys = list(sid_of)
 

@@ -19,6 +19,7 @@ cached on disk by Numba (``cache=True``), so only the first run on a machine com
 from __future__ import annotations
 
 import os
+from itertools import chain
 from typing import Any, Callable
 
 _state: dict[str, Any] = {}  # the compiled kernel, once loaded (a cache, not configuration)
@@ -62,7 +63,7 @@ def run_rates(n: int, work: list[float], stream_of: list[int], device_of: list[i
         return None
     lens = np.fromiter(map(len, deps), dtype=i64, count=n)
     ndeps = lens.copy()
-    flat = np.fromiter((d for ds in deps for d in ds), dtype=i64, count=int(lens.sum()))
+    flat = np.fromiter(chain.from_iterable(deps), dtype=i64, count=int(lens.sum()))
     order = np.argsort(sid, kind="stable")
     qptr = np.zeros(nstreams + 1, dtype=i64)
     np.cumsum(np.bincount(sid, minlength=nstreams), out=qptr[1:])
