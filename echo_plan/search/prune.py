@@ -60,14 +60,19 @@ class Verdict:
     same_as: int | None = None  # for a duplicate: the index of the first combination with its plan
 
 
-def canonical(combo: dict[str, Any]) -> dict[str, Any]:
+def canonical(combo: dict[str, Any], dp: int | None = None) -> dict[str, Any]:
     """The combination with settings that change nothing normalised, so equal plans compare equal.
 
     Sequence parallelism needs tp > 1; overlapping the parameter all-gather needs a distributed
     optimizer (Megatron-LM); a single pipeline stage has no schedule to choose, so it is 1F1B;
-    1F1B with virtual stages is the interleaved 1F1B schedule.
+    1F1B with virtual stages is the interleaved 1F1B schedule. With ``dp`` 1 (when known) there is
+    no data-parallel communication and nothing to shard: the distributed optimizer and both DP
+    overlap switches change nothing, so they take their plain values (off, off, and the default on).
     """
     c = dict(combo)
+    if dp == 1:
+        c["distributed_optimizer"] = False
+        c["overlap_grad_reduce"] = True
     if c["tp"] == 1:
         c["sequence_parallel"] = False
     if not c["distributed_optimizer"]:
@@ -110,6 +115,8 @@ class Pruner:
         if gpus % (tp * pp):
             return Verdict(combo, None, PruneReason.GPUS, f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
         dp = gpus // (tp * pp)
+        if dp == 1:
+            c = canonical(combo, dp)
         if self.gbs % (dp * mbs):
             return Verdict(combo, None, PruneReason.BATCH,
                            f"global batch {self.gbs} is not a multiple of dp x mbs = {dp} x {mbs}")

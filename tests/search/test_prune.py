@@ -40,7 +40,19 @@ def test_duplicates_point_at_a_combination_with_the_same_plan():
     for v in dups:
         first = pruned.verdicts[v.same_as]
         assert first.plan.model_dump() == v.plan.model_dump()
-        assert canonical(first.combo) == canonical(v.combo)
+        assert canonical(first.combo, v.plan.dp) == canonical(v.combo, v.plan.dp)
+
+
+def test_dp1_plans_differ_only_in_what_dp_changes():
+    # one data-parallel replica: the distributed optimizer and the DP overlap switches change nothing,
+    # so those variants are one plan (they used to be ranked twice with the same step time)
+    space = space_from_mapping({"knobs": {"tp": [8], "pp": [8], "distributed_optimizer": [True, False],
+                                          "overlap_grad_reduce": [True, False]}})
+    model, cluster = load_model("gpt3-175b"), load_cluster("h800", gpus=64)
+    pruned = prune_space(Pruner(model, cluster, 64, space, memory=lambda *_: ()))
+    assert len(pruned.valid) == 1
+    assert not pruned.valid[0].plan.distributed_optimizer
+    assert sum(v.reason is PruneReason.DUPLICATE for v in pruned.verdicts) == 3
 
 
 def test_tp_beyond_a_server_is_pruned_for_that_reason():

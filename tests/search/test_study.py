@@ -152,3 +152,34 @@ def test_a_space_with_no_valid_plan_is_an_error_that_points_to_explain():
     space = space_from_mapping({"knobs": {"tp": [3]}})
     with pytest.raises(EchoPlanError, match="--explain"):
         _run(_config(gpus=64, space=space))
+
+
+def test_tpe_polish_spends_the_last_fifth_around_the_best_so_far():
+    from echo_plan.search.study import POLISH_SHARE, ROUND_SIZE
+
+    budget = 40
+    config = _config(sampler=SamplerKind.TPE, n_trials=budget, seed=1)
+    outcome, _ = _run(config)
+    polished = int(POLISH_SHARE * budget)
+    assert any(f"the last {polished} plans were the nearest neighbours" in n for n in outcome.notes)
+    simulated = [r for r in outcome.trials if r.state is TrialState.COMPLETE and not r.detail]
+    assert len(simulated) == budget
+    varying = [k.value for k in config.space.varying]
+    # each polish round is centred on the fastest fitting plan simulated before it and takes the
+    # nearest plans first: its first is one move away, none is more than two, and they are much
+    # nearer to that centre than the plans TPE proposed
+    def moves(plan, centre):
+        changed = {k for k in varying if plan[k] != centre[k]}
+        if 1 in (plan["dp"], centre["dp"]):  # a dp-1 plan shows these knobs normalised, not as chosen
+            changed -= {"distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"}
+        if {"tp", "pp"} <= changed and plan["dp"] == centre["dp"]:
+            changed -= {"pp"}  # moving GPUs between TP and PP at the same dp is one move
+        return len(changed)
+
+    for start in range(budget - polished, budget, ROUND_SIZE):
+        before = [r.result for r in simulated[:start] if r.result.fits]
+        centre = min(before, key=lambda r: r.step_time_s).plan
+        near = [moves(rec.plan, centre) for rec in simulated[start:start + ROUND_SIZE]]
+        tpe = [moves(rec.plan, centre) for rec in simulated[:budget - polished]]
+        assert near[0] <= 1 and max(near) <= 2, near
+        assert sum(near) / len(near) < sum(tpe) / len(tpe) - 1
