@@ -20,6 +20,7 @@ disk (``cache=True``), so only the first run on a machine compiles it (~3 s).
 from __future__ import annotations
 
 import os
+import warnings
 from itertools import chain
 from typing import Any, Callable
 
@@ -33,13 +34,45 @@ def available() -> bool:
     if os.environ.get("ECHO_PLAN_JIT", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
     if "kernel" not in _state:
-        try:
-            from echo_plan.replay import _rates_kernel
-
-            _state["kernel"] = _rates_kernel
-        except ImportError:
-            _state["kernel"] = None
+        _state["kernel"] = _load()
     return _state["kernel"] is not None
+
+
+def _load() -> Any:
+    """The kernel module, checked on a two-task replay; None (with a warning) if it cannot run.
+
+    Numba raises on an unreadable cache file (a truncated or corrupted ``.nbi``/``.nbc``, say after
+    a full disk): the cache is then emptied and the loop compiled again; if that fails too, the
+    Python loop is used and the warning says why."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return None
+    error: Exception | None = None
+    try:  # numba raises at import when no cache folder is writable, for one
+        from echo_plan.replay import _rates_kernel as mod
+    except Exception as exc:  # noqa: BLE001
+        return _fallback(exc)
+    for attempt in range(2):
+        try:
+            out = _run(mod, 2, [1.0, 1.0], [0, 1], [0, 0], [0, 1], [(), ()], 2, 2, lambda p, others: 1.5)
+            if out is None or out[1] != [1.5, 1.5]:
+                raise RuntimeError(f"the compiled loop gave {out!r} on a two-task check")
+            return mod
+        except Exception as exc:  # noqa: BLE001 - anything numba raises here means: do not use it
+            error = exc
+            if attempt == 0:
+                for obj in vars(mod).values():  # every jitted function's on-disk cache index
+                    cache = getattr(obj, "_cache", None)
+                    if cache is not None and hasattr(cache, "flush"):
+                        cache.flush()
+    return _fallback(error)
+
+
+def _fallback(error: Exception | None) -> None:
+    warnings.warn(f"echo-plan: the compiled replay loop cannot be used ({type(error).__name__}: {error}); "
+                  "using the Python loop, which gives the same results more slowly", RuntimeWarning, stacklevel=3)
+    return None
 
 
 def run_rates(n: int, work: list[float], stream_of: list[int], device_of: list[int], pid: list[int],
@@ -50,9 +83,14 @@ def run_rates(n: int, work: list[float], stream_of: list[int], device_of: list[i
     others)`` the factor of a task of profile p beside tasks of the sorted profiles ``others``.
     Returns start, end, dep_end, dep_last, and (for a deadlock message) ndeps and head per stream,
     or None when the keys would not fit in 64 bits (the caller uses the Python loop)."""
+    return _run(_state["kernel"], n, work, stream_of, device_of, pid, deps, nstreams, nprofiles, factor_of)
+
+
+def _run(mod: Any, n: int, work: list[float], stream_of: list[int], device_of: list[int], pid: list[int],
+         deps: list[tuple[int, ...]], nstreams: int, nprofiles: int, factor_of: Callable[[int, tuple[int, ...]], float]
+         ) -> tuple[list[float], list[float], list[float], list[int], list[int], list[int]] | None:
     import numpy as np
 
-    mod = _state["kernel"]
     i64, f64 = np.int64, np.float64
     # devices as 0..ndev-1, and the most tasks that can run at once on one of them (its streams)
     dev_arr = np.asarray(device_of, dtype=i64)
