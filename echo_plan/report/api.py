@@ -20,20 +20,22 @@ class WrittenReport:
 
 
 def make_report(outcome: SearchOutcome | CompareOutcome, path: str | Path, *, fill_timeline: bool = True,
-                simulator: TimelineSimulator | None = None, notes: Sequence[str] = ()) -> WrittenReport:
+                simulator: TimelineSimulator | None = None, notes: Sequence[str] = (),
+                fresh: bool = False) -> WrittenReport:
     """Write the HTML report of ``outcome`` to ``path`` atomically.
 
     With ``fill_timeline`` the recommended plan is simulated once (``simulate(timeline=True)``) when
-    its result carries no timeline; nothing else is simulated.
+    its result carries no timeline; nothing else is simulated. ``fresh``: the outcome is from a
+    search that just ran, so that simulation is expected and noted only if something went wrong.
     """
     note = None
     if fill_timeline:
         if isinstance(outcome, CompareOutcome):
             row = detail_row(outcome)
             if row is not None:
-                outcome, note = compare_with_timeline(outcome, row.num_gpus, simulator)
+                outcome, note = compare_with_timeline(outcome, row.num_gpus, simulator, fresh)
         else:
-            outcome, note = search_with_timeline(outcome, simulator)
+            outcome, note = search_with_timeline(outcome, simulator, fresh)
     written = write_report(outcome, path, notes=notes, timeline_note=note)
     return WrittenReport(written, written.stat().st_size, note)
 
@@ -52,7 +54,7 @@ def report_from_cli(outcome: SearchOutcome | CompareOutcome, path: str | None, c
     if not path:
         return None
 
-    written = make_report(outcome, path, simulator=timeline_simulator(cache_dir))
+    written = make_report(outcome, path, simulator=timeline_simulator(cache_dir), fresh=True)
     if written.timeline_note:
         typer.echo(f"note: {written.timeline_note}", err=True)
     typer.echo(f"report written: {written.path} ({written.size_bytes / 1e6:.1f} MB)", err=quiet_stdout)

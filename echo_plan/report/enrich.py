@@ -33,41 +33,44 @@ def timeline_simulator(cache_dir: str | None = None) -> TimelineSimulator:
     return run
 
 
-def search_with_timeline(outcome: SearchOutcome,
-                         simulator: TimelineSimulator | None = None) -> tuple[SearchOutcome, str | None]:
+def search_with_timeline(outcome: SearchOutcome, simulator: TimelineSimulator | None = None,
+                         fresh: bool = False) -> tuple[SearchOutcome, str | None]:
     """The outcome with a timeline on its best plan, and a note saying where it came from.
 
     Returns the outcome unchanged (note None) when the best plan already has a timeline or there
-    is no best plan; on a simulation error the outcome is unchanged and the note says why.
+    is no best plan; on a simulation error the outcome is unchanged and the note says why. With
+    ``fresh`` (the outcome of a search that just ran, not a stored one) a timeline made as
+    expected needs no note.
     """
     best = outcome.best
     if best is None or best.timeline:
         return outcome, None
     sim = simulator or timeline_simulator()
     try:
-        fresh = sim(outcome.model, outcome.cluster, best.plan)
+        again = sim(outcome.model, outcome.cluster, best.plan)
     except EchoPlanError as exc:
         return outcome, f"No timeline: the stored result has none and simulating the plan again failed ({exc})."
     except ImportError as exc:
         return outcome, f"No timeline: the stored result has none and the simulator is unavailable ({exc})."
-    if not fresh.timeline:
+    if not again.timeline:
         return outcome, "No timeline: the stored result has none and the simulator returned no events."
     note = ("The stored result carries no timeline, so the recommended plan was simulated once more for this "
             "chart")
-    if best.step_time_s > 0 and abs(fresh.step_time_s / best.step_time_s - 1) > 0.01:
-        note += (f"; that simulation gave a step of {fresh.step_time_s:.4g} s against the stored "
+    mismatch = best.step_time_s > 0 and abs(again.step_time_s / best.step_time_s - 1) > 0.01
+    if mismatch:
+        note += (f"; that simulation gave a step of {again.step_time_s:.4g} s against the stored "
                  f"{best.step_time_s:.4g} s (the simulator or its data changed since the search)")
-    ranked = (replace(best, timeline=fresh.timeline), *outcome.ranked[1:])
-    return replace(outcome, ranked=ranked), note + "."
+    ranked = (replace(best, timeline=again.timeline), *outcome.ranked[1:])
+    return replace(outcome, ranked=ranked), None if fresh and not mismatch else note + "."
 
 
-def compare_with_timeline(outcome: CompareOutcome, detail_gpus: int,
-                          simulator: TimelineSimulator | None = None) -> tuple[CompareOutcome, str | None]:
+def compare_with_timeline(outcome: CompareOutcome, detail_gpus: int, simulator: TimelineSimulator | None = None,
+                          fresh: bool = False) -> tuple[CompareOutcome, str | None]:
     """The compare with a timeline on the best plan of the size shown in detail."""
     rows = list(outcome.rows)
     for i, row in enumerate(rows):
         if row.num_gpus == detail_gpus:
-            filled, note = search_with_timeline(row.outcome, simulator)
+            filled, note = search_with_timeline(row.outcome, simulator, fresh)
             rows[i] = replace(row, outcome=filled)
             return replace(outcome, rows=tuple(rows)), note
     return outcome, None

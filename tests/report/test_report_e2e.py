@@ -45,7 +45,11 @@ def test_search_report_then_report_from_json_and_from_the_study(tmp_path, common
     page = first.read_text(encoding="utf-8")
     best = json.loads(out.out)["ranked"][0]
     assert "chart-timeline" in charts(page)  # the best plan was simulated once with its timeline
-    assert "simulated once more" in page
+    assert "stored result" not in page and "note:" not in out.err  # expected right after a search
+
+    timed = tmp_path / "timed.html"  # from the saved result, the extra simulation is said
+    assert main(["report", str(saved), "-o", str(timed)]) == 0
+    assert "simulated once more" in timed.read_text(encoding="utf-8")
 
     again = tmp_path / "again.html"
     assert main(["report", str(saved), "-o", str(again), "--no-simulate"]) == 0

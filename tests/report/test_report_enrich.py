@@ -31,6 +31,14 @@ def test_missing_timeline_is_simulated_once_for_the_best_plan(bare):
     assert "simulated once more" in note and "against the stored" not in note
 
 
+def test_right_after_a_search_the_expected_simulation_needs_no_note(bare):
+    filled, note = search_with_timeline(bare, lambda *a: with_timeline(bare.best), fresh=True)
+    assert filled.best.timeline and note is None
+    other = replace(with_timeline(bare.best), step_time_s=bare.best.step_time_s * 1.2)
+    _, note = search_with_timeline(bare, lambda *a: other, fresh=True)
+    assert "against the stored" in note  # a different step time is still worth saying
+
+
 def test_a_different_step_time_is_reported(bare):
     other = replace(with_timeline(bare.best), step_time_s=bare.best.step_time_s * 1.2)
     _, note = search_with_timeline(bare, lambda *a: other)
