@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import re
 import time
+from contextlib import nullcontext
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, ContextManager
 
 from echo_plan.errors import EchoPlanError
 from echo_plan.search.evaluator import EvaluatorFactory
@@ -66,19 +67,31 @@ def run_compare(base: SearchConfig, sizes: list[int], factory_for: Callable[[Clu
         raise EchoPlanError("--price-per-gpu-hour must be positive")
     t0 = time.perf_counter()
     outcomes: list[tuple[int, SearchOutcome]] = []
-    for gpus in sizes:
-        cluster = base.cluster.resized(gpus=gpus)
-        config = replace(base, cluster=cluster)
-        pruned = prune_for(config)
-        if not pruned.valid:
-            counts = "; ".join(f"{n} {r}" for r, n in pruned.counts().items())
-            outcome = empty_outcome(config, f"no plan passes the checks on {gpus} GPUs ({counts})",
-                                    pruned.total, pruned.counts())
-        else:
-            progress = progress_for(gpus) if progress_for is not None else None
-            outcome = run_search(config, factory_for(cluster), pruned=pruned, progress=progress)
-        outcomes.append((gpus, outcome))
+    with _ray_for(base):  # one Ray for every size, not one start and stop per size
+        for gpus in sizes:
+            outcomes.append((gpus, _search_size(base, gpus, factory_for, progress_for)))
     return build_compare(base, outcomes, price_per_gpu_hour, time.perf_counter() - t0)
+
+
+def _ray_for(base: SearchConfig) -> ContextManager[None]:
+    if base.workers > 0 or base.ray_address:
+        from echo_plan.search.ray_eval import ray_session
+
+        return ray_session(base.workers or None, base.ray_address)
+    return nullcontext()
+
+
+def _search_size(base: SearchConfig, gpus: int, factory_for: Callable[[ClusterSpec], EvaluatorFactory],
+                 progress_for: Callable[[int], ProgressSink | None] | None) -> SearchOutcome:
+    cluster = base.cluster.resized(gpus=gpus)
+    config = replace(base, cluster=cluster)
+    pruned = prune_for(config)
+    if not pruned.valid:
+        counts = "; ".join(f"{n} {r}" for r, n in pruned.counts().items())
+        return empty_outcome(config, f"no plan passes the checks on {gpus} GPUs ({counts})", pruned.total,
+                             pruned.counts())
+    progress = progress_for(gpus) if progress_for is not None else None
+    return run_search(config, factory_for(cluster), pruned=pruned, progress=progress)
 
 
 def build_compare(base: SearchConfig, outcomes: list[tuple[int, SearchOutcome]], price: float | None,

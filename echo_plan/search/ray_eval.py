@@ -5,17 +5,65 @@ Each worker is an actor that builds its own evaluator from the (picklable) facto
 keeps the simulator's level-1 memo across the plans it is given, and all workers share the
 factory's on-disk trace cache folder. Results come back as they finish; the caller commits each
 one to the study storage at once, so a crashed worker loses only the plan it was running.
+``compare`` keeps one Ray up for all its cluster sizes (``ray_session``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from echo_plan.errors import EchoPlanError
 from echo_plan.search.evaluator import Evaluation, EvaluatorFactory, OnDone, run_one
 from echo_plan.specs.plan import PlanSpec
+
+
+def start_ray(workers: int | None, address: str | None) -> bool:
+    """Start a local Ray with ``workers`` CPUs, or connect to ``address``, unless Ray is already up
+    in this process. Returns True when this call started it (so its caller shuts it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING,
+                                  log_to_driver=False, configure_logging=True)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if address is not None:
+        check_reachable(address)
+    else:  # a local Ray keeps Ray's default token authentication; only its notice that it is on goes
+        logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_auth_on_notice)
+    try:
+        if address is not None:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=workers, **kwargs)
+    except Exception as exc:  # connection refused, bad address, ...
+        raise EchoPlanError(f"cannot start or reach Ray ({address or 'local'}): {type(exc).__name__}: {exc}") \
+            from None
+    return True
+
+
+def _auth_on_notice(record: logging.LogRecord) -> bool:
+    """Drop Ray's notice that token authentication is enabled (the default); keep every other record."""
+    return not record.getMessage().startswith("Token authentication is enabled")
+
+
+@contextmanager
+def ray_session(workers: int | None, address: str | None) -> Iterator[None]:
+    """Ray up for the whole block (several searches: ``compare``), down afterwards if started here;
+    the RayPools made inside reuse it instead of starting and stopping a Ray each."""
+    if address is None and (workers is None or workers < 1):
+        raise EchoPlanError("--workers must be a positive number of Ray workers")
+    started = start_ray(workers, address)
+    try:
+        yield
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
 
 
 class RayPool:
@@ -27,22 +75,7 @@ class RayPool:
         import ray
 
         self._ray = ray
-        self._started = False
-        if not ray.is_initialized():
-            kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING,
-                                          log_to_driver=False, configure_logging=True)
-            os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-            if address is not None:
-                check_reachable(address)
-            try:
-                if address is not None:
-                    ray.init(address=address, **kwargs)
-                else:
-                    ray.init(num_cpus=workers, **kwargs)
-            except Exception as exc:  # connection refused, bad address, ...
-                raise EchoPlanError(f"cannot start or reach Ray ({address or 'local'}): {type(exc).__name__}: {exc}") \
-                    from None
-            self._started = True
+        self._started = start_ray(workers, address)
         if workers is None or workers < 1:
             workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.workers = workers
@@ -84,6 +117,13 @@ class RayPool:
         return self._actor_cls.remote(self._factory)
 
     def close(self) -> None:
+        """Stop this pool's actors (their CPUs go back to Ray for the next pool), and Ray if started here."""
+        for actor in self._actors:
+            try:
+                self._ray.kill(actor)
+            except Exception:  # already dead
+                pass
+        self._actors = []
         if self._started:
             self._ray.shutdown()
             self._started = False

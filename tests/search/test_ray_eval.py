@@ -67,3 +67,29 @@ def test_a_crashed_worker_loses_no_finished_trial(tmp_path):
     # and every finished trial is in storage
     again = run_search(config, toy.ToyFactory(model, cluster), memory=toy.toy_memory)
     assert len(again.trials) == len(outcome.trials)
+
+
+@pytest.mark.slow
+def test_compare_keeps_one_ray_for_all_sizes(tmp_path, monkeypatch):
+    import ray
+
+    from . import toy
+    from echo_plan.search.compare import run_compare
+
+    ray.cloudpickle.register_pickle_by_value(toy)
+    model = load_model("gpt-13b")
+    space = space_from_mapping({"knobs": {"tp": [2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2]}})
+    starts = []
+    real_init = ray.init
+    monkeypatch.setattr(ray, "init", lambda *a, **k: starts.append(k) or real_init(*a, **k))
+
+    def compare(workers):
+        base = SearchConfig(model=model, cluster=load_cluster("h800", gpus=32), global_batch_size=512, space=space,
+                            sampler=SamplerKind.GRID, workers=workers, storage="memory")
+        out = run_compare(base, [32, 64, 128], lambda c: toy.ToyFactory(model, c))
+        return [(r.num_gpus, r.outcome.best.plan, r.outcome.best.step_time_s) for r in out.rows]
+
+    on_ray = compare(2)
+    assert len(starts) == 1  # one Ray for the three sizes (each size's pool reused it)
+    assert not ray.is_initialized()  # and it is down afterwards
+    assert on_ray == compare(0)
