@@ -136,7 +136,9 @@ def heap_pop(hp_t, hp_s, hp_i, hp_v, size):
 def kernel(st_i, st_f, work, stream_of, dev, pid, ndeps, dptr, didx, qptr, order, head, busy, start, end,
            dep_end, dep_last, ver, rem, last, factor, run_tasks, run_n, dirty_flag, dirty_list,
            hp_t, hp_s, hp_i, hp_v, tkeys, tvals, base, miss):
-    # st_i: 0 started, 1 seq, 2 done, 3 heap size, 4 dirty count, 5 missing keys; st_f: 0 now
+    # st_i: 0 started, 1 seq, 2 done, 3 heap size, 4 dirty count, 5 missing keys; st_f: 0 now.
+    # Returns 0 when no task can run any more, 1 when factors are missing (keys in miss[:st_i[5]]),
+    # 2 when the heap needs more room; on 1 and 2 nothing has changed since the last event.
     nstreams = len(qptr) - 1
     scratch = np.zeros(run_tasks.shape[1] + 1, dtype=np.int64)
     if st_i[0] == 0:
@@ -167,6 +169,13 @@ def kernel(st_i, st_f, work, stream_of, dev, pid, ndeps, dptr, didx, qptr, order
             st_i[5] = nmiss
             st_f[0] = now
             return 1
+        # and the heap must have room for every push this pass can make (else Python grows it)
+        room = 0
+        for k in range(nd):
+            room += run_n[dirty_list[k]]
+        if st_i[3] + room > len(hp_t):
+            st_f[0] = now
+            return 2
         # devices in ascending order (as the Python loop)
         for a in range(1, nd):
             x = dirty_list[a]

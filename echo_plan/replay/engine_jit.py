@@ -27,6 +27,7 @@ from typing import Any, Callable
 _state: dict[str, Any] = {}  # the kernel module, once imported (a cache, not configuration)
 
 MAX_KEY = 2**62  # keys are base-(profiles+1) numbers of (1 + running tasks) digits
+HEAP_SLOTS_PER_TASK, HEAP_MIN_SLOTS = 4, 64  # a step pushes 2-3 events per task; the loop asks for more
 
 
 def available() -> bool:
@@ -134,7 +135,7 @@ def _run(mod: Any, n: int, work: list[float], stream_of: list[int], device_of: l
     run_n = np.zeros(ndev, dtype=i64)
     dirty_flag = np.zeros(ndev, dtype=np.bool_)
     dirty_list = np.zeros(ndev, dtype=i64)
-    cap = n * (2 * maxrun + 1) + 16  # every start or end pushes at most one entry per running task
+    cap = HEAP_SLOTS_PER_TASK * n + HEAP_MIN_SLOTS
     hp_t = np.zeros(cap, dtype=f64)
     hp_s = np.zeros(cap, dtype=i64)
     hp_i = np.zeros(cap, dtype=i64)
@@ -150,6 +151,9 @@ def _run(mod: Any, n: int, work: list[float], stream_of: list[int], device_of: l
                             hp_t, hp_s, hp_i, hp_v, tkeys, tvals, base, miss)
         if status == 0:
             break
+        if status == 2:  # the heap is full: double it (live entries are its first st_i[3] slots)
+            hp_t, hp_s, hp_i, hp_v = (np.concatenate([a, np.zeros_like(a)]) for a in (hp_t, hp_s, hp_i, hp_v))
+            continue
         missing = miss[:st_i[5]].tolist()
         if 2 * (nkeys + len(missing)) > table:  # keep the table at most half full
             while 2 * (nkeys + len(missing)) > table:

@@ -71,6 +71,15 @@ def test_deadlock_named_by_both(monkeypatch):
             replay(tasks, load_interference(None))
 
 
+def test_heap_grows_when_full(monkeypatch):
+    # start with a one-slot event heap: the loop must ask for room again and again, losing nothing
+    monkeypatch.setattr(engine_jit, "HEAP_SLOTS_PER_TASK", 0)
+    monkeypatch.setattr(engine_jit, "HEAP_MIN_SLOTS", 1)
+    tasks = random_tasks(random.Random(11), 400, 3, 3)
+    fast, slow = both(tasks, load_interference(None), monkeypatch)
+    assert fast.end_at == slow.end_at and fast.start_at == slow.start_at
+
+
 def test_too_many_profiles_fall_back(monkeypatch):
     # 400 distinct mixes on six streams of one GPU: keys do not fit in 64 bits, the Python loop runs
     rng = random.Random(3)
