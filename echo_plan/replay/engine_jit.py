@@ -14,7 +14,7 @@ them, and the loop goes on where it stopped. A step needs a few dozen distinct k
 The loop itself is in :mod:`echo_plan.replay._rates_kernel`, imported on first use (importing
 Numba costs ~0.3 s); without Numba, or with ``ECHO_PLAN_JIT=0`` in the environment,
 :func:`available` is False and the engine uses the Python loop. Numba caches the compiled code on
-disk (``cache=True``), so only the first run on a machine compiles it (~3 s).
+disk (``cache=True``), so only the first run on a machine compiles it (~4 s).
 """
 
 from __future__ import annotations
