@@ -6,15 +6,20 @@ from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
 from echo_plan.specs.presets import (
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,
+    DEFAULT_STACK,
     cluster_names,
     load_cluster,
     load_model,
+    load_stack,
     model_names,
     parse_size,
+    stack_names,
 )
+from echo_plan.specs.software import AttentionKernel, OptimizerSharding, RecomputeModule, SoftwareSpec
 
 __all__ = [
-    "Activation", "ClusterSpec", "DEFAULT_CLUSTER", "DEFAULT_MODEL", "DType", "Fabric", "GPUSpec",
-    "ModelSpec", "NetworkSpec", "Norm", "PlanSpec", "PositionEmbedding", "Recompute", "Schedule",
-    "cluster_names", "load_cluster", "load_model", "model_names", "parse_size", "validate_plan",
+    "Activation", "AttentionKernel", "ClusterSpec", "DEFAULT_CLUSTER", "DEFAULT_MODEL", "DEFAULT_STACK", "DType",
+    "Fabric", "GPUSpec", "ModelSpec", "NetworkSpec", "Norm", "OptimizerSharding", "PlanSpec", "PositionEmbedding",
+    "Recompute", "RecomputeModule", "Schedule", "SoftwareSpec", "cluster_names", "load_cluster", "load_model",
+    "load_stack", "model_names", "parse_size", "stack_names", "validate_plan",
 ]

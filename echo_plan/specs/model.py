@@ -1,4 +1,4 @@
-"""ModelSpec: a dense decoder-only transformer (GPT-style or Llama-style)."""
+"""ModelSpec: a dense decoder-only transformer (GPT-style, Llama-style, Nemotron-style)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,23 @@ from echo_plan.specs.base import Spec
 class Activation(str, Enum):
     GELU = "gelu"
     SWIGLU = "swiglu"
+    SQUARED_RELU = "squared_relu"  # relu(x)^2, ungated (Nemotron-4; So et al. 2021, Primer)
+
+    @property
+    def gated(self) -> bool:
+        """Two input projections (gate and up) instead of one."""
+        return self is Activation.SWIGLU
 
 
 class Norm(str, Enum):
     LAYERNORM = "layernorm"
+    LAYERNORM1P = "layernorm1p"  # LayerNorm with zero-centred gamma: scales by (1 + weight) (Nemotron-4)
     RMSNORM = "rmsnorm"
+
+    @property
+    def params(self) -> int:
+        """Parameters per hidden unit: weight and bias, or weight only."""
+        return 1 if self is Norm.RMSNORM else 2
 
 
 class PositionEmbedding(str, Enum):
@@ -46,6 +58,8 @@ class ModelSpec(Spec):
     norm: Norm = Norm.LAYERNORM
     position_embedding: PositionEmbedding = PositionEmbedding.LEARNED
     tied_embeddings: bool = True
+    bias: bool | None = Field(default=None, description="linear layers carry biases; default: GELU models do")
+    rotary_percent: float = Field(default=1.0, gt=0.0, le=1.0, description="fraction of each head's dims rotated")
     source: str = ""
 
     @model_validator(mode="after")
@@ -59,6 +73,13 @@ class ModelSpec(Spec):
                 else 4 * self.hidden_size
             )
             object.__setattr__(self, "ffn_hidden_size", ffn)
+        if self.bias is None:
+            object.__setattr__(self, "bias", self.activation is Activation.GELU)  # GPT-style blocks carry biases
+        if self.rotary_percent < 1.0 and self.position_embedding is not PositionEmbedding.ROTARY:
+            raise ValueError(f"rotary_percent {self.rotary_percent} needs position_embedding rotary")
+        if self.position_embedding is PositionEmbedding.ROTARY and self.rotary_dims % 2:
+            raise ValueError(f"rotary_percent {self.rotary_percent} of head_dim {self.head_dim} must give an even "
+                             f"number of rotated dims, not {self.rotary_dims}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} must be a multiple of num_attention_heads "
@@ -84,16 +105,29 @@ class ModelSpec(Spec):
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def has_bias(self) -> bool:
+        return bool(self.bias)
+
+    @property
+    def rotary_dims(self) -> int:
+        """Dims of each head that rotary embedding rotates (all of them unless rotary_percent < 1)."""
+        return int(round(self.head_dim * self.rotary_percent))
+
+    @property
+    def norm_params(self) -> int:
+        """Parameters of one norm."""
+        return self.norm.params * self.hidden_size
+
+    @property
     def params_per_layer(self) -> int:
         """Parameters of one transformer block (weights and biases, norms included)."""
         h, f = self.hidden_size, self.ffn_size
         kv = self.kv_heads * self.head_dim
-        bias = self.activation is Activation.GELU  # GPT-style blocks carry biases, Llama's do not
+        bias = self.has_bias
         attn = h * (h + 2 * kv) + h * h + ((h + 2 * kv) + h if bias else 0)
-        mlp_in = 2 * h * f if self.activation is Activation.SWIGLU else h * f
-        mlp = mlp_in + f * h + ((f + h) if bias else 0)
-        norm_params = 2 * h if self.norm is Norm.LAYERNORM else h
-        return attn + mlp + 2 * norm_params
+        fc1_out = 2 * f if self.activation.gated else f
+        mlp = h * fc1_out + f * h + ((fc1_out + h) if bias else 0)
+        return attn + mlp + 2 * self.norm_params
 
     @property
     def embedding_params(self) -> int:
@@ -103,9 +137,8 @@ class ModelSpec(Spec):
     @property
     def output_params(self) -> int:
         """Final norm plus the output projection when it is not tied to the embedding."""
-        norm_params = 2 * self.hidden_size if self.norm is Norm.LAYERNORM else self.hidden_size
         head = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
-        return norm_params + head
+        return self.norm_params + head
 
     @property
     def num_params(self) -> int:

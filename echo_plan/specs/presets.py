@@ -12,19 +12,31 @@ from echo_plan.errors import EchoPlanError, UnknownPresetError
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.loaders import is_hf_config, model_fields_from_hf, read_mapping
 from echo_plan.specs.model import ModelSpec
+from echo_plan.specs.software import SoftwareSpec
 
 DEFAULT_MODEL = "gpt3-175b"
 DEFAULT_CLUSTER = "h800"
+DEFAULT_STACK = "megatron-core"
+
+
+def _preset_dir(folder: str, marker: str) -> Path:
+    """``folder/`` at the project root (found upward from this file), else the packaged copy."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / folder
+        if candidate.is_dir() and (candidate / marker).exists():
+            return candidate
+    return Path(str(resources.files("echo_plan") / "data" / folder))
 
 
 def clusters_dir() -> Path:
     """The folder of cluster presets: ``clusters/`` at the project root."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "clusters"
-        if candidate.is_dir() and (candidate / "h800.yaml").exists():
-            return candidate
-    return Path(str(resources.files("echo_plan") / "data" / "clusters"))
+    return _preset_dir("clusters", "h800.yaml")
+
+
+def stacks_dir() -> Path:
+    """The folder of software-stack presets: ``stacks/`` at the project root."""
+    return _preset_dir("stacks", f"{DEFAULT_STACK}.yaml")
 
 
 @lru_cache(maxsize=1)
@@ -39,6 +51,10 @@ def model_names() -> list[str]:
 
 def cluster_names() -> list[str]:
     return sorted(p.stem for p in clusters_dir().glob("*.yaml"))
+
+
+def stack_names() -> list[str]:
+    return sorted(p.stem for p in stacks_dir().glob("*.yaml"))
 
 
 def _looks_like_path(ref: str) -> bool:
@@ -72,6 +88,42 @@ def load_cluster(ref: str, nodes: int | None = None, gpus: int | None = None) ->
     data.setdefault("name", path.stem)
     cluster = ClusterSpec.build(data, context=str(path))
     return cluster.resized(nodes=nodes, gpus=gpus)
+
+
+def load_stack(ref: str | None = None, overrides: dict | None = None) -> SoftwareSpec:
+    """A software-stack preset by name or a YAML/JSON SoftwareSpec file (default: megatron-core).
+
+    A file may start from a preset with ``base: NAME`` and change some fields; ``overrides``
+    (field -> value) are applied last, as a validation row applies its own settings."""
+    ref = ref or DEFAULT_STACK
+    data = _stack_mapping(ref, seen=())
+    data.update(overrides or {})
+    return SoftwareSpec.build(data, context=f"stack {ref}")
+
+
+def _stack_mapping(ref: str, seen: tuple[str, ...]) -> dict:
+    if _looks_like_path(ref):
+        path = Path(ref)
+        data = read_mapping(path)
+        data.setdefault("name", path.stem)
+    else:
+        path = stacks_dir() / f"{ref}.yaml"
+        if not path.exists():
+            raise UnknownPresetError("stack", ref, stack_names())
+        data = read_mapping(path)
+        data.setdefault("name", ref)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base:
+        raise EchoPlanError(f"{path}: base must be the name of a stack preset or a stack file, not {base!r}")
+    if base in seen or base == ref:
+        raise EchoPlanError(f"{path}: base {base!r} refers back to itself")
+    merged = _stack_mapping(base, seen + (ref,))
+    merged.pop("description", None)
+    merged.pop("sources", None)
+    merged.update(data)
+    return merged
 
 
 def parse_size(text: str | int) -> int:

@@ -1,0 +1,115 @@
+"""SoftwareSpec: what the training framework does, beside the model, the cluster and the plan.
+
+Two runs of the same model, cluster and layout differ by their software stack: whether attention
+is one fused kernel or four, whether dropout is on (its masks are saved and its kernels cost
+time), whether tensor-parallel communication hides behind the GEMMs (Transformer Engine's
+userbuffers), in which dtype data-parallel gradients are reduced, what the distributed optimizer
+shards, which modules selective recomputation re-runs. The tracer, the replay and the memory
+model read these settings; presets live in ``stacks/*.yaml`` and cite where each setting comes
+from. A plan switch that the stack cannot honour (overlapping the gradient reduction on a stack
+that has no such overlap) is switched off and the simulation says so.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import Field, field_validator
+
+from echo_plan.errors import SpecError
+from echo_plan.specs.base import Spec
+from echo_plan.specs.cluster import DType
+
+
+class AttentionKernel(str, Enum):
+    FUSED = "fused"  # FlashAttention / cuDNN fused attention: one kernel forward, one backward
+    UNFUSED = "unfused"  # batched GEMM, fused scale-mask-softmax, dropout, batched GEMM (Megatron-LM before 2023)
+
+
+class RecomputeModule(str, Enum):
+    """What ``recompute: selective`` re-runs in backward (Megatron-Core's ``--recompute-modules``)."""
+
+    CORE_ATTN = "core_attn"  # the attention core (scores, softmax, dropout, weighted sum)
+    MLP = "mlp"  # the whole MLP (its linears and activation)
+    LAYERNORM = "layernorm"  # the input and pre-MLP norms
+
+
+class OptimizerSharding(str, Enum):
+    """What ``distributed_optimizer`` shards over the data-parallel group."""
+
+    NONE = "none"  # the stack has no sharded optimizer
+    STATES = "states"  # fp32 master weights and Adam moments (Megatron-LM's distributed optimizer, ZeRO-1)
+    STATES_AND_GRADS = "states_and_grads"  # the gradient buffer too (ZeRO-2, Apex DistributedFusedAdam)
+
+
+GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
+
+
+class SoftwareSpec(Spec):
+    """The training framework's behaviour. Probabilities are fractions in [0, 1)."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    attention: AttentionKernel = AttentionKernel.FUSED
+    hidden_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout after attention, MLP, embedding")
+    attention_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout on attention probabilities")
+    fused_elementwise: bool = Field(
+        default=True, description="bias+activation and bias+dropout+residual-add as one kernel each")
+    gradient_accumulation_fusion: bool = Field(
+        default=True, description="weight-gradient GEMMs accumulate into the fp32 main-grad buffer themselves")
+    tp_comm_overlap: bool = Field(
+        default=False, description="TP all-gather / reduce-scatter pipelined with the GEMMs (needs sequence parallel)")
+    overlap_grad_reduce: bool = Field(default=True, description="the framework can overlap DP gradient reduction")
+    overlap_param_gather: bool = Field(default=True, description="the framework can overlap the parameter all-gather")
+    overlap_p2p: bool = Field(default=False, description="pipeline sends do not block the sender's next compute")
+    grad_reduce_dtype: DType | None = Field(
+        default=None, description="dtype of the DP gradient buffer and its reduction; None: fp32 for bf16, fp16 for fp16")
+    optimizer_sharding: OptimizerSharding = OptimizerSharding.STATES
+    sequence_parallel: bool = Field(default=True, description="the framework has sequence parallelism")
+    recompute_modules: tuple[RecomputeModule, ...] = (RecomputeModule.CORE_ATTN,)
+    sources: tuple[str, ...] = ()
+
+    @field_validator("grad_reduce_dtype")
+    @classmethod
+    def _grad_dtype(cls, value: DType | None) -> DType | None:
+        if value is not None and value not in GRAD_REDUCE_DTYPES:
+            raise ValueError(f"must be one of {', '.join(d.value for d in GRAD_REDUCE_DTYPES)}")
+        return value
+
+    @field_validator("recompute_modules")
+    @classmethod
+    def _modules(cls, value: tuple[RecomputeModule, ...]) -> tuple[RecomputeModule, ...]:
+        return tuple(dict.fromkeys(value))  # order-preserving de-duplication
+
+    @property
+    def dropout(self) -> bool:
+        return self.hidden_dropout > 0.0 or self.attention_dropout > 0.0
+
+    def grad_bytes(self, param_dtype: DType) -> int:
+        """Bytes per element of the DP gradient buffer (and of what the DP collectives move)."""
+        if self.grad_reduce_dtype is not None:
+            return self.grad_reduce_dtype.nbytes
+        return 4 if param_dtype is DType.BF16 else 2  # Megatron-LM: fp32 main grads with bf16, fp16 grads with fp16
+
+    def trace_signature(self) -> str:
+        """The settings that change what the tracer records (part of every trace's cache key)."""
+        modules = ",".join(m.value for m in self.recompute_modules) or "-"
+        grad = "auto" if self.grad_reduce_dtype is None else self.grad_reduce_dtype.value
+        return (f"attn={self.attention.value};hdrop={self.hidden_dropout > 0};adrop={self.attention_dropout > 0};"
+                f"fuse={self.fused_elementwise};gaf={self.gradient_accumulation_fusion}/{grad};"
+                f"tpov={self.tp_comm_overlap};rc={modules}")
+
+    def short(self) -> str:
+        return self.name
+
+
+def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,
+                         selective_recompute: bool, context: str = "plan") -> None:
+    """Raise SpecError when a plan asks for a feature the stack does not have."""
+    if sequence_parallel and not stack.sequence_parallel:
+        raise SpecError("sequence_parallel", True, f"stack {stack.name} has no sequence parallelism", context)
+    if distributed_optimizer and stack.optimizer_sharding is OptimizerSharding.NONE:
+        raise SpecError("distributed_optimizer", True, f"stack {stack.name} has no distributed optimizer", context)
+    if selective_recompute and not stack.recompute_modules:
+        raise SpecError("recompute", "selective", f"stack {stack.name} has no selective recomputation "
+                        "(its recompute_modules is empty); use none or full", context)
