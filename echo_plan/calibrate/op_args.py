@@ -79,7 +79,14 @@ def build_call(op: OpRecord, device: str) -> Callable[[], Any]:
     """A zero-argument function that runs ``op`` once on ``device`` with fresh tensors."""
     if op.kind is OpKind.ATTENTION:
         return _attention_call(op, device)
-    fn = resolve_op(op.name)
+    name = op.name
+    if name.startswith("echo_plan."):
+        # The tracer's fused kernels have CPU reference implementations only: timing those would
+        # time several unfused kernels. The analytical model costs them.
+        raise CannotRun(f"{name}: a fused kernel with no device implementation here")
+    if name.startswith("aten.") and name.endswith(".out"):
+        name = name[: -len("out")] + "default"  # the same kernel writing into a given buffer
+    fn = resolve_op(name)
     args, kwargs = _schema_args(fn, op, device)
     return lambda: fn(*args, **kwargs)
 
@@ -231,6 +238,8 @@ def _attention_call(op: OpRecord, device: str) -> Callable[[], Any]:
         raise CannotRun(f"{op.name}: expected query, key and value of rank 4")
     q, k, v = (make_tensor(m, device) for m in qkv)
     gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    if "dropout" in op.name:  # the dropout variant of the fused kernel (trace/kernels.py): dropout 0.1
+        gqa["dropout_p"] = 0.1
     # ModelSpec models are decoder-only: causal attention, as the analytical model assumes.
     if not backward:
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)

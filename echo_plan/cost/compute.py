@@ -70,6 +70,7 @@ class ArchParams:
     max_eff: float  # the measured best fraction of peak (MAMF): no shape does better
     attention_forward_eff: float
     attention_backward_eff: float
+    stream_k_eff: float | None = None  # Hopper+: a partial last wave can run as stream-K at this tile rate
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class ComputeConstants:
     attention_seq_half: float
     causal_work_fraction: float
     hbm_efficiency: Mapping[OpKind, float]
+    attention_dropout_eff: float = 1.0
 
     def arch_params(self, sm_arch: int) -> ArchParams:
         """The newest generation in the table that is not newer than ``sm_arch`` (else the oldest)."""
@@ -110,13 +112,16 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
         arch: dict[int, ArchParams] = {}
         for key, a in raw["arch"].items():
             m, n, k = (int(x) for x in a["mamf_shape"])
+            sk = a.get("stream_k_efficiency")
+            sk = None if sk is None else float(sk)
             shape_eff = gemm_shape_efficiency(m, n, k, int(a["sm_count"]), tiles, k0,
-                                              int(raw["gemm_min_split_k"]), int(raw["gemm_max_split"]))
+                                              int(raw["gemm_min_split_k"]), int(raw["gemm_max_split"]), stream_k=sk)
             arch[int(key)] = ArchParams(
                 asymptotic_eff=min(1.0, float(a["mamf_fraction"]) / shape_eff),
                 max_eff=float(a["mamf_fraction"]),
                 attention_forward_eff=float(a["attention_forward_eff"]),
                 attention_backward_eff=float(a["attention_backward_eff"]),
+                stream_k_eff=sk,
             )
         hbm = {OpKind(k): float(v) for k, v in raw["hbm_efficiency"].items()}
         return ComputeConstants(
@@ -130,6 +135,7 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
             attention_seq_half=float(raw["attention_seq_half"]),
             causal_work_fraction=float(raw["causal_work_fraction"]),
             hbm_efficiency=MappingProxyType(hbm),
+            attention_dropout_eff=float(raw.get("attention_dropout_efficiency", 1.0)),
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid compute-model constants: {exc!r}") from None
@@ -142,13 +148,17 @@ def _packaged_constants() -> ComputeConstants:
 
 
 def gemm_shape_efficiency(m: int, n: int, k: int, sm_count: int, tiles: tuple[Tile, ...],
-                          k_overhead: int, min_split_k: int, max_split: int, batch: int = 1) -> float:
-    """Fraction of the asymptotic GEMM rate a (batch x) M x N x K GEMM reaches: the best tile and split."""
+                          k_overhead: int, min_split_k: int, max_split: int, batch: int = 1,
+                          stream_k: float | None = None) -> float:
+    """Fraction of the asymptotic GEMM rate a (batch x) M x N x K GEMM reaches: the best tile and
+    split, or (``stream_k`` set) a stream-K schedule with no wave quantisation at that tile rate."""
     best = 0.0
     for tile in tiles:
         tm, tn = math.ceil(m / tile.m), math.ceil(n / tile.n)
         tiles_out = tm * tn * batch
         tile_q = (m * n) / (tm * tile.m * tn * tile.n)
+        if stream_k is not None and tiles_out >= sm_count:  # every SM gets at least one tile's work
+            best = max(best, tile.rel_eff * tile_q * (k / (k + k_overhead)) * stream_k)
         max_s = max(1, min(max_split, k // min_split_k)) if tiles_out < sm_count else 1
         for split in range(1, max_s + 1):
             ctas = tiles_out * split
@@ -273,13 +283,15 @@ class AnalyticalComputeModel:
         batch, m, n, k = dims
         flops = op.flops if op.flops > 0 else 2.0 * batch * m * n * k
         shape = gemm_shape_efficiency(m, n, k, gpu.sm_count, c.tiles, c.k_overhead, c.min_split_k,
-                                      c.max_split, batch=batch)
+                                      c.max_split, batch=batch, stream_k=arch.stream_k_eff)
         return min(arch.max_eff, arch.asymptotic_eff * shape), flops
 
     def _attention_eff(self, op: OpRecord, gpu: GPUSpec) -> tuple[float, float]:
         c = self.constants
         arch = c.arch_params(gpu.sm_arch)
         base = arch.attention_backward_eff if _is_backward(op) else arch.attention_forward_eff
+        if "dropout" in op.name:  # the fused kernel with dropout (trace/kernels.py)
+            base *= c.attention_dropout_eff
         work = c.causal_work_fraction if self.causal_attention else 1.0
         dims = attention_dims(op)
         if dims is None:

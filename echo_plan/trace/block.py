@@ -1,13 +1,22 @@
-"""One transformer layer, sharded as Megatron-LM shards it for a tensor-parallel degree.
+"""One transformer layer, sharded as Megatron-LM shards it, running the kernels the stack runs.
 
-Pre-norm residual layer: norm -> attention (QKV column-parallel, fused causal SDPA, output
-row-parallel) -> residual add -> norm -> MLP (FC1, and the SwiGLU gate fused with it, column-
-parallel; FC2 row-parallel) -> residual add. Hidden states are [seq, batch, hidden]; with sequence
-parallelism they are [seq/tp, batch, hidden] outside the column/row-parallel regions.
+Pre-norm residual layer: norm -> attention (``attention.py``) -> bias-dropout-add -> norm -> MLP
+(FC1 column-parallel, activation, FC2 row-parallel) -> bias-dropout-add. Hidden states are
+[seq, batch, hidden]; with sequence parallelism [seq/tp, batch, hidden] outside the column/row-
+parallel regions. What the SoftwareSpec changes, all as module code:
 
-Recompute (Korthikanti et al. 2022): ``selective`` checkpoints the attention core, ``full`` the
-whole layer, with ``torch.utils.checkpoint`` (non-reentrant). ``recompute_context`` is entered
-while checkpointed code is re-run during backward, so a caller can tell recomputation apart.
+* ``fused_elementwise``: bias + GeLU, SwiGLU and bias + dropout + residual add as one kernel each
+  (``kernels.py``), else as the separate PyTorch ops;
+* ``hidden_dropout``: dropout before each residual add (its 1-byte mask is saved);
+* ``gradient_accumulation_fusion`` off: every weight gradient is added into an fp32 ``main_grad``;
+* ``tp_comm_overlap`` (with sequence parallelism): the pipelined TP linears of ``overlap.py``;
+* recomputation (Korthikanti et al. 2022): ``full`` checkpoints the whole layer; ``selective``
+  checkpoints the stack's ``recompute_modules``: the attention core, the MLP, and/or the two
+  norms (Megatron-Core's ``layernorm`` module keeps no norm output: it is discarded after the
+  next linear has used it and recomputed in backward).
+
+Checkpointed code runs again inside ``recompute_context`` during backward, so a caller can tell
+recomputation apart. ``discard`` drops a tensor from the saved-activation count.
 """
 
 from __future__ import annotations
@@ -20,10 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from echo_plan.specs import Activation, ModelSpec, Norm, PositionEmbedding, Recompute
-from echo_plan.trace import parallel
+from echo_plan.specs import Activation, ModelSpec, Recompute, RecomputeModule, SoftwareSpec
+from echo_plan.trace import kernels, parallel
+from echo_plan.trace.attention import Attention
 from echo_plan.trace.fake_pg import TPGroup
-from echo_plan.trace.layers import Rotary, make_norm
+from echo_plan.trace.layers import make_norm
 
 RecomputeContext = Callable[[], ContextManager]
 
@@ -40,89 +50,100 @@ def checkpointed(fn, *args, recompute_context: RecomputeContext):
     )
 
 
-class Attention(nn.Module):
-    def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool,
-                 dtype: torch.dtype, checkpoint_core: bool, recompute_context: RecomputeContext) -> None:
-        super().__init__()
-        tp = group.size if group else 1
-        self.group, self.sp = group, sequence_parallel
-        self.heads, self.kv_heads, self.head_dim = (
-            model.num_attention_heads // tp, model.kv_heads // tp, model.head_dim)
-        bias = model.activation is Activation.GELU  # GPT-style layers carry biases, Llama's do not
-        qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
-        self.qkv_weight = nn.Parameter(torch.empty(qkv_out, model.hidden_size, dtype=dtype))
-        self.qkv_bias = nn.Parameter(torch.empty(qkv_out, dtype=dtype)) if bias else None
-        self.proj_weight = nn.Parameter(torch.empty(model.hidden_size, self.heads * self.head_dim, dtype=dtype))
-        self.proj_bias = nn.Parameter(torch.empty(model.hidden_size, dtype=dtype)) if bias else None
-        self.rotary = (Rotary(model.seq_length, self.head_dim, dtype)
-                       if model.position_embedding is PositionEmbedding.ROTARY else None)
-        self.checkpoint_core = checkpoint_core
-        self.recompute_context = recompute_context
-
-    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal fused attention on [s, b, heads, d] tensors; returns [s, b, heads * d]."""
-        s, b = q.shape[0], q.shape[1]
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d]
-        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
-        return ctx.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.head_dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = parallel.column_parallel_linear(x, self.qkv_weight, self.qkv_bias, self.group, self.sp)
-        s, b = qkv.shape[0], qkv.shape[1]
-        group_width = (self.heads // self.kv_heads + 2) * self.head_dim  # Megatron's grouped QKV layout
-        qkv = qkv.view(s, b, self.kv_heads, group_width)
-        q, k, v = torch.split(qkv, [group_width - 2 * self.head_dim, self.head_dim, self.head_dim], dim=-1)
-        q = q.reshape(s, b, self.heads, self.head_dim)
-        if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
-        if self.checkpoint_core:
-            ctx = checkpointed(self.core, q, k, v, recompute_context=self.recompute_context)
-        else:
-            ctx = self.core(q, k, v)
-        return parallel.row_parallel_linear(ctx, self.proj_weight, self.proj_bias, self.group, self.sp)
+def bias_dropout_add(x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor, p: float,
+                     fused: bool) -> torch.Tensor:
+    """residual + dropout(x + bias): Megatron-LM's bias_dropout_add, fused or as separate ops."""
+    if fused and (bias is not None or p > 0):
+        return kernels.bias_dropout_add(x, bias, residual, float(p), 0)[0]
+    if bias is not None:
+        x = x + bias
+    if p > 0:
+        x = kernels.dropout(x, p)
+    return residual + x
 
 
 class MLP(nn.Module):
-    def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype) -> None:
+    def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype,
+                 stack: SoftwareSpec, accumulate_unfused: bool, overlap: bool) -> None:
         super().__init__()
         tp = group.size if group else 1
-        self.group, self.sp = group, sequence_parallel
-        self.gated = model.activation is Activation.SWIGLU
+        self.group, self.sp, self.overlap, self.accumulate_unfused = group, sequence_parallel, overlap, accumulate_unfused
+        self.activation = model.activation
+        self.fused = stack.fused_elementwise
         ffn = model.ffn_size // tp
-        fc1_out = 2 * ffn if self.gated else ffn  # SwiGLU's gate and up projections in one GEMM
-        bias = not self.gated
+        fc1_out = 2 * ffn if model.activation.gated else ffn  # SwiGLU's gate and up projections in one GEMM
         self.fc1_weight = nn.Parameter(torch.empty(fc1_out, model.hidden_size, dtype=dtype))
-        self.fc1_bias = nn.Parameter(torch.empty(fc1_out, dtype=dtype)) if bias else None
+        self.fc1_bias = nn.Parameter(torch.empty(fc1_out, dtype=dtype)) if model.has_bias else None
         self.fc2_weight = nn.Parameter(torch.empty(model.hidden_size, ffn, dtype=dtype))
-        self.fc2_bias = nn.Parameter(torch.empty(model.hidden_size, dtype=dtype)) if bias else None
+        self.fc2_bias = nn.Parameter(torch.empty(model.hidden_size, dtype=dtype)) if model.has_bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = parallel.column_parallel_linear(x, self.fc1_weight, self.fc1_bias, self.group, self.sp)
-        if self.gated:
+    def act(self, h: torch.Tensor) -> torch.Tensor:
+        """The activation on FC1's output, with FC1's bias (Megatron-LM skips FC1's bias add and
+        fuses it with the activation)."""
+        b = self.fc1_bias
+        if self.activation is Activation.GELU:
+            if b is not None and self.fused:
+                return kernels.bias_gelu(h, b)
+            return F.gelu(h + b if b is not None else h, approximate="tanh")
+        if b is not None:
+            h = h + b
+        if self.activation is Activation.SWIGLU:
+            if self.fused:
+                return kernels.swiglu(h)
             gate, up = torch.chunk(h, 2, dim=-1)
-            h = F.silu(gate) * up
-        else:
-            h = F.gelu(h, approximate="tanh")  # Megatron-LM's fused bias-GeLU uses the tanh form
-        return parallel.row_parallel_linear(h, self.fc2_weight, self.fc2_bias, self.group, self.sp)
+            return F.silu(gate) * up
+        return torch.pow(F.relu(h), 2)  # squared ReLU, as Megatron-Core writes it (no fused kernel)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        h = parallel.column_parallel_linear(x, self.fc1_weight, None, self.group, self.sp,
+                                            self.accumulate_unfused, self.overlap)
+        h = self.act(h)
+        out = parallel.row_parallel_linear(h, self.fc2_weight, self.group, self.sp, self.accumulate_unfused,
+                                           self.overlap)
+        return out, self.fc2_bias
 
 
 class TransformerBlock(nn.Module):
     def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool,
-                 dtype: torch.dtype, recompute: Recompute,
-                 recompute_context: RecomputeContext = nullcontext) -> None:
+                 dtype: torch.dtype, recompute: Recompute, stack: SoftwareSpec,
+                 recompute_context: RecomputeContext = nullcontext,
+                 discard: Callable[[torch.Tensor], None] | None = None) -> None:
         super().__init__()
-        rms = model.norm is Norm.RMSNORM
-        self.input_norm = make_norm(rms, model.hidden_size, dtype)
-        self.attention = Attention(model, group, sequence_parallel, dtype,
-                                   recompute is Recompute.SELECTIVE, recompute_context)
-        self.mlp_norm = make_norm(rms, model.hidden_size, dtype)
-        self.mlp = MLP(model, group, sequence_parallel, dtype)
-        self.full_recompute = recompute is Recompute.FULL
+        selective = set(stack.recompute_modules) if recompute is Recompute.SELECTIVE else set()
+        overlap = bool(stack.tp_comm_overlap and sequence_parallel and group is not None)
+        unfused_acc = not stack.gradient_accumulation_fusion
         self.recompute_context = recompute_context
 
+        def ckpt(fn, *args):
+            return checkpointed(fn, *args, recompute_context=recompute_context)
+
+        self.input_norm = make_norm(model.norm, model.hidden_size, dtype)
+        self.attention = Attention(model, group, sequence_parallel, dtype, stack,
+                                   ckpt if RecomputeModule.CORE_ATTN in selective else None, unfused_acc, overlap)
+        self.mlp_norm = make_norm(model.norm, model.hidden_size, dtype)
+        self.mlp = MLP(model, group, sequence_parallel, dtype, stack, unfused_acc, overlap)
+        self.hidden_dropout = stack.hidden_dropout
+        self.fused = stack.fused_elementwise
+        self.recompute_mlp = RecomputeModule.MLP in selective
+        self.recompute_norms = RecomputeModule.LAYERNORM in selective and discard is not None
+        self.discard = discard
+        self.full_recompute = recompute is Recompute.FULL
+        self._ckpt = ckpt
+
+    def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return self._ckpt(norm, x) if self.recompute_norms else norm(x)
+
     def layer(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.input_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        normed = self._norm(self.input_norm, x)
+        out, bias = self.attention(normed)
+        if self.recompute_norms:
+            self.discard(normed)
+        x = bias_dropout_add(out, bias, x, self.hidden_dropout, self.fused)
+        normed = self._norm(self.mlp_norm, x)
+        out, bias = self._ckpt(self.mlp, normed) if self.recompute_mlp else self.mlp(normed)
+        if self.recompute_norms:
+            self.discard(normed)
+        return bias_dropout_add(out, bias, x, self.hidden_dropout, self.fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.full_recompute:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from echo_plan.specs import DType, ModelSpec, Recompute
+from echo_plan.specs import DType, ModelSpec, Recompute, SoftwareSpec
 from echo_plan.trace.block import TransformerBlock
 from echo_plan.trace.fake_pg import TPGroup, fake_tp_group
 from echo_plan.trace.modtrack import ModuleLabeler
@@ -26,6 +26,7 @@ from echo_plan.trace.records import OpRecord, Phase, StageKind
 from echo_plan.trace.stages import EmbeddingStage, OutputStage
 
 TORCH_DTYPES = {DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP32: torch.float32}
+_DTYPE_OF = {v: k for k, v in TORCH_DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ class SavedBytesMeter:
             self.storages[key] = storage.nbytes()
         return t
 
+    def discard(self, t: torch.Tensor) -> None:
+        """``t`` is freed after use and recomputed in backward: it no longer counts as saved."""
+        key = t.untyped_storage()._cdata
+        self.storages.pop(key, None)
+        self.exclude.add(key)
+
     @contextmanager
     def measuring(self) -> Iterator["SavedBytesMeter"]:
         with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
@@ -60,12 +67,20 @@ class SavedBytesMeter:
 
 
 def _build(stage: StageKind, model: ModelSpec, group: TPGroup | None, sp: bool, dtype: torch.dtype,
-           recompute: Recompute, recompute_context: Callable) -> nn.Module:
+           recompute: Recompute, stack: SoftwareSpec, recompute_context: Callable,
+           discard: Callable | None) -> nn.Module:
     if stage is StageKind.BLOCK:
-        return TransformerBlock(model, group, sp, dtype, recompute, recompute_context)
-    if stage is StageKind.EMBEDDING:
-        return EmbeddingStage(model, group, sp, dtype)
-    return OutputStage(model, group, sp, dtype)
+        module: nn.Module = TransformerBlock(model, group, sp, dtype, recompute, stack, recompute_context, discard)
+    elif stage is StageKind.EMBEDDING:
+        module = EmbeddingStage(model, group, sp, dtype, stack)
+    else:
+        module = OutputStage(model, group, sp, dtype, stack)
+    if not stack.gradient_accumulation_fusion:  # the main-grad buffers the DDP hook accumulates into
+        grad_dtype = torch.float32 if stack.grad_bytes(_DTYPE_OF[dtype]) == 4 else dtype
+        for p in module.parameters():
+            if p.dim() == 2:
+                p.main_grad = torch.empty(p.shape, dtype=grad_dtype)
+    return module
 
 
 def _inputs(stage: StageKind, model: ModelSpec, tp: int, sp: bool, mbs: int, dtype: torch.dtype) -> tuple:
@@ -80,6 +95,7 @@ def _inputs(stage: StageKind, model: ModelSpec, tp: int, sp: bool, mbs: int, dty
 
 def _fixed_storages(module: nn.Module) -> set[int]:
     tensors = list(module.parameters()) + list(module.buffers())
+    tensors += [p.main_grad for p in module.parameters() if hasattr(p, "main_grad")]
     return {t.untyped_storage()._cdata for t in tensors}
 
 
@@ -90,16 +106,18 @@ def _param_count(module: nn.Module) -> int:
 
 
 def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
-            micro_batch_size: int, dtype: DType, recompute: Recompute) -> Captured:
+            micro_batch_size: int, dtype: DType, recompute: Recompute, stack: SoftwareSpec) -> Captured:
     """Trace one stage on TP rank 0: forward then backward of one micro-batch."""
     tdtype = TORCH_DTYPES[dtype]
     modes = list(Recompute) if stage is StageKind.BLOCK else [recompute]
     saved: dict[str, int] = {}
     with FakeTensorMode(), fake_tp_group(tp) as group:
         recorder = Recorder(tp)
-        module = _build(stage, model, group, sequence_parallel, tdtype, recompute, recorder.recomputing)
+        meter = SavedBytesMeter(set())
+        module = _build(stage, model, group, sequence_parallel, tdtype, recompute, stack, recorder.recomputing,
+                        meter.discard)
         inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype)
-        meter = SavedBytesMeter(_fixed_storages(module))
+        meter.exclude |= _fixed_storages(module)
         ModuleLabeler(module, recorder)  # hooks live as long as the module
         with meter.measuring(), recorder:
             out = module(*inputs)
@@ -115,8 +133,10 @@ def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: b
         for mode in modes:  # saved bytes under the other recompute modes: forward only, unrecorded
             if mode.value in saved:
                 continue
-            other = _build(stage, model, group, sequence_parallel, tdtype, mode, nullcontext)
-            other_meter = SavedBytesMeter(_fixed_storages(other))
+            other_meter = SavedBytesMeter(set())
+            other = _build(stage, model, group, sequence_parallel, tdtype, mode, stack, nullcontext,
+                           other_meter.discard)
+            other_meter.exclude |= _fixed_storages(other)
             other_inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype)
             with other_meter.measuring():
                 other(*other_inputs)

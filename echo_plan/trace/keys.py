@@ -17,7 +17,7 @@ from echo_plan.trace.records import StageKind, TraceKey
 
 # The modules whose source decides what a trace contains.
 TRACED_MODULES = (
-    "block.py", "layers.py", "parallel.py", "stages.py", "fake_pg.py",
+    "block.py", "attention.py", "kernels.py", "overlap.py", "layers.py", "parallel.py", "stages.py", "fake_pg.py",
     "capture.py", "recorder.py", "opinfo.py", "modtrack.py", "records.py",
 )
 TRACE_DTYPES = (DType.BF16, DType.FP16)
@@ -43,6 +43,7 @@ def structure(model: ModelSpec, stage: StageKind) -> str:
         f"hidden={model.hidden_size}", f"heads={model.num_attention_heads}", f"kv_heads={model.kv_heads}",
         f"ffn={model.ffn_size}", f"activation={model.activation.value}", f"norm={model.norm.value}",
         f"position={model.position_embedding.value}", f"seq={model.seq_length}",
+        f"bias={model.has_bias}", f"rotary_dims={model.rotary_dims}",
     ]
     if stage is not StageKind.BLOCK:
         fields += [f"vocab={model.vocab_size}", f"tied={model.tied_embeddings}"]
@@ -66,7 +67,8 @@ def check_tp(model: ModelSpec, tp: int, sequence_parallel: bool) -> None:
 
 
 def make_key(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
-             micro_batch_size: int, dtype: DType, recompute: Recompute, version: str | None = None) -> TraceKey:
+             micro_batch_size: int, dtype: DType, recompute: Recompute, version: str | None = None,
+             software: str = "") -> TraceKey:
     """The cache key of a trace; validates the arguments first."""
     check_tp(model, tp, sequence_parallel)
     if micro_batch_size < 1:
@@ -80,5 +82,5 @@ def make_key(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: 
     return TraceKey(
         stage=StageKind(stage), structure=structure(model, stage), tp=tp, sequence_parallel=sp,
         micro_batch_size=micro_batch_size, seq_length=model.seq_length, dtype=dtype.value,
-        recompute=Recompute(recompute).value, code_version=version or code_version(),
+        recompute=Recompute(recompute).value, code_version=version or code_version(), software=software,
     )

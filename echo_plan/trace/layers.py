@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from echo_plan.trace import parallel
+from echo_plan.specs import Norm
+from echo_plan.trace import kernels, parallel
 from echo_plan.trace.fake_pg import TPGroup
 
 RMS_EPS = 1e-5
@@ -77,31 +78,46 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    def __init__(self, hidden: int, dtype: torch.dtype) -> None:
+    """LayerNorm; with ``zero_centered`` the scale is (1 + weight) (Megatron-Core's LayerNorm1p /
+    Transformer Engine's zero_centered_gamma, used by Nemotron-4)."""
+
+    def __init__(self, hidden: int, dtype: torch.dtype, zero_centered: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(hidden, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(hidden, dtype=dtype))
+        self.zero_centered = zero_centered
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, LN_EPS)
+        weight = self.weight + 1 if self.zero_centered else self.weight
+        return F.layer_norm(x, (x.shape[-1],), weight, self.bias, LN_EPS)
 
 
-def make_norm(rms: bool, hidden: int, dtype: torch.dtype) -> nn.Module:
-    return RMSNorm(hidden, dtype) if rms else LayerNorm(hidden, dtype)
+def make_norm(norm: Norm, hidden: int, dtype: torch.dtype) -> nn.Module:
+    if norm is Norm.RMSNORM:
+        return RMSNorm(hidden, dtype)
+    return LayerNorm(hidden, dtype, zero_centered=norm is Norm.LAYERNORM1P)
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding (Su et al. 2021), rotate-half form as in Megatron-LM/Llama."""
+    """Rotary position embedding (Su et al. 2021), rotate-half form as in Megatron-LM/Llama, on the
+    first ``rotary_dims`` dims of each head (Megatron-Core's ``rotary_percent``). ``fused``: one
+    kernel forward and one backward (Transformer Engine's fused RoPE); else the unfused ops."""
 
-    def __init__(self, seq: int, head_dim: int, dtype: torch.dtype, base: float = 10000.0) -> None:
+    def __init__(self, seq: int, rotary_dims: int, dtype: torch.dtype, fused: bool = True) -> None:
         super().__init__()
-        self.register_buffer("cos", torch.empty(seq, 1, 1, head_dim, dtype=dtype), persistent=False)
-        self.register_buffer("sin", torch.empty(seq, 1, 1, head_dim, dtype=dtype), persistent=False)
+        self.register_buffer("cos", torch.empty(seq, 1, 1, rotary_dims, dtype=dtype), persistent=False)
+        self.register_buffer("sin", torch.empty(seq, 1, 1, rotary_dims, dtype=dtype), persistent=False)
+        self.fused = fused
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:  # t: [s, b, heads, d]
-        half = t.shape[-1] // 2
-        rotated = torch.cat((-t[..., half:], t[..., :half]), dim=-1)
-        return t * self.cos + rotated * self.sin
+        if self.fused:
+            return kernels.rope(t, self.cos, self.sin)
+        rot = self.cos.shape[-1]
+        head = t[..., :rot] if rot < t.shape[-1] else t
+        half = rot // 2
+        rotated = torch.cat((-head[..., half:], head[..., :half]), dim=-1)
+        head = head * self.cos + rotated * self.sin
+        return torch.cat((head, t[..., rot:]), dim=-1) if rot < t.shape[-1] else head
 
 
 class VocabParallelEmbedding(nn.Module):

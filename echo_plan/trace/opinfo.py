@@ -17,16 +17,21 @@ from echo_plan.trace.records import CollectiveKind, OpKind
 aten = torch.ops.aten
 
 _GEMM = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_scaled_mm", "convolution"}
-_ATTENTION_PREFIXES = ("_scaled_dot_product_", "_flash_attention_", "_efficient_attention_")
+_ATTENTION_PREFIXES = ("_scaled_dot_product_", "_flash_attention_", "_efficient_attention_", "flash_attention")
 _NORM = {"native_layer_norm", "native_layer_norm_backward", "rms_norm", "rms_norm_backward",
          "_fused_rms_norm", "_fused_rms_norm_backward", "native_group_norm", "native_group_norm_backward"}
-_SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data"}
+_SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+            "scaled_masked_softmax", "scaled_masked_softmax_backward"}
+# echo_plan's fused elementwise kernels (trace/kernels.py) and torch's dropout kernels
+_FUSED_ELEMENTWISE = {"bias_gelu", "bias_gelu_backward", "swiglu", "swiglu_backward", "bias_dropout_add",
+                      "dropout_backward", "rope", "rope_backward", "native_dropout", "native_dropout_backward"}
 _EMBEDDING = {"embedding", "embedding_dense_backward", "index_select", "index_add", "index_add_",
               "gather", "scatter_add", "scatter_add_", "index", "index_put", "index_put_", "_index_put_impl_"}
 _COPY = {"copy_", "clone", "_to_copy", "cat", "stack", "contiguous", "_copy_from", "repeat", "constant_pad_nd",
          "slice_backward", "select_backward", "narrow_copy", "as_strided_scatter", "slice_scatter"}
 _VIEW_NAMES = {"_unsafe_view", "detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided",
-               "new_empty", "new_empty_strided", "_local_scalar_dense", "set_", "resize_", "wait_tensor"}
+               "new_empty", "new_empty_strided", "_local_scalar_dense", "set_", "resize_", "wait_tensor",
+               "assemble"}
 _FILL = {"zeros_like", "ones_like", "full_like", "zeros", "ones", "full", "fill_", "zero_", "new_zeros",
          "new_ones", "new_full", "arange", "scalar_tensor"}
 _GATHERS = {"index", "gather", "index_select"}
@@ -53,6 +58,8 @@ def base_name(func: Any) -> str:
 
 
 def collective_kind(func: Any) -> CollectiveKind | None:
+    if func.namespace == "echo_plan":  # userbuffers' ring exchange: point-to-point
+        return CollectiveKind.SEND_RECV if base_name(func) == "ring_exchange" else None
     if func.namespace not in ("_c10d_functional", "c10d", "c10d_functional"):
         return None
     return _COLLECTIVES.get(base_name(func))
@@ -76,6 +83,8 @@ def op_kind(func: Any) -> OpKind:
         return OpKind.EMBEDDING
     if name in _COPY:
         return OpKind.COPY
+    if name in _FUSED_ELEMENTWISE:
+        return OpKind.ELEMENTWISE
     tags = getattr(func, "tags", ())
     if torch.Tag.pointwise in tags or name in _FILL:
         return OpKind.ELEMENTWISE

@@ -139,50 +139,90 @@ class _ParallelLinear(torch.autograd.Function):
     launches the re-gather of the input while it computes the input gradient, then launches the
     input gradient's reduction (all-reduce, or reduce-scatter with sequence parallelism) and
     computes the weight gradient before waiting for it, so the trace's op order lets both
-    collectives overlap a GEMM as they do in Megatron-LM.
+    collectives overlap a GEMM as they do in Megatron-LM. A bias is added by the GEMM itself
+    (cuBLAS epilogue, one ``addmm``).
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, gather_input, reduce_grad):
+    def forward(ctx, x, weight, bias, group, gather_input, reduce_grad, accumulate_unfused):
         ctx.group, ctx.gather_input, ctx.reduce_grad = group, gather_input, reduce_grad
-        ctx.has_bias = bias is not None
+        ctx.has_bias, ctx.main_grad = bias is not None, unfused_main_grad(weight, accumulate_unfused)
         total = all_gather(x, group) if gather_input else x
         ctx.save_for_backward(x, weight)
-        out = torch.matmul(total, weight.t())
-        if bias is not None:
-            out = out + bias
-        return out
+        return linear(total, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
-        group = ctx.group
-        gathering = all_gather(x, group, wait=False) if ctx.gather_input else None
-        grad_in = grad_out.matmul(weight)
-        total = wait(gathering, group) if gathering is not None else x
-        if ctx.reduce_grad == "reduce_scatter":
-            grad_in = reduce_scatter(grad_in, group, wait=False)
-        elif ctx.reduce_grad == "all_reduce":
-            grad_in = all_reduce(grad_in, group, wait=False)
-        g2 = grad_out.reshape(-1, grad_out.shape[-1])
-        t2 = total.reshape(-1, total.shape[-1])
-        grad_w = g2.t().matmul(t2)
-        grad_b = g2.sum(dim=0) if ctx.has_bias else None
-        if ctx.reduce_grad is not None:
-            grad_in = wait(grad_in, group)
-        return grad_in, grad_w, grad_b, None, None, None
+        return (*linear_backward(ctx, grad_out), None, None)
 
 
-def column_parallel_linear(x, weight, bias, group: TPGroup | None, sequence_parallel: bool):
-    """Column-parallel linear: the input is replicated (or gathered from sequence shards)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """One GEMM kernel: x W^T, plus the bias in the GEMM's epilogue when there is one."""
+    x2 = x.reshape(-1, x.shape[-1])
+    out = torch.addmm(bias, x2, weight.t()) if bias is not None else x2.mm(weight.t())
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def unfused_main_grad(weight: torch.Tensor, accumulate_unfused: bool) -> torch.Tensor | None:
+    """The fp32 buffer a weight's gradient is added into after its GEMM, when the stack has no
+    gradient-accumulation fusion (kept on the autograd ctx: saved tensors lose attributes)."""
+    return getattr(weight, "main_grad", None) if accumulate_unfused else None
+
+
+def accumulate_grad(main_grad: torch.Tensor | None, grad_w: torch.Tensor) -> torch.Tensor:
+    """Without gradient-accumulation fusion, the DDP hook adds each weight gradient into the fp32
+    ``main_grad`` buffer (one elementwise kernel per weight per micro-batch); with it, the GEMM's
+    epilogue already did and ``main_grad`` is None here."""
+    if main_grad is not None:
+        main_grad.add_(grad_w)
+    return grad_w
+
+
+def linear_backward(ctx, grad_out):
+    """(grad input, grad weight, grad bias, None, None) of a parallel linear, bulk-overlapped as
+    Megatron-LM does it (see :class:`_ParallelLinear`)."""
+    x, weight = ctx.saved_tensors
+    group = ctx.group
+    gathering = all_gather(x, group, wait=False) if ctx.gather_input else None
+    grad_in = grad_out.matmul(weight)
+    total = wait(gathering, group) if gathering is not None else x
+    if ctx.reduce_grad == "reduce_scatter":
+        grad_in = reduce_scatter(grad_in, group, wait=False)
+    elif ctx.reduce_grad == "all_reduce":
+        grad_in = all_reduce(grad_in, group, wait=False)
+    g2 = grad_out.reshape(-1, grad_out.shape[-1])
+    t2 = total.reshape(-1, total.shape[-1])
+    grad_w = accumulate_grad(ctx.main_grad, g2.t().matmul(t2))
+    grad_b = g2.sum(dim=0) if ctx.has_bias else None
+    if ctx.reduce_grad is not None:
+        grad_in = wait(grad_in, group)
+    return grad_in, grad_w, grad_b, None, None
+
+
+def column_parallel_linear(x, weight, bias, group: TPGroup | None, sequence_parallel: bool,
+                           accumulate_unfused: bool = False, overlap: bool = False):
+    """Column-parallel linear: the input is replicated (or gathered from sequence shards).
+
+    With ``overlap`` (Transformer Engine userbuffers, needs sequence parallelism) the gather is
+    pipelined with the GEMM as ring exchanges (``echo_plan.trace.overlap``)."""
     if group is None:
-        return _ParallelLinear.apply(x, weight, bias, None, False, None)
+        return _ParallelLinear.apply(x, weight, bias, None, False, None, accumulate_unfused)
+    if overlap and sequence_parallel:
+        from echo_plan.trace.overlap import ring_gather_linear
+
+        return ring_gather_linear(x, weight, bias, group, accumulate_unfused)
     reduce_grad = "reduce_scatter" if sequence_parallel else "all_reduce"
-    return _ParallelLinear.apply(x, weight, bias, group, sequence_parallel, reduce_grad)
+    return _ParallelLinear.apply(x, weight, bias, group, sequence_parallel, reduce_grad, accumulate_unfused)
 
 
-def row_parallel_linear(x, weight, bias, group: TPGroup | None, sequence_parallel: bool):
-    """Row-parallel linear: partial sums are all-reduced (or reduce-scattered), then the bias added."""
-    out = _ParallelLinear.apply(x, weight, None, group, False, None)
-    out = reduce_scatter_to_sp(out, group) if sequence_parallel else reduce_from_tp(out, group)
-    return out + bias if bias is not None else out
+def row_parallel_linear(x, weight, group: TPGroup | None, sequence_parallel: bool,
+                        accumulate_unfused: bool = False, overlap: bool = False):
+    """Row-parallel linear without its bias: partial sums all-reduced (or reduce-scattered into
+    sequence shards). The caller adds the bias, fused with what follows (Megatron-LM's
+    ``skip_bias_add``). With ``overlap`` the reduce-scatter is pipelined with the GEMM."""
+    if overlap and sequence_parallel and group is not None:
+        from echo_plan.trace.overlap import pipelined_reduce_scatter_linear
+
+        return pipelined_reduce_scatter_linear(x, weight, group, accumulate_unfused)
+    out = _ParallelLinear.apply(x, weight, None, group, False, None, accumulate_unfused)
+    return reduce_scatter_to_sp(out, group) if sequence_parallel else reduce_from_tp(out, group)

@@ -62,7 +62,7 @@ class Recorder(TorchDispatchMode):
         return out
 
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        inputs = _tensors((args, kwargs))
+        inputs = _tensors((args, {k: v for k, v in kwargs.items() if k != "out"}))  # out= is written, not read
         outputs = _tensors(out)
         kind = op_kind(func)
         index = len(self.ops)
@@ -89,5 +89,7 @@ class Recorder(TorchDispatchMode):
                 self._writer[key] = index
             elif func.namespace == "_c10d_functional" and deps and key not in self._writer:
                 self._writer[key] = deps[-1]  # wait_tensor hands back the collective's result
+            elif func.namespace == "echo_plan" and key not in self._writer:
+                self._writer[key] = index  # a buffer several kernels filled: readers wait for all of them
             # Hold the storage (not the tensor, which would stop autograd from stealing gradients)
             self._alive.append(t.untyped_storage())

@@ -149,6 +149,7 @@ class TraceKey:
     dtype: str
     recompute: str
     code_version: str
+    software: str = ""  # SoftwareSpec.trace_signature(): the stack's kernels, dropout, overlap, recompute modules
 
     def digest(self) -> str:
         import hashlib

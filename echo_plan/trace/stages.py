@@ -5,7 +5,8 @@ is vocab-parallel; without a learned position embedding and with sequence parall
 sums are reduce-scattered straight into sequence shards, otherwise they are all-reduced, the
 position embedding added, and (with sequence parallelism) the result split into shards. The output
 stage applies the final norm, gathers the sequence shards (or marks the f-conjugate), projects to
-this rank's vocabulary shard and computes the vocab-parallel cross-entropy in fp32.
+this rank's vocabulary shard and computes the vocab-parallel cross-entropy in fp32. With the
+stack's hidden dropout the embedding output goes through dropout (Megatron's embedding_dropout).
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from echo_plan.specs import ModelSpec, Norm, PositionEmbedding
-from echo_plan.trace import parallel
+from echo_plan.specs import ModelSpec, PositionEmbedding, SoftwareSpec
+from echo_plan.trace import kernels, parallel
 from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.layers import VocabParallelEmbedding, make_norm, padded_vocab, vocab_parallel_cross_entropy
 
 
 class EmbeddingStage(nn.Module):
-    def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype) -> None:
+    def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype,
+                 stack: SoftwareSpec) -> None:
         super().__init__()
+        self.dropout_p = stack.hidden_dropout
         tp = group.size if group else 1
         self.group, self.sp = group, sequence_parallel
         self.word = VocabParallelEmbedding(padded_vocab(model.vocab_size, tp), model.hidden_size, group, dtype)
@@ -32,30 +35,35 @@ class EmbeddingStage(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids: [b, s] -> [s(/tp), b, h]
         partial = self.word(ids).transpose(0, 1).contiguous()
         if self.position is None and self.sp:
-            return parallel.reduce_scatter_to_sp(partial, self.group)
-        x = parallel.reduce_from_tp(partial, self.group)
-        if self.position is not None:
-            positions = torch.arange(ids.shape[1], device=ids.device)
-            x = x + self.position(positions).unsqueeze(1)
-        return parallel.scatter_to_sp(x, self.group) if self.sp else x
+            x = parallel.reduce_scatter_to_sp(partial, self.group)
+        else:
+            x = parallel.reduce_from_tp(partial, self.group)
+            if self.position is not None:
+                positions = torch.arange(ids.shape[1], device=ids.device)
+                x = x + self.position(positions).unsqueeze(1)
+            x = parallel.scatter_to_sp(x, self.group) if self.sp else x
+        return kernels.dropout(x, self.dropout_p)
 
 
 class OutputStage(nn.Module):
     """Final norm, output projection and loss. With tied embeddings the projection reuses the word
     embedding (``shared_weight``): Megatron-LM keeps a copy on the last stage when pp > 1."""
 
-    def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype) -> None:
+    def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype,
+                 stack: SoftwareSpec) -> None:
         super().__init__()
         tp = group.size if group else 1
         self.group, self.sp = group, sequence_parallel
-        self.norm = make_norm(model.norm is Norm.RMSNORM, model.hidden_size, dtype)
+        self.accumulate_unfused = not stack.gradient_accumulation_fusion
+        self.norm = make_norm(model.norm, model.hidden_size, dtype)
         self.output_weight = nn.Parameter(
             torch.empty(padded_vocab(model.vocab_size, tp) // tp, model.hidden_size, dtype=dtype))
         self.shared_weight = model.tied_embeddings
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:  # x: [s(/tp), b, h], labels [b, s]
         x = self.norm(x)
-        logits = parallel.column_parallel_linear(x, self.output_weight, None, self.group, self.sp)
+        logits = parallel.column_parallel_linear(x, self.output_weight, None, self.group, self.sp,
+                                                 self.accumulate_unfused)
         losses = vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous(), self.group)
         return losses.mean()
 

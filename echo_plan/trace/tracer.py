@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from echo_plan.specs import DType, ModelSpec, PlanSpec, Recompute
+from echo_plan.specs import DType, ModelSpec, PlanSpec, Recompute, SoftwareSpec, load_stack
 from echo_plan.trace.cache import TraceCache
 from echo_plan.trace.keys import code_version, make_key
 from echo_plan.trace.records import LayerTrace, StageKind
@@ -23,14 +23,16 @@ class ModelTraces:
 
 def trace_stage(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
                 micro_batch_size: int, dtype: DType, recompute: Recompute,
-                cache: TraceCache | None = None) -> LayerTrace:
-    """Trace one stage on TP rank 0 for one micro-batch (from ``cache`` when it holds it).
+                cache: TraceCache | None = None, stack: SoftwareSpec | None = None) -> LayerTrace:
+    """Trace one stage on TP rank 0 for one micro-batch (from ``cache`` when it holds it), running
+    the kernels of ``stack`` (default: the megatron-core preset).
 
     Raises SpecError when ``tp`` cannot shard the model, or for a bad micro-batch or dtype.
     """
+    stack = stack if stack is not None else load_stack()
     key = make_key(model, StageKind(stage), tp=tp, sequence_parallel=sequence_parallel,
                    micro_batch_size=micro_batch_size, dtype=dtype, recompute=recompute,
-                   version=code_version())
+                   version=code_version(), software=stack.trace_signature())
     if cache is not None:
         hit = cache.get(key)
         if hit is not None:
@@ -39,7 +41,7 @@ def trace_stage(model: ModelSpec, stage: StageKind, *, tp: int, sequence_paralle
 
     got = capture(model, key.stage, tp=key.tp, sequence_parallel=key.sequence_parallel,
                   micro_batch_size=key.micro_batch_size, dtype=DType(dtype),
-                  recompute=Recompute(key.recompute))
+                  recompute=Recompute(key.recompute), stack=stack)
     trace = LayerTrace(
         key=key, ops=got.ops, saved_bytes=got.saved_bytes_by_mode[key.recompute],
         saved_bytes_by_mode=dict(got.saved_bytes_by_mode), param_count=got.param_count,
@@ -49,11 +51,13 @@ def trace_stage(model: ModelSpec, stage: StageKind, *, tp: int, sequence_paralle
     return trace
 
 
-def trace_model(model: ModelSpec, plan: PlanSpec, cache: TraceCache | None = None) -> ModelTraces:
+def trace_model(model: ModelSpec, plan: PlanSpec, cache: TraceCache | None = None,
+                stack: SoftwareSpec | None = None) -> ModelTraces:
     """The block, embedding and output traces for ``plan``'s tp, sequence parallelism, micro-batch,
-    dtype and recompute mode."""
+    dtype and recompute mode, with ``stack``'s kernels."""
     common = dict(tp=plan.tp, sequence_parallel=plan.sequence_parallel,
-                  micro_batch_size=plan.micro_batch_size, dtype=plan.dtype, recompute=plan.recompute, cache=cache)
+                  micro_batch_size=plan.micro_batch_size, dtype=plan.dtype, recompute=plan.recompute, cache=cache,
+                  stack=stack if stack is not None else load_stack())
     return ModelTraces(
         block=trace_stage(model, StageKind.BLOCK, **common),
         embedding=trace_stage(model, StageKind.EMBEDDING, **common),

@@ -2,7 +2,7 @@
 
 from hypothesis import given, settings, strategies as st
 
-from echo_plan.specs import DType, ModelSpec, Recompute
+from echo_plan.specs import DType, ModelSpec, Recompute, load_stack
 from echo_plan.trace import trace_stage
 from echo_plan.trace.records import CollectiveKind, OpKind, Phase, StageKind
 
@@ -21,15 +21,17 @@ def model_and_tp(draw):
         activation="swiglu" if llama else "gelu", norm="rmsnorm" if llama else "layernorm",
         position_embedding="rotary" if llama else "learned",
     )
-    return model, tp, draw(st.booleans()), draw(st.sampled_from(list(Recompute))), draw(st.sampled_from([1, 2]))
+    return (model, tp, draw(st.booleans()), draw(st.sampled_from(list(Recompute))), draw(st.sampled_from([1, 2])),
+            draw(st.booleans()))
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(model_and_tp())
 def test_layer_invariants(case):
-    model, tp, sp, recompute, mbs = case
+    model, tp, sp, recompute, mbs, overlap = case
+    stack = load_stack("megatron-core", {"tp_comm_overlap": overlap})
     trace = trace_stage(model, StageKind.BLOCK, tp=tp, sequence_parallel=sp, micro_batch_size=mbs,
-                        dtype=DType.BF16, recompute=recompute)
+                        dtype=DType.BF16, recompute=recompute, stack=stack)
     s, h, f = model.seq_length, model.hidden_size, model.ffn_size
     kv = model.kv_heads * model.head_dim
     fc1 = 2 * f if model.activation.value == "swiglu" else f
@@ -37,13 +39,22 @@ def test_layer_invariants(case):
     fwd = sum(op.flops for op in trace.by_phase(Phase.FORWARD) if op.kind is OpKind.GEMM)
     assert abs(fwd - gemm) <= 1e-9 * gemm
     comm = [op for op in trace.collectives if op.phase is Phase.FORWARD]
+    full = mbs * s * h * 2  # one [s, b, h] bf16 activation
     if tp == 1:
         assert not trace.collectives
+    elif sp and tp > 1 and overlap:
+        # userbuffers: each all-gather is tp - 1 ring exchanges of a shard, each reduce-scatter chunked;
+        # the bytes moved are those of the plain collectives
+        by_kind = {k: sum(op.collective.nbytes for op in comm if op.collective.kind is k) for k in CollectiveKind}
+        assert by_kind[CollectiveKind.SEND_RECV] == 2 * (tp - 1) * full // tp
+        assert by_kind[CollectiveKind.REDUCE_SCATTER] == 2 * full
+        assert by_kind[CollectiveKind.ALL_GATHER] == by_kind[CollectiveKind.ALL_REDUCE] == 0
     elif sp and tp > 1:
         assert [op.collective.kind for op in comm] == [CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER] * 2
+        assert all(op.collective.nbytes == full for op in trace.collectives)
     else:
         assert [op.collective.kind for op in comm] == [CollectiveKind.ALL_REDUCE] * 2
-    assert all(op.collective.nbytes == mbs * s * h * 2 for op in trace.collectives)
+        assert all(op.collective.nbytes == full for op in trace.collectives)
     assert all(all(d < op.index for d in op.deps) for op in trace.ops)
     assert bool(trace.by_phase(Phase.RECOMPUTE)) == (recompute is not Recompute.NONE)
     modes = trace.saved_bytes_by_mode

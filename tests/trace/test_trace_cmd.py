@@ -17,9 +17,15 @@ def _model(tmp_path):
     return str(path)
 
 
+def _no_overlap_stack(tmp_path):
+    path = tmp_path / "no-overlap.yaml"
+    path.write_text("base: megatron-core\ntp_comm_overlap: false\n")
+    return path
+
+
 def test_json_summary_then_cache_hit(tmp_path, capsys):
     args = ["trace", "-m", _model(tmp_path), "--tp", "2", "--sequence-parallel", "--recompute", "selective",
-            "--json", "--cache-dir", str(tmp_path / "cache")]
+            "--json", "--cache-dir", str(tmp_path / "cache"), "--stack", str(_no_overlap_stack(tmp_path))]
     assert main(args) == 0
     cold = json.loads(capsys.readouterr().out)
     assert [s["stage"] for s in cold["stages"]] == ["block", "embedding", "output"]
@@ -41,7 +47,7 @@ def test_table_and_op_listing(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "[block]" in out and "[output]" not in out and "traced" in out
-    assert "all_reduce" in out and "aten.mm.default" in out and "_scaled_dot_product" in out
+    assert "all_reduce" in out and "aten.mm.default" in out and "flash_attention" in out
 
 
 def test_bad_tp_is_one_line_error(tmp_path, capsys):

@@ -3,14 +3,17 @@
 import pytest
 
 from echo_plan.errors import SpecError
-from echo_plan.specs import DType, PlanSpec, Recompute
+from echo_plan.specs import DType, PlanSpec, Recompute, load_stack
 from echo_plan.trace import trace_model, trace_stage
 from echo_plan.trace.records import CollectiveKind, GroupKind, OpKind, Phase, StageKind, Stream
 
 
-def block(model, tp=1, sp=False, mbs=1, recompute=Recompute.NONE, dtype=DType.BF16):
+NO_TP_OVERLAP = load_stack("megatron-core", {"tp_comm_overlap": False})
+
+
+def block(model, tp=1, sp=False, mbs=1, recompute=Recompute.NONE, dtype=DType.BF16, stack=NO_TP_OVERLAP):
     return trace_stage(model, StageKind.BLOCK, tp=tp, sequence_parallel=sp, micro_batch_size=mbs,
-                       dtype=dtype, recompute=recompute)
+                       dtype=dtype, recompute=recompute, stack=stack)
 
 
 def gemm_flops(trace, phase):
@@ -96,8 +99,10 @@ def test_saved_bytes_scale_with_micro_batch(gpt_small):
     assert two.total_flops > one.total_flops
 
 
-def test_dependencies_point_backwards_and_views_are_free(llama_small):
-    trace = block(llama_small, tp=2, sp=True, recompute=Recompute.FULL)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_dependencies_point_backwards_and_views_are_free(llama_small, overlap):
+    trace = block(llama_small, tp=2, sp=True, recompute=Recompute.FULL,
+                  stack=load_stack("megatron-core", {"tp_comm_overlap": overlap}))
     for i, op in enumerate(trace.ops):
         assert op.index == i and all(0 <= d < i for d in op.deps)
         if op.kind is OpKind.VIEW:
@@ -107,7 +112,9 @@ def test_dependencies_point_backwards_and_views_are_free(llama_small):
         if op.collective is None:
             assert op.stream is Stream.COMPUTE
     gemms = [op for op in trace.ops if op.kind is OpKind.GEMM and op.phase is not Phase.FORWARD]
-    assert all(op.deps for op in gemms)  # every recompute/backward GEMM waits on something
+    # every recompute/backward GEMM waits on something, but with the TP ring exchange the first
+    # input-gradient chunk starts on the gradient that arrives with the phase
+    assert sum(1 for op in gemms if not op.deps) <= (1 if overlap else 0)
     assert {op.outputs[0].dtype for op in gemms} == {"bfloat16"}
 
 
@@ -165,3 +172,22 @@ def test_no_process_group_left_behind(gpt_small):
 
     block(gpt_small, tp=2)
     assert not dist.is_initialized()
+
+
+def test_tp_overlap_pipelines_the_collectives_with_gemm_chunks(gpt_small):
+    tp = 4
+    plain = block(gpt_small, tp=tp, sp=True)
+    over = block(gpt_small, tp=tp, sp=True, stack=load_stack("megatron-core", {"tp_comm_overlap": True}))
+    for phase in (Phase.FORWARD, Phase.BACKWARD):
+        assert gemm_flops(over, phase) == pytest.approx(gemm_flops(plain, phase))  # same work, in chunks
+    fwd_gemms = lambda t: [op for op in t.by_phase(Phase.FORWARD) if op.kind is OpKind.GEMM]
+    assert len(fwd_gemms(over)) > len(fwd_gemms(plain))
+    rings = [op for op in over.collectives if op.collective.kind is CollectiveKind.SEND_RECV]
+    # each column-parallel all-gather (2 in forward, 2 of the row-parallel gradient in backward): tp - 1 steps
+    assert len(rings) == 4 * (tp - 1)
+    # a chunk GEMM waits for the ring step that brought its input, not for the whole gather
+    ring_ids = {op.index for op in rings}
+    waits = [op for op in over.ops if op.kind is OpKind.GEMM and set(op.deps) & ring_ids]
+    assert len(waits) == len(rings)
+    # TE keeps only the local shard of a column-parallel input: saved activations do not grow
+    assert over.saved_bytes <= plain.saved_bytes

@@ -1,0 +1,88 @@
+"""Self-attention, sharded as Megatron-LM shards it, with the attention core the stack runs.
+
+QKV is one column-parallel linear (Megatron's grouped layout: per KV group its query heads, then
+its key and value head), rotary embedding on q and k, the core, and the row-parallel output
+projection, whose bias is returned to the caller to be fused with dropout and the residual add.
+
+The core (tensors [s, b, heads, d], Megatron's layout):
+* ``fused``: one flash-attention kernel forward and one backward (``kernels.attention``); with
+  attention dropout the kernel draws its mask from a seed, so nothing s x s is stored;
+* ``unfused``: Megatron-LM's ``CoreAttention`` before FlashAttention: ``baddbmm`` of Q and K^T into
+  a preallocated buffer, the fused causal scale-mask-softmax kernel, dropout on the probabilities
+  (a 1-byte mask), ``bmm`` with V, and the permute back to [s, b, heads * d] (a copy). Its saved
+  tensors are what Korthikanti et al. 2022 count: 2 + 1 + 2 bytes per score element.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from echo_plan.specs import AttentionKernel, ModelSpec, PositionEmbedding, SoftwareSpec
+from echo_plan.trace import kernels, parallel
+from echo_plan.trace.fake_pg import TPGroup
+from echo_plan.trace.layers import Rotary
+
+
+class Attention(nn.Module):
+    def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype,
+                 stack: SoftwareSpec, checkpoint_core, accumulate_unfused: bool, overlap: bool) -> None:
+        super().__init__()
+        tp = group.size if group else 1
+        self.group, self.sp, self.overlap, self.accumulate_unfused = group, sequence_parallel, overlap, accumulate_unfused
+        self.heads, self.kv_heads, self.head_dim = (
+            model.num_attention_heads // tp, model.kv_heads // tp, model.head_dim)
+        qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
+        self.qkv_weight = nn.Parameter(torch.empty(qkv_out, model.hidden_size, dtype=dtype))
+        self.qkv_bias = nn.Parameter(torch.empty(qkv_out, dtype=dtype)) if model.has_bias else None
+        self.proj_weight = nn.Parameter(torch.empty(model.hidden_size, self.heads * self.head_dim, dtype=dtype))
+        self.proj_bias = nn.Parameter(torch.empty(model.hidden_size, dtype=dtype)) if model.has_bias else None
+        self.rotary = (Rotary(model.seq_length, model.rotary_dims, dtype, fused=stack.fused_elementwise)
+                       if model.position_embedding is PositionEmbedding.ROTARY else None)
+        self.fused = stack.attention is AttentionKernel.FUSED
+        self.dropout_p = stack.attention_dropout
+        self.checkpoint_core = checkpoint_core  # None, or a function that checkpoints a callable
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention on [s, b, heads, d] tensors; returns [s, b, heads * d]."""
+        return self._fused(q, k, v) if self.fused else self._unfused(q, k, v)
+
+    def _fused(self, q, k, v):
+        s, b = q.shape[0], q.shape[1]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d] views of the sbhd layout
+        ctx = kernels.attention(q, k, v, causal=True, dropout_p=self.dropout_p)
+        return ctx.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.head_dim)
+
+    def _unfused(self, q, k, v):
+        s, b, heads, d = q.shape
+        if self.kv_heads != heads:  # Megatron-LM repeats the KV heads for grouped-query attention
+            k = k.repeat_interleave(heads // self.kv_heads, dim=2)
+            v = v.repeat_interleave(heads // self.kv_heads, dim=2)
+        q2 = q.reshape(s, b * heads, d).transpose(0, 1)  # [b*heads, s, d]
+        k2 = k.reshape(s, b * heads, d).transpose(0, 1).transpose(1, 2)  # [b*heads, d, s]
+        buffer = q.new_empty((b * heads, s, s))
+        scores = torch.baddbmm(buffer, q2, k2, beta=0.0, alpha=1.0 / math.sqrt(d))
+        probs = kernels.scaled_masked_softmax(scores.view(b, heads, s, s), 1.0)
+        if self.dropout_p > 0:
+            probs = kernels.dropout(probs, self.dropout_p)
+        v2 = v.reshape(s, b * heads, d).transpose(0, 1)  # [b*heads, s, d]
+        ctx = torch.bmm(probs.view(b * heads, s, s), v2)
+        return ctx.view(b, heads, s, d).permute(2, 0, 1, 3).contiguous().view(s, b, heads * d)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        qkv = parallel.column_parallel_linear(x, self.qkv_weight, self.qkv_bias, self.group, self.sp,
+                                              self.accumulate_unfused, self.overlap)
+        s, b = qkv.shape[0], qkv.shape[1]
+        group_width = (self.heads // self.kv_heads + 2) * self.head_dim  # Megatron's grouped QKV layout
+        qkv = qkv.view(s, b, self.kv_heads, group_width)
+        q, k, v = torch.split(qkv, [group_width - 2 * self.head_dim, self.head_dim, self.head_dim], dim=-1)
+        q = q.reshape(s, b, self.heads, self.head_dim)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        ctx = self.checkpoint_core(self.core, q, k, v) if self.checkpoint_core else self.core(q, k, v)
+        out = parallel.row_parallel_linear(ctx, self.proj_weight, self.group, self.sp, self.accumulate_unfused,
+                                           self.overlap)
+        return out, self.proj_bias

@@ -1,0 +1,355 @@
+"""The fused GPU kernels Megatron-LM / Transformer Engine run, as torch custom ops.
+
+On the CPU, torch would run these computations as several small ops (or, for attention with
+dropout, as the unfused math path), which is not what a GPU executes. Each op here is one kernel,
+as in the frameworks: the tracer records it as one op with its real input and output shapes,
+and autograd saves what the fused kernel saves (a flash-attention kernel keeps the log-sum-exp
+and an RNG seed, never an s x s matrix; bias-dropout-add keeps a 1-byte mask).
+
+Every op has a CPU reference implementation (used outside FakeTensorMode, e.g. by the tests that
+check the backward against autograd) and a fake implementation giving the output shapes. FLOPs
+of the attention ops use torch's own SDPA flop formulas; the others are memory-bound.
+
+Kernels and their sources (the code is ours):
+* ``flash_attention`` / ``flash_attention_dropout``: FlashAttention-2 (Dao 2023) / cuDNN fused
+  attention, forward and backward, causal; dropout regenerates its mask from a seed in backward.
+* ``scaled_masked_softmax``: Megatron-LM's ``ScaledUpperTriangMaskedSoftmax`` (causal mask, scale,
+  softmax in one kernel; saves the probabilities).
+* ``bias_gelu``: Megatron-LM's ``bias_gelu_impl`` (tanh GeLU of x + bias; saves x and bias).
+* ``swiglu``: Megatron-LM's ``bias_swiglu_impl`` without bias (silu(gate) * up; saves the input).
+* ``bias_dropout_add``: Megatron-LM's ``bias_dropout_add_fused_train`` (residual + dropout(x + bias)).
+* ``ring_exchange``: one step of Transformer Engine's userbuffers ring exchange (send the chunk in
+  hand to the next TP rank, receive the previous rank's): a point-to-point collective.
+* ``assemble``: chunks written by several kernels into one buffer (no kernel of its own).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
+
+Tensor = torch.Tensor
+
+
+def _expand_kv(q: Tensor, t: Tensor) -> Tensor:
+    """Grouped-query attention: repeat each KV head for its query heads ([b, heads, s, d])."""
+    return t if t.shape[1] == q.shape[1] else t.repeat_interleave(q.shape[1] // t.shape[1], dim=1)
+
+
+def _keep_mask(shape, p: float, seed: int, device) -> Tensor:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.rand(shape, generator=gen) >= p).to(device)
+
+
+def _attention_reference(q, k, v, causal: bool, p: float, seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(output, log-sum-exp, softmax probabilities, keep-mask or None) in fp32 maths."""
+    kx, vx = _expand_kv(q, k), _expand_kv(q, v)
+    scores = (q.float() @ kx.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        s_q, s_k = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(s_q, s_k, dtype=torch.bool).triu(1 + s_k - s_q), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1))
+    keep = _keep_mask(probs.shape, p, seed, probs.device) if p > 0 else None
+    dropped = probs * keep / (1.0 - p) if keep is not None else probs
+    return (dropped @ vx.float()).to(q.dtype), lse, probs, keep
+
+
+def _attention_fake(q, k, v, causal, p, seed):
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _fold_heads(g: Tensor, like: Tensor) -> Tensor:
+    """Sum the gradients of repeated KV heads back onto the KV heads of ``like``."""
+    rep = g.shape[1] // like.shape[1]
+    return g if rep == 1 else g.reshape(g.shape[0], like.shape[1], rep, *g.shape[2:]).sum(2)
+
+
+def _attention_backward_reference(grad, q, k, v, out, lse, causal: bool, p: float, seed: int):
+    _, _, probs, keep = _attention_reference(q, k, v, causal, p, seed)
+    kx, vx, g = _expand_kv(q, k).float(), _expand_kv(q, v).float(), grad.float()
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    dropped = probs * keep / (1.0 - p) if keep is not None else probs
+    dv = dropped.transpose(-1, -2) @ g
+    d_dropped = g @ vx.transpose(-1, -2)
+    d_probs = d_dropped * keep / (1.0 - p) if keep is not None else d_dropped
+    d_scores = probs * (d_probs - (d_probs * probs).sum(-1, keepdim=True)) * scale
+    dq = d_scores @ kx
+    dk = d_scores.transpose(-1, -2) @ q.float()
+    return dq.to(q.dtype), _fold_heads(dk, k).to(k.dtype), _fold_heads(dv, v).to(v.dtype)
+
+
+def _attention_backward_fake(grad, q, k, v, out, lse, causal, p, seed):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@torch.library.custom_op("echo_plan::flash_attention", mutates_args=())
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float,
+                    seed: int) -> tuple[Tensor, Tensor]:
+    out, lse, _, _ = _attention_reference(q, k, v, causal, dropout_p, seed)
+    return out, lse
+
+
+@torch.library.custom_op("echo_plan::flash_attention_backward", mutates_args=())
+def flash_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                             causal: bool, dropout_p: float, seed: int) -> tuple[Tensor, Tensor, Tensor]:
+    return _attention_backward_reference(grad, q, k, v, out, lse, causal, dropout_p, seed)
+
+
+@torch.library.custom_op("echo_plan::flash_attention_dropout", mutates_args=())
+def flash_attention_dropout(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float,
+                            seed: int) -> tuple[Tensor, Tensor]:
+    out, lse, _, _ = _attention_reference(q, k, v, causal, dropout_p, seed)
+    return out, lse
+
+
+@torch.library.custom_op("echo_plan::flash_attention_dropout_backward", mutates_args=())
+def flash_attention_dropout_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                                     causal: bool, dropout_p: float, seed: int) -> tuple[Tensor, Tensor, Tensor]:
+    return _attention_backward_reference(grad, q, k, v, out, lse, causal, dropout_p, seed)
+
+
+for _fwd, _bwd in ((flash_attention, flash_attention_backward),
+                   (flash_attention_dropout, flash_attention_dropout_backward)):
+    _fwd.register_fake(_attention_fake)
+    _bwd.register_fake(_attention_backward_fake)
+
+    def _setup(ctx, inputs, output):
+        q, k, v, causal, p, seed = inputs
+        ctx.save_for_backward(q, k, v, *output)
+        ctx.causal, ctx.p, ctx.seed = causal, p, seed
+        ctx.set_materialize_grads(False)
+
+    def _backward(ctx, grad_out, _grad_lse, _bwd=_bwd):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _bwd(grad_out, q, k, v, out, lse, ctx.causal, ctx.p, ctx.seed)
+        return dq, dk, dv, None, None, None
+
+    _fwd.register_autograd(_backward, setup_context=_setup)
+
+    @register_flop_formula(getattr(torch.ops.echo_plan, _fwd._name.split("::")[-1]))
+    def _fwd_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
+        b, h, _, d = q_shape
+        return sdpa_flop_count(q_shape, (b, h, k_shape[2], d), (b, h, v_shape[2], v_shape[3]))
+
+    @register_flop_formula(getattr(torch.ops.echo_plan, _bwd._name.split("::")[-1]))
+    def _bwd_flops(grad_shape, q_shape, k_shape, v_shape, *args, **kwargs) -> int:
+        b, h, _, d = q_shape
+        return sdpa_backward_flop_count(grad_shape, q_shape, (b, h, k_shape[2], d), (b, h, v_shape[2], v_shape[3]))
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, dropout_p: float = 0.0) -> Tensor:
+    """Fused attention on [b, heads, s, d] tensors (k, v may have fewer heads: GQA)."""
+    op = flash_attention_dropout if dropout_p > 0 else flash_attention
+    return op(q, k, v, causal, float(dropout_p), 0)[0]
+
+
+# -- Megatron-LM's fused causal softmax (unfused attention) --------------------------------------
+
+@torch.library.custom_op("echo_plan::scaled_masked_softmax", mutates_args=())
+def scaled_masked_softmax(scores: Tensor, scale: float) -> Tensor:
+    s_q, s_k = scores.shape[-2:]
+    mask = torch.ones(s_q, s_k, dtype=torch.bool, device=scores.device).triu(1 + s_k - s_q)
+    return torch.softmax((scores.float() * scale).masked_fill(mask, float("-inf")), dim=-1).to(scores.dtype)
+
+
+@torch.library.custom_op("echo_plan::scaled_masked_softmax_backward", mutates_args=())
+def scaled_masked_softmax_backward(grad: Tensor, probs: Tensor, scale: float) -> Tensor:
+    g, p = grad.float(), probs.float()
+    return (scale * p * (g - (g * p).sum(-1, keepdim=True))).to(grad.dtype)
+
+
+scaled_masked_softmax.register_fake(lambda scores, scale: torch.empty_like(scores))
+scaled_masked_softmax_backward.register_fake(lambda grad, probs, scale: torch.empty_like(grad))
+
+
+def _softmax_setup(ctx, inputs, output):
+    ctx.save_for_backward(output)
+    ctx.scale = inputs[1]
+
+
+def _softmax_backward(ctx, grad):
+    (probs,) = ctx.saved_tensors
+    return scaled_masked_softmax_backward(grad, probs, ctx.scale), None
+
+
+scaled_masked_softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup)
+
+
+# -- fused elementwise kernels --------------------------------------------------------------------
+
+def _gelu_tanh_grad(x: Tensor) -> Tensor:
+    """d/dx of tanh-GeLU (Megatron-LM's bias_gelu_back)."""
+    c = math.sqrt(2.0 / math.pi)
+    t = torch.tanh(c * x * (1.0 + 0.044715 * x * x))
+    return 0.5 * x * ((1.0 - t * t) * (c + 0.1070322243 * x * x)) + 0.5 * (1.0 + t)
+
+
+@torch.library.custom_op("echo_plan::bias_gelu", mutates_args=())
+def bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
+    return F.gelu(x + bias, approximate="tanh")
+
+
+@torch.library.custom_op("echo_plan::bias_gelu_backward", mutates_args=())
+def bias_gelu_backward(grad: Tensor, x: Tensor, bias: Tensor) -> Tensor:
+    return (grad.float() * _gelu_tanh_grad((x + bias).float())).to(grad.dtype)
+
+
+bias_gelu.register_fake(lambda x, bias: torch.empty_like(x))
+bias_gelu_backward.register_fake(lambda grad, x, bias: torch.empty_like(grad))
+
+
+def _bias_gelu_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _bias_gelu_bwd(ctx, grad):
+    x, bias = ctx.saved_tensors
+    gx = bias_gelu_backward(grad, x, bias)
+    return gx, gx.reshape(-1, gx.shape[-1]).sum(0)
+
+
+bias_gelu.register_autograd(_bias_gelu_bwd, setup_context=_bias_gelu_setup)
+
+
+@torch.library.custom_op("echo_plan::swiglu", mutates_args=())
+def swiglu(h: Tensor) -> Tensor:
+    gate, up = torch.chunk(h, 2, dim=-1)
+    return F.silu(gate) * up
+
+
+@torch.library.custom_op("echo_plan::swiglu_backward", mutates_args=())
+def swiglu_backward(grad: Tensor, h: Tensor) -> Tensor:
+    gate, up = (t.float() for t in torch.chunk(h, 2, dim=-1))
+    sig = torch.sigmoid(gate)
+    g = grad.float()
+    return torch.cat((g * up * sig * (1 + gate * (1 - sig)), g * gate * sig), dim=-1).to(grad.dtype)
+
+
+swiglu.register_fake(lambda h: h.new_empty((*h.shape[:-1], h.shape[-1] // 2)))
+swiglu_backward.register_fake(lambda grad, h: torch.empty_like(h))
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _swiglu_bwd(ctx, grad):
+    (h,) = ctx.saved_tensors
+    return swiglu_backward(grad, h)
+
+
+swiglu.register_autograd(_swiglu_bwd, setup_context=_swiglu_setup)
+
+
+@torch.library.custom_op("echo_plan::bias_dropout_add", mutates_args=())
+def bias_dropout_add(x: Tensor, bias: Tensor | None, residual: Tensor, p: float, seed: int) -> tuple[Tensor, Tensor]:
+    y = x + bias if bias is not None else x
+    if p > 0:
+        keep = _keep_mask(y.shape, p, seed, y.device)
+        return residual + y * keep / (1.0 - p), keep
+    return residual + y, torch.empty(0, dtype=torch.bool, device=y.device)
+
+
+@torch.library.custom_op("echo_plan::dropout_backward", mutates_args=())
+def dropout_backward(grad: Tensor, keep: Tensor, p: float) -> Tensor:
+    return grad * keep / (1.0 - p)
+
+
+@bias_dropout_add.register_fake
+def _bda_fake(x, bias, residual, p, seed):
+    mask = x.new_empty(x.shape, dtype=torch.bool) if p > 0 else x.new_empty((0,), dtype=torch.bool)
+    return torch.empty_like(residual), mask
+
+
+dropout_backward.register_fake(lambda grad, keep, p: torch.empty_like(grad))
+
+
+def _bda_setup(ctx, inputs, output):
+    x, bias, _residual, p, _seed = inputs
+    ctx.p, ctx.has_bias = p, bias is not None
+    ctx.save_for_backward(output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _bda_bwd(ctx, grad, _grad_mask):
+    (keep,) = ctx.saved_tensors
+    gx = dropout_backward(grad, keep, ctx.p) if ctx.p > 0 else grad
+    gb = gx.reshape(-1, gx.shape[-1]).sum(0) if ctx.has_bias else None
+    return gx, gb, grad, None, None
+
+
+bias_dropout_add.register_autograd(_bda_bwd, setup_context=_bda_setup)
+
+
+def dropout(x: Tensor, p: float) -> Tensor:
+    """Dropout as the GPU runs it: one ``native_dropout`` kernel keeping a 1-byte mask (on the CPU
+    ``F.dropout`` decomposes into bernoulli, divide and multiply, saving a 2-byte scaled mask)."""
+    return torch.ops.aten.native_dropout(x, p, True)[0] if p > 0 else x
+
+
+# -- communication and buffers --------------------------------------------------------------------
+
+@torch.library.custom_op("echo_plan::ring_exchange", mutates_args=())
+def ring_exchange(x: Tensor, group_size: int) -> Tensor:
+    """Send ``x`` to the next rank of the TP ring, return what the previous rank sent (here: a
+    copy, as on a ring of identical ranks)."""
+    return x.clone()
+
+
+ring_exchange.register_fake(lambda x, group_size: torch.empty_like(x))
+
+
+@torch.library.custom_op("echo_plan::assemble", mutates_args=())
+def assemble(chunks: list[Tensor]) -> Tensor:
+    """Chunks that several kernels wrote into one buffer, as that buffer (dimension 0)."""
+    return torch.cat(chunks, dim=0)
+
+
+assemble.register_fake(lambda chunks: chunks[0].new_empty((sum(c.shape[0] for c in chunks), *chunks[0].shape[1:])))
+
+
+# -- rotary embedding (Transformer Engine's fused RoPE) -------------------------------------------
+
+def _rotate(t: Tensor, cos: Tensor, sin: Tensor, sign: float) -> Tensor:
+    rot = cos.shape[-1]
+    head, rest = t[..., :rot], t[..., rot:]
+    half = rot // 2
+    turned = torch.cat((-head[..., half:], head[..., :half]), dim=-1)
+    return torch.cat((head * cos + sign * turned * sin, rest), dim=-1)
+
+
+@torch.library.custom_op("echo_plan::rope", mutates_args=())
+def rope(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding of the first cos.shape[-1] dims of each head (t: [s, b, heads, d])."""
+    return _rotate(t, cos, sin, 1.0)
+
+
+@torch.library.custom_op("echo_plan::rope_backward", mutates_args=())
+def rope_backward(grad: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The transpose of the rotation: rotate the gradient back (the rotation matrix is orthogonal)."""
+    rot = cos.shape[-1]
+    half = rot // 2
+    head, rest = grad[..., :rot], grad[..., rot:]
+    gs = head * sin
+    back = torch.cat((gs[..., half:], -gs[..., :half]), dim=-1)
+    return torch.cat((head * cos + back, rest), dim=-1)
+
+
+rope.register_fake(lambda t, cos, sin: torch.empty_like(t))
+rope_backward.register_fake(lambda grad, cos, sin: torch.empty_like(grad))
+
+
+def _rope_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1], inputs[2])
+
+
+def _rope_bwd(ctx, grad):
+    cos, sin = ctx.saved_tensors
+    return rope_backward(grad, cos, sin), None, None
+
+
+rope.register_autograd(_rope_bwd, setup_context=_rope_setup)
