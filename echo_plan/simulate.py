@@ -20,7 +20,8 @@ from echo_plan.replay.results import StepResult
 from echo_plan.replay.schedules import build_schedule
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
-from echo_plan.specs.plan import PlanSpec, Schedule, validate_plan
+from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
+from echo_plan.specs.software import SoftwareSpec, check_stack_supports
 from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
 
 if TYPE_CHECKING:
@@ -56,6 +57,13 @@ class SimulationMemo:
             sched = self._schedules[key] = build_schedule(schedule, pp, microbatches, virtual_stages)
         return sched
 
+    def default_stack(self) -> SoftwareSpec:
+        if "stack" not in self._defaults:
+            from echo_plan.specs.presets import load_stack
+
+            self._defaults["stack"] = load_stack()
+        return self._defaults["stack"]
+
     def default_interference(self) -> "InterferenceModel":
         if "interference" not in self._defaults:
             from echo_plan.replay.interference import load_interference
@@ -79,14 +87,15 @@ class SimulationMemo:
             self._defaults[key] = collective_model_for(cluster)
         return self._defaults[key]
 
-    def traces(self, model: ModelSpec, plan: PlanSpec, cache: "TraceCache | None"):
+    def traces(self, model: ModelSpec, plan: PlanSpec, cache: "TraceCache | None", stack: SoftwareSpec | None = None):
         from echo_plan.trace.tracer import trace_model
 
+        stack = stack if stack is not None else self.default_stack()
         key = (model.model_dump_json(), plan.tp, plan.sequence_parallel, plan.micro_batch_size,
-               plan.dtype, plan.recompute, None if cache is None else str(cache.root))
+               plan.dtype, plan.recompute, stack.trace_signature(), None if cache is None else str(cache.root))
         hit = self._traces.get(key)
         if hit is None:
-            hit = self._traces[key] = trace_model(model, plan, cache)
+            hit = self._traces[key] = trace_model(model, plan, cache, stack)
         return hit
 
     def layer(self, trace, compute, comm, cluster: ClusterSpec, cluster_key: str, plan: PlanSpec, interference):
@@ -110,13 +119,17 @@ class SimulationMemo:
         return t
 
 
-def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "TraceCache | None" = None,
+def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: SoftwareSpec | None = None,
+             cache: "TraceCache | None" = None,
              compute: "ComputeModel | None" = None, comm: "CollectiveModel | None" = None,
              interference: "InterferenceModel | None" = None, timeline: bool = False,
-             memo: SimulationMemo | None = None, work_scale: tuple[float, ...] | None = None) -> StepResult:
-    """Predict one training step. ``interference=None`` uses the default factors (data file);
-    pass ``InterferenceModel.none()`` to switch interference off. ``work_scale`` (one factor per
-    pipeline stage, > 0) slows that stage's GPUs for a what-if. Raises SpecError for a bad plan."""
+             memo: SimulationMemo | None = None, work_scale: tuple[float, ...] | None = None,
+             memory_headroom_bytes: int | None = None) -> StepResult:
+    """Predict one training step of ``plan`` run with ``stack`` (default: the megatron-core preset).
+    A plan fits when every GPU keeps ``memory_headroom_bytes`` free (default: memory.yaml's share).
+    ``interference=None`` uses the default factors (data file); pass ``InterferenceModel.none()`` to
+    switch interference off. ``work_scale`` (one factor per pipeline stage, > 0) slows that stage's
+    GPUs for a what-if. Raises SpecError for a bad plan, or one the stack cannot run."""
     from echo_plan.cost.memory import stage_memory
     from echo_plan.errors import SpecError
     from echo_plan.replay.no_gc import paused_gc
@@ -126,12 +139,16 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "
     if work_scale is not None and (len(work_scale) != plan.pp or min(work_scale) <= 0):
         raise SpecError("work_scale", work_scale, f"one positive factor per pipeline stage ({plan.pp})")
     memo = memo if memo is not None else SimulationMemo()
+    stack = stack if stack is not None else memo.default_stack()
+    check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
+                         distributed_optimizer=plan.distributed_optimizer,
+                         selective_recompute=plan.recompute is Recompute.SELECTIVE)
     compute = compute if compute is not None else memo.default_compute(cluster)
     comm = comm if comm is not None else memo.default_comm(cluster)
     if interference is None:
         interference = memo.default_interference()
 
-    traces = memo.traces(model, plan, cache)
+    traces = memo.traces(model, plan, cache, stack)
     cluster_key = cluster.model_dump_json()
     timing = {name: memo.layer(getattr(traces, name), compute, comm, cluster, cluster_key, plan, interference)
               for name in ("block", "embedding", "output")}
@@ -139,7 +156,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "
     def comm_time(kind: CollectiveKind, nbytes: int, group: CommGroup) -> float:
         return memo.comm_time(comm, cluster_key, cluster, kind, nbytes, group)
 
-    base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, memo.schedule)
+    base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, memo.schedule, stack)
 
     def replay_at(m: int) -> StepReplay:  # the stage costs do not depend on the micro-batch count
         costs = base if m == plan.num_microbatches else replace(
@@ -154,14 +171,15 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "
         step = steady_state_step(plan.pp, plan.virtual_stages, plan.num_microbatches, replay_at, exact=timeline)
     rank, breakdown, step_s = step.rank, step.breakdown, step.step_s
     thr = throughput(model, plan, cluster.num_gpus, cluster.gpu.peak_tflops(plan.dtype), step_s)
-    memory = stage_memory(model, plan, cluster, traces)
+    memory = stage_memory(model, plan, cluster, traces, stack, memory_headroom_bytes)
     events: tuple = ()
     if timeline and step.full is not None:
         from echo_plan.replay.timeline import timeline_events
 
         events = timeline_events(step.full.steps, step.full.result)
     notes = [f"critical pipeline stage: {rank}", f"micro-batches per step: {plan.num_microbatches}",
-             f"level-2 tasks: {step.tasks_replayed}"]
+             f"level-2 tasks: {step.tasks_replayed}", f"software stack: {stack.name}"]
+    notes += stack_notes(plan, stack)
     if step.extrapolated:
         notes.append("steady state verified periodic at {} micro-batches and extrapolated exactly".format(
             ", ".join(map(str, step.sampled[-3:]))))
@@ -169,12 +187,13 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: "
     if over:
         worst = max(over, key=lambda m: m.overflow_bytes)
         notes.append(f"does not fit: stage {worst.stage} needs {worst.total_bytes / 2**30:.1f} GiB of "
-                     f"{worst.capacity_bytes / 2**30:.1f} GiB (over by {worst.overflow_bytes / 2**30:.1f} GiB)")
+                     f"{worst.usable_bytes / 2**30:.1f} GiB usable ({worst.capacity_bytes / 2**30:.0f} GiB less "
+                     f"{worst.headroom_bytes / 2**30:.1f} GiB headroom; over by {worst.overflow_bytes / 2**30:.1f} GiB)")
     return StepResult(
         model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, plan=plan.model_dump(mode="json"),
         step_time_s=step_s, tokens_per_s=thr.tokens_per_s, model_tflops_per_gpu=thr.model_tflops_per_gpu,
         hardware_tflops_per_gpu=thr.hardware_tflops_per_gpu, mfu=thr.mfu, memory=tuple(memory),
-        breakdown=breakdown, timeline=events, notes=tuple(notes),
+        breakdown=breakdown, timeline=events, notes=tuple(notes), stack=stack.name,
     )
 
 
@@ -194,12 +213,33 @@ def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
     return PhaseCost(work, compute, tp, inter, mix_t)
 
 
+def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
+    """What the stack changed about the plan, in words."""
+    out = []
+    if plan.overlap_grad_reduce and plan.dp > 1 and not stack.overlap_grad_reduce:
+        out.append(f"stack {stack.name} reduces gradients after the backward pass (no overlap)")
+    if plan.overlap_param_gather and plan.distributed_optimizer and not stack.overlap_param_gather:
+        out.append(f"stack {stack.name} gathers parameters after the optimizer step (no overlap)")
+    if stack.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
+        out.append(f"stack {stack.name}: TP communication overlap needs sequence parallelism; not used")
+    return out
+
+
 def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: dict, compute: "ComputeModel",
-               comm_time, work_scale: tuple[float, ...] | None = None, schedules=build_schedule) -> StepCosts:
-    """What level 2 replays for ``plan``: the schedule's action lists and, per pipeline rank, the
-    cost of each chunk's forward and backward (from the level-1 ``timing`` of block, embedding and
-    output), its DP buckets and its optimizer; ``comm_time(kind, nbytes, group)`` times a collective."""
+               comm_time, work_scale: tuple[float, ...] | None = None, schedules=build_schedule,
+               stack: SoftwareSpec | None = None) -> StepCosts:
+    """What level 2 replays for ``plan`` run with ``stack``: the schedule's action lists and, per
+    pipeline rank, the cost of each chunk's forward and backward (from the level-1 ``timing`` of
+    block, embedding and output), its DP buckets and its optimizer; ``comm_time(kind, nbytes,
+    group)`` times a collective. The DP gradient dtype and which overlaps happen come from the
+    stack (an overlap happens when the plan asks for it and the stack has it)."""
+    if stack is None:
+        from echo_plan.specs.presets import load_stack
+
+        stack = load_stack()
     pp, v = plan.pp, plan.virtual_stages
+    overlap_grad = plan.overlap_grad_reduce and stack.overlap_grad_reduce
+    gbytes = stack.grad_bytes(plan.dtype)
     schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
                                            else plan.schedule)
     sched = schedules(schedule, pp, plan.num_microbatches, v)
@@ -233,7 +273,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
             fwd.append(_phase(f_parts))
             bwd.append(_phase(b_parts))
             labels.append(label)
-            buckets.append(chunk_buckets(params, plan, comm_time))
+            buckets.append(chunk_buckets(params, plan, comm_time, gbytes, overlap_grad))
             rank_params += params
         opt = compute.op_time(optimizer_op(rank_params, plan), cluster.gpu, plan.dtype)
         stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt))
@@ -241,8 +281,9 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     return StepCosts(
         schedule=sched, stages=tuple(stages), p2p_s=_p2p_time(model, plan, comm_time) if nvs > 1 else 0.0,
         p2p_recv_s=_p2p_gather_time(model, plan, comm_time) if nvs > 1 else 0.0,
-        tied_allreduce_s=_tied_time(model, plan, comm_time), overlap_grad_reduce=plan.overlap_grad_reduce,
-        overlap_param_gather=plan.overlap_param_gather, work_scale=work_scale,
+        tied_allreduce_s=_tied_time(model, plan, comm_time, gbytes), overlap_grad_reduce=overlap_grad,
+        overlap_param_gather=plan.overlap_param_gather and stack.overlap_param_gather, work_scale=work_scale,
+        sync_p2p=not (stack.overlap_p2p and v > 1),  # Megatron-Core overlaps p2p only with interleaving
     )
 
 
@@ -283,12 +324,10 @@ def _message_bytes(model: ModelSpec, plan: PlanSpec) -> int:
     return plan.micro_batch_size * model.seq_length * model.hidden_size * plan.dtype.nbytes
 
 
-def _tied_time(model: ModelSpec, plan: PlanSpec, comm_time) -> float:
+def _tied_time(model: ModelSpec, plan: PlanSpec, comm_time, gbytes: int) -> float:
     """The word-embedding gradient all-reduce between the first and the last stage (tied weights)."""
     if not model.tied_embeddings or plan.pp == 1:
         return 0.0
-    from echo_plan.replay.dp import grad_bytes
-
-    nbytes = -(-model.vocab_size * model.hidden_size // plan.tp) * grad_bytes(plan.dtype)
+    nbytes = -(-model.vocab_size * model.hidden_size // plan.tp) * gbytes
     group = CommGroup(GroupKind.PP, size=2, stride=(plan.pp - 1) * plan.tp * plan.dp)
     return comm_time(CollectiveKind.ALL_REDUCE, nbytes, group)

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from echo_plan.commands.common import ModelOpt, write_atomic
+from echo_plan.commands.common import ModelOpt, StackOpt, write_atomic
 from echo_plan.errors import EchoPlanError, SpecError
 
 
@@ -49,7 +49,8 @@ def default_output(gpu_name: str) -> Path:
     return (kernels_dir() or Path("kernels")) / f"{stem}.json"
 
 
-def traced_ops(model, tps: list[int], mbs: list[int], sequence_parallel: bool, recompute: list, dtype) -> list:
+def traced_ops(model, tps: list[int], mbs: list[int], sequence_parallel: bool, recompute: list, dtype,
+               stack=None) -> list:
     """Every op of the block, embedding and output stages for each (tp, mbs, recompute) asked for."""
     from echo_plan.trace.records import StageKind
     from echo_plan.trace.tracer import trace_stage
@@ -64,7 +65,7 @@ def traced_ops(model, tps: list[int], mbs: list[int], sequence_parallel: bool, r
                 modes = recompute if stage is StageKind.BLOCK else recompute[:1]
                 for mode in modes:
                     trace = trace_stage(model, stage, tp=tp, sequence_parallel=sp, micro_batch_size=b,
-                                        dtype=dtype, recompute=mode, cache=None)
+                                        dtype=dtype, recompute=mode, cache=None, stack=stack)
                     ops.extend(trace.ops)
     return ops
 
@@ -78,6 +79,7 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
         sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="trace with sequence parallelism"),
         recompute: str = typer.Option("none", "--recompute", help="recompute modes to trace: none, selective, full"),
         dtype: str = typer.Option("bf16", "--dtype", help="training dtype: bf16 or fp16"),
+        stack: Optional[str] = StackOpt,
         device: str = typer.Option("cuda", "--device", help="cuda (a real measurement) or cpu (tests the harness)"),
         warmup: int = typer.Option(5, "--warmup", min=0, help="untimed runs per op"),
         iters: int = typer.Option(20, "--iters", min=1, help="timed runs per op (the median is kept)"),
@@ -100,17 +102,22 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
             dt = DType(dtype)
         except ValueError:
             raise SpecError("--dtype", dtype, "bf16 or fp16") from None
+        from echo_plan.commands.common import resolve_stack
+
         spec = load_model(model)
+        stack_spec = resolve_stack(stack)
         tps, sizes, modes = parse_int_list(tp, "--tp"), parse_int_list(mbs, "--mbs"), parse_recompute(recompute)
-        typer.echo(f"tracing {spec.name} at tp={tps} mbs={sizes} recompute={[m.value for m in modes]} ...", err=True)
-        ops = traced_ops(spec, tps, sizes, sequence_parallel, modes, dt)
+        typer.echo(f"tracing {spec.name} at tp={tps} mbs={sizes} recompute={[m.value for m in modes]} "
+                   f"(stack {stack_spec.name}) ...", err=True)
+        ops = traced_ops(spec, tps, sizes, sequence_parallel, modes, dt, stack_spec)
 
         def progress(i: int, n: int, name: str) -> None:
             if i % 25 == 0:
                 typer.echo(f"  [{i}/{n}] {name}", err=True)
 
         run = measure_ops(ops, device, warmup=warmup, iters=iters, progress=progress)
-        settings = {"model": spec.name, "tp": tps, "mbs": sizes, "sequence_parallel": sequence_parallel,
+        settings = {"model": spec.name, "stack": stack_spec.name, "tp": tps, "mbs": sizes,
+                    "sequence_parallel": sequence_parallel,
                     "recompute": [m.value for m in modes], "dtype": dt.value, "warmup": warmup, "iters": iters}
         data = database_json(run, device, settings)
         target = output if output is not None else default_output(data["gpu"]["name"])

@@ -9,13 +9,23 @@ from typing import Any, Optional
 import typer
 
 from echo_plan.files import write_atomic  # noqa: F401  (commands import it from here)
-from echo_plan.specs import DEFAULT_CLUSTER, DEFAULT_MODEL, ClusterSpec, ModelSpec, load_cluster, load_model
+from echo_plan.specs import (
+    DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_STACK, ClusterSpec, ModelSpec, SoftwareSpec, load_cluster, load_model,
+    load_stack,
+)
 
 ModelOpt = typer.Option(DEFAULT_MODEL, "--model", "-m", help="model preset name or a YAML/JSON/HF config.json file")
 ClusterOpt = typer.Option(DEFAULT_CLUSTER, "--cluster", "-c", help="cluster preset name or a YAML file")
 NodesOpt = typer.Option(None, "--nodes", help="resize the cluster to N servers")
 GpusOpt = typer.Option(None, "--gpus", help="resize the cluster to G GPUs (whole servers)")
 JsonOpt = typer.Option(False, "--json", help="print one JSON object instead of a table")
+StackOpt = typer.Option(
+    None, "--stack",
+    help=f"software stack: a preset (echo-plan presets lists them) or a YAML file (base: PRESET + changes); "
+         f"default {DEFAULT_STACK}")
+HeadroomOpt = typer.Option(
+    None, "--memory-headroom",
+    help="memory every GPU must keep free for a plan to fit: a share (10%) or a size (6GiB); default 10%")
 CacheDirOpt = typer.Option(
     None, "--cache-dir", help="trace cache folder (default: $ECHO_PLAN_CACHE_DIR or the user cache dir)"
 )
@@ -23,6 +33,41 @@ CacheDirOpt = typer.Option(
 
 def resolve_specs(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int]) -> tuple[ModelSpec, ClusterSpec]:
     return load_model(model), load_cluster(cluster, nodes=nodes, gpus=gpus)
+
+
+def resolve_stack(stack: Optional[str]) -> SoftwareSpec:
+    """The --stack preset or file (default megatron-core)."""
+    return load_stack(stack)
+
+
+def parse_headroom(text: Optional[str], cluster: ClusterSpec) -> Optional[int]:
+    """--memory-headroom as bytes: ``10%`` of the GPU's memory or a size such as ``6GiB``; None when
+    not given (the memory model's default share)."""
+    from echo_plan.errors import SpecError
+    from echo_plan.specs import parse_size
+
+    if text is None:
+        return None
+    raw = str(text).strip()
+    capacity = cluster.gpu.hbm_GiB * 2**30
+    valid = f"a share of the GPU's memory in [0%, 100%) such as 10%, or a size below {cluster.gpu.hbm_GiB:g} GiB such as 6GiB"
+    if raw.endswith("%"):
+        try:
+            share = float(raw[:-1])
+        except ValueError:
+            raise SpecError("--memory-headroom", text, valid) from None
+        if not 0.0 <= share < 100.0:
+            raise SpecError("--memory-headroom", text, valid)
+        return int(share / 100.0 * capacity)
+    if raw.replace(".", "", 1).isdigit():
+        raise SpecError("--memory-headroom", text, "needs a unit: " + valid)
+    try:
+        size = parse_size(raw)
+    except Exception:
+        raise SpecError("--memory-headroom", text, valid) from None
+    if size >= capacity:
+        raise SpecError("--memory-headroom", text, valid)
+    return size
 
 
 def print_json(obj: Any) -> None:

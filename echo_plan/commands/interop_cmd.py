@@ -6,7 +6,9 @@ from typing import Optional
 
 import typer
 
-from echo_plan.commands.common import CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, print_json
+from echo_plan.commands.common import (
+    CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -34,12 +36,13 @@ def register(app: typer.Typer) -> None:
         sequence_parallel: bool = typer.Option(False, "--sequence-parallel"),
         distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer"),
         dtype: str = typer.Option("bf16", "--dtype"),
+        stack: Optional[str] = StackOpt,
         ranks: Optional[str] = typer.Option(None, "--ranks", help="only these ranks, e.g. 0,1,8-15 (default: all)"),
         cache_dir: Optional[str] = CacheDirOpt,
         as_json: bool = JsonOpt,
     ) -> None:
         """Write the simulated step of a plan as Chakra execution traces, one file per rank."""
-        from echo_plan.commands.common import resolve_specs
+        from echo_plan.commands.common import resolve_specs, resolve_stack
         from echo_plan.errors import SpecError
         from echo_plan.interop.chakra_export import export_chakra, parse_ranks
         from echo_plan.interop.chakra_step import build_step_graph
@@ -58,8 +61,10 @@ def register(app: typer.Typer) -> None:
             fields["schedule"] = schedule
         plan = PlanSpec.build(fields, context="plan")
         chosen = parse_ranks(ranks, plan.world_size)
-        graph = build_step_graph(model_spec, cluster_spec, plan, cache=TraceCache(cache_dir))
-        paths = export_chakra(graph, out, chosen, {"model": model_spec.name, "cluster": cluster_spec.name})
+        stack_spec = resolve_stack(stack)
+        graph = build_step_graph(model_spec, cluster_spec, plan, cache=TraceCache(cache_dir), stack=stack_spec)
+        paths = export_chakra(graph, out, chosen, {"model": model_spec.name, "cluster": cluster_spec.name,
+                                                   "stack": stack_spec.name})
         summary = {"files": [str(p) for p in paths], "ranks": len(chosen),
                    "nodes_per_stage": [len(s) for s in graph.stages], "simulated_step_s": graph.simulated_step_s}
         if as_json:

@@ -11,7 +11,8 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, ClusterOpt, JsonOpt, ModelOpt, NodesOpt, print_json, stderr_is_tty, write_atomic,
+    CacheDirOpt, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
+    write_atomic,
 )
 
 DEFAULT_GBS = 1536  # GPT-3 175B's global batch in Brown et al. 2020 (3.2M tokens at seq 2048)
@@ -33,8 +34,9 @@ ReportOpt = typer.Option(None, "--report", help="also write the HTML recommendat
 
 def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int], gbs: int, space: Optional[str],
             sampler: str, trials: Optional[int], seed: int, storage: Optional[str], study_name: Optional[str],
-            workers: int, ray_address: Optional[str], tokens: Optional[float] = None):
-    from echo_plan.commands.common import resolve_specs
+            workers: int, ray_address: Optional[str], tokens: Optional[float] = None, stack: Optional[str] = None,
+            memory_headroom: Optional[str] = None):
+    from echo_plan.commands.common import parse_headroom, resolve_specs, resolve_stack
     from echo_plan.errors import SpecError
     from echo_plan.search.space import load_space
     from echo_plan.search.study import SamplerKind, SearchConfig
@@ -50,7 +52,8 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
     m, c = resolve_specs(model, cluster, nodes, gpus)
     return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=load_space(space), sampler=kind, seed=seed,
                         n_trials=trials, storage=storage, study_name=study_name, workers=workers,
-                        ray_address=ray_address, tokens_budget=tokens)
+                        ray_address=ray_address, tokens_budget=tokens, stack=resolve_stack(stack),
+                        memory_headroom_bytes=parse_headroom(memory_headroom, c))
 
 
 def _progress(enabled: Optional[bool], label: str):
@@ -120,6 +123,7 @@ def register(app: typer.Typer) -> None:
         model: str = ModelOpt, cluster: str = ClusterOpt, nodes: Optional[int] = NodesOpt,
         gpus: Optional[int] = typer.Option(None, "--gpus", help="resize the cluster to G GPUs (default: the preset's size)"),
         gbs: int = GbsOpt, space: Optional[str] = SpaceOpt, sampler: str = SamplerOpt,
+        stack: Optional[str] = StackOpt, memory_headroom: Optional[str] = HeadroomOpt,
         trials: Optional[int] = TrialsOpt, seed: int = SeedOpt, storage: Optional[str] = StorageOpt,
         study_name: Optional[str] = StudyOpt, workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt,
         cache_dir: Optional[str] = CacheDirOpt,
@@ -140,12 +144,12 @@ def register(app: typer.Typer) -> None:
         if top < 1:
             raise EchoPlanError("--top must be at least 1")
         config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
-                         workers, ray_address)
+                         workers, ray_address, stack=stack, memory_headroom=memory_headroom)
         pruned = prune_for(config)
         if not pruned.valid and explain:
             for line in format_knob_stats(knob_stats(pruned, ())):
                 typer.echo(line, err=True)
-        factory = SimulatorFactory(config.model, config.cluster, cache_dir)
+        factory = SimulatorFactory(config.model, config.cluster, cache_dir, config.stack, config.memory_headroom_bytes)
         try:
             outcome = run_search(config, factory, pruned=pruned,
                                  progress=_progress(progress, f"search {config.cluster.num_gpus} GPUs"))
@@ -167,6 +171,7 @@ def register(app: typer.Typer) -> None:
         model: str = ModelOpt, cluster: str = ClusterOpt,
         gpus: str = typer.Option("64,96,128,256,512", "--gpus", help="cluster sizes to compare, comma-separated"),
         gbs: int = GbsOpt, space: Optional[str] = SpaceOpt, sampler: str = SamplerOpt,
+        stack: Optional[str] = StackOpt, memory_headroom: Optional[str] = HeadroomOpt,
         trials: Optional[int] = TrialsOpt, seed: int = SeedOpt, storage: Optional[str] = StorageOpt,
         tokens: str = typer.Option("300B", "--tokens",
                                    help="token budget to train (300B, 1.5T, 2e12; default 300B, GPT-3's)"),
@@ -184,10 +189,11 @@ def register(app: typer.Typer) -> None:
 
         sizes = parse_gpu_list(gpus)
         base = _config(model, cluster, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
-                       ray_address, tokens=parse_tokens(tokens))
+                       ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom)
         try:
             outcome = run_compare(
-                base, sizes, lambda c: SimulatorFactory(base.model, c, cache_dir), price,
+                base, sizes, lambda c: SimulatorFactory(base.model, c, cache_dir, base.stack, base.memory_headroom_bytes),
+                price,
                 progress_for=lambda g: _progress(progress, f"search {g} GPUs"))
         except KeyboardInterrupt:
             typer.echo("interrupted: finished trials are stored; run the same command again to resume", err=True)

@@ -6,7 +6,9 @@ from typing import Optional
 
 import typer
 
-from echo_plan.commands.common import CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, print_json
+from echo_plan.commands.common import (
+    CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -16,6 +18,8 @@ def register(app: typer.Typer) -> None:
         cluster: str = ClusterOpt,
         nodes: Optional[int] = NodesOpt,
         gpus: Optional[int] = GpusOpt,
+        stack: Optional[str] = StackOpt,
+        memory_headroom: Optional[str] = HeadroomOpt,
         tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
         pp: int = typer.Option(1, "--pp", help="pipeline-parallel degree"),
         dp: Optional[int] = typer.Option(None, "--dp", help="data-parallel degree (default: GPUs / (tp x pp))"),
@@ -44,11 +48,13 @@ def register(app: typer.Typer) -> None:
                  "used where the group size fits the file, NCCL otherwise)"),
     ) -> None:
         """Predict the training step of one plan: time, throughput, MFU, memory per stage, breakdown."""
-        from echo_plan.commands.common import resolve_specs
+        from echo_plan.commands.common import parse_headroom, resolve_specs, resolve_stack
         from echo_plan.errors import SpecError
         from echo_plan.specs import PlanSpec
 
         model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
+        stack_spec = resolve_stack(stack)
+        headroom = parse_headroom(memory_headroom, cluster_spec)
         if dp is None:
             if cluster_spec.num_gpus % (tp * pp):
                 raise SpecError("--dp", None, f"GPUs {cluster_spec.num_gpus} are not a multiple of tp x pp = {tp * pp}; "
@@ -85,8 +91,9 @@ def register(app: typer.Typer) -> None:
 
             comm = MscclCollectiveModel(collective_model_for(cluster_spec),
                                         parse_algorithm_options(collective_algorithm))
-        result = simulate(model_spec, cluster_spec, plan, cache=TraceCache(cache_dir), interference=interference,
-                          timeline=trace is not None, comm=comm)
+        result = simulate(model_spec, cluster_spec, plan, stack=stack_spec, cache=TraceCache(cache_dir),
+                          interference=interference, timeline=trace is not None, comm=comm,
+                          memory_headroom_bytes=headroom)
         if trace is not None:
             from echo_plan.replay.timeline import write_chrome_trace
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from echo_plan.commands.common import CacheDirOpt, JsonOpt, ModelOpt, print_json
+from echo_plan.commands.common import CacheDirOpt, JsonOpt, ModelOpt, StackOpt, print_json
 
 
 class StageChoice(str, Enum):
@@ -116,16 +116,19 @@ def register(app: typer.Typer) -> None:
         recompute: RecomputeChoice = typer.Option(RecomputeChoice.NONE, "--recompute", help="activation recomputation"),
         dtype: DTypeChoice = typer.Option(DTypeChoice.BF16, "--dtype", help="activation and weight dtype"),
         stage: StageChoice = typer.Option(StageChoice.ALL, "--stage", help="which stage to trace"),
+        stack: Optional[str] = StackOpt,
         ops: bool = typer.Option(False, "--ops", help="list every op (index, phase, name, kind, shapes, flops, bytes, deps)"),
         as_json: bool = JsonOpt,
         cache_dir: Optional[Path] = CacheDirOpt,
     ) -> None:
         """Trace the model's transformer layer, embedding and output stage (or one of them) for one micro-batch."""
+        from echo_plan.commands.common import resolve_stack
         from echo_plan.specs import DType, Recompute, load_model
         from echo_plan.trace import TraceCache, TraceCacheWarning, trace_stage
         from echo_plan.trace.records import StageKind
 
         spec = load_model(model)
+        stack_spec = resolve_stack(stack)
         cache = TraceCache(cache_dir)
         stages = list(StageKind) if stage is StageChoice.ALL else [StageKind(stage.value)]
         summaries = []
@@ -133,7 +136,8 @@ def register(app: typer.Typer) -> None:
             warnings.simplefilter("always", TraceCacheWarning)
             for kind in stages:
                 result = trace_stage(spec, kind, tp=tp, sequence_parallel=sequence_parallel, micro_batch_size=mbs,
-                                     dtype=DType(dtype.value), recompute=Recompute(recompute.value), cache=cache)
+                                     dtype=DType(dtype.value), recompute=Recompute(recompute.value), cache=cache,
+                                     stack=stack_spec)
                 summaries.append(stage_summary(result, ops))
         for w in caught:  # a discarded cache file: one line each on stderr
             typer.echo(f"warning: {w.message}", err=True)
@@ -141,13 +145,14 @@ def register(app: typer.Typer) -> None:
             print_json({
                 "model": spec.name, "tp": tp, "micro_batch_size": mbs,
                 "sequence_parallel": bool(sequence_parallel and tp > 1), "recompute": recompute.value,
-                "dtype": dtype.value, "cache_dir": str(cache.root),
+                "dtype": dtype.value, "stack": stack_spec.name, "cache_dir": str(cache.root),
                 "cache": {"hits": cache.hits, "misses": cache.misses, "corrupt": cache.corrupt},
                 "stages": summaries,
             })
             return
         sp = " sequence-parallel" if sequence_parallel and tp > 1 else ""
         typer.echo(f"{spec.name}: tp {tp}, micro-batch {mbs}, seq {spec.seq_length}, {dtype.value}, "
-                   f"recompute {recompute.value}{sp}  (cache {cache.root}: {cache.hits} hit, {cache.misses} miss)")
+                   f"recompute {recompute.value}{sp}, stack {stack_spec.name}  "
+                   f"(cache {cache.root}: {cache.hits} hit, {cache.misses} miss)")
         for s in summaries:
             _print_stage(s, ops)

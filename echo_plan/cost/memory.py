@@ -7,11 +7,16 @@
 * Weights, gradients and Adam states at the bytes per parameter Megatron-LM documents
   (``echo_plan/data/memory.yaml``); the optimizer states shard over dp with the distributed optimizer.
 * Activations: the saved bytes of one layer (from the trace, or the closed form of Korthikanti et
-  al. 2022 generalised to GQA, SwiGLU and fused attention) x layers on the stage x micro-batches
-  in flight under the schedule, plus the embedding and loss stages' own saved bytes, plus with full
-  recomputation one layer's rematerialised activations during its backward.
+  al. 2022 generalised to GQA, SwiGLU, fused attention and the stack's dropout and recompute
+  modules) x layers on the stage x micro-batches in flight under the schedule, plus the embedding
+  and loss stages' own saved bytes, plus with recomputation (full or selective) the recomputed
+  part of one layer, live during that layer's backward.
+* Weights, gradients (in the stack's gradient dtype, sharded too when the stack's distributed
+  optimizer shards them) and optimizer states.
 * Buffers: CUDA context, NCCL buffers per communicator, allocator fragmentation, and the loss's
   transient fp32 logits on the last stage.
+* Headroom: a plan fits when every GPU keeps ``headroom_bytes`` free below capacity
+  (``--memory-headroom``; default a share of the GPU's memory, memory.yaml).
 
 Micro-batches in flight, derived from each schedule's order of forward and backward passes:
 GPipe runs all m forwards first (m in flight); 1F1B (Narayanan et al. 2021) lets stage i of p run
@@ -34,8 +39,9 @@ import yaml
 from echo_plan.errors import FileFormatError
 from echo_plan.replay.results import StageMemory
 from echo_plan.specs.cluster import ClusterSpec, DType
-from echo_plan.specs.model import Activation, ModelSpec, Norm, PositionEmbedding
+from echo_plan.specs.model import ModelSpec, PositionEmbedding
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule
+from echo_plan.specs.software import AttentionKernel, OptimizerSharding, RecomputeModule, SoftwareSpec
 from echo_plan.trace.records import LayerTrace
 
 GiB = 2**30
@@ -52,12 +58,11 @@ class ModelTracesLike(Protocol):
 @dataclass(frozen=True)
 class MemoryConstants:
     bytes_per_param: Mapping[DType, tuple[int, int, int]]  # weights, gradients, optimizer
-    flash_attention: bool
-    dropout: bool
     cuda_context_bytes: int
     nccl_per_communicator_bytes: int
     fragmentation_fraction: float
     logits_transient_bytes_per_element: float
+    default_headroom_fraction: float
 
 
 def load_memory_constants(text: str | None = None, origin: str = "memory.yaml") -> MemoryConstants:
@@ -71,12 +76,11 @@ def load_memory_constants(text: str | None = None, origin: str = "memory.yaml") 
         b = raw["buffers"]
         return MemoryConstants(
             bytes_per_param=MappingProxyType(bpp),
-            flash_attention=bool(raw["assume_flash_attention"]),
-            dropout=bool(raw["assume_dropout"]),
             cuda_context_bytes=int(float(b["cuda_context_GiB"]) * GiB),
             nccl_per_communicator_bytes=int(float(b["nccl_per_communicator_GiB"]) * GiB),
             fragmentation_fraction=float(b["fragmentation_fraction"]),
             logits_transient_bytes_per_element=float(b["logits_transient_bytes_per_element"]),
+            default_headroom_fraction=float(raw["default_headroom_fraction"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid memory-model constants: {exc!r}") from None
@@ -94,17 +98,13 @@ def layer_params_per_rank(model: ModelSpec, tp: int) -> int:
     """Parameters of one transformer block held by one tensor-parallel rank."""
     h, f = model.hidden_size, model.ffn_size
     kv = model.kv_heads * model.head_dim
-    bias = model.activation is Activation.GELU
+    fc1_out = 2 * f if model.activation.gated else f
     sharded = h * (h + 2 * kv) + h * h  # QKV (column parallel) and output projection (row parallel)
-    sharded += (2 * h * f if model.activation is Activation.SWIGLU else h * f) + f * h
-    if bias:
-        sharded += (h + 2 * kv) + f  # column-parallel biases are split
-    replicated = (2 * h if bias else 0) + 2 * _norm_params(model)  # row-parallel biases, two norms
+    sharded += h * fc1_out + f * h
+    if model.has_bias:
+        sharded += (h + 2 * kv) + fc1_out  # column-parallel biases are split
+    replicated = (2 * h if model.has_bias else 0) + 2 * model.norm_params  # row-parallel biases, two norms
     return math.ceil(sharded / tp) + replicated
-
-
-def _norm_params(model: ModelSpec) -> int:
-    return 2 * model.hidden_size if model.norm is Norm.LAYERNORM else model.hidden_size
 
 
 def stage_params(model: ModelSpec, plan: PlanSpec, stage: int) -> int:
@@ -116,7 +116,7 @@ def stage_params(model: ModelSpec, plan: PlanSpec, stage: int) -> int:
         if model.position_embedding is PositionEmbedding.LEARNED:
             n += model.seq_length * model.hidden_size
     if stage == plan.pp - 1:
-        n += _norm_params(model)
+        n += model.norm_params
         if not model.tied_embeddings or plan.pp > 1:
             n += word
     return n
@@ -148,14 +148,13 @@ def inflight_on_chunk(plan: PlanSpec, stage: int, chunk: int) -> int:
 
 # -- closed-form activations --------------------------------------------------------------------
 
-def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recompute,
-                           consts: MemoryConstants | None = None) -> int:
+def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recompute, stack: SoftwareSpec) -> int:
     """Bytes one layer saves for backward for one micro-batch (Korthikanti et al. 2022, itemised).
 
-    With MHA, a 4h GELU MLP, dropout and no fused attention this is exactly their
-    s*b*h*(10 + 24/t + 5*a*s/(h*t)) (34 + 5as/h with sequence parallelism divided by t).
+    With MHA, a 4h GELU MLP, dropout and unfused attention (the megatron-lm-2021/2022 stacks) this
+    is exactly their s*b*h*(10 + 24/t + 5*a*s/(h*t)) (34 + 5as/h with sequence parallelism, divided
+    by t); the traced layer of those stacks saves the same bytes (tests/trace/test_stack_trace.py).
     """
-    c = consts or load_memory_constants()
     s, b, h, t = model.seq_length, plan.micro_batch_size, model.hidden_size, plan.tp
     a, f = model.num_attention_heads, model.ffn_size
     kv = model.kv_heads * model.head_dim
@@ -164,27 +163,30 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     sb = s * b
     if recompute is Recompute.FULL:
         return int(e * sb * h * rep)  # the layer's input, the checkpoint Megatron-LM keeps
-    stats = (8 if model.norm is Norm.LAYERNORM else 4) * sb * rep  # fp32 mean/rstd per norm
+    modules = set(stack.recompute_modules) if recompute is Recompute.SELECTIVE else set()
+    stats = (4 * model.norm.params) * sb * rep  # fp32 mean and rstd (LayerNorm) or rstd (RMSNorm) per norm
     norms = 2 * (e * sb * h * rep + stats)  # the two norms' inputs
-    mask = sb * h * rep if c.dropout else 0  # 1-byte dropout masks after attention and MLP
-    attn = e * sb * h * rep  # QKV linear input
-    attn += e * sb * (h + 2 * kv) / t  # q, k, v
+    mask = sb * h * rep if stack.hidden_dropout > 0 else 0  # 1-byte dropout masks after attention and MLP
+    norm_out = 0 if RecomputeModule.LAYERNORM in modules else e * sb * h * rep  # a linear's input
+    attn = norm_out  # QKV linear input
+    attn += e * sb * (h + 2 * kv) / t  # q, k, v (a checkpointed core keeps them as its inputs)
     attn += e * sb * h / t  # attention output = projection input
-    if c.flash_attention:
+    if stack.attention is AttentionKernel.FUSED:
         attn += 4 * b * a * s / t  # fp32 log-sum-exp
-    elif recompute is not Recompute.SELECTIVE:
-        attn += (5 if c.dropout else 2) * a * s * s * b / t  # softmax (+ dropout mask and output)
-    mlp = e * sb * h * rep  # fc1 input
-    mlp += (4 if model.activation is Activation.SWIGLU else 2) * e * sb * f / t
+    elif RecomputeModule.CORE_ATTN not in modules:  # softmax output (+ dropout mask and output)
+        attn += (5 if stack.attention_dropout > 0 else 2) * a * s * s * b / t
+    if RecomputeModule.MLP in modules:
+        mlp = norm_out  # the checkpointed MLP keeps its input only
+    else:
+        mlp = norm_out + (4 if model.activation.gated else 2) * e * sb * f / t
     return int(norms + attn + mlp + 2 * mask)
 
 
-def embedding_activation_bytes(model: ModelSpec, plan: PlanSpec, consts: MemoryConstants | None = None) -> int:
+def embedding_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> int:
     """Token ids (int64) kept for the embedding's backward, plus its dropout mask."""
-    c = consts or load_memory_constants()
     sb = model.seq_length * plan.micro_batch_size
     rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
-    return int(8 * sb + (sb * model.hidden_size * rep if c.dropout else 0))
+    return int(8 * sb + (sb * model.hidden_size * rep if stack.hidden_dropout > 0 else 0))
 
 
 def output_activation_bytes(model: ModelSpec, plan: PlanSpec) -> int:
@@ -197,43 +199,54 @@ def output_activation_bytes(model: ModelSpec, plan: PlanSpec) -> int:
 
 # -- assembly -----------------------------------------------------------------------------------
 
-def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec,
-                 traces: ModelTracesLike) -> tuple[StageMemory, ...]:
+def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces: ModelTracesLike,
+                 stack: SoftwareSpec, headroom_bytes: int | None = None) -> tuple[StageMemory, ...]:
     """Per-stage peak memory with activations from the traces' saved bytes (one micro-batch each)."""
     block = traces.block
     full_layer = block.saved_bytes_by_mode.get(Recompute.NONE.value)
     if full_layer is None:
-        full_layer = layer_activation_bytes(model, plan, Recompute.NONE)
-    return _assemble(model, plan, cluster, block.saved_bytes, full_layer,
-                     traces.embedding.saved_bytes, traces.output.saved_bytes)
+        full_layer = layer_activation_bytes(model, plan, Recompute.NONE, stack)
+    return _assemble(model, plan, cluster, stack, block.saved_bytes, full_layer,
+                     traces.embedding.saved_bytes, traces.output.saved_bytes, headroom_bytes=headroom_bytes)
 
 
-def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec) -> tuple[StageMemory, ...]:
+def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec,
+                    headroom_bytes: int | None = None, consts: MemoryConstants | None = None) -> tuple[StageMemory, ...]:
     """Per-stage peak memory without a trace (closed-form activations), for fast pruning."""
-    c = load_memory_constants()
-    return _assemble(model, plan, cluster,
-                     layer_activation_bytes(model, plan, plan.recompute, c),
-                     layer_activation_bytes(model, plan, Recompute.NONE, c),
-                     embedding_activation_bytes(model, plan, c),
-                     output_activation_bytes(model, plan), consts=c)
+    return _assemble(model, plan, cluster, stack,
+                     layer_activation_bytes(model, plan, plan.recompute, stack),
+                     layer_activation_bytes(model, plan, Recompute.NONE, stack),
+                     embedding_activation_bytes(model, plan, stack),
+                     output_activation_bytes(model, plan), consts=consts, headroom_bytes=headroom_bytes)
 
 
-def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, layer_saved: int, layer_full: int,
-              embed_saved: int, output_saved: int, consts: MemoryConstants | None = None) -> tuple[StageMemory, ...]:
+def default_headroom_bytes(cluster: ClusterSpec, consts: MemoryConstants | None = None) -> int:
+    """The headroom kept when the user gives none: a fraction of the GPU's memory (memory.yaml)."""
     c = consts or load_memory_constants()
-    w_b, g_b, o_b = c.bytes_per_param[plan.dtype]
+    return int(c.default_headroom_fraction * cluster.gpu.hbm_GiB * GiB)
+
+
+def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec, layer_saved: int,
+              layer_full: int, embed_saved: int, output_saved: int, consts: MemoryConstants | None = None,
+              headroom_bytes: int | None = None) -> tuple[StageMemory, ...]:
+    c = consts or load_memory_constants()
+    w_b, _, o_b = c.bytes_per_param[plan.dtype]
+    g_b = stack.grad_bytes(plan.dtype)
+    shard = plan.dp if plan.distributed_optimizer else 1
+    grad_shard = shard if stack.optimizer_sharding is OptimizerSharding.STATES_AND_GRADS else 1
     capacity = int(cluster.gpu.hbm_GiB * GiB)
+    headroom = default_headroom_bytes(cluster, c) if headroom_bytes is None else headroom_bytes
     layers = plan.stage_layers(model.num_layers)
     v = plan.virtual_stages
     comms = sum(1 for n in (plan.tp, plan.dp) if n > 1) + (2 if plan.pp > 1 else 0)  # PP: two neighbours
     out: list[StageMemory] = []
     for i in range(plan.pp):
         params = stage_params(model, plan, i)
-        optimizer = params * o_b / (plan.dp if plan.distributed_optimizer else 1)
+        optimizer = params * o_b / shard
         chunks_held = inflight_chunk_passes(plan, i)
         act = layer_saved * layers[i] / v * chunks_held
-        if plan.recompute is Recompute.FULL:
-            act += max(0, layer_full - layer_saved)  # one layer rematerialised during its backward
+        if plan.recompute is not Recompute.NONE:
+            act += max(0, layer_full - layer_saved)  # one layer's recomputed part, live during its backward
         if i == 0:
             act += embed_saved * inflight_on_chunk(plan, i, 0)
         transient = 0.0
@@ -246,10 +259,11 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, layer_save
         out.append(StageMemory(
             stage=i,
             weights_bytes=int(params * w_b),
-            gradients_bytes=int(params * g_b),
+            gradients_bytes=int(params * g_b / grad_shard),
             optimizer_bytes=int(optimizer),
             activations_bytes=int(act),
             buffers_bytes=int(buffers),
             capacity_bytes=capacity,
+            headroom_bytes=headroom,
         ))
     return tuple(out)

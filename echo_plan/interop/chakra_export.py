@@ -92,7 +92,10 @@ def _node_msg(n: GNode, rank: int, c: RankCoords, plan: PlanSpec) -> Any:
         a.append(cio.attr("comm_size", int(n.nbytes)))
         a.append(cio.attr("pg_name", name))
     else:
-        peer = rank_of(RankCoords(n.peer_stage, c.d, c.t), plan)
+        if n.ring:  # TP ring exchange: the next (send) or previous (receive) rank of the TP group
+            peer = rank_of(RankCoords(c.stage, c.d, (c.t + n.ring) % plan.tp), plan)
+        else:
+            peer = rank_of(RankCoords(n.peer_stage, c.d, c.t), plan)
         send = n.kind is NodeKind.SEND
         msg.type = cs.COMM_SEND_NODE if send else cs.COMM_RECV_NODE
         a.append(cio.attr("comm_src", rank if send else peer, "int32_val"))

@@ -66,6 +66,7 @@ class GNode:
     nbytes: int = 0  # COLL, SEND, RECV
     peer_stage: int = -1  # SEND / RECV: the other pipeline stage
     tag: int = 0
+    ring: int = 0  # SEND / RECV inside the TP group: +1 to the next TP rank, -1 from the previous one
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,10 @@ class _TNode:  # a template node; deps are template indices
     coll: CollectiveKind | None = None
     group: GroupRef | None = None
     nbytes: int = 0
+    ring: int = 0  # a TP ring exchange's SEND (+1) or RECV (-1); their tags pair them
+
+
+RING_TAG_BASE = 1 << 30  # tags of TP ring exchanges: base + the SEND node's id (PP tags stay far below)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +144,14 @@ def phase_template(trace: LayerTrace, phase_forward: bool, compute: Any, comm: A
                 close()
                 deps = {node_of[d] for d in t.deps}
             group = _GROUP_OF.get(info.group.kind, GroupRef.TP)
-            nodes.append(_TNode(NodeKind.COLL, f"{label} {info.kind.value} ({by_index[t.id].name})", t.stream,
-                                tuple(sorted(deps)), coll=info.kind, group=group, nbytes=info.nbytes))
+            if info.kind is CollectiveKind.SEND_RECV:  # userbuffers' ring exchange: send next, receive previous
+                nodes.append(_TNode(NodeKind.SEND, f"{label} ring send ({by_index[t.id].name})", t.stream,
+                                    tuple(sorted(deps)), nbytes=info.nbytes, ring=1))
+                nodes.append(_TNode(NodeKind.RECV, f"{label} ring recv ({by_index[t.id].name})", t.stream,
+                                    tuple(sorted(deps)), nbytes=info.nbytes, ring=-1))
+            else:
+                nodes.append(_TNode(NodeKind.COLL, f"{label} {info.kind.value} ({by_index[t.id].name})", t.stream,
+                                    tuple(sorted(deps)), coll=info.kind, group=group, nbytes=info.nbytes))
             node_of[t.id] = len(nodes) - 1
             continue
         comm_deps = {node_of[d] for d in t.deps if is_comm.get(d, False)}
@@ -180,28 +191,35 @@ class _Builder:
     def instance(self, template: tuple[_TNode, ...], deps: tuple[int, ...], prefix: str) -> tuple[int, ...]:
         """Append one copy of ``template``; its roots wait for ``deps``; returns its sink node ids."""
         base = len(self.nodes)
-        for n in template:
+        for i, n in enumerate(template):
             own = tuple(base + d for d in n.deps)
+            # a ring RECV follows its SEND in the template: both carry the SEND's node id as their tag
+            tag = RING_TAG_BASE + base + i - (1 if n.ring < 0 else 0) if n.ring else 0
             self.add(kind=n.kind, name=f"{prefix} {n.name}", stream=n.stream, deps=own if own else deps,
                      duration_s=n.duration_s, flops=n.flops, tensor_bytes=n.tensor_bytes, mix=n.mix, coll=n.coll,
-                     group=n.group, nbytes=n.nbytes)
+                     group=n.group, nbytes=n.nbytes, ring=n.ring, tag=tag)
         return tuple(base + s for s in _sinks(template))
 
 
 def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: Any = None,
-                     comm: Any = None, interference: Any = None) -> StepGraph:
+                     comm: Any = None, interference: Any = None, stack: Any = None) -> StepGraph:
     """Per-stage graphs of one simulated step, and simulate()'s own step time for the same plan."""
-    from echo_plan.replay.dp import PARAM_BYTES, grad_bytes
+    from echo_plan.replay.dp import PARAM_BYTES
     from echo_plan.replay.pipeline import build_tasks
     from echo_plan.simulate import SimulationMemo, step_costs
-    from echo_plan.specs.plan import validate_plan
+    from echo_plan.specs.plan import Recompute, validate_plan
+    from echo_plan.specs.software import check_stack_supports
 
     validate_plan(plan, model, cluster)
     memo = SimulationMemo()
+    stack = stack if stack is not None else memo.default_stack()
+    check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
+                         distributed_optimizer=plan.distributed_optimizer,
+                         selective_recompute=plan.recompute is Recompute.SELECTIVE)
     compute = memo.default_compute(cluster)
     comm = comm if comm is not None else memo.default_comm(cluster)
     interference = interference if interference is not None else memo.default_interference()
-    traces = memo.traces(model, plan, cache)
+    traces = memo.traces(model, plan, cache, stack)
     ckey = cluster.model_dump_json()
     timing = {n: memo.layer(getattr(traces, n), compute, comm, cluster, ckey, plan, interference)
               for n in ("block", "embedding", "output")}
@@ -209,7 +227,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     def comm_time(kind: CollectiveKind, nbytes: int, group: Any) -> float:
         return memo.comm_time(comm, ckey, cluster, kind, nbytes, group)
 
-    costs = step_costs(model, cluster, plan, timing, compute, comm_time)
+    costs = step_costs(model, cluster, plan, timing, compute, comm_time, stack=stack)
     simulated = replay(build_tasks(costs).tasks, interference).makespan_s
 
     templates = {(n, fwd): phase_template(getattr(traces, n), fwd, compute, comm, cluster, plan, f"{n} {'F' if fwd else 'B'}")
@@ -218,7 +236,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     pp, nvs = sched.pp, sched.num_virtual_stages
     split = plan.stage_layers(model.num_layers)
     layers_of = [split[vs % pp] // plan.virtual_stages for vs in range(nvs)]
-    gb = grad_bytes(plan.dtype)
+    gb = stack.grad_bytes(plan.dtype)
     full = plan.micro_batch_size * model.seq_length * model.hidden_size * plan.dtype.nbytes
     p2p_bytes = -(-full // plan.tp)
     gather_on_recv = plan.tp > 1 and not plan.sequence_parallel
@@ -250,7 +268,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
         for a in acts:
             if a.kind is Pass.FORWARD:
                 first_f.setdefault(a.chunk, a.microbatch)
-        overlapped_gather = plan.overlap_param_gather and plan.distributed_optimizer and plan.dp > 1
+        overlapped_gather = costs.overlap_param_gather and plan.distributed_optimizer and plan.dp > 1
         if overlapped_gather:
             for c in sorted(first_f, key=lambda c: acts.index(next(x for x in acts if x.kind is Pass.FORWARD and x.chunk == c))):
                 for k in reversed(range(len(st.buckets[c]))):
@@ -285,7 +303,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
                 total_t = sum(durations) or 1.0
                 ends = [sum(durations[:i + 1]) / total_t for i in range(len(seq))]
                 total_p = sum(x.params for x in buckets) or 1
-                if not fwd and plan.overlap_grad_reduce and last_b[a.chunk] == a.microbatch and plan.dp > 1:
+                if not fwd and costs.overlap_grad_reduce and last_b[a.chunk] == a.microbatch and plan.dp > 1:
                     cum = 0.0
                     for k, bk in enumerate(buckets):
                         cum += bk.params / total_p
@@ -318,7 +336,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
                                    stream="pp_fwd" if fwd else "pp_bwd", nbytes=p2p_bytes, peer_stage=peer,
                                    tag=tag(a.microbatch, vs, fwd), deps=cur))
             prev_sends = tuple(sends)
-        if plan.dp > 1 and not (plan.overlap_grad_reduce):
+        if plan.dp > 1 and not costs.overlap_grad_reduce:
             order = sorted(last_b, key=lambda c: acts.index(next(x for x in acts if x.kind is Pass.BACKWARD and x.chunk == c and x.microbatch == last_b[c])))
             for c in order:
                 for k, bk in enumerate(st.buckets[c]):

@@ -36,11 +36,6 @@ OPT_WRITE_BYTES_PER_PARAM = 14
 CommTime = Callable[[CollectiveKind, int, CommGroup], float]
 
 
-def grad_bytes(dtype: DType) -> int:
-    """Bytes per gradient element in the reduced buffer (see the module docstring)."""
-    return 4 if dtype is DType.BF16 else 2
-
-
 def bucket_sizes(params: int, dp: int, overlap: bool) -> tuple[int, ...]:
     """Parameters per bucket of one chunk, in the order they are reduced."""
     if params <= 0:
@@ -57,14 +52,14 @@ def dp_group(plan: PlanSpec) -> CommGroup:
     return CommGroup(GroupKind.DP, size=plan.dp, stride=plan.tp, start=0)
 
 
-def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime) -> tuple[DpBucket, ...]:
-    """The DP buckets of one chunk of ``params`` parameters (of this rank), with their times."""
+def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, overlap: bool) -> tuple[DpBucket, ...]:
+    """The DP buckets of one chunk of ``params`` parameters (of this rank), with their times;
+    ``gb`` bytes per gradient element, ``overlap``: reduced during the backward pass."""
     if plan.dp <= 1:
         return ()
     group = dp_group(plan)
-    gb = grad_bytes(plan.dtype)
     out = []
-    for n in bucket_sizes(params, plan.dp, plan.overlap_grad_reduce):
+    for n in bucket_sizes(params, plan.dp, overlap):
         if plan.distributed_optimizer:
             out.append(DpBucket(n, comm_time(CollectiveKind.REDUCE_SCATTER, n * gb, group), TaskKind.REDUCE_SCATTER,
                                 comm_time(CollectiveKind.ALL_GATHER, n * PARAM_BYTES, group)))

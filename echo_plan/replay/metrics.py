@@ -30,7 +30,7 @@ def layer_matmul_params(model: ModelSpec) -> int:
     h, f = model.hidden_size, model.ffn_size
     kv = model.kv_heads * model.head_dim
     attn = h * (h + 2 * kv) + h * h
-    mlp = (3 if model.activation is Activation.SWIGLU else 2) * h * f
+    mlp = (3 if model.activation.gated else 2) * h * f
     return attn + mlp
 
 

@@ -48,6 +48,7 @@ class StageMemory:
     activations_bytes: int
     buffers_bytes: int
     capacity_bytes: int
+    headroom_bytes: int = 0  # kept free below capacity for a plan to count as fitting (--memory-headroom)
 
     @property
     def total_bytes(self) -> int:
@@ -55,16 +56,28 @@ class StageMemory:
                 + self.activations_bytes + self.buffers_bytes)
 
     @property
+    def usable_bytes(self) -> int:
+        """What a plan may use: capacity less the headroom."""
+        return self.capacity_bytes - self.headroom_bytes
+
+    @property
     def fits(self) -> bool:
-        return self.total_bytes <= self.capacity_bytes
+        return self.total_bytes <= self.usable_bytes
 
     @property
     def overflow_bytes(self) -> int:
-        return max(0, self.total_bytes - self.capacity_bytes)
+        """Bytes over the usable memory (capacity less headroom)."""
+        return max(0, self.total_bytes - self.usable_bytes)
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes left of the whole capacity at the peak (negative when over it)."""
+        return self.capacity_bytes - self.total_bytes
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(total_gib=self.total_bytes / GiB, capacity_gib=self.capacity_bytes / GiB, fits=self.fits)
+        d.update(total_gib=self.total_bytes / GiB, capacity_gib=self.capacity_bytes / GiB,
+                 headroom_gib=self.headroom_bytes / GiB, free_gib=self.free_bytes / GiB, fits=self.fits)
         return d
 
 
@@ -98,6 +111,19 @@ class StepResult:
     breakdown: Breakdown
     timeline: tuple[TimelineEvent, ...] = ()
     notes: tuple[str, ...] = ()
+    stack: str = ""  # the software stack's name
+    step_time_range_s: tuple[float, float] | None = None  # (low, high) at range_coverage, from validation residuals
+    range_coverage: float | None = None  # nominal share of measured runs inside the range
+    range_basis: str = ""  # where the range comes from (or why it is a judgement)
+
+    @property
+    def tokens_per_s_range(self) -> tuple[float, float] | None:
+        """(low, high) tokens/s: the step-time range inverted."""
+        if self.step_time_range_s is None:
+            return None
+        lo, hi = self.step_time_range_s
+        tokens = self.tokens_per_s * self.step_time_s
+        return (tokens / hi, tokens / lo)
 
     @property
     def memory_peak_gib(self) -> float:
@@ -133,4 +159,9 @@ class StepResult:
             "breakdown": self.breakdown.as_json(),
             "memory_per_stage": [m.as_json() for m in self.memory],
             "notes": list(self.notes),
+            "stack": self.stack,
+            "step_time_range_s": list(self.step_time_range_s) if self.step_time_range_s else None,
+            "tokens_per_s_range": list(self.tokens_per_s_range) if self.tokens_per_s_range else None,
+            "range_coverage": self.range_coverage,
+            "range_basis": self.range_basis,
         }

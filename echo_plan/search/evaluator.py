@@ -20,6 +20,7 @@ from echo_plan.replay.results import StepResult
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec
+from echo_plan.specs.software import SoftwareSpec
 
 
 @runtime_checkable
@@ -85,14 +86,17 @@ class SimulatorEvaluator:
     once per search, not once per worker.
     """
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, cache_dir: str | None) -> None:
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, cache_dir: str | None,
+                 stack: SoftwareSpec | None = None, memory_headroom_bytes: int | None = None) -> None:
         from echo_plan.simulate import SimulationMemo
         from echo_plan.trace.cache import TraceCache
 
         self.model = model
         self.cluster = cluster
-        self.cache = TraceCache(cache_dir)
         self.memo = SimulationMemo()
+        self.stack = stack if stack is not None else self.memo.default_stack()
+        self.headroom = memory_headroom_bytes
+        self.cache = TraceCache(cache_dir)
         self._ready: set[tuple] = set()
 
     def evaluate(self, plan: PlanSpec) -> StepResult:
@@ -107,9 +111,10 @@ class SimulatorEvaluator:
             # parallelism, so the lock covers every plan that can share a trace: same tp, mbs, dtype.
             lock = self.cache.root / f".lock-{self.model.name}-tp{plan.tp}-mbs{plan.micro_batch_size}-{plan.dtype.value}"
             with FileLock(str(lock)):
-                self.memo.traces(self.model, plan, self.cache)  # kept in the memo for later plans
+                self.memo.traces(self.model, plan, self.cache, self.stack)  # kept in the memo for later plans
             self._ready.add(key)
-        return simulate(self.model, self.cluster, plan, cache=self.cache, memo=self.memo)
+        return simulate(self.model, self.cluster, plan, stack=self.stack, cache=self.cache, memo=self.memo,
+                        memory_headroom_bytes=self.headroom)
 
     @property
     def traces_made(self) -> int:
@@ -127,9 +132,11 @@ class SimulatorFactory:
     model: ModelSpec
     cluster: ClusterSpec
     cache_dir: str | None = None
+    stack: SoftwareSpec | None = None
+    memory_headroom_bytes: int | None = None
 
     def build(self) -> Evaluator:
-        return SimulatorEvaluator(self.model, self.cluster, self.cache_dir)
+        return SimulatorEvaluator(self.model, self.cluster, self.cache_dir, self.stack, self.memory_headroom_bytes)
 
 
 OnDone = Callable[[int, Evaluation], None]

@@ -15,7 +15,8 @@ from echo_plan.errors import EchoPlanError, SpecError
 from echo_plan.replay.results import StageMemory
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
-from echo_plan.specs.plan import PlanSpec, Schedule, validate_plan
+from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
+from echo_plan.specs.software import SoftwareSpec, check_stack_supports
 from echo_plan.search.space import Knob, SearchSpace
 
 MemoryEstimator = Callable[[ModelSpec, PlanSpec, ClusterSpec], tuple[StageMemory, ...]]
@@ -32,6 +33,7 @@ class PruneReason(str, Enum):
     SCHEDULE = "schedule does not fit the virtual stages"
     INTERLEAVE_BATCH = "interleaving needs micro-batches a multiple of pp"
     SEQUENCE_PARALLEL = "sequence parallel needs seq divisible by tp"
+    STACK = "the software stack lacks the feature"
     DUPLICATE = "same plan as another candidate"
     OOM_ESTIMATE = "out of memory (estimate)"
     INVALID = "invalid plan (other rule)"
@@ -93,18 +95,23 @@ class Pruner:
     """Checks candidates of one (model, cluster, global batch, space); keeps no hidden state."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space: SearchSpace,
-                 memory: MemoryEstimator | None = None) -> None:
+                 memory: MemoryEstimator | None = None, stack: SoftwareSpec | None = None,
+                 memory_headroom_bytes: int | None = None) -> None:
         if global_batch_size < 1:
             raise SpecError("gbs", global_batch_size, "a positive global batch size (sequences)")
+        from echo_plan.specs.presets import load_stack
+
         self.model = model
         self.cluster = cluster
         self.gbs = global_batch_size
         self.space = space
+        self.stack = stack if stack is not None else load_stack()
+        self.headroom = memory_headroom_bytes
         self._memory = memory
 
     def memory_estimator(self) -> MemoryEstimator:
         if self._memory is None:
-            self._memory = closed_form_memory()
+            self._memory = closed_form_memory(self.stack, self.headroom)
         return self._memory
 
     def check(self, combo: dict[str, Any]) -> Verdict:
@@ -136,6 +143,12 @@ class Pruner:
         except SpecError as exc:
             reason = _FIELD_REASON.get(exc.field, PruneReason.INVALID)
             return Verdict(combo, None, reason, str(exc).split(": ", 1)[-1])
+        try:
+            check_stack_supports(self.stack, sequence_parallel=plan.sequence_parallel,
+                                 distributed_optimizer=plan.distributed_optimizer,
+                                 selective_recompute=plan.recompute is Recompute.SELECTIVE)
+        except SpecError as exc:
+            return Verdict(combo, None, PruneReason.STACK, str(exc).split(": ", 1)[-1])
         return Verdict(combo, plan, None)
 
     def check_memory(self, verdict: Verdict) -> Verdict:
@@ -155,24 +168,17 @@ class Pruner:
         return Verdict(verdict.combo, verdict.plan, None, "", memory)
 
 
-def closed_form_memory() -> MemoryEstimator:
-    """``echo_plan.cost.memory.estimate_memory`` with its constants read once, not on every call.
+def closed_form_memory(stack: SoftwareSpec | None = None, memory_headroom_bytes: int | None = None) -> MemoryEstimator:
+    """``echo_plan.cost.memory.estimate_memory`` for ``stack`` (default: megatron-core) with the given
+    headroom (default: memory.yaml's fraction of the GPU), as a MemoryEstimator."""
+    from echo_plan.cost.memory import estimate_memory, load_memory_constants
+    from echo_plan.specs.presets import load_stack
 
-    estimate_memory parses memory.yaml on each call (~20 ms); over the thousands of candidates of a
-    space that was most of the pruning time. This does the same assembly with the constants loaded
-    once (tests/search/test_prune.py holds it equal to estimate_memory).
-    """
-    from echo_plan.cost import memory as mem
-    from echo_plan.specs.plan import Recompute
-
-    consts = mem.load_memory_constants()
+    stack = stack if stack is not None else load_stack()
+    consts = load_memory_constants()
 
     def estimate(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec) -> tuple[StageMemory, ...]:
-        return mem._assemble(model, plan, cluster,
-                             mem.layer_activation_bytes(model, plan, plan.recompute, consts),
-                             mem.layer_activation_bytes(model, plan, Recompute.NONE, consts),
-                             mem.embedding_activation_bytes(model, plan, consts),
-                             mem.output_activation_bytes(model, plan), consts=consts)
+        return estimate_memory(model, plan, cluster, stack, memory_headroom_bytes, consts)
 
     return estimate
 

@@ -48,6 +48,8 @@ class SearchOutcome:
     # knob -> value -> {"candidates": n, "valid": n, "evaluated": n, <prune reason>: n, ...}: why a value
     # was (never) tried
     pruned_by_knob: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    stack: dict[str, Any] = field(default_factory=dict)  # SoftwareSpec.model_dump(mode="json")
+    memory_headroom_gib: float | None = None  # kept free on every GPU for a plan to count as fitting
 
     @property
     def best(self) -> StepResult | None:

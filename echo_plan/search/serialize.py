@@ -41,7 +41,9 @@ def step_result_from_json(d: dict[str, Any]) -> StepResult:
     try:
         bd = d["breakdown"]
         breakdown = Breakdown(**{field: float(bd[key]) for key, field in _BREAKDOWN_KEYS.items()})
-        memory = tuple(StageMemory(**{f: int(m[f]) for f in _MEMORY_FIELDS}) for m in d["memory_per_stage"])
+        memory = tuple(StageMemory(**{f: int(m[f]) for f in _MEMORY_FIELDS}, headroom_bytes=int(m.get("headroom_bytes", 0)))
+                       for m in d["memory_per_stage"])
+        rng = d.get("step_time_range_s")
         timeline = tuple(
             TimelineEvent(int(e["rank"]), str(e["stream"]), str(e["name"]), float(e["start_s"]),
                           float(e["duration_s"]), str(e["category"]), dict(e.get("args") or {}))
@@ -53,6 +55,10 @@ def step_result_from_json(d: dict[str, Any]) -> StepResult:
             model_tflops_per_gpu=float(d["model_tflops_per_gpu"]),
             hardware_tflops_per_gpu=float(d["hardware_tflops_per_gpu"]), mfu=float(d["mfu"]),
             memory=memory, breakdown=breakdown, timeline=timeline, notes=tuple(d.get("notes") or ()),
+            stack=str(d.get("stack") or ""),
+            step_time_range_s=(float(rng[0]), float(rng[1])) if rng else None,
+            range_coverage=None if d.get("range_coverage") is None else float(d["range_coverage"]),
+            range_basis=str(d.get("range_basis") or ""),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise FileFormatError("step result", f"not a StepResult document ({type(exc).__name__}: {exc})") from None
@@ -89,6 +95,7 @@ def outcome_to_json(o: SearchOutcome) -> dict[str, Any]:
         "candidates_total": o.candidates_total, "traces_made": o.traces_made,
         "trace_cache_hits": o.trace_cache_hits, "wall_s": o.wall_s, "tokens_budget": o.tokens_budget,
         "notes": list(o.notes), "trials": [trial_to_json(t) for t in o.trials],
+        "stack": o.stack, "memory_headroom_gib": o.memory_headroom_gib,
     }
 
 
@@ -108,6 +115,8 @@ def outcome_from_json(d: dict[str, Any]) -> SearchOutcome:
             notes=tuple(d.get("notes") or ()),
             pareto=tuple(step_result_from_json(r) for r in d.get("pareto") or ()),
             pruned_by_knob=dict(d.get("pruned_by_knob") or {}),
+            stack=dict(d.get("stack") or {}),
+            memory_headroom_gib=None if d.get("memory_headroom_gib") is None else float(d["memory_headroom_gib"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise FileFormatError("search outcome", f"missing or bad field ({type(exc).__name__}: {exc})") from None

@@ -32,10 +32,12 @@ def default_storage_url() -> str:
 
 
 def derive_study_name(model: dict[str, Any], cluster: dict[str, Any], gbs: int, space_digest: str,
-                      sampler: str, seed: int, version: str) -> str:
+                      sampler: str, seed: int, version: str, extra: Any = None) -> str:
     """Readable prefix (model, cluster, GPUs, gbs, sampler, seed) plus a hash of everything that
-    changes the answer (full model and cluster specs, the space, the package version)."""
-    body = json.dumps([model, cluster, gbs, space_digest, sampler, seed, version], sort_keys=True, default=str)
+    changes the answer (full model and cluster specs, the space, the package version, and
+    ``extra``: the software stack and the memory headroom)."""
+    body = json.dumps([model, cluster, gbs, space_digest, sampler, seed, version] + ([extra] if extra else []),
+                      sort_keys=True, default=str)
     digest = hashlib.sha256(body.encode()).hexdigest()[:10]
     gpus = int(cluster["gpus_per_node"]) * int(cluster["num_nodes"])
     label = f"{model['name']}-{cluster['name']}-{gpus}g-gbs{gbs}-{sampler}-s{seed}-{digest}"

@@ -34,6 +34,7 @@ from echo_plan.search.space import Knob, SearchSpace
 from echo_plan.search.storage import TrialStore, default_storage_url, derive_study_name
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
+from echo_plan.specs.software import SoftwareSpec
 
 DEFAULT_TRIALS = 100  # distinct plans simulated per search unless --trials says otherwise
 ROUND_SIZE = 8  # trials asked together (TPE with constant liar), independent of the worker count
@@ -63,15 +64,26 @@ class SearchConfig:
     workers: int = 0  # >0: a local Ray with that many workers
     ray_address: str | None = None  # an existing Ray cluster
     tokens_budget: float | None = None
+    stack: SoftwareSpec | None = None  # None: the megatron-core preset
+    memory_headroom_bytes: int | None = None  # None: memory.yaml's default fraction of the GPU
 
     @property
     def budget(self) -> int:
         return self.n_trials if self.n_trials is not None else DEFAULT_TRIALS
 
+    @property
+    def software(self) -> SoftwareSpec:
+        if self.stack is not None:
+            return self.stack
+        from echo_plan.specs.presets import load_stack
+
+        return load_stack()
+
 
 def prune_for(config: SearchConfig, memory: MemoryEstimator | None = None) -> PrunedSpace:
     """Check every candidate of the config's space (no simulation)."""
-    pruner = Pruner(config.model, config.cluster, config.global_batch_size, config.space, memory=memory)
+    pruner = Pruner(config.model, config.cluster, config.global_batch_size, config.space, memory=memory,
+                    stack=config.software, memory_headroom_bytes=config.memory_headroom_bytes)
     return prune_space(pruner)
 
 
@@ -127,7 +139,7 @@ class _Search:
 
         self.study_name = config.study_name or derive_study_name(
             model_json, cluster_json, config.global_batch_size, config.space.digest(), self.sampler.value,
-            config.seed, __version__)
+            config.seed, __version__, [config.software.model_dump(mode="json"), config.memory_headroom_bytes])
         self.url = config.storage or default_storage_url()
         self.store = None if self.url == IN_MEMORY else TrialStore(self.url, self.study_name, self.directions)
         self.mirror = optuna.create_study(directions=self.directions, sampler=self._make_sampler())
@@ -395,6 +407,9 @@ class _Search:
             trace_cache_hits=self.cache_hits, wall_s=wall_s, tokens_budget=self.config.tokens_budget,
             notes=tuple(notes), pareto=pareto_front(fitting),
             pruned_by_knob=knob_stats(self.pruned, self.records),
+            stack=self.config.software.model_dump(mode="json"),
+            memory_headroom_gib=(fitting[0].memory[0].headroom_bytes / 2**30 if fitting and fitting[0].memory
+                                 else None),
         )
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from echo_plan.cost.memory import (
@@ -18,12 +16,19 @@ from echo_plan.cost.memory import (
     stage_params,
 )
 from echo_plan.errors import FileFormatError
-from echo_plan.specs import PlanSpec, Recompute, load_cluster, load_model
+from echo_plan.specs import PlanSpec, Recompute, load_cluster, load_model, load_stack
 from echo_plan.trace.records import LayerTrace, StageKind, TraceKey
 
 CLUSTER = load_cluster("h800")
 GPT = load_model("gpt3-175b")
 LLAMA = load_model("llama2-70b")
+STACK = load_stack()
+# Megatron-LM with dropout and unfused attention: the stack Korthikanti et al. 2022 count for
+UNFUSED = load_stack("megatron-lm-2022")
+
+
+def estimate(model, p, cluster=CLUSTER, stack=STACK, headroom=None):
+    return estimate_memory(model, p, cluster, stack, headroom)
 
 
 def plan(**kw):
@@ -57,8 +62,8 @@ def test_tensor_parallel_splits_the_weights():
 @pytest.mark.parametrize("p", PLANS, ids=lambda p: p.short())
 def test_distributed_optimizer_never_increases_memory(p):
     for model in (GPT, LLAMA):
-        without = estimate_memory(model, p.replace(distributed_optimizer=False), CLUSTER)
-        with_ = estimate_memory(model, p.replace(distributed_optimizer=True), CLUSTER)
+        without = estimate(model, p.replace(distributed_optimizer=False))
+        with_ = estimate(model, p.replace(distributed_optimizer=True))
         for a, b in zip(without, with_):
             assert b.total_bytes <= a.total_bytes
             assert b.weights_bytes == a.weights_bytes
@@ -66,8 +71,8 @@ def test_distributed_optimizer_never_increases_memory(p):
 
 def test_megatron_bytes_per_parameter():
     p = plan(tp=8, pp=1, dp=12, global_batch_size=96)
-    plain = estimate_memory(GPT, p, CLUSTER)[0]
-    dist = estimate_memory(GPT, p.replace(distributed_optimizer=True), CLUSTER)[0]
+    plain = estimate(GPT, p)[0]
+    dist = estimate(GPT, p.replace(distributed_optimizer=True))[0]
     n = stage_params(GPT, p, 0)
     assert (plain.weights_bytes + plain.gradients_bytes + plain.optimizer_bytes) == pytest.approx(18 * n, abs=3)
     assert (dist.weights_bytes + dist.gradients_bytes + dist.optimizer_bytes) == pytest.approx((6 + 12 / 12) * n, abs=3)
@@ -76,10 +81,11 @@ def test_megatron_bytes_per_parameter():
 @pytest.mark.parametrize("p", PLANS, ids=lambda p: p.short())
 def test_more_recomputation_never_increases_activations(p):
     for model in (GPT, LLAMA):
-        acts = [tuple(s.activations_bytes for s in estimate_memory(model, p.replace(recompute=r), CLUSTER))
-                for r in ("none", "selective", "full")]
-        for stage in range(p.pp):
-            assert acts[0][stage] >= acts[1][stage] >= acts[2][stage]
+        for stack in (STACK, UNFUSED, load_stack("megatron-core", {"recompute_modules": ["core_attn", "mlp", "layernorm"]})):
+            acts = [tuple(s.activations_bytes for s in estimate(model, p.replace(recompute=r), stack=stack))
+                    for r in ("none", "selective", "full")]
+            for stage in range(p.pp):
+                assert acts[0][stage] >= acts[1][stage] >= acts[2][stage]
 
 
 def test_doubling_micro_batch_doubles_activations():
@@ -87,25 +93,24 @@ def test_doubling_micro_batch_doubles_activations():
         for r in ("none", "selective", "full"):
             one = plan(recompute=r, micro_batch_size=1, global_batch_size=96)
             two = plan(recompute=r, micro_batch_size=2, global_batch_size=192)
-            a = estimate_memory(model, one, CLUSTER)
-            b = estimate_memory(model, two, CLUSTER)
+            a = estimate(model, one)
+            b = estimate(model, two)
             for x, y in zip(a, b):
                 assert y.activations_bytes == pytest.approx(2 * x.activations_bytes, rel=0.02)
 
 
 def test_korthikanti_formula_is_a_special_case():
     # GPT-3 with dropout and without fused attention: s*b*h*(10 + 24/t + 5as/(ht)) per layer.
-    consts = dataclasses.replace(load_memory_constants(), flash_attention=False, dropout=True)
     s, h, a, t = GPT.seq_length, GPT.hidden_size, GPT.num_attention_heads, 8
     for sp in (False, True):
         p = plan(sequence_parallel=sp)
-        got = layer_activation_bytes(GPT, p, Recompute.NONE, consts)
+        got = layer_activation_bytes(GPT, p, Recompute.NONE, UNFUSED)
         if sp:
             want = s * h / t * (34 + 5 * a * s / h)
         else:
             want = s * h * (10 + 24 / t + 5 * a * s / (h * t))
         assert got == pytest.approx(want, rel=1e-3)
-        sel = layer_activation_bytes(GPT, p, Recompute.SELECTIVE, consts)
+        sel = layer_activation_bytes(GPT, p, Recompute.SELECTIVE, UNFUSED)
         assert sel == pytest.approx(s * h * 34 / t if sp else s * h * (10 + 24 / t), rel=1e-3)
 
 
@@ -124,15 +129,45 @@ def test_inflight_micro_batches_per_schedule():
 
 
 def test_first_stage_holds_most_activations_under_1f1b():
-    mem = estimate_memory(GPT, plan(), CLUSTER)
+    mem = estimate(GPT, plan())
     assert mem[0].activations_bytes > mem[6].activations_bytes > 0
 
 
 def test_capacity_and_fit():
-    mem = estimate_memory(GPT, plan(), CLUSTER)
+    mem = estimate(GPT, plan())
     assert all(s.capacity_bytes == 80 * 2**30 for s in mem)
-    tiny = estimate_memory(GPT, plan(tp=1, pp=1, dp=96), CLUSTER)
+    tiny = estimate(GPT, plan(tp=1, pp=1, dp=96))
     assert not tiny[0].fits  # 175B parameters x 18 bytes cannot fit one GPU
+
+
+def test_a_plan_fits_only_with_its_headroom_free():
+    p = plan(tp=8, pp=12, dp=1, sequence_parallel=True, recompute="selective")
+    peak = max(s.total_bytes for s in estimate(GPT, p, headroom=0))
+    room = CLUSTER.gpu.hbm_GiB * 2**30 - peak
+    assert room > 0
+    assert all(s.fits for s in estimate(GPT, p, headroom=int(room) - 1))
+    assert not all(s.fits for s in estimate(GPT, p, headroom=int(room) + 2**20))
+    default = estimate(GPT, p)[0]
+    assert default.headroom_bytes == int(0.10 * 80 * 2**30)  # memory.yaml's default share
+    assert default.usable_bytes == default.capacity_bytes - default.headroom_bytes
+
+
+def test_stack_gradient_dtype_and_sharding():
+    p = plan(tp=8, pp=1, dp=12, global_batch_size=96, distributed_optimizer=True)
+    fp32 = estimate(GPT, p)[0]
+    bf16 = estimate(GPT, p, stack=load_stack("megatron-core", {"grad_reduce_dtype": "bf16"}))[0]
+    zero2 = estimate(GPT, p, stack=load_stack("megatron-core", {"optimizer_sharding": "states_and_grads"}))[0]
+    assert bf16.gradients_bytes * 2 == pytest.approx(fp32.gradients_bytes, abs=2)
+    assert zero2.gradients_bytes * 12 == pytest.approx(fp32.gradients_bytes, abs=12)
+    assert zero2.optimizer_bytes == fp32.optimizer_bytes
+
+
+def test_dropout_and_unfused_attention_cost_memory():
+    p = plan(sequence_parallel=True)
+    flash = layer_activation_bytes(GPT, p, Recompute.NONE, STACK)
+    dropout = layer_activation_bytes(GPT, p, Recompute.NONE, load_stack("megatron-core", {"hidden_dropout": 0.1}))
+    unfused = layer_activation_bytes(GPT, p, Recompute.NONE, load_stack("megatron-core", {"attention": "unfused"}))
+    assert dropout > flash and unfused > flash
 
 
 class _Traces:
@@ -149,12 +184,12 @@ def _trace(stage, saved, by_mode=None):
 def test_trace_and_estimate_agree_when_saved_bytes_agree(p):
     # stage_memory with traces whose saved bytes equal the closed form reproduces estimate_memory.
     traces = _Traces(
-        _trace(StageKind.BLOCK, layer_activation_bytes(GPT, p, p.recompute),
-               {"none": layer_activation_bytes(GPT, p, Recompute.NONE)}),
-        _trace(StageKind.EMBEDDING, embedding_activation_bytes(GPT, p)),
+        _trace(StageKind.BLOCK, layer_activation_bytes(GPT, p, p.recompute, STACK),
+               {"none": layer_activation_bytes(GPT, p, Recompute.NONE, STACK)}),
+        _trace(StageKind.EMBEDDING, embedding_activation_bytes(GPT, p, STACK)),
         _trace(StageKind.OUTPUT, output_activation_bytes(GPT, p)),
     )
-    for a, b in zip(stage_memory(GPT, p, CLUSTER, traces), estimate_memory(GPT, p, CLUSTER)):
+    for a, b in zip(stage_memory(GPT, p, CLUSTER, traces, STACK), estimate(GPT, p)):
         assert a == b
 
 
@@ -162,7 +197,7 @@ def test_traced_activations_scale_with_saved_bytes():
     p = plan()
     small = _Traces(_trace(StageKind.BLOCK, 10**8), _trace(StageKind.EMBEDDING, 0), _trace(StageKind.OUTPUT, 0))
     big = _Traces(_trace(StageKind.BLOCK, 2 * 10**8), _trace(StageKind.EMBEDDING, 0), _trace(StageKind.OUTPUT, 0))
-    a, b = stage_memory(GPT, p, CLUSTER, small)[3], stage_memory(GPT, p, CLUSTER, big)[3]
+    a, b = stage_memory(GPT, p, CLUSTER, small, STACK)[3], stage_memory(GPT, p, CLUSTER, big, STACK)[3]
     assert b.activations_bytes == 2 * a.activations_bytes == 2 * 10**8 * 8 * (12 - 3)
 
 
@@ -184,9 +219,10 @@ def test_closed_form_agrees_with_traced_activations(name, kw):
     from echo_plan.trace.tracer import trace_model
 
     model, p = load_model(name), PlanSpec.build(kw)
-    traced = stage_memory(model, p, CLUSTER, trace_model(model, p))
-    closed = estimate_memory(model, p, CLUSTER)
-    for t, e in zip(traced, closed):
-        assert e.activations_bytes == pytest.approx(t.activations_bytes, rel=0.15)
-        assert e.total_bytes == pytest.approx(t.total_bytes, rel=0.15)
-        assert (e.weights_bytes, e.optimizer_bytes) == (t.weights_bytes, t.optimizer_bytes)
+    for stack in (STACK, UNFUSED):
+        traced = stage_memory(model, p, CLUSTER, trace_model(model, p, stack=stack), stack)
+        closed = estimate(model, p, stack=stack)
+        for t, e in zip(traced, closed):
+            assert e.activations_bytes == pytest.approx(t.activations_bytes, rel=0.15)
+            assert e.total_bytes == pytest.approx(t.total_bytes, rel=0.15)
+            assert (e.weights_bytes, e.optimizer_bytes) == (t.weights_bytes, t.optimizer_bytes)

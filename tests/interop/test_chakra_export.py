@@ -13,7 +13,7 @@ from echo_plan.interop import chakra_io as cio
 from echo_plan.interop import chakra_schema as cs
 from echo_plan.interop.chakra_export import coords, export_chakra
 from echo_plan.interop.chakra_import import import_chakra
-from echo_plan.interop.chakra_step import build_step_graph
+from echo_plan.interop.chakra_step import RING_TAG_BASE, build_step_graph
 from echo_plan.specs import ModelSpec, PlanSpec, load_cluster
 
 MODEL = ModelSpec(name="gpt-tiny", num_layers=4, hidden_size=256, num_attention_heads=8, vocab_size=1024,
@@ -107,12 +107,14 @@ def test_sizes_add_up_to_the_plans_traffic(exported):
             if n.type == cs.COMM_COLL_NODE:
                 by[(n.attrs["pg_name"].split("_")[0], cs.COMM_TYPE_NAMES[n.attrs["comm_type"]])] += n.attrs["comm_size"]
             elif n.type in (cs.COMM_SEND_NODE, cs.COMM_RECV_NODE):
-                by[cs.NODE_TYPE_NAMES[n.type]] += n.attrs["comm_size"]
+                ring = n.attrs["comm_tag"] >= RING_TAG_BASE  # userbuffers' TP ring exchange (default stack)
+                by[("ring " if ring else "") + cs.NODE_TYPE_NAMES[n.type]] += n.attrs["comm_size"]
         params = per_stage_layers * block + (emb if c.stage == 0 else 0) + (out if c.stage == plan.pp - 1 else 0)
         assert by[("dp", "REDUCE_SCATTER")] == params * 4  # fp32 main grads (bf16 training)
         assert by[("dp", "ALL_GATHER")] == params * 2  # bf16 parameters
         assert by["COMM_SEND_NODE"] == m * act and by["COMM_RECV_NODE"] == m * act  # one each way per micro-batch
         assert by[("tp", "ALL_GATHER")] > 0 and by[("tp", "REDUCE_SCATTER")] > 0  # sequence-parallel layers
+        assert by["ring COMM_SEND_NODE"] == by["ring COMM_RECV_NODE"] > 0  # TP overlap of the megatron-core stack
 
 
 @pytest.mark.parametrize("name", ["sp-distopt", "pp4"])

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 from echo_plan.cost.memory import estimate_memory
 from echo_plan.search.prune import PruneReason, Pruner, canonical, closed_form_memory, prune_space
 from echo_plan.search.space import load_space, space_from_mapping
-from echo_plan.specs import PlanSpec, load_cluster, load_model, validate_plan
+from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack, validate_plan
 
 MODEL = load_model("gpt-13b")
 
@@ -82,14 +82,33 @@ def test_batch_and_gpu_divisibility_reasons():
     assert reasons[4] is PruneReason.BATCH  # dp 16 x mbs 3 does not divide 80
 
 
-def test_closed_form_memory_matches_estimate_memory():
+def test_closed_form_memory_uses_the_stack_and_the_headroom():
     cluster = load_cluster("h800", gpus=64)
-    est = closed_form_memory()
+    stack = load_stack("megatron-lm-2022")
     for fields in ({"tp": 2, "pp": 4, "dp": 8}, {"tp": 8, "pp": 2, "dp": 4, "recompute": "full", "micro_batch_size": 2},
                    {"tp": 4, "pp": 4, "dp": 4, "virtual_stages": 2, "distributed_optimizer": True,
                     "sequence_parallel": True, "recompute": "selective"}):
         plan = PlanSpec.build(dict(fields, global_batch_size=512))
-        assert est(MODEL, plan, cluster) == estimate_memory(MODEL, plan, cluster)
+        assert closed_form_memory(stack, 5 * 2**30)(MODEL, plan, cluster) == estimate_memory(
+            MODEL, plan, cluster, stack, 5 * 2**30)
+
+
+def test_more_headroom_never_lets_more_plans_through():
+    cluster = load_cluster("h800", gpus=64)
+    counts = []
+    for gib in (0, 8, 30):
+        pruned = prune_space(Pruner(MODEL, cluster, 512, load_space(), memory_headroom_bytes=gib * 2**30))
+        counts.append({id(v.combo) for v in pruned.valid} and len(pruned.valid))
+        assert all(m.headroom_bytes == gib * 2**30 for v in pruned.valid for m in v.memory)
+    assert counts[0] >= counts[1] >= counts[2] and counts[0] > counts[2]
+
+
+def test_plans_the_stack_cannot_run_are_pruned_with_that_reason():
+    cluster = load_cluster("h800", gpus=64)
+    pruned = prune_space(Pruner(MODEL, cluster, 512, load_space(), stack=load_stack("megatron-lm-2021")))
+    assert pruned.counts().get(PruneReason.STACK.value, 0) > 0
+    for v in pruned.valid:
+        assert not v.plan.sequence_parallel and not v.plan.distributed_optimizer and v.plan.recompute.value != "selective"
 
 
 @settings(max_examples=25, deadline=None)
