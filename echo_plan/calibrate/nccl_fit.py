@@ -17,7 +17,7 @@ a Huber loss and outlier rejection by median absolute deviation (``nccl_solver.r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -39,8 +39,9 @@ NVLINK_KNOBS: tuple[tuple[str, int | None, float, float], ...] = (
     ("nvlink_latency_scale", 1, 0.05, 20.0),
     ("nvlink_latency_scale", 2, 0.05, 20.0),
     ("protocol_bw_scale", 0, 0.1, 2.0),
-    ("protocol_bw_scale", 1, 0.1, 1.2),
+    ("protocol_bw_scale", 1, 0.85, 1.15),  # LL128 moves 120 of 128 bytes: a protocol property, +-15% at most
     ("nvlink_bw_efficiency", None, 0.2, 1.5),
+    ("nvlink_group_loss", None, 1e-4, 0.9),
 )
 NET_KNOBS: tuple[tuple[str, int | None, float, float], ...] = (
     ("net_bw_efficiency", None, 0.1, 1.5),
@@ -195,8 +196,13 @@ def _apply(base: NcclParams, knobs, x: np.ndarray) -> NcclParams:
 
 
 def fit_nccl(logs: Sequence[NcclTestsLog], cluster: ClusterSpec, fit_max_gpus: int | None = None,
-             base: NcclParams | None = None) -> NcclFit:
-    """Fit the model on the logs with at most ``fit_max_gpus`` ranks; the rest are held out."""
+             base: NcclParams | None = None, network_only: bool = False,
+             size_filter=None) -> NcclFit:
+    """Fit the model on the logs with at most ``fit_max_gpus`` ranks; the rest are held out.
+
+    ``network_only``: fit only the network tier (``NET_KNOBS``), the NVLink tier staying at
+    ``base``'s; ``size_filter(size_bytes) -> bool`` keeps only those sizes of the fitted logs in
+    the fit (the rest of their rows count as held out)."""
     base = base if base is not None else load_default_params()
     skipped = tuple((lg.name, "a single rank moves no data") for lg in logs if lg.nranks < 2)
     usable = [lg for lg in logs if lg.nranks >= 2]
@@ -205,8 +211,10 @@ def fit_nccl(logs: Sequence[NcclTestsLog], cluster: ClusterSpec, fit_max_gpus: i
     if not fit_logs:
         raise EchoPlanError("no log to fit: every log has one rank or more than --fit-max-gpus ranks")
     multi_node = any(group_for_log(lg, cluster)[0].placement(cluster.gpus_per_node)[1] > 1 for lg in fit_logs)
-    knobs = NVLINK_KNOBS + (NET_KNOBS if multi_node else ())
-    pts = _points(fit_logs, cluster)
+    if network_only and not multi_node:
+        raise EchoPlanError("a network-only fit needs a log that spans several servers")
+    knobs = NET_KNOBS if network_only else NVLINK_KNOBS + (NET_KNOBS if multi_node else ())
+    pts = [p for p in _points(fit_logs, cluster) if size_filter is None or size_filter(p[3])]
     meas = np.log(np.array([p[5] for p in pts]))
     batches = _batches(pts)
 
@@ -219,7 +227,7 @@ def fit_nccl(logs: Sequence[NcclTestsLog], cluster: ClusterSpec, fit_max_gpus: i
     best = None
     for start in (0.0, 1.0):  # NCCL's defaults, and a start with e times the latencies
         x0 = np.zeros(len(knobs))
-        x0[:6] = start
+        x0[:6 if not network_only else 0] = start
         res = robust_fit(residuals, x0, lo, hi, mask=np.array([not p[7] for p in pts]))
         if best is None or res.cost < best.cost:
             best = res
@@ -227,6 +235,8 @@ def fit_nccl(logs: Sequence[NcclTestsLog], cluster: ClusterSpec, fit_max_gpus: i
     outliers = frozenset((p[0].name, p[3], p[4]) for p, keep in zip(pts, best.kept) if not keep)
     fit_names = tuple(lg.name for lg in fit_logs)
     rows = evaluate(fit_logs + holdout, cluster, params, fit_names, outliers)
+    if size_filter is not None:  # sizes of a fitted log left out of the fit are held out too
+        rows = [replace(r, in_fit=r.in_fit and size_filter(r.size_bytes)) for r in rows]
     return NcclFit(
         params=params, values=params.calibratable(),
         fitted=tuple(f"{n}[{i}]" if i is not None and i >= 0 else n for n, i, _, _ in knobs),

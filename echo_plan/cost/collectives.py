@@ -48,6 +48,8 @@ def make_topo(group: CommGroup, cluster: ClusterSpec, params: NcclParams) -> Top
     gpn = cluster.gpus_per_node
     ppn, nodes = group.placement(gpn)
     nvl = cluster.gpu.nvlink_uni_GBps * params.nvlink_bw_efficiency
+    if ppn >= 2:
+        nvl *= 1.0 - params.nvlink_group_loss / ppn
     rank_net = net_rank_GBps(cluster, params.net_bw_efficiency)
     if nodes == 1:
         bus = nvl

@@ -115,6 +115,17 @@ def tree_correction(p: NcclParams, proto: int, nbytes: int) -> float:
     return table[i] * (1.0 - frac) + table[i + 1] * frac
 
 
+def _tiered_bw(topo: Topo, factor: float, scale: float) -> float:
+    """Bottleneck bandwidth of a protocol: NCCL's protocol ``factor`` on every tier, and the
+    calibrated ``scale`` on the NVLink side only (where NCCL's own per-channel protocol caps live):
+    a group spanning servers is limited by the slower of its NVLink and network sides."""
+    if topo.nodes == 1:
+        return topo.nvl_GBps * factor * scale
+    if topo.ppn == 1:
+        return topo.bus_GBps * factor
+    return min(topo.nvl_GBps * factor * scale, topo.ppn * topo.net_rank_GBps * factor)
+
+
 def ring(kind: CollectiveKind, topo: Topo, p: NcclParams) -> list[Line]:
     steps, inter = ring_steps(kind, topo.n, topo.nodes)
     intra = steps - inter
@@ -122,10 +133,10 @@ def ring(kind: CollectiveKind, topo: Topo, p: NcclParams) -> list[Line]:
     ll_cap = _ll_cap(p, topo)
     out = []
     for proto in (LL, LL128, SIMPLE):
-        bw = topo.bus_GBps * p.ring_protocol_factor[proto]
+        scale = p.protocol_bw_scale[proto]
+        bw = _tiered_bw(topo, p.ring_protocol_factor[proto], scale)
         if proto == LL:
-            bw = min(bw, ll_cap)
-        bw *= p.protocol_bw_scale[proto]  # calibration scales NCCL's protocol bandwidth, cap included
+            bw = min(bw, ll_cap * scale)  # calibration scales NCCL's LL bandwidth, cap included
         algbw = bw / bf
         lat = _base(p, "ring", proto) + intra * _intra_hop(p, topo, "ring", proto) \
             + inter * _inter_hop(p, topo, "ring", proto)
@@ -142,10 +153,10 @@ def tree(topo: Topo, p: NcclParams) -> list[Line]:
     depth = int(math.log2(topo.nodes)) if topo.nodes > 1 else 0
     out = []
     for proto in (LL, LL128, SIMPLE):
-        bw = topo.bus_GBps * p.tree_allreduce_factor * factors[proto]
+        scale = p.protocol_bw_scale[proto]
+        bw = _tiered_bw(topo, p.tree_allreduce_factor * factors[proto], scale)
         if proto == LL:
-            bw = min(bw, ll_cap)
-        bw *= p.protocol_bw_scale[proto]
+            bw = min(bw, ll_cap * scale)
         algbw = bw * p.tree_algbw_ratio
         lat = _base(p, "tree", proto) + 2.0 * (
             (topo.ppn - 1) * _intra_hop(p, topo, "tree", proto) + depth * _inter_hop(p, topo, "tree", proto))

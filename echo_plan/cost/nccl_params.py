@@ -27,6 +27,7 @@ CALIBRATABLE: dict[str, str] = {
     "protocol_bw_scale": "triple",
     "nvlink_bw_efficiency": "scalar",
     "net_bw_efficiency": "scalar",
+    "nvlink_group_loss": "fraction",
 }
 
 
@@ -60,6 +61,7 @@ class NcclParams:
     protocol_bw_scale: Triple = (1.0, 1.0, 1.0)
     nvlink_bw_efficiency: float = 1.0
     net_bw_efficiency: float = 1.0
+    nvlink_group_loss: float = 0.0  # c in B x (1 - c / p): a ring over p GPUs of a server reaches less (fitted)
     source: str = ""
 
     def calibratable(self) -> dict[str, Any]:
@@ -96,6 +98,14 @@ def _check_value(name: str, value: Any, shape: str, context: str) -> Any:
         if not isinstance(value, (list, tuple)) or len(value) != 3:
             raise SpecError(name, value, "a list of 3 numbers [LL, LL128, Simple]", context)
         return tuple(positive(v) for v in value)
+    if shape == "fraction":
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise SpecError(name, value, "a number in [0, 0.9]", context) from None
+        if not 0.0 <= x <= 0.9:
+            raise SpecError(name, value, "a number in [0, 0.9]", context)
+        return x
     return positive(value)
 
 

@@ -74,8 +74,10 @@ class LinkParams:
         nic = net.nic_GBps * net.nic_efficiency * p.net_bw_efficiency
         if net.fabric is Fabric.FAT_TREE:  # as the NCCL model: a rail-optimised fabric keeps traffic on its rail
             nic /= net.oversubscription
+        ppn = cluster.gpus_per_node  # the algorithms here span whole servers
         return cls(
-            nvlink_GBps=cluster.gpu.nvlink_uni_GBps * p.nvlink_bw_efficiency,
+            nvlink_GBps=cluster.gpu.nvlink_uni_GBps * p.nvlink_bw_efficiency
+            * ((1.0 - p.nvlink_group_loss / ppn) if ppn >= 2 else 1.0),
             nic_GBps=nic,
             hbm_GBps=cluster.gpu.hbm_bw_GBps,
             nvlink_step_s=p.nvlink_hop_us["ring"][i] * cluster.nvlink_latency_us / p.reference_nvlink_latency_us
