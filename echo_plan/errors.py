@@ -16,12 +16,12 @@ class EchoPlanError(Exception):
 class SpecError(EchoPlanError, ValueError):
     """A field has a value that cannot work; names the field, the value and what is valid."""
 
-    def __init__(self, field: str, value: Any, valid: str, context: str = "") -> None:
+    def __init__(self, field: str, value: Any, valid: str, context: str = "", message: str | None = None) -> None:
         self.field = field
         self.value = value
         self.valid = valid
         where = f"{context}: " if context else ""
-        super().__init__(f"{where}{field}={value!r} is invalid: {valid}")
+        super().__init__(message if message is not None else f"{where}{field}={value!r} is invalid: {valid}")
 
 
 class UnknownPresetError(EchoPlanError, KeyError):

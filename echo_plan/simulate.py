@@ -79,6 +79,15 @@ class SimulationMemo:
             self._defaults[key] = compute_model_for(cluster)
         return self._defaults[key]
 
+    def prediction_range(self, cluster: ClusterSpec, cluster_key: str, stack: SoftwareSpec):
+        """How sure a step-time prediction is on this cluster with this stack (cost/ranges.py)."""
+        key = ("range", cluster_key, stack.name, stack.base)
+        if key not in self._defaults:
+            from echo_plan.cost.ranges import prediction_range
+
+            self._defaults[key] = prediction_range(cluster, stack)
+        return self._defaults[key]
+
     def default_comm(self, cluster: ClusterSpec) -> "CollectiveModel":
         key = ("comm", cluster.model_dump_json())
         if key not in self._defaults:
@@ -189,11 +198,13 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         notes.append(f"does not fit: stage {worst.stage} needs {worst.total_bytes / 2**30:.1f} GiB of "
                      f"{worst.usable_bytes / 2**30:.1f} GiB usable ({worst.capacity_bytes / 2**30:.0f} GiB less "
                      f"{worst.headroom_bytes / 2**30:.1f} GiB headroom; over by {worst.overflow_bytes / 2**30:.1f} GiB)")
+    rng = memo.prediction_range(cluster, cluster_key, stack)
     return StepResult(
         model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, plan=plan.model_dump(mode="json"),
         step_time_s=step_s, tokens_per_s=thr.tokens_per_s, model_tflops_per_gpu=thr.model_tflops_per_gpu,
         hardware_tflops_per_gpu=thr.hardware_tflops_per_gpu, mfu=thr.mfu, memory=tuple(memory),
         breakdown=breakdown, timeline=events, notes=tuple(notes), stack=stack.name,
+        step_time_range_s=rng.apply(step_s), range_coverage=rng.coverage, range_basis=rng.basis,
     )
 
 

@@ -302,9 +302,13 @@ def find_database(gpu: GPUSpec, folder: str | Path | None = None) -> KernelDatab
 
 
 def compute_model_for(cluster: ClusterSpec, kernels_dir: str | Path | None = None, *, fallback: Any = None) -> Any:
-    """The compute model for ``cluster``: database-backed when a database serves its GPU, else analytical."""
-    from echo_plan.cost.compute import AnalyticalComputeModel
+    """The compute model for ``cluster``: database-backed when a database serves its GPU, else the
+    analytical model with the cluster's compute calibration (``calibration.compute``) applied."""
+    from echo_plan.cost.calibration import ComputeCalibration
+    from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
 
-    base = fallback if fallback is not None else AnalyticalComputeModel()
+    if fallback is None:
+        fallback = AnalyticalComputeModel(ComputeCalibration.of(cluster).apply(load_compute_constants()))
+    base = fallback
     db = find_database(cluster.gpu, kernels_dir)
     return DatabaseComputeModel(db, base) if db is not None else base

@@ -231,6 +231,8 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
               headroom_bytes: int | None = None) -> tuple[StageMemory, ...]:
     c = consts or load_memory_constants()
     w_b, _, o_b = c.bytes_per_param[plan.dtype]
+    if stack.optimizer_state_bytes is not None:
+        o_b = stack.optimizer_state_bytes
     g_b = stack.grad_bytes(plan.dtype)
     shard = plan.dp if plan.distributed_optimizer else 1
     grad_shard = shard if stack.optimizer_sharding is OptimizerSharding.STATES_AND_GRADS else 1

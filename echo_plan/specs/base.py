@@ -37,6 +37,10 @@ def spec_error_from(exc: ValidationError, context: str) -> SpecError:
     field = ".".join(str(p) for p in err.get("loc", ())) or "(spec)"
     value = err.get("input")
     msg = err.get("msg", "invalid")
+    if not err.get("loc"):  # a rule about the whole spec: its message names what is wrong, not the input
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        return SpecError(field, None, msg, context, message=f"{context}: {msg}" if context else msg)
     if err.get("type") == "extra_forbidden":
         allowed = ", ".join(_field_names(exc.title))
         msg = f"unknown field; valid fields are: {allowed}" if allowed else "unknown field"

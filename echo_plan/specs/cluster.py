@@ -89,12 +89,18 @@ class ClusterSpec(Spec):
     network: NetworkSpec
     nvlink_latency_us: float = Field(default=0.6, ge=0)
     sources: list[str] = Field(default_factory=list)
-    calibration: dict = Field(default_factory=dict, description="fitted collective-model parameters, with provenance")
+    calibration: dict = Field(
+        default_factory=dict,
+        description="fitted figures with provenance: compute (kernel model), nccl (collectives), ranges (errors)")
 
     @model_validator(mode="after")
     def _rules(self) -> "ClusterSpec":
         if self.gpus_per_node > 1 and self.gpu.nvlink_links == 0:
             raise ValueError("a server with several GPUs needs gpu.nvlink_links > 0")
+        if self.calibration:
+            from echo_plan.cost.calibration import check_calibration
+
+            check_calibration(self.calibration, self.name)
         return self
 
     @property

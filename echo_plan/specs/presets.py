@@ -96,12 +96,14 @@ def load_stack(ref: str | None = None, overrides: dict | None = None) -> Softwar
     A file may start from a preset with ``base: NAME`` and change some fields; ``overrides``
     (field -> value) are applied last, as a validation row applies its own settings."""
     ref = ref or DEFAULT_STACK
-    data = _stack_mapping(ref, seen=())
+    data, root = _stack_mapping(ref, seen=())
     data.update(overrides or {})
+    data["base"] = root
     return SoftwareSpec.build(data, context=f"stack {ref}")
 
 
-def _stack_mapping(ref: str, seen: tuple[str, ...]) -> dict:
+def _stack_mapping(ref: str, seen: tuple[str, ...]) -> tuple[dict, str]:
+    """The stack's fields with its base's merged in, and the preset at the root of its bases."""
     if _looks_like_path(ref):
         path = Path(ref)
         data = read_mapping(path)
@@ -114,16 +116,16 @@ def _stack_mapping(ref: str, seen: tuple[str, ...]) -> dict:
         data.setdefault("name", ref)
     base = data.pop("base", None)
     if base is None:
-        return data
+        return data, str(data.get("name", ref))
     if not isinstance(base, str) or not base:
         raise EchoPlanError(f"{path}: base must be the name of a stack preset or a stack file, not {base!r}")
     if base in seen or base == ref:
         raise EchoPlanError(f"{path}: base {base!r} refers back to itself")
-    merged = _stack_mapping(base, seen + (ref,))
+    merged, root = _stack_mapping(base, seen + (ref,))
     merged.pop("description", None)
     merged.pop("sources", None)
     merged.update(data)
-    return merged
+    return merged, root
 
 
 def parse_size(text: str | int) -> int:

@@ -49,6 +49,7 @@ class SoftwareSpec(Spec):
     """The training framework's behaviour. Probabilities are fractions in [0, 1)."""
 
     name: str = Field(min_length=1)
+    base: str = Field(default="", description="the preset this stack derives from (its own name for a preset)")
     description: str = ""
     attention: AttentionKernel = AttentionKernel.FUSED
     hidden_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout after attention, MLP, embedding")
@@ -65,6 +66,10 @@ class SoftwareSpec(Spec):
     grad_reduce_dtype: DType | None = Field(
         default=None, description="dtype of the DP gradient buffer and its reduction; None: fp32 for bf16, fp16 for fp16")
     optimizer_sharding: OptimizerSharding = OptimizerSharding.STATES
+    optimizer_state_bytes: float | None = Field(
+        default=None, gt=0, le=64,
+        description="bytes per parameter of master weights + Adam moments before sharding; None: memory.yaml's "
+                    "(12 for bf16: three fp32 tensors)")
     sequence_parallel: bool = Field(default=True, description="the framework has sequence parallelism")
     recompute_modules: tuple[RecomputeModule, ...] = (RecomputeModule.CORE_ATTN,)
     sources: tuple[str, ...] = ()

@@ -154,9 +154,11 @@ def test_calibration_changes_the_model_and_is_validated():
     g = CommGroup(GroupKind.TP, 8)
     assert collective_model_for(slow).time(CollectiveKind.ALL_REDUCE, 1 << 30, g, slow).time_s > \
         1.8 * collective_model_for(c).time(CollectiveKind.ALL_REDUCE, 1 << 30, g, c).time_s
-    bad = c.replace(calibration={"nccl": {"params": {"nvlink_bw_efficiency": -1}}})
-    with pytest.raises(SpecError):
-        collective_model_for(bad)
+    with pytest.raises(SpecError, match="nvlink_bw_efficiency=-1") as err:  # rejected when the cluster is made
+        c.replace(calibration={"nccl": {"params": {"nvlink_bw_efficiency": -1}}})
+    assert "A100-SXM4" not in str(err.value)  # the message names the value, not the whole cluster
+    with pytest.raises(SpecError, match="unknown section"):
+        c.replace(calibration={"computee": {}})
     with pytest.raises(SpecError):
         load_default_params().with_calibration({"no_such_knob": 1.0})
 
