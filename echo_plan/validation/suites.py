@@ -1,51 +1,41 @@
-"""Validation suites: published or measured figures that predictions are held against.
+"""Running validation suites: predicted vs measured per row, held-out errors, range coverage.
 
-A suite is found by where it lies in a validation folder (``$ECHO_PLAN_VALIDATION_DIR``, else
-``../shared/validation`` beside the project, plus any ``--dir`` the user gives):
-
-* ``*.csv`` - a **training-throughput suite**, one training run per row, in the format of
-  ``megatron_weak_scaling_a100.csv``. Required columns: ``params_b, heads, hidden, layers, tp, pp,
-  gpus, global_batch, achieved_tflops_per_gpu``; optional: ``micro_batch_size, virtual_stages``
-  (else chosen as Megatron-LM would, see megatron.py), other columns are ignored. ``#`` lines are
-  comments; one of them may set the suite's settings:
-  ``# echo-plan: cluster=dgx-a100 seq_length=2048 vocab_size=51200 dtype=fp16 recompute=full
-  attention=unfused tolerance=0.10 fit=even``. Defaults are the SC21 table's (shown). ``fit=even``
-  fits one compute-time factor on the even rows and reports the odd rows as held out;
-  ``fit=none`` predicts every row with the uncalibrated model. Pass if the mean absolute error
-  over all rows, and over the held-out rows, is within ``tolerance``.
-* ``nccl-tests/<cluster>/*.log`` - a **collective suite**: nccl-tests logs taken on the cluster
-  preset of that name (or on ``cluster.yaml`` in the same folder). The collective model is
-  fitted on the logs of at most one server and predicts the larger ones; rows are the held-out
-  sizes from 1 MiB up; pass if every such row is within ``tolerance`` (15%).
+* Training suites (``registry.training_suite``): each row is simulated with its suite's cluster
+  preset and software stack (``predict.py``) exactly as ``simulate`` would for a user. A row is
+  *held out* unless the preset's compute calibration was fitted on it (the preset records those
+  rows in ``calibration.compute.fitted_on``). A suite passes when its held-out rows are within
+  the suite's mean and max tolerances. Range coverage is the leave-one-out share of held-out rows
+  whose measured time falls inside the range built from the other held-out rows' residuals
+  (``cost/ranges.py``), against the nominal 80%.
+* Collective suites (``nccl-tests/<cluster>/``): the NCCL model refitted on the logs of one
+  server (from the preset's own figures) must predict the larger logs within ``held_out_max``,
+  and the shipped preset as it is must be within ``preset_mean`` (mean per log) on every log.
 """
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
-from echo_plan.errors import FileFormatError
+from echo_plan.validation.registry import collective_suite, training_rows, training_suite
 
-TRAINING_REQUIRED = ("params_b", "heads", "hidden", "layers", "tp", "pp", "gpus", "global_batch",
-                     "achieved_tflops_per_gpu")
-DIRECTIVE = "# echo-plan:"
-SETTING_KEYS = ("cluster", "seq_length", "vocab_size", "dtype", "recompute", "attention", "tolerance", "fit")
-NCCL_TOLERANCE = 0.15
-NCCL_MIN_SIZE = 1 << 20
+NCCL_MIN_SIZE = 1 << 20  # held-out collective rows: 1 MiB and up (below, latency jitter dominates)
 
 
 @dataclass(frozen=True, slots=True)
 class RowResult:
     label: str
-    predicted: float
+    predicted: float | None
     measured: float
     held_out: bool
     detail: str = ""
+    in_range: bool | None = None
+    not_modelled: str = ""
 
     @property
-    def error(self) -> float:
-        return (self.predicted - self.measured) / self.measured
+    def error(self) -> float | None:
+        return None if self.predicted is None else (self.predicted - self.measured) / self.measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,26 +44,65 @@ class SuiteResult:
     kind: str  # "training" or "collective"
     path: str
     unit: str
-    tolerance: float
+    stack: str
+    cluster: str
+    tolerance: float  # held-out mean |error| allowed
+    tolerance_max: float  # held-out max |error| allowed
     rows: tuple[RowResult, ...]
-    passed: bool
+    coverage: float | None = None  # leave-one-out range coverage on held-out rows (training)
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def _errs(self, held: bool | None = None) -> list[float]:
+        return [abs(r.error) for r in self.rows if r.error is not None and (held is None or r.held_out == held)]
+
+    @property
+    def modelled(self) -> int:
+        return sum(1 for r in self.rows if r.error is not None)
 
     @property
     def mean_abs_error(self) -> float:
-        return sum(abs(r.error) for r in self.rows) / len(self.rows) if self.rows else 0.0
+        e = self._errs()
+        return sum(e) / len(e) if e else 0.0
 
     @property
     def max_abs_error(self) -> float:
-        return max((abs(r.error) for r in self.rows), default=0.0)
+        return max(self._errs(), default=0.0)
 
-    def as_json(self) -> dict:
+    @property
+    def held_out_mean(self) -> float | None:
+        e = self._errs(True)
+        return sum(e) / len(e) if e else None
+
+    @property
+    def held_out_max(self) -> float | None:
+        return max(self._errs(True), default=None)
+
+    @property
+    def passed(self) -> bool:
+        if self.kind == "collective":
+            return all(n.startswith("ok") for n in self.notes if n.startswith(("ok", "FAIL")))
+        if not self.modelled:
+            return True  # nothing to hold against yet (see the rows' not_modelled)
+        mean, worst = self.held_out_mean, self.held_out_max
+        return mean is not None and mean <= self.tolerance and worst is not None and worst <= self.tolerance_max
+
+    @property
+    def status(self) -> str:
+        if self.kind == "training" and not self.modelled:
+            return "not modelled"
+        return "PASS" if self.passed else "FAIL"
+
+    def as_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "kind": self.kind, "path": self.path, "unit": self.unit,
-            "tolerance": self.tolerance, "passed": self.passed,
+            "name": self.name, "kind": self.kind, "path": self.path, "unit": self.unit, "stack": self.stack,
+            "cluster": self.cluster, "tolerance": self.tolerance, "tolerance_max": self.tolerance_max,
+            "passed": self.passed, "status": self.status, "rows_total": len(self.rows), "rows_modelled": self.modelled,
             "mean_abs_error": self.mean_abs_error, "max_abs_error": self.max_abs_error,
+            "held_out_mean_abs_error": self.held_out_mean, "held_out_max_abs_error": self.held_out_max,
+            "range_coverage": self.coverage, "nominal_coverage": 0.8 if self.kind == "training" else None,
             "rows": [{"label": r.label, "predicted": r.predicted, "measured": r.measured, "error": r.error,
-                      "held_out": r.held_out, "detail": r.detail} for r in self.rows],
+                      "held_out": r.held_out, "in_range": r.in_range, "detail": r.detail,
+                      "not_modelled": r.not_modelled or None} for r in self.rows],
             "notes": list(self.notes),
         }
 
@@ -98,100 +127,83 @@ def discover(dirs: list[Path]) -> list[SuiteRef]:
     return refs
 
 
-def read_settings(path: Path):
-    """The suite's TableSettings, tolerance and fit mode from its ``# echo-plan:`` line."""
-    from echo_plan.validation.megatron import TableSettings
-
-    values: dict[str, str] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.startswith(DIRECTIVE):
-            for token in shlex.split(line[len(DIRECTIVE):]):
-                key, sep, value = token.partition("=")
-                if not sep or key not in SETTING_KEYS:
-                    raise FileFormatError(str(path), f"setting {token!r} is not key=value with a key among "
-                                          f"{', '.join(SETTING_KEYS)}", n)
-                values[key] = value
-    def number(key: str, default, kind):
-        try:
-            return kind(values.get(key, default))
-        except ValueError:
-            raise FileFormatError(str(path), f"setting {key}={values[key]!r} in the '# echo-plan:' line "
-                                  f"is not {'an integer' if kind is int else 'a number'}") from None
-
-    settings = TableSettings(
-        cluster=values.get("cluster", "dgx-a100"),
-        seq_length=number("seq_length", 2048, int),
-        vocab_size=number("vocab_size", 51200, int),
-        dtype=values.get("dtype", "fp16"),
-        recompute=values.get("recompute", "full"),
-        unfused_attention=values.get("attention", "unfused") == "unfused",
-    )
-    tolerance = number("tolerance", 0.10, float)
-    fit = values.get("fit", "even")
-    if fit not in ("even", "none"):
-        raise FileFormatError(str(path), f"fit={fit!r}: valid values are 'even' and 'none'")
-    return settings, tolerance, fit
+def fitted_rows(cluster: Any, suite_name: str) -> set[str]:
+    """Labels of the suite's rows the cluster's compute calibration was fitted on."""
+    fitted = ((cluster.calibration or {}).get("compute") or {}).get("fitted_on") or {}
+    return {str(x) for x in fitted.get(suite_name, ())}
 
 
-def check_columns(path: Path) -> None:
-    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
-    header = [c.strip() for c in lines[0].split(",")] if lines else []
-    missing = [c for c in TRAINING_REQUIRED if c not in header]
-    if missing:
-        raise FileFormatError(str(path), f"not a training suite: missing columns {', '.join(missing)} "
-                              f"(required: {', '.join(TRAINING_REQUIRED)})")
+def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int, str], None] | None = None) -> SuiteResult:
+    from echo_plan.cost.ranges import loo_coverage
+    from echo_plan.validation.predict import RowSimulator
 
-
-def run_training(ref: SuiteRef, cache=None) -> SuiteResult:
-    from echo_plan.validation.megatron import Predictor, fit_compute_scale, load_rows, megatron_choice, split_rows
-
-    check_columns(ref.path)
-    settings, tolerance, fit = read_settings(ref.path)
-    rows = load_rows(ref.path)
-    predictor = Predictor(cache=cache, settings=settings)
-    notes = [f"cluster {settings.cluster}, seq {settings.seq_length}, vocab {settings.vocab_size}, "
-             f"{settings.dtype}, recompute {settings.recompute}, "
-             f"{'unfused (2021) attention' if settings.unfused_attention else 'fused attention'}"]
-    held: set[int] = set()
-    if fit == "even" and len(rows) >= 2:
-        fit_rows, held_rows = split_rows(rows)
-        scale, _ = fit_compute_scale(predictor, fit_rows)
-        held = {id(r) for r in held_rows}
-        notes.append(f"one compute-time factor fitted on the even rows: {scale:.3f}; odd rows held out")
-    else:
-        scale = 1.0
-    preds = predictor.table(rows, scale=scale)
+    suite = training_suite(ref.path)
+    rows = training_rows(suite)
+    sim = RowSimulator(suite.cluster, suite.stack, cache, model_settings=suite.model_settings)
+    fit = fitted_rows(sim.base, suite.name)
+    preds = sim.predict_all(rows, progress=progress)
     results = tuple(
-        RowResult(f"{p.row.params_b:g}B tp{p.row.tp} pp{p.row.pp} {p.row.gpus} GPUs", p.predicted_tflops,
-                  p.row.published_tflops, id(p.row) in held,
-                  f"mbs {megatron_choice(p.row)[0]} vpp {megatron_choice(p.row)[1]}{'' if p.fits else ' (does not fit)'}")
+        RowResult(p.row.label, p.figure, p.row.measured, p.row.label not in fit,
+                  "; ".join(x for x in (p.row.detail, "" if p.fits else "does not fit", p.problem) if x),
+                  p.in_range, p.row.not_modelled)
         for p in preds)
-    held_results = [r for r in results if r.held_out]
-    mean_all = sum(abs(r.error) for r in results) / len(results)
-    mean_held = sum(abs(r.error) for r in held_results) / len(held_results) if held_results else mean_all
-    return SuiteResult(ref.name, "training", str(ref.path), "TFLOP/s per GPU", tolerance, results,
-                       mean_all <= tolerance and mean_held <= tolerance, tuple(notes))
+    held = [p.log_residual for p in preds if p.log_residual is not None and p.row.label not in fit]
+    unit = rows[0].unit if rows else ""
+    notes = [f"cluster {suite.cluster}, stack {suite.stack}; "
+             f"{len(fit)} rows fitted the preset's calibration, {len(held)} held out"]
+    waiting = sorted({r.not_modelled for r in rows if r.not_modelled})
+    if waiting:
+        notes.append(f"{sum(1 for r in rows if r.not_modelled)} rows not modelled yet: " + "; ".join(waiting))
+    return SuiteResult(suite.name, "training", str(ref.path), unit, suite.stack, suite.cluster, suite.held_out_mean,
+                       suite.held_out_max, results, loo_coverage(held), tuple(notes))
 
 
 def run_collective(ref: SuiteRef) -> SuiteResult:
-    from echo_plan.calibrate.nccl_fit import fit_nccl
+    from echo_plan.calibrate.nccl_fit import evaluate, fit_nccl
+    from echo_plan.cost.collectives import params_from_calibration
     from echo_plan.interop.nccl_tests import parse_nccl_tests
     from echo_plan.specs import load_cluster
 
-    own = ref.path / "cluster.yaml"
-    cluster = load_cluster(str(own) if own.exists() else ref.path.name)
+    suite = collective_suite(ref.path)
+    cluster = load_cluster(suite.cluster)
     logs = sorted((parse_nccl_tests(p) for p in sorted(ref.path.glob("*.log"))), key=lambda lg: lg.nranks)
-    fit = fit_nccl(logs, cluster, fit_max_gpus=cluster.gpus_per_node)
+    shipped = params_from_calibration(cluster.calibration, context=cluster.name)
+    fit = fit_nccl(logs, cluster, fit_max_gpus=suite.fit_max_gpus, base=shipped)
+    net_fit = (((cluster.calibration or {}).get("nccl") or {}).get("provenance") or {}).get("network_fit") or {}
+
+    def in_network_fit(log: str, size: int) -> bool:
+        """Rows the preset's network figures were fitted on (not held out from the preset)."""
+        if log not in net_fit.get("logs", ()):
+            return False
+        return size < int(net_fit.get("below_bytes", 0)) or size >= int(net_fit.get("from_bytes", 1 << 62))
+
     rows = tuple(
-        RowResult(f"{r.nranks} GPUs {r.size_bytes / 2**20:g} MiB", r.predicted_us, r.measured_us, True,
-                  f"{r.algorithm}/{r.protocol}")
+        RowResult(f"{r.nranks} GPUs {r.size_bytes / 2**20:g} MiB", r.predicted_us, r.measured_us,
+                  not in_network_fit(r.log, r.size_bytes),
+                  f"{r.algorithm}/{r.protocol}" + ("  (the preset's network fit)" if in_network_fit(r.log, r.size_bytes)
+                                                   else ""))
         for r in sorted(fit.rows, key=lambda r: (r.nranks, r.size_bytes))
         if not r.in_fit and r.placement == "out-of-place" and r.size_bytes >= NCCL_MIN_SIZE and not r.outlier)
-    notes = (f"fitted on {', '.join(fit.fit_logs)} (one server); held out {', '.join(fit.holdout_logs) or 'none'}",
-             "rows: held-out out-of-place times from 1 MiB up (microseconds)")
-    passed = bool(rows) and all(abs(r.error) <= NCCL_TOLERANCE for r in rows)
-    return SuiteResult(ref.name, "collective", str(ref.path), "us", NCCL_TOLERANCE, rows, passed, notes)
+    worst = max((abs(r.error) for r in rows if r.held_out), default=None)
+    notes = [f"refitted on {', '.join(fit.fit_logs)} from the preset's figures; held out "
+             f"{', '.join(fit.holdout_logs) or 'none'} (rows: held-out out-of-place times from 1 MiB up, us)",
+             ("ok" if rows and worst <= suite.held_out_max else "FAIL") +
+             f": held-out max |error| {worst * 100 if worst is not None else float('nan'):.1f}% "
+             f"(allowed {suite.held_out_max * 100:.0f}%)"]
+    for lg in logs:
+        if lg.nranks < 2:
+            continue
+        rows_lg = [r for r in evaluate([lg], cluster, shipped) if r.placement == "out-of-place" and not r.outlier]
+        big = [abs(r.error_pct) / 100 for r in rows_lg if r.size_bytes >= NCCL_MIN_SIZE]
+        every = [abs(r.error_pct) / 100 for r in rows_lg]
+        mean = sum(big) / len(big)
+        notes.append(("ok" if mean <= suite.preset_mean else "FAIL") +
+                     f": shipped preset on {lg.name}: mean |error| {mean * 100:.1f}%, max {max(big) * 100:.1f}% over "
+                     f"its {len(big)} sizes from 1 MiB (mean allowed {suite.preset_mean * 100:.0f}%); all "
+                     f"{len(every)} sizes: mean {sum(every) / len(every) * 100:.1f}%, max {max(every) * 100:.1f}%")
+    return SuiteResult(suite.name, "collective", str(ref.path), "us", "-", cluster.name, suite.held_out_max,
+                       suite.held_out_max, rows, None, tuple(notes))
 
 
-def run_suite(ref: SuiteRef, cache=None) -> SuiteResult:
-    return run_training(ref, cache) if ref.kind == "training" else run_collective(ref)
+def run_suite(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int, str], None] | None = None) -> SuiteResult:
+    return run_training(ref, cache, progress) if ref.kind == "training" else run_collective(ref)

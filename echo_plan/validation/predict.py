@@ -1,0 +1,98 @@
+"""Predicting a validation row the way a user would: the row's cluster preset (with the
+calibration it ships), the row's software stack, ``echo_plan.simulate.simulate``.
+
+Nothing here corrects a prediction: what ``validate`` measures is what ``simulate`` gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from echo_plan.errors import EchoPlanError
+from echo_plan.validation.rows import TrainingRow
+
+
+@dataclass(frozen=True)
+class RowPrediction:
+    row: TrainingRow
+    step_s: float | None  # None when the row is not modelled or could not be simulated
+    fits: bool = True
+    problem: str = ""  # why there is no prediction
+    range_s: tuple[float, float] | None = None  # the range simulate attaches
+
+    @property
+    def figure(self) -> float | None:
+        return None if self.step_s is None else self.row.figure(self.step_s)
+
+    @property
+    def log_residual(self) -> float | None:
+        """log(predicted / measured step time)."""
+        import math
+
+        if self.step_s is None:
+            return None
+        return math.log(self.step_s / self.row.measured_step_s)
+
+    @property
+    def error(self) -> float | None:
+        """(predicted - measured) / measured, in the suite's own unit."""
+        f = self.figure
+        return None if f is None else (f - self.row.measured) / self.row.measured
+
+    @property
+    def in_range(self) -> bool | None:
+        if self.range_s is None:
+            return None
+        return self.range_s[0] <= self.row.measured_step_s <= self.range_s[1]
+
+
+class RowSimulator:
+    """Simulates rows on one cluster preset with one stack; keeps a memo and trace cache across rows."""
+
+    def __init__(self, cluster: Any, stack_name: str, cache: Any = None, memo: Any = None,
+                 model_settings: Any = None) -> None:
+        from echo_plan.simulate import SimulationMemo
+        from echo_plan.specs import load_cluster
+
+        self.base = load_cluster(cluster) if isinstance(cluster, str) else cluster
+        self.stack_name = stack_name
+        self.model_settings = dict(model_settings or {})  # model name -> stack settings of its runs
+        self.cache = cache
+        self.memo = memo if memo is not None else SimulationMemo()
+
+    def stack_for(self, row: TrainingRow) -> Any:
+        from echo_plan.specs import load_stack
+
+        settings = dict(self.model_settings.get(row.model.name, {}))
+        settings.update(row.stack_overrides)  # the row's own columns win
+        return load_stack(self.stack_name, settings)
+
+    def cluster_for(self, row: TrainingRow) -> Any:
+        return self.base.resized(gpus=row.gpus)
+
+    def predict(self, row: TrainingRow, compute: Any = None) -> RowPrediction:
+        """One row; ``compute`` replaces the cluster's compute model (calibration fits use it)."""
+        from echo_plan.simulate import simulate
+        from echo_plan.specs import PlanSpec
+
+        if row.not_modelled:
+            return RowPrediction(row, None, problem=f"not modelled yet: {row.not_modelled}")
+        try:
+            cluster = self.cluster_for(row)
+            plan = PlanSpec.build(dict(row.plan), context=row.label)
+            result = simulate(row.model, cluster, plan, stack=self.stack_for(row), cache=self.cache, memo=self.memo,
+                              compute=compute)
+        except EchoPlanError as exc:
+            return RowPrediction(row, None, problem=f"cannot simulate: {exc}")
+        return RowPrediction(row, result.step_time_s, result.fits, range_s=result.step_time_range_s)
+
+    def predict_all(self, rows: Iterable[TrainingRow], compute: Any = None,
+                    progress: Callable[[int, int, str], None] | None = None) -> tuple[RowPrediction, ...]:
+        rows = tuple(rows)
+        out = []
+        for i, row in enumerate(rows):
+            if progress is not None:
+                progress(i, len(rows), row.label)
+            out.append(self.predict(row, compute))
+        return tuple(out)

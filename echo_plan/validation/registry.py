@@ -1,0 +1,142 @@
+"""Which validation suites exist, which cluster and software stack each was measured on, and what
+passing means: ``echo_plan/data/validation_suites.yaml`` for the shipped suites, a
+``# echo-plan: key=value ...`` line for a suite of one's own (docs/validation.md)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from echo_plan.errors import FileFormatError
+from echo_plan.files import read_text
+
+DIRECTIVE = "# echo-plan:"
+FORMATS = ("tflops-table", "step-times")
+DIRECTIVE_KEYS = ("format", "cluster", "stack", "seq_length", "vocab_size", "dtype", "recompute", "tolerance",
+                  "max_tolerance")
+DEFAULT_MEAN, DEFAULT_MAX = 0.10, 0.20  # a suite of one's own that says nothing
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSuite:
+    name: str
+    path: Path
+    format: str  # one of FORMATS
+    cluster: str
+    stack: str
+    held_out_mean: float  # pass: mean |error| over held-out rows at most this
+    held_out_max: float  # and every held-out row within this
+    not_modelled: str = ""  # the whole suite waits for a capability
+    model_settings: Any = None  # model name -> stack settings from the run's config that the file lacks
+    seq_length: int = 2048  # tflops-table only
+    vocab_size: int = 51200
+    dtype: str = "fp16"
+    recompute: str = "full"
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveSuite:
+    name: str
+    path: Path
+    cluster: str
+    fit_max_gpus: int
+    held_out_max: float
+    preset_mean: float
+
+
+@lru_cache(maxsize=1)
+def _registry() -> dict[str, Any]:
+    text = (resources.files("echo_plan") / "data" / "validation_suites.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+def _directive(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for n, line in enumerate(read_text(path).splitlines(), start=1):
+        if not line.startswith(DIRECTIVE):
+            continue
+        try:
+            tokens = shlex.split(line[len(DIRECTIVE):])
+        except ValueError as exc:
+            raise FileFormatError(str(path), f"the '# echo-plan:' line cannot be read: {exc}", n) from None
+        for token in tokens:
+            key, sep, value = token.partition("=")
+            if not sep or key not in DIRECTIVE_KEYS:
+                raise FileFormatError(str(path), f"setting {token!r} is not key=value with a key among "
+                                      f"{', '.join(DIRECTIVE_KEYS)}", n)
+            values[key] = value
+    return values
+
+
+def _infer_format(path: Path) -> str:
+    from echo_plan.validation.rows import csv_records
+
+    header, _ = csv_records(path)
+    if "achieved_tflops_per_gpu" in header:
+        return "tflops-table"
+    if "step_time_s" in header:
+        return "step-times"
+    raise FileFormatError(str(path), "not a training suite: it has neither an achieved_tflops_per_gpu column "
+                                     "(tflops-table) nor a step_time_s column (step-times); see docs/validation.md")
+
+
+def training_suite(path: Path) -> TrainingSuite:
+    """The suite at ``path``: the registry's entry for a shipped suite, else the file's own settings."""
+    known = _registry()["suites"].get(path.stem)
+    if known is not None:
+        d = dict(known)
+        return TrainingSuite(name=path.stem, path=path, format=d["format"], cluster=d["cluster"], stack=d["stack"],
+                             held_out_mean=float(d.get("held_out_mean", DEFAULT_MEAN)),
+                             held_out_max=float(d.get("held_out_max", DEFAULT_MAX)),
+                             not_modelled=str(d.get("not_modelled", "")),
+                             model_settings=dict(d.get("model_settings") or {}),
+                             **{k: d[k] for k in ("seq_length", "vocab_size", "dtype", "recompute") if k in d})
+    v = _directive(path)
+
+    def number(key: str, default: Any, kind: type) -> Any:
+        try:
+            return kind(v.get(key, default))
+        except ValueError:
+            raise FileFormatError(str(path), f"setting {key}={v[key]!r} is not "
+                                  f"{'an integer' if kind is int else 'a number'}") from None
+
+    fmt = v.get("format") or _infer_format(path)
+    if fmt not in FORMATS:
+        raise FileFormatError(str(path), f"format={fmt!r}: valid formats are {', '.join(FORMATS)}")
+    mean = number("tolerance", DEFAULT_MEAN, float)
+    return TrainingSuite(
+        name=path.stem, path=path, format=fmt,
+        cluster=v.get("cluster", "dgx-a100" if fmt == "tflops-table" else "dgx-h100"),
+        stack=v.get("stack", "megatron-lm-2021" if fmt == "tflops-table" else "megatron-core"),
+        held_out_mean=mean, held_out_max=number("max_tolerance", max(mean, 2 * mean), float),
+        seq_length=number("seq_length", 2048, int), vocab_size=number("vocab_size", 51200, int),
+        dtype=v.get("dtype", "fp16"), recompute=v.get("recompute", "full"),
+    )
+
+
+def collective_suite(path: Path) -> CollectiveSuite:
+    name = f"nccl-tests/{path.name}"
+    known = _registry()["collective_suites"].get(name, {})
+    own = path / "cluster.yaml"
+    return CollectiveSuite(name=name, path=path, cluster=str(own) if own.exists() else known.get("cluster", path.name),
+                           fit_max_gpus=int(known.get("fit_max_gpus", 8)),
+                           held_out_max=float(known.get("held_out_max", 0.15)),
+                           preset_mean=float(known.get("preset_mean", 0.10)))
+
+
+def training_rows(suite: TrainingSuite):
+    """The suite's rows, read in its format."""
+    if suite.format == "tflops-table":
+        from echo_plan.validation.megatron import TableSettings, read_tflops_table
+
+        return read_tflops_table(suite.path, TableSettings(suite.seq_length, suite.vocab_size, suite.dtype,
+                                                           suite.recompute))
+    from echo_plan.validation.rows import read_step_times
+
+    return read_step_times(suite.path, suite.not_modelled)

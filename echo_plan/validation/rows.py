@@ -1,0 +1,195 @@
+"""Validation rows: one measured training run each, read from a suite's CSV file.
+
+Two formats (``docs/validation.md``):
+
+* ``tflops-table``: Megatron-LM's SC21 table (``megatron.py``): GPT shapes and layouts with the
+  achieved TFLOP/s per GPU;
+* ``step-times``: one run per row with the model's shape, the layout and the software settings in
+  columns, and the measured ``step_time_s`` (NVIDIA's NeMo/Megatron-Core benchmark tables).
+
+A row that needs something the simulator cannot do yet (FP8, context parallelism, MoE) is kept and
+marked ``not_modelled`` with the reason, so a suite always shows all of its rows.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from echo_plan.errors import EchoPlanError, FileFormatError
+from echo_plan.files import read_text
+
+STEP_UNIT = "s/step"
+TFLOPS_UNIT = "TFLOP/s per GPU"
+MODEL_COLUMNS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size",
+                 "seq_length", "activation", "norm", "position", "tied_embeddings")
+PLAN_COLUMNS = ("gpus", "tp", "pp", "mbs", "gbs")
+
+
+@dataclass(frozen=True)
+class TrainingRow:
+    label: str
+    measured: float  # the suite's figure, in ``unit``
+    unit: str
+    not_modelled: str = ""  # why the simulator cannot predict it yet ("" when it can)
+    model: Any = None  # ModelSpec
+    gpus: int = 0
+    plan: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # PlanSpec fields
+    stack_overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    flops_per_step: float = 0.0  # the FLOPs the TFLOP/s figure counts per step (tflops-table rows)
+    detail: str = ""  # choices made for what the suite leaves open
+
+    @property
+    def measured_step_s(self) -> float:
+        if self.unit == TFLOPS_UNIT:
+            return self.flops_per_step / (self.measured * 1e12 * self.gpus)
+        return self.measured
+
+    def figure(self, step_s: float) -> float:
+        """A predicted step time in the suite's own unit."""
+        if self.unit == TFLOPS_UNIT:
+            return self.flops_per_step / (step_s * self.gpus) / 1e12
+        return step_s
+
+
+def csv_records(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
+    """(header, [(line number, record)]) of a CSV file whose comment lines start with '#'."""
+    lines = read_text(path).splitlines()
+    numbered = [(n, ln) for n, ln in enumerate(lines, start=1) if ln.strip() and not ln.lstrip().startswith("#")]
+    if not numbered:
+        raise FileFormatError(str(path), "no header and no rows")
+    header = [c.strip() for c in next(csv.reader([numbered[0][1]]))]
+    out = []
+    for n, ln in numbered[1:]:
+        values = next(csv.reader([ln]))
+        if len(values) != len(header):
+            raise FileFormatError(str(path), f"{len(values)} values for {len(header)} columns", n)
+        out.append((n, {k: v.strip() for k, v in zip(header, values)}))
+    return header, out
+
+
+def _bool(value: str, column: str, path: Path, line: int) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "yes", "1"):
+        return True
+    if v in ("false", "no", "0"):
+        return False
+    raise FileFormatError(str(path), f"column {column}: {value!r} is not true or false", line)
+
+
+def _num(rec: dict[str, str], column: str, path: Path, line: int, kind: type = int) -> Any:
+    raw = rec.get(column, "")
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise FileFormatError(str(path), f"column {column}: {raw!r} is not {'an integer' if kind is int else 'a number'}",
+                              line) from None
+    if kind is float and not value == value:  # NaN
+        raise FileFormatError(str(path), f"column {column}: {raw!r} is not a number", line)
+    return value
+
+
+def _position(value: str) -> tuple[str, float]:
+    """'learned', 'none', 'rope', 'rope(50% of head dim)' -> (position_embedding, rotary_percent)."""
+    v = value.strip().lower()
+    if v.startswith(("rope", "rotary")):
+        if "(" in v and "%" in v:
+            pct = float(v[v.index("(") + 1: v.index("%")])
+            return "rotary", pct / 100.0
+        return "rotary", 1.0
+    return v, 1.0
+
+
+def _label(rec: dict[str, str]) -> str:
+    return f"{rec.get('model', '?')} {rec.get('precision', '')} {rec.get('gpus', '?')} GPUs".replace("  ", " ")
+
+
+def _why_not(rec: dict[str, str], suite_reason: str) -> str:
+    reasons = [suite_reason] if suite_reason else []
+    if rec.get("kind", "step") != "step":
+        reasons.append("a TFLOP/s sweep, not a step time")
+    if rec.get("precision", "bf16").lower() == "fp8":
+        reasons.append("FP8 training (issue 13)")
+    cp = rec.get("cp", "1") or "1"
+    if cp not in ("1", "-"):
+        reasons.append("context parallelism (issue 13)")
+    return "; ".join(dict.fromkeys(reasons))
+
+
+def read_step_times(path: Path, not_modelled: str = "") -> tuple[TrainingRow, ...]:
+    """Rows of a ``step-times`` suite (see the module docstring); labels are unique in the file."""
+    from echo_plan.specs import ModelSpec
+
+    header, records = csv_records(path)
+    missing = [c for c in ("model",) + PLAN_COLUMNS if c not in header]
+    if missing:
+        raise FileFormatError(str(path), f"not a step-times suite: missing columns {', '.join(missing)}")
+    labels: dict[str, int] = {}
+    for _, rec in records:
+        labels[_label(rec)] = labels.get(_label(rec), 0) + 1
+    rows = []
+    for line, rec in records:
+        label = _label(rec)
+        if labels[label] > 1:
+            label += f" tp{rec.get('tp')} pp{rec.get('pp')} mbs{rec.get('mbs')} gbs{rec.get('gbs')}"
+        why = _why_not(rec, not_modelled)
+        measured_col = "step_time_s" if rec.get("step_time_s") else "tflops_per_gpu"
+        unit = STEP_UNIT if measured_col == "step_time_s" else TFLOPS_UNIT
+        measured = _num(rec, measured_col, path, line, float) if rec.get(measured_col) else float("nan")
+        if why:
+            rows.append(TrainingRow(label, measured, unit, not_modelled=why))
+            continue
+        absent = [c for c in MODEL_COLUMNS + ("step_time_s",) if c not in header or rec.get(c, "") == ""]
+        if absent:
+            raise FileFormatError(str(path), f"row {label!r} cannot be simulated: no {', '.join(absent)}", line)
+        position, rotary = _position(rec["position"])
+        try:
+            model = ModelSpec.build({
+                "name": rec["model"], "num_layers": _num(rec, "num_layers", path, line),
+                "hidden_size": _num(rec, "hidden_size", path, line),
+                "ffn_hidden_size": _num(rec, "ffn_hidden_size", path, line),
+                "num_attention_heads": _num(rec, "num_attention_heads", path, line),
+                "num_kv_heads": _num(rec, "num_kv_heads", path, line), "vocab_size": _num(rec, "vocab_size", path, line),
+                "seq_length": _num(rec, "seq_length", path, line), "activation": rec["activation"],
+                "norm": rec["norm"], "position_embedding": position, "rotary_percent": rotary,
+                "tied_embeddings": _bool(rec["tied_embeddings"], "tied_embeddings", path, line),
+                "source": f"{path.name}, line {line}",
+            }, context=f"{path.name}, line {line}")
+        except EchoPlanError as exc:
+            raise FileFormatError(str(path), str(exc), line) from None
+        rows.append(TrainingRow(label, measured, unit, model=model, gpus=_num(rec, "gpus", path, line),
+                                plan=MappingProxyType(_plan_fields(rec, path, line)),
+                                stack_overrides=MappingProxyType(_stack_fields(rec, path, line))))
+    return tuple(rows)
+
+
+def _plan_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
+    tp, pp, gpus = (_num(rec, c, path, line) for c in ("tp", "pp", "gpus"))
+    vpp = _num(rec, "vpp", path, line) if rec.get("vpp") else 1
+    fields: dict[str, Any] = {
+        "tp": tp, "pp": pp, "dp": gpus // (tp * pp) if tp * pp else 0, "micro_batch_size": _num(rec, "mbs", path, line),
+        "global_batch_size": _num(rec, "gbs", path, line), "virtual_stages": vpp,
+        "recompute": rec.get("recompute") or "none", "dtype": rec.get("precision") or "bf16",
+    }
+    for col, key in (("sequence_parallel", "sequence_parallel"), ("distributed_optimizer", "distributed_optimizer"),
+                     ("overlap_grad_sync", "overlap_grad_reduce"), ("overlap_param_sync", "overlap_param_gather")):
+        if rec.get(col):
+            fields[key] = _bool(rec[col], col, path, line)
+    return fields
+
+
+def _stack_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
+    """The row's own software settings, on top of the suite's stack."""
+    out: dict[str, Any] = {}
+    if rec.get("dropout"):
+        p = _num(rec, "dropout", path, line, float)
+        out.update(hidden_dropout=p, attention_dropout=p)
+    if rec.get("tp_comm_overlap"):
+        out["tp_comm_overlap"] = _bool(rec["tp_comm_overlap"], "tp_comm_overlap", path, line)
+    grad = (rec.get("grad_sync_dtype") or "").lower()
+    if grad in ("bf16", "fp32", "fp16"):
+        out["grad_reduce_dtype"] = grad
+    return out
