@@ -13,6 +13,7 @@ import typer
 # (module, registration function)
 SUBCOMMANDS: list[tuple[str, str]] = [
     ("echo_plan.commands.calibrate_nccl", "register_nccl"),
+    ("echo_plan.commands.calibrate_steps", "register_steps"),
     ("echo_plan.commands.calibrate_kernels", "register_kernels"),
     ("echo_plan.commands.calibrate_interference", "register_interference"),
 ]
@@ -21,7 +22,7 @@ SUBCOMMANDS: list[tuple[str, str]] = [
 def build_calibrate_app() -> typer.Typer:
     calibrate_app = typer.Typer(
         name="calibrate", no_args_is_help=True,
-        help="Fit the cost models to measurements (nccl-tests logs, kernel timings, interference).",
+        help="Fit the cost models to measurements (step times, nccl-tests logs, kernel timings, interference).",
     )
     for module_name, func in SUBCOMMANDS:
         try:

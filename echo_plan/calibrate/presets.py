@@ -1,0 +1,143 @@
+"""Making the calibration shipped in ``clusters/*.yaml`` from the public measurements.
+
+    python -m echo_plan.calibrate.presets           # refit and print the blocks
+    python -m echo_plan.calibrate.presets --write   # and write them into the preset files
+
+The recipes (``calibration_recipes`` in ``echo_plan/data/validation_suites.yaml``) say which
+rows fit which figures and which presets receive them. The network recipe runs first, so the
+compute fits see the calibrated collectives. Each preset file keeps its hand-written part; the
+block after ``MARKER`` is replaced. ``echo-plan validate`` then holds every preset against the
+rows it was not fitted on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from echo_plan.errors import EchoPlanError
+
+MARKER = "# --- calibration: written by `python -m echo_plan.calibrate.presets` from ../shared/validation; do not edit ---"
+
+
+def _recipes() -> dict[str, Any]:
+    from echo_plan.validation.registry import _registry
+
+    return dict(_registry().get("calibration_recipes") or {})
+
+
+def network_block(recipe: dict, vdir: Path) -> dict[str, Any]:
+    from echo_plan import __version__
+    from echo_plan.calibrate.nccl_fit import fit_nccl
+    from echo_plan.interop.nccl_tests import parse_nccl_tests
+    from echo_plan.specs import load_cluster
+
+    folder = vdir / recipe["logs"]
+    cluster = load_cluster(recipe["cluster"]).replace(calibration={})
+    logs = sorted((parse_nccl_tests(p) for p in sorted(folder.glob("*.log"))), key=lambda lg: lg.nranks)
+    if not logs:
+        raise EchoPlanError(f"no nccl-tests logs in {folder}")
+    nvlink = fit_nccl(logs, cluster, fit_max_gpus=cluster.gpus_per_node)
+    sizes = recipe["network_fit_sizes"]
+    below, above = int(sizes["below_bytes"]), int(sizes["from_bytes"])
+    multi = [lg for lg in logs if lg.nranks > cluster.gpus_per_node]
+    net = fit_nccl(multi, cluster, base=nvlink.params, network_only=True,
+                   size_filter=lambda s: s < below or s >= above)
+    return {"params": net.values, "provenance": {
+        "tool": f"echo-plan {__version__} python -m echo_plan.calibrate.presets",
+        "date": _dt.date.today().isoformat(),
+        "logs": [f"{recipe['logs']}/{lg.name}" for lg in logs],
+        "nvlink_fit_logs": list(nvlink.fit_logs),
+        "network_fit": {"logs": [lg.name for lg in multi], "below_bytes": below, "from_bytes": above},
+        "held_out": f"{', '.join(lg.name for lg in multi)}: sizes from {below} B to below {above} B",
+        "error_per_log": net.log_summary(),
+    }}
+
+
+def fit_labels(rows, rule: str) -> set[str]:
+    simulable = [r for r in rows if not r.not_modelled]
+    if rule == "even":
+        return {r.label for r in simulable[0::2]}
+    if rule == "smallest-two-per-model":
+        by: dict[str, list] = {}
+        for r in simulable:
+            by.setdefault(r.model.name, []).append(r)
+        return {r.label for group in by.values() for r in sorted(group, key=lambda r: r.gpus)[:2]}
+    raise EchoPlanError(f"unknown fit_rows rule {rule!r}: even, smallest-two-per-model")
+
+
+def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None) -> dict[str, Any]:
+    from echo_plan.calibrate.steps import calibrate_rows, calibration_block
+    from echo_plan.validation.registry import training_rows, training_suite
+
+    suite = training_suite(vdir / f"{recipe['suite']}.csv")
+    rows = training_rows(suite)
+    fit = fit_labels(rows, recipe["fit_rows"])
+    held = {r.label for r in rows if not r.not_modelled} - fit
+    cal = calibrate_rows(rows, cluster, suite.stack, held, model_settings=suite.model_settings, cache=cache,
+                         progress=progress)
+    return calibration_block(cal, suite.name, f"{suite.path.name}, rows by rule {recipe['fit_rows']}",
+                             dict(cluster.calibration or {}))
+
+
+def build_blocks(vdir: Path, cache: Any = None, progress=None) -> dict[str, dict[str, Any]]:
+    """Preset name -> its whole calibration block."""
+    from echo_plan.specs import load_cluster
+
+    recipes = _recipes()
+    blocks: dict[str, dict[str, Any]] = {}
+    for name, recipe in recipes.items():
+        if "logs" in recipe:
+            nccl = network_block(recipe, vdir)
+            for preset in recipe["presets"]:
+                blocks.setdefault(preset, {})["nccl"] = nccl
+    for name, recipe in recipes.items():
+        if "suite" not in recipe:
+            continue
+        first = recipe["presets"][0]
+        cluster = load_cluster(first).replace(calibration=blocks.get(first, {}))
+        block = compute_block(recipe, vdir, cluster, cache, progress)
+        for preset in recipe["presets"]:
+            merged = dict(blocks.get(preset, {}))
+            merged["compute"], merged["ranges"] = block["compute"], block["ranges"]
+            blocks[preset] = merged
+    return blocks
+
+
+def write_block(path: Path, block: dict[str, Any]) -> None:
+    from echo_plan.files import read_text, write_atomic
+
+    text = read_text(path)
+    head = text.split(MARKER)[0].rstrip("\n")
+    body = yaml.safe_dump({"calibration": block}, sort_keys=False, width=110)
+    write_atomic(path, f"{head}\n{MARKER}\n{body}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from echo_plan.specs.presets import clusters_dir
+    from echo_plan.trace.cache import TraceCache
+    from echo_plan.validation.megatron import validation_dir
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="write the blocks into clusters/*.yaml")
+    ap.add_argument("--validation-dir", type=Path, default=None)
+    args = ap.parse_args(argv)
+    vdir = args.validation_dir or validation_dir()
+    blocks = build_blocks(vdir, TraceCache(None), progress=lambda i, m: print(f"  {m}", flush=True))
+    for preset, block in sorted(blocks.items()):
+        c = block.get("compute", {})
+        print(f"{preset}: " + ", ".join(f"{k} {c[k]}" for k in ("gemm_efficiency_scale", "attention_efficiency_scale",
+                                                               "memory_bandwidth_scale", "kernel_overhead_us") if k in c))
+        if args.write:
+            write_block(clusters_dir() / f"{preset}.yaml", block)
+    if args.write:
+        print(f"wrote {len(blocks)} presets in {clusters_dir()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
