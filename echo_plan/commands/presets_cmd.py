@@ -10,15 +10,17 @@ from echo_plan.commands.common import JsonOpt, print_json
 def register(app: typer.Typer) -> None:
     @app.command("presets")
     def presets(as_json: bool = JsonOpt) -> None:
-        """List the model and cluster presets."""
-        from echo_plan.specs import cluster_names, load_cluster, load_model, model_names
+        """List the model, cluster and software-stack presets."""
+        from echo_plan.specs import cluster_names, load_cluster, load_model, load_stack, model_names, stack_names
 
         models = [load_model(n) for n in model_names()]
         clusters = [load_cluster(n) for n in cluster_names()]
+        stacks = [load_stack(n) for n in stack_names()]
         if as_json:
             print_json({
                 "models": [m.model_dump(mode="json") | {"num_params": m.num_params} for m in models],
                 "clusters": [c.model_dump(mode="json") for c in clusters],
+                "stacks": [s.model_dump(mode="json") for s in stacks],
             })
             return
         typer.echo("Models:")
@@ -27,5 +29,9 @@ def register(app: typer.Typer) -> None:
                        f"heads={m.num_attention_heads}/{m.kv_heads} seq={m.seq_length} {m.activation.value}")
         typer.echo("Clusters:")
         for c in clusters:
+            calibrated = "calibrated: " + ", ".join(sorted(c.calibration)) if c.calibration else "not calibrated"
             typer.echo(f"  {c.name:<12} {c.num_nodes} x {c.gpus_per_node} {c.gpu.name}, "
-                       f"{c.network.nics_per_node} x {c.network.nic_bw_Gbps:g} Gb/s per node")
+                       f"{c.network.nics_per_node} x {c.network.nic_bw_Gbps:g} Gb/s per node ({calibrated})")
+        typer.echo("Software stacks (--stack; a YAML file with base: NAME changes some settings):")
+        for s in stacks:
+            typer.echo(f"  {s.name:<20} {s.description}")

@@ -15,19 +15,29 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
              f"gbs{plan['global_batch_size']} vpp{plan['virtual_stages']} {plan['schedule']} "
              f"recompute={plan['recompute']}{' sp' if plan['sequence_parallel'] else ''}"
              f"{' dist-opt' if plan['distributed_optimizer'] else ''} {plan['dtype']}")
-    console.print(f"[bold]{result.model}[/bold] on [bold]{result.cluster}[/bold] ({result.num_gpus} GPUs): {label}")
+    console.print(f"[bold]{result.model}[/bold] on [bold]{result.cluster}[/bold] ({result.num_gpus} GPUs): {label}"
+                  + (f", stack {result.stack}" if result.stack else ""))
 
     head = Table(show_header=False, box=None, padding=(0, 2))
-    head.add_row("step time", f"{result.step_time_s:.4f} s")
-    head.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s")
+    rng, trng = result.step_time_range_s, result.tokens_per_s_range
+    cov = f"{result.range_coverage:.0%} range " if result.range_coverage else "range "
+    head.add_row("step time", f"{result.step_time_s:.4f} s" +
+                 (f"   ({cov}{rng[0]:.3f} - {rng[1]:.3f} s)" if rng else ""))
+    head.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s" +
+                 (f"   ({trng[0]:,.0f} - {trng[1]:,.0f})" if trng else ""))
     head.add_row("model TFLOP/s per GPU", f"{result.model_tflops_per_gpu:.1f}")
     head.add_row("hardware TFLOP/s per GPU", f"{result.hardware_tflops_per_gpu:.1f}")
     head.add_row("MFU", f"{result.mfu * 100:.1f} %")
-    head.add_row("peak memory", f"{result.memory_peak_gib:.1f} GiB")
+    peak = max(result.memory, key=lambda m: m.total_bytes) if result.memory else None
+    head.add_row("peak memory", f"{result.memory_peak_gib:.1f} GiB" + (
+        f" of {peak.capacity_bytes / GiB:.0f} GiB ({peak.free_bytes / GiB:.1f} GiB free; a plan must keep "
+        f"{peak.headroom_bytes / GiB:.1f} GiB headroom)" if peak else ""))
     over = result.overflow
     head.add_row("fits", "yes" if over is None else
-                 f"[red]NO[/red]: stage {over[0]} over capacity by {over[1]:.1f} GiB")
+                 f"[red]NO[/red]: stage {over[0]} over the usable memory by {over[1]:.1f} GiB")
     console.print(head)
+    if result.range_basis:
+        console.print(f"range: {result.range_basis}")
 
     bd = Table(title="Breakdown (rank that finishes last)", title_justify="left")
     bd.add_column("part")
@@ -40,12 +50,12 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
     console.print(bd)
 
     mem = Table(title="Memory per pipeline stage (GiB)", title_justify="left")
-    for col in ("stage", "weights", "grads", "optimizer", "activations", "buffers", "total", "capacity", "fits"):
+    for col in ("stage", "weights", "grads", "optimizer", "activations", "buffers", "total", "usable", "fits"):
         mem.add_column(col, justify="right")
     for m in result.memory:
         mem.add_row(str(m.stage), *(f"{b / GiB:.2f}" for b in (
             m.weights_bytes, m.gradients_bytes, m.optimizer_bytes, m.activations_bytes, m.buffers_bytes,
-            m.total_bytes, m.capacity_bytes)),
+            m.total_bytes, m.usable_bytes)),
             "yes" if m.fits else f"[red]no (+{m.overflow_bytes / GiB:.2f})[/red]")
     console.print(mem)
     for note in result.notes:

@@ -28,17 +28,27 @@ class Headline:
 
 
 def plan_metrics(r: StepResult, tokens_budget: float | None, cap_gib: float | None) -> list[Metric]:
+    peak = max(r.memory, key=lambda m: m.total_bytes) if r.memory else None
     mem_note = f"of {cap_gib:g} GiB" if cap_gib else "peak, worst stage"
+    if peak is not None:
+        mem_note += f"; {peak.free_bytes / 2**30:.1f} GiB free (at least {peak.headroom_bytes / 2**30:.1f} GiB kept)"
+    rng, trng = r.step_time_range_s, r.tokens_per_s_range
+    cov = f"{r.range_coverage:.0%}" if r.range_coverage else ""
     metrics = [
-        Metric("step time", fmt_seconds(r.step_time_s)),
-        Metric("throughput", f"{fmt_count(r.tokens_per_s)} tokens/s", f"{fmt_count(r.tokens_per_s / r.num_gpus)} per GPU"),
+        Metric("step time", fmt_seconds(r.step_time_s),
+               f"{cov} range {fmt_seconds(rng[0])} to {fmt_seconds(rng[1])}" if rng else ""),
+        Metric("throughput", f"{fmt_count(r.tokens_per_s)} tokens/s",
+               f"{fmt_count(r.tokens_per_s / r.num_gpus)} per GPU" +
+               (f"; {fmt_count(trng[0])} to {fmt_count(trng[1])}" if trng else "")),
         Metric("MFU", f"{r.mfu:.1%}", f"{r.model_tflops_per_gpu:.0f} model TFLOP/s per GPU"),
         Metric("memory per GPU", f"{r.memory_peak_gib:.1f} GiB", mem_note),
     ]
     if tokens_budget and r.tokens_per_s > 0:
         seconds = tokens_budget / r.tokens_per_s
-        metrics.append(Metric("time to train", fmt_seconds(seconds),
-                              f"{fmt_count(tokens_budget)} tokens, {fmt_count(seconds / 3600 * r.num_gpus)} GPU-hours"))
+        note = f"{fmt_count(tokens_budget)} tokens, {fmt_count(seconds / 3600 * r.num_gpus)} GPU-hours"
+        if trng:
+            note += f"; {fmt_seconds(tokens_budget / trng[1])} to {fmt_seconds(tokens_budget / trng[0])}"
+        metrics.append(Metric("time to train", fmt_seconds(seconds), note))
     return metrics
 
 
@@ -107,8 +117,12 @@ def search_headline(outcome: SearchOutcome) -> Headline:
     if comp:
         reasons.append(comp)
     if cap:
+        room = best.memory[0].headroom_bytes / 2**30 if best.memory else 0.0
         reasons.append(f"Peak memory {best.memory_peak_gib:.1f} GiB leaves {cap - best.memory_peak_gib:.1f} GiB "
-                       f"of the {cap:g} GiB free on its fullest GPU.")
+                       f"of the {cap:g} GiB free on its fullest GPU (every plan ranked keeps at least "
+                       f"{room:.1f} GiB free: --memory-headroom).")
+    if best.range_basis:
+        reasons.append(f"How sure: {best.range_basis}.")
     return Headline(short_label(best.plan), plan_in_words(best.plan),
                     tuple(plan_metrics(best, outcome.tokens_budget, cap)), tuple(reasons), tuple(best.notes))
 

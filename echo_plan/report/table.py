@@ -47,9 +47,10 @@ def ranked_table(ranked: tuple[StepResult, ...], tokens_budget: float | None = N
     plans = [r.plan for r in shown]
     knobs = differing_knobs(plans) if len(plans) > 1 else []
     best = shown[0] if shown else None
-    headers = ["#"] + [k.header for k in knobs] + ["step time", "vs #1", "tokens/s", "MFU", "peak GiB"]
+    headers = ["#"] + [k.header for k in knobs] + ["step time", "80% range", "vs #1", "tokens/s", "MFU", "peak GiB"]
     titles = ["rank"] + [k.long for k in knobs] + [
-        "predicted training step time", "slower than the recommended plan", "training throughput",
+        "predicted training step time", "where the measured step time is expected, 80% of the time",
+        "slower than the recommended plan", "training throughput",
         "model FLOPs utilisation", "peak memory of the fullest GPU"]
     if tokens_budget:
         headers.append("time to train")
@@ -63,8 +64,10 @@ def ranked_table(ranked: tuple[StepResult, ...], tokens_budget: float | None = N
             cells.append(Cell(text, num if num is not None else text,
                               differs=best is not None and text != knob_value(best.plan, k), numeric=num is not None))
         slower = r.step_time_s / best.step_time_s - 1 if best and best.step_time_s > 0 else 0.0
+        rng = r.step_time_range_s
         cells += [
             Cell(fmt_seconds(r.step_time_s, 4), r.step_time_s),
+            Cell(f"{fmt_seconds(rng[0])} - {fmt_seconds(rng[1])}" if rng else "-", rng[1] if rng else NO_VALUE),
             Cell("-" if i == 0 else f"+{slower:.1%}", slower),
             Cell(fmt_count(r.tokens_per_s), r.tokens_per_s),
             Cell(f"{r.mfu:.1%}", r.mfu),
@@ -100,7 +103,13 @@ def sizes_table(rows: tuple[CompareRow, ...]) -> Table:
                       Cell(f"{b.mfu:.1%}", b.mfu), Cell(f"{b.memory_peak_gib:.1f}", b.memory_peak_gib),
                       Cell("-" if eff is None else f"{eff:.0%}", -1.0 if eff is None else eff)]
         if has_time:
-            cells.append(_optional(r.train_time_s, fmt_seconds))
+            trng = b.tokens_per_s_range if b is not None else None
+            if trng and r.train_time_s is not None:
+                lo, hi = r.train_time_s * b.tokens_per_s / trng[1], r.train_time_s * b.tokens_per_s / trng[0]
+                cells.append(Cell(f"{fmt_seconds(r.train_time_s)} ({fmt_seconds(lo)} - {fmt_seconds(hi)})",
+                                  r.train_time_s))
+            else:
+                cells.append(_optional(r.train_time_s, fmt_seconds))
         if has_hours:
             cells.append(_optional(r.gpu_hours, lambda v: f"{v:,.0f}"))
         if has_cost:
