@@ -86,59 +86,50 @@ def _attention_backward_fake(grad, q, k, v, out, lse, causal, p, seed):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-@torch.library.custom_op("echo_plan::flash_attention", mutates_args=())
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float,
-                    seed: int) -> tuple[Tensor, Tensor]:
-    out, lse, _, _ = _attention_reference(q, k, v, causal, dropout_p, seed)
-    return out, lse
+def _attention_ops(name: str):
+    """A fused-attention forward op and its backward op, with fake, autograd and FLOP formulas."""
 
+    @torch.library.custom_op(f"echo_plan::{name}", mutates_args=())
+    def fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float, seed: int) -> tuple[Tensor, Tensor]:
+        out, lse, _, _ = _attention_reference(q, k, v, causal, dropout_p, seed)
+        return out, lse
 
-@torch.library.custom_op("echo_plan::flash_attention_backward", mutates_args=())
-def flash_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                             causal: bool, dropout_p: float, seed: int) -> tuple[Tensor, Tensor, Tensor]:
-    return _attention_backward_reference(grad, q, k, v, out, lse, causal, dropout_p, seed)
+    @torch.library.custom_op(f"echo_plan::{name}_backward", mutates_args=())
+    def bwd(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, dropout_p: float,
+            seed: int) -> tuple[Tensor, Tensor, Tensor]:
+        return _attention_backward_reference(grad, q, k, v, out, lse, causal, dropout_p, seed)
 
+    fwd.register_fake(_attention_fake)
+    bwd.register_fake(_attention_backward_fake)
 
-@torch.library.custom_op("echo_plan::flash_attention_dropout", mutates_args=())
-def flash_attention_dropout(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float,
-                            seed: int) -> tuple[Tensor, Tensor]:
-    out, lse, _, _ = _attention_reference(q, k, v, causal, dropout_p, seed)
-    return out, lse
-
-
-@torch.library.custom_op("echo_plan::flash_attention_dropout_backward", mutates_args=())
-def flash_attention_dropout_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                                     causal: bool, dropout_p: float, seed: int) -> tuple[Tensor, Tensor, Tensor]:
-    return _attention_backward_reference(grad, q, k, v, out, lse, causal, dropout_p, seed)
-
-
-for _fwd, _bwd in ((flash_attention, flash_attention_backward),
-                   (flash_attention_dropout, flash_attention_dropout_backward)):
-    _fwd.register_fake(_attention_fake)
-    _bwd.register_fake(_attention_backward_fake)
-
-    def _setup(ctx, inputs, output):
+    def setup(ctx, inputs, output):
         q, k, v, causal, p, seed = inputs
         ctx.save_for_backward(q, k, v, *output)
         ctx.causal, ctx.p, ctx.seed = causal, p, seed
         ctx.set_materialize_grads(False)
 
-    def _backward(ctx, grad_out, _grad_lse, _bwd=_bwd):
+    def backward(ctx, grad_out, _grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _bwd(grad_out, q, k, v, out, lse, ctx.causal, ctx.p, ctx.seed)
+        dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.causal, ctx.p, ctx.seed)
         return dq, dk, dv, None, None, None
 
-    _fwd.register_autograd(_backward, setup_context=_setup)
+    fwd.register_autograd(backward, setup_context=setup)
 
-    @register_flop_formula(getattr(torch.ops.echo_plan, _fwd._name.split("::")[-1]))
+    @register_flop_formula(getattr(torch.ops.echo_plan, name))
     def _fwd_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
         b, h, _, d = q_shape
         return sdpa_flop_count(q_shape, (b, h, k_shape[2], d), (b, h, v_shape[2], v_shape[3]))
 
-    @register_flop_formula(getattr(torch.ops.echo_plan, _bwd._name.split("::")[-1]))
+    @register_flop_formula(getattr(torch.ops.echo_plan, f"{name}_backward"))
     def _bwd_flops(grad_shape, q_shape, k_shape, v_shape, *args, **kwargs) -> int:
         b, h, _, d = q_shape
         return sdpa_backward_flop_count(grad_shape, q_shape, (b, h, k_shape[2], d), (b, h, v_shape[2], v_shape[3]))
+
+    return fwd, bwd
+
+
+flash_attention, flash_attention_backward = _attention_ops("flash_attention")
+flash_attention_dropout, flash_attention_dropout_backward = _attention_ops("flash_attention_dropout")
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, dropout_p: float = 0.0) -> Tensor:
