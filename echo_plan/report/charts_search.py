@@ -86,13 +86,20 @@ def throughput_memory_chart(outcome: SearchOutcome) -> Chart:
     mems = [r.memory_peak_gib for _, r in points if r.memory_peak_gib > 0]
     log_x = bool(mems) and max(mems) / min(mems) > 10
     cap = capacity_gib(outcome)
+    headroom = next((r.memory[0].headroom_bytes / 2**30 for _, r in points if r.memory), 0.0)
     shapes, annotations = [], []
     if cap is not None:
-        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": cap, "x1": cap, "y0": 0, "y1": 1,
+        usable = cap - headroom
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": usable, "x1": usable, "y0": 0, "y1": 1,
                        "line": {"color": CAPACITY_COLOR, "width": 2, "dash": "dash"}})
+        if headroom > 0:
+            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": cap, "x1": cap, "y0": 0, "y1": 1,
+                           "line": {"color": CAPACITY_COLOR, "width": 1, "dash": "dot"}})
         # annotations on a log axis take log10 of the position (shapes take the value itself)
-        annotations.append({"x": math.log10(cap) if log_x else cap, "y": 1, "xref": "x", "yref": "paper",
-                            "text": f"GPU memory {cap:g} GiB ", "showarrow": False, "xanchor": "right",
+        text = (f"usable {usable:.0f} GiB ({cap:g} GiB less {headroom:.1f} headroom) " if headroom > 0
+                else f"GPU memory {cap:g} GiB ")
+        annotations.append({"x": math.log10(usable) if log_x else usable, "y": 1, "xref": "x", "yref": "paper",
+                            "text": text, "showarrow": False, "xanchor": "right",
                             "yanchor": "top", "font": {"color": CAPACITY_COLOR}})
     layout = base_layout(420, xaxis={"title": {"text": "peak memory per GPU (GiB)" + (", log scale" if log_x else "")},
                                      "type": "log" if log_x else "linear",
