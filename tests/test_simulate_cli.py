@@ -44,7 +44,8 @@ def test_table_shows_memory_and_overflow(capsys, cache_args):
             "--gbs", "1", "--no-interference"]
     assert main(args + cache_args) == 0
     out = capsys.readouterr().out
-    assert "Memory per pipeline stage" in out and "NO" in out and "over capacity" in out
+    assert "Memory per pipeline stage" in out and "NO" in out and "over the usable memory" in out
+    assert "GiB headroom" in out  # what "usable" leaves out is said
 
 
 @pytest.mark.parametrize("extra", [
