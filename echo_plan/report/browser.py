@@ -104,7 +104,25 @@ def load(html: Path, chromium: str, budget_ms: int | None = 5000, timeout_s: flo
     with ``screenshot_to``, the same run also saves a PNG of the top ``window`` pixels.
     ``fragment`` is added to the URL (``"sync"``: the report draws before its load event).
     Chromium's profile, home and caches live in a temporary folder under ``profile_root`` (default:
-    the system's temporary folder), removed afterwards."""
+    the system's temporary folder), removed afterwards.
+
+    Headless Chromium now and then dumps the DOM before the page's scripts have run (seen with
+    Chromium 156: about one load in four under load, whatever the virtual-time budget); a load
+    that drew no chart and reported no error is retried, at most ``RETRIES`` times, so a page
+    that really draws nothing still fails."""
+    page = _load_once(html, chromium, budget_ms, timeout_s, screenshot_to, window, fragment, profile_root)
+    for _ in range(RETRIES):
+        if page.charts_ready or page.js_errors or page.console or budget_ms is None:
+            break
+        page = _load_once(html, chromium, budget_ms, timeout_s, screenshot_to, window, fragment, profile_root)
+    return page
+
+
+RETRIES = 2
+
+
+def _load_once(html: Path, chromium: str, budget_ms: int | None, timeout_s: float, screenshot_to: Path | None,
+               window: tuple[int, int], fragment: str, profile_root: Path | None) -> PageLoad:
     with tempfile.TemporaryDirectory(prefix="echo-plan-chromium-", dir=profile_root) as profile:
         args = [chromium, *BASE_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
                 f"--window-size={window[0]},{window[1]}"]
