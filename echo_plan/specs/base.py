@@ -14,7 +14,7 @@ T = TypeVar("T", bound="Spec")
 class Spec(BaseModel):
     """A frozen spec: unknown fields are rejected, values are validated on construction."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False, allow_inf_nan=False)
 
     @classmethod
     def build(cls: type[T], data: dict[str, Any], context: str = "") -> T:

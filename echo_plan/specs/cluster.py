@@ -10,6 +10,7 @@ from enum import Enum
 
 from pydantic import Field, model_validator
 
+from echo_plan import limits as L
 from echo_plan.specs.base import Spec
 from echo_plan.errors import SpecError
 
@@ -32,17 +33,18 @@ class Fabric(str, Enum):
 
 class GPUSpec(Spec):
     name: str
-    peak_bf16_tflops: float = Field(gt=0, description="dense BF16 tensor-core peak")
-    peak_fp16_tflops: float = Field(gt=0, description="dense FP16 tensor-core peak")
-    peak_fp32_tflops: float = Field(gt=0, description="FP32 (non tensor-core) peak")
-    peak_fp8_tflops: float | None = Field(default=None, gt=0)
-    hbm_GiB: float = Field(gt=0)
-    hbm_bw_GBps: float = Field(gt=0)
-    nvlink_bw_GBps: float = Field(ge=0, description="NVLink bandwidth per GPU, both directions together")
-    nvlink_links: int = Field(ge=0)
-    nvlink_link_bw_GBps: float = Field(ge=0, description="NCCL's usable bandwidth per link and direction")
-    sm_count: int = Field(gt=0)
-    sm_arch: int = Field(gt=0, description="compute capability x10, e.g. 80 for A100, 90 for Hopper")
+    # ceilings ~1000x above today's parts (H100: ~2,000 TFLOP/s FP8, 80 GiB, 3.35 TB/s, 18 links)
+    peak_bf16_tflops: float = Field(gt=0, le=1e6, description="dense BF16 tensor-core peak")
+    peak_fp16_tflops: float = Field(gt=0, le=1e6, description="dense FP16 tensor-core peak")
+    peak_fp32_tflops: float = Field(gt=0, le=1e6, description="FP32 (non tensor-core) peak")
+    peak_fp8_tflops: float | None = Field(default=None, gt=0, le=1e6)
+    hbm_GiB: float = Field(gt=0, le=1e5)
+    hbm_bw_GBps: float = Field(gt=0, le=1e7)
+    nvlink_bw_GBps: float = Field(ge=0, le=1e7, description="NVLink bandwidth per GPU, both directions together")
+    nvlink_links: int = Field(ge=0, le=1024)
+    nvlink_link_bw_GBps: float = Field(ge=0, le=1e6, description="NCCL's usable bandwidth per link and direction")
+    sm_count: int = Field(gt=0, le=100_000)
+    sm_arch: int = Field(gt=0, le=1000, description="compute capability x10, e.g. 80 for A100, 90 for Hopper")
     nvls: bool = Field(default=False, description="NVLink SHARP (NVSwitch reductions) available")
 
     def peak_tflops(self, dtype: DType) -> float:
@@ -64,12 +66,13 @@ class GPUSpec(Spec):
 
 
 class NetworkSpec(Spec):
-    nics_per_node: int = Field(gt=0)
-    nic_bw_Gbps: float = Field(gt=0, description="line rate of one NIC, one direction")
+    nics_per_node: int = Field(gt=0, le=1024)
+    nic_bw_Gbps: float = Field(gt=0, le=1e7, description="line rate of one NIC, one direction")
     nic_efficiency: float = Field(default=0.94, gt=0, le=1, description="achievable fraction of line rate")
     fabric: Fabric = Fabric.RAIL_OPTIMIZED
-    oversubscription: float = Field(default=1.0, ge=1.0, description="fabric oversubscription ratio, 1 = non-blocking")
-    latency_us: float = Field(default=5.0, ge=0, description="one network hop's latency")
+    oversubscription: float = Field(default=1.0, ge=1.0, le=1e3,
+                                    description="fabric oversubscription ratio, 1 = non-blocking")
+    latency_us: float = Field(default=5.0, ge=0, le=1e6, description="one network hop's latency")
 
     @property
     def nic_GBps(self) -> float:
@@ -84,10 +87,10 @@ class NetworkSpec(Spec):
 class ClusterSpec(Spec):
     name: str
     gpu: GPUSpec
-    gpus_per_node: int = Field(gt=0)
-    num_nodes: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0, le=L.MAX_GPUS_PER_NODE)
+    num_nodes: int = Field(gt=0, le=L.MAX_GPUS)
     network: NetworkSpec
-    nvlink_latency_us: float = Field(default=0.6, ge=0)
+    nvlink_latency_us: float = Field(default=0.6, ge=0, le=1e6)
     sources: list[str] = Field(default_factory=list)
     calibration: dict = Field(
         default_factory=dict,
@@ -97,6 +100,9 @@ class ClusterSpec(Spec):
     def _rules(self) -> "ClusterSpec":
         if self.gpus_per_node > 1 and self.gpu.nvlink_links == 0:
             raise ValueError("a server with several GPUs needs gpu.nvlink_links > 0")
+        if self.num_gpus > L.MAX_GPUS:
+            raise ValueError(f"{self.num_nodes:,} nodes x {self.gpus_per_node} GPUs = {self.num_gpus:,} GPUs; "
+                             f"at most {L.MAX_GPUS:,}")
         if self.calibration:
             from echo_plan.cost.calibration import check_calibration
 
@@ -112,12 +118,10 @@ class ClusterSpec(Spec):
         if nodes is not None and gpus is not None:
             raise SpecError("--nodes/--gpus", f"{nodes}/{gpus}", "give one of --nodes or --gpus, not both")
         if nodes is not None:
-            if nodes < 1:
-                raise SpecError("nodes", nodes, "a positive number of servers")
+            L.check_int("nodes", nodes, 1, L.MAX_GPUS // self.gpus_per_node, "servers")
             return self.replace(num_nodes=nodes)
         if gpus is not None:
-            if gpus < 1:
-                raise SpecError("gpus", gpus, "a positive number of GPUs")
+            L.check_int("gpus", gpus, 1, L.MAX_GPUS, "GPUs")
             if gpus < self.gpus_per_node:
                 return self.replace(gpus_per_node=gpus, num_nodes=1)
             if gpus % self.gpus_per_node:

@@ -6,6 +6,7 @@ from enum import Enum
 
 from pydantic import Field, model_validator
 
+from echo_plan import limits as L
 from echo_plan.specs.base import Spec
 
 
@@ -47,13 +48,13 @@ class ModelSpec(Spec):
     """Architecture of the model to train. Sizes are counts, lengths are tokens."""
 
     name: str = Field(min_length=1)
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_kv_heads: int | None = Field(default=None, gt=0)
-    ffn_hidden_size: int | None = Field(default=None, gt=0)
-    vocab_size: int = Field(gt=0)
-    seq_length: int = Field(gt=0)
+    num_layers: int = Field(gt=0, le=L.MAX_LAYERS)
+    hidden_size: int = Field(gt=0, le=L.MAX_HIDDEN)
+    num_attention_heads: int = Field(gt=0, le=L.MAX_HEADS)
+    num_kv_heads: int | None = Field(default=None, gt=0, le=L.MAX_HEADS)
+    ffn_hidden_size: int | None = Field(default=None, gt=0, le=L.MAX_FFN)
+    vocab_size: int = Field(gt=0, le=L.MAX_VOCAB)
+    seq_length: int = Field(gt=0, le=L.MAX_SEQUENCE)
     activation: Activation = Activation.GELU
     norm: Norm = Norm.LAYERNORM
     position_embedding: PositionEmbedding = PositionEmbedding.LEARNED

@@ -6,6 +6,7 @@ from enum import Enum
 
 from pydantic import Field, model_validator
 
+from echo_plan import limits as L
 from echo_plan.errors import SpecError
 from echo_plan.specs.base import Spec
 from echo_plan.specs.cluster import ClusterSpec, DType
@@ -25,12 +26,13 @@ class Schedule(str, Enum):
 
 
 class PlanSpec(Spec):
-    tp: int = Field(default=1, gt=0, description="tensor-parallel degree")
-    pp: int = Field(default=1, gt=0, description="pipeline-parallel degree")
-    dp: int = Field(default=1, gt=0, description="data-parallel degree")
-    micro_batch_size: int = Field(default=1, gt=0)
-    global_batch_size: int = Field(default=1, gt=0)
-    virtual_stages: int = Field(default=1, gt=0, description="model chunks per pipeline rank (interleaving)")
+    tp: int = Field(default=1, gt=0, le=L.MAX_GPUS, description="tensor-parallel degree")
+    pp: int = Field(default=1, gt=0, le=L.MAX_GPUS, description="pipeline-parallel degree")
+    dp: int = Field(default=1, gt=0, le=L.MAX_GPUS, description="data-parallel degree")
+    micro_batch_size: int = Field(default=1, gt=0, le=L.MAX_GLOBAL_BATCH)
+    global_batch_size: int = Field(default=1, gt=0, le=L.MAX_GLOBAL_BATCH)
+    virtual_stages: int = Field(default=1, gt=0, le=L.MAX_LAYERS,
+                                description="model chunks per pipeline rank (interleaving)")
     schedule: Schedule = Schedule.ONE_F_ONE_B
     recompute: Recompute = Recompute.NONE
     sequence_parallel: bool = False
@@ -57,6 +59,14 @@ class PlanSpec(Spec):
                 f"global_batch_size {self.global_batch_size} must be divisible by "
                 f"dp x micro_batch_size = {self.dp} x {self.micro_batch_size}"
             )
+        if self.num_microbatches > L.MAX_MICROBATCHES:
+            raise ValueError(
+                f"global_batch_size {self.global_batch_size} is {self.num_microbatches:,} micro-batches per step "
+                f"(dp {self.dp} x micro-batch {self.micro_batch_size}); at most {L.MAX_MICROBATCHES:,}: "
+                f"use a smaller global batch or a larger micro-batch"
+            )
+        if self.world_size > L.MAX_GPUS:
+            raise ValueError(f"tp x pp x dp = {self.world_size:,} GPUs; at most {L.MAX_GPUS:,}")
         return self
 
     @property
