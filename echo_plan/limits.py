@@ -22,10 +22,13 @@ MAX_FFN = 1 << 21
 MAX_VOCAB = 1 << 24  # 16.7M tokens: published vocabularies are at most ~10^6
 MAX_SEQUENCE = 1 << 24  # 16.7M tokens: the longest published training contexts are ~10^6-10^7
 MAX_SEED = (1 << 32) - 1  # what numpy's and Optuna's samplers accept
-MAX_TRIALS = 1_000_000
+MAX_SPACE_CANDIDATES = 500_000  # plans in a search space: the default has 9,216; checking one takes ~40 us
+MAX_TRIALS = 1_000_000  # a search simulates ~100 plans; a million takes days
+MAX_WORKERS = 4096  # local Ray workers: one per core of the largest servers, with room
 MAX_BYTES = 1 << 50  # 1 PiB: no collective or memory figure comes near
 MAX_FILE_BYTES = 64 << 20  # a spec, space or suite file larger than 64 MiB is not one a person wrote
 MAX_NESTING = 64  # depth of nested mappings/lists in a spec file
+MAX_NODES = 5_000_000  # values in one parsed file (a saved 1,000-trial search result holds ~10^5)
 
 
 def check_int(field: str, value: Any, lo: int, hi: int, what: str = "") -> int:
@@ -36,17 +39,19 @@ def check_int(field: str, value: Any, lo: int, hi: int, what: str = "") -> int:
     return value
 
 
-def nesting_depth(obj: Any, limit: int = MAX_NESTING) -> int:
-    """Depth of nested dicts/lists, counted iteratively (a deep file cannot overflow the stack);
-    stops counting past ``limit``."""
-    deepest = 0
+def structure_problem(obj: Any, max_depth: int = MAX_NESTING, max_nodes: int = MAX_NODES) -> str | None:
+    """Why a parsed file is too deep or too big to be a spec (None when it is fine). Counted
+    iteratively, so neither a deep file nor a self-referencing YAML alias can overflow or loop."""
+    nodes = 0
     stack = [(obj, 1)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, (dict, list, tuple)):
-            deepest = max(deepest, depth)
-            if deepest > limit:
-                return deepest
+            if depth > max_depth:
+                return f"nested more than {max_depth} levels deep; spec files are flat mappings"
+            nodes += len(node)
+            if nodes > max_nodes:
+                return f"holds more than {max_nodes:,} values (YAML aliases count each time they are used)"
             children = node.values() if isinstance(node, dict) else node
             stack.extend((c, depth + 1) for c in children)
-    return deepest
+    return None

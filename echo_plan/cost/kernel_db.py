@@ -9,7 +9,6 @@ The format is described in ``kernels/README.md``.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,14 +82,9 @@ class KernelDatabase:
     @staticmethod
     def load(path: str | Path) -> "KernelDatabase":
         p = Path(path)
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise FileFormatError(str(p), "no such file") from None
-        except json.JSONDecodeError as exc:
-            raise FileFormatError(str(p), f"malformed JSON: {exc.msg}", exc.lineno) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise FileFormatError(str(p), f"cannot read: {exc}") from None
+        from echo_plan.files import parse_json, read_text
+
+        data = parse_json(read_text(p), str(p))
         return KernelDatabase.from_json(data, str(p))
 
     @staticmethod

@@ -17,7 +17,6 @@ echo-plan's cost models: one replay device per rank, all ranks together.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from echo_plan.errors import FileFormatError
+from echo_plan.files import parse_json, read_text
 from echo_plan.interop import chakra_io as cio
 from echo_plan.interop import chakra_schema as cs
 from echo_plan.interop.chakra_export import MIX_ATTR
@@ -71,9 +71,9 @@ def load_groups(prefix: str | Path) -> dict[str, tuple[int, ...]] | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(read_text(path), str(path))
         return {str(k): tuple(int(r) for r in v) for k, v in data.items()}
-    except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError, AttributeError) as exc:
         raise FileFormatError(str(path), f"not a JSON object of group name -> list of ranks ({exc})")
 
 

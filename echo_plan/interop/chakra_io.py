@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from echo_plan.errors import FileFormatError
-from echo_plan.files import write_atomic
+from echo_plan.files import read_bytes, write_atomic
 from echo_plan.interop import chakra_schema as cs
 
 WRITE_VERSION = "1.0.0"
@@ -256,13 +256,7 @@ def decode_et(data: bytes, path: str = "<bytes>") -> EtFile:
 
 def read_et(path: str | Path) -> EtFile:
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise FileFormatError(str(p), "no such file")
-    except IsADirectoryError:
-        raise FileFormatError(str(p), "is a folder, not a Chakra .et file")
-    return decode_et(data, str(p))
+    return decode_et(read_bytes(p), str(p))
 
 
 def check_graph(et: EtFile) -> list[str]:

@@ -22,6 +22,7 @@ from enum import Enum
 from pathlib import Path
 
 from echo_plan.errors import FileFormatError
+from echo_plan.files import read_text
 from echo_plan.trace.records import CollectiveKind
 
 
@@ -292,12 +293,7 @@ def parse_msccl(text: str, path: str = "<xml>") -> MscclAlgorithm:
 
 def load_msccl(path: str | Path) -> MscclAlgorithm:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileFormatError(str(p), "no such file")
-    except (IsADirectoryError, UnicodeDecodeError) as exc:
-        raise FileFormatError(str(p), f"cannot be read as XML text ({exc.__class__.__name__})")
+    text = read_text(p)
     return parse_msccl(text, str(p))
 
 

@@ -181,6 +181,8 @@ def _parse(text: str, where: str, base: InterferenceModel | None) -> Interferenc
         raise FileFormatError(where, f"malformed YAML: {exc.problem}", line) from None
     except yaml.YAMLError as exc:
         raise FileFormatError(where, f"malformed YAML: {exc}") from None
+    except RecursionError:
+        raise FileFormatError(where, "nested too deep; the file is a flat mapping of tables") from None
     if not isinstance(root, yaml.MappingNode):
         raise FileFormatError(where, "expected a mapping with compute_slowdown / comm_slowdown tables",
                               _line(root))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from echo_plan.errors import EchoPlanError, FileFormatError
-from echo_plan.files import read_text
+from echo_plan.files import parse_json, read_text
 from echo_plan.replay.results import StepResult
 from echo_plan.search.results import CompareOutcome, SearchOutcome, TrialRecord, TrialState
 
@@ -29,11 +29,7 @@ def load_result_file(path: str | Path) -> SearchOutcome | CompareOutcome:
     from echo_plan.search.serialize import COMPARE_FORMAT, FORMAT, compare_from_json, outcome_from_json
 
     p = Path(path)
-    text = read_text(p)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FileFormatError(str(p), f"malformed JSON: {exc.msg}", exc.lineno) from None
+    data = parse_json(read_text(p), str(p))
     kind = data.get("format") if isinstance(data, dict) else None
     try:
         if kind == FORMAT:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from echo_plan.errors import FileFormatError
-from echo_plan.files import read_text
+from echo_plan.files import parse_json, parse_yaml, read_text
 
 # Hugging Face config.json keys -> ModelSpec fields (Llama, Mistral, Qwen2 and GPT-2 families).
 HF_KEY_MAP: dict[str, str] = {
@@ -27,27 +24,21 @@ HF_KEY_MAP: dict[str, str] = {
     "n_positions": "seq_length",  # GPT-2
     "tie_word_embeddings": "tied_embeddings",
 }
-HF_LLAMA_TYPES = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"}
+HF_LLAMA_TYPES = {"llama", "mistral", "qwen2"}
 HF_GPT2_TYPES = {"gpt2"}
+# Activations as each family names them; the llama family's is the gate of a SwiGLU MLP.
+HF_ACTIVATIONS = {"llama": {"silu": "swiglu", "swish": "swiglu"},
+                  "gpt2": {"gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu"}}
+# Keys that make a different architecture than echo-plan models: never ignored (see _unsupported).
+HF_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+HF_MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "jamba", "olmoe"}
 
 
 def read_mapping(path: str | Path) -> dict[str, Any]:
     """Parse a YAML or JSON file that must hold a mapping; errors say the file and the line."""
     p = Path(path)
     text = read_text(p)
-    if p.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise FileFormatError(str(p), f"malformed JSON: {exc.msg}", exc.lineno) from None
-    else:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.MarkedYAMLError as exc:
-            line = exc.problem_mark.line + 1 if exc.problem_mark is not None else None
-            raise FileFormatError(str(p), f"malformed YAML: {exc.problem}", line) from None
-        except yaml.YAMLError as exc:
-            raise FileFormatError(str(p), f"malformed YAML: {exc}") from None
+    data = parse_json(text, str(p)) if p.suffix.lower() == ".json" else parse_yaml(text, str(p))
     if not isinstance(data, dict):
         raise FileFormatError(str(p), f"expected a mapping of fields, found {type(data).__name__}")
     return data
@@ -60,19 +51,52 @@ def is_hf_config(data: dict[str, Any]) -> bool:
 def model_fields_from_hf(data: dict[str, Any], name: str, path: str = "config.json") -> dict[str, Any]:
     """Translate a Hugging Face config.json mapping into ModelSpec fields (see HF_KEY_MAP)."""
     model_type = str(data.get("model_type", "")).lower()
+    moe = [f"{k} {data[k]!r}" for k in HF_MOE_KEYS if data.get(k)]
+    if model_type in HF_MOE_TYPES or moe:
+        what = moe[0] if moe else f"model_type {model_type!r}"
+        raise FileFormatError(path, f"{what}: mixture-of-experts models are not supported yet (only dense "
+                                    "transformers)")
     if model_type not in HF_LLAMA_TYPES | HF_GPT2_TYPES:
         known = ", ".join(sorted(HF_LLAMA_TYPES | HF_GPT2_TYPES))
         raise FileFormatError(path, f"model_type {model_type!r} is not supported; supported: {known}")
+    family = "gpt2" if model_type in HF_GPT2_TYPES else "llama"
     fields: dict[str, Any] = {"name": name, "source": f"Hugging Face config {path}"}
     for key, field in HF_KEY_MAP.items():
         if key in data and data[key] is not None:
             fields[field] = data[key]
-    if model_type in HF_GPT2_TYPES:
-        fields.update(activation="gelu", norm="layernorm", position_embedding="learned")
+    act_key = "activation_function" if family == "gpt2" else "hidden_act"
+    act = str(data.get(act_key, "gelu_new" if family == "gpt2" else "silu"))
+    if act not in HF_ACTIVATIONS[family]:
+        raise FileFormatError(path, f"{act_key} {act!r} is not supported for {model_type}; supported: "
+                                    f"{', '.join(HF_ACTIVATIONS[family])}")
+    if family == "gpt2":
+        fields.update(activation=HF_ACTIVATIONS[family][act], norm="layernorm", position_embedding="learned")
         fields.setdefault("tied_embeddings", True)
     else:
-        fields.update(activation="swiglu", norm="rmsnorm", position_embedding="rotary")
+        fields.update(activation=HF_ACTIVATIONS[family][act], norm="rmsnorm", position_embedding="rotary")
         fields.setdefault("tied_embeddings", False)
-        if "seq_length" in fields:  # long-context configs: train at most at 8k by default
-            fields["seq_length"] = min(int(fields["seq_length"]), 8192)
+        if isinstance(fields.get("seq_length"), int):  # long-context configs: train at most at 8k by default
+            fields["seq_length"] = min(fields["seq_length"], 8192)
+    _unsupported(data, fields, path)
     return fields
+
+
+def _unsupported(data: dict[str, Any], fields: dict[str, Any], path: str) -> None:
+    """FileFormatError for keys that change the architecture in ways echo-plan does not model yet:
+    a simulation of the dense model instead would be silently wrong."""
+    window = data.get("sliding_window")
+    seq = fields.get("seq_length")
+    if window and data.get("use_sliding_window", True) is not False and isinstance(seq, int) and window < seq:
+        raise FileFormatError(path, f"sliding_window {window!r} is shorter than the training sequence {seq}: "
+                                    "sliding-window attention is not supported yet; set max_position_embeddings "
+                                    f"to at most {window} or remove sliding_window")
+    heads, hidden = fields.get("num_attention_heads"), fields.get("hidden_size")
+    head_dim = data.get("head_dim")
+    if head_dim is not None and isinstance(heads, int) and isinstance(hidden, int) and heads > 0 \
+            and head_dim != hidden // heads:
+        raise FileFormatError(path, f"head_dim {head_dim!r} differs from hidden_size / num_attention_heads = "
+                                    f"{hidden // heads}: not supported yet")
+    for key in ("attention_bias", "mlp_bias"):
+        if data.get(key):
+            raise FileFormatError(path, f"{key}: true is not supported for this family yet (biases on some "
+                                        "layers only); set it to false to simulate without")
