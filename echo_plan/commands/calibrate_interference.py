@@ -25,8 +25,10 @@ def register_interference(calibrate_app: typer.Typer) -> None:
     ) -> None:
         """Fit the median overlapped/isolated ratio per (compute kind, communication kind)."""
         from echo_plan.calibrate.interference_fit import fit_interference, read_measurements
+        from echo_plan.output_paths import check_output_file
         from echo_plan.replay.interference import load_interference
 
+        check_output_file(out, "--out", (".yaml", ".yml"))
         result = fit_interference(read_measurements(csv_path), str(csv_path))
         path = write_atomic(out, result.to_yaml())
         load_interference(str(path))  # what we wrote must load
@@ -55,7 +57,9 @@ def register_interference(calibrate_app: typer.Typer) -> None:
         """Time compute kernels alone and beside a communication kernel on another stream (CUDA only)."""
         from echo_plan.calibrate.interference_measure import MeasureConfig, MeasureMode, measure_to_csv
         from echo_plan.errors import SpecError
+        from echo_plan.output_paths import check_output_file
 
+        check_output_file(out, "--out", (".csv",))
         try:
             m = MeasureMode(mode)
         except ValueError:

@@ -90,8 +90,11 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
         from echo_plan.calibrate.kernels import NoCudaDevice, check_device, database_json, measure_ops
         from echo_plan.specs import DType, load_model
 
+        from echo_plan.output_paths import check_output_file
+
         if device not in ("cuda", "cpu"):
             raise SpecError("--device", device, "cuda or cpu")
+        check_output_file(output, "--output", (".json",))
         try:
             check_device(device)
         except NoCudaDevice as exc:

@@ -76,6 +76,9 @@ def register_nccl(calibrate_app: typer.Typer) -> None:
         from echo_plan.specs import load_cluster
         from echo_plan.trace.records import CollectiveKind
 
+        from echo_plan.output_paths import check_output_file
+
+        check_output_file(output, "--output", (".yaml", ".yml"))
         if fit_max_gpus is not None and fit_max_gpus < 2:
             raise SpecError("--fit-max-gpus", fit_max_gpus, "at least 2 (one GPU moves no data)")
         the_kind = None

@@ -42,6 +42,11 @@ def register_steps(calibrate_app: typer.Typer) -> None:
         from echo_plan.specs import ClusterSpec, load_cluster
         from echo_plan.trace.cache import TraceCache
         from echo_plan.validation.registry import training_rows, training_suite
+        from echo_plan.commands.common import check_cache_dir
+        from echo_plan.output_paths import check_output_file
+
+        check_output_file(output, "--output", (".yaml", ".yml"))
+        check_cache_dir(cache_dir)
 
         suite = training_suite(measured)
         stack_name = stack or suite.stack

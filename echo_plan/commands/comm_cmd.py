@@ -41,8 +41,9 @@ def register(app: typer.Typer) -> None:
             kind = CollectiveKind(op.replace("-", "_").lower())
         except ValueError:
             raise SpecError("--op", op, ", ".join(k.value for k in CollectiveKind)) from None
-        if gpus < 1:
-            raise SpecError("--gpus", gpus, "a positive number of GPUs")
+        from echo_plan.limits import MAX_GPUS, check_int
+
+        check_int("--gpus", gpus, 1, MAX_GPUS, "GPUs in the group")
         nbytes = parse_size(size)
         spec = load_cluster(cluster)
         nodes = -(-gpus // spec.gpus_per_node)

@@ -76,3 +76,17 @@ def print_json(obj: Any) -> None:
 
 def stderr_is_tty() -> bool:
     return sys.stderr.isatty()
+
+
+def check_cache_dir(cache_dir: Optional[str]) -> None:
+    """Fail before any work when the trace cache folder (--cache-dir, $ECHO_PLAN_CACHE_DIR or the
+    user cache folder) is not a folder where files can be created."""
+    import os
+
+    from echo_plan.output_paths import check_output_dir
+    from echo_plan.trace.cache import ENV_VAR, default_cache_root
+
+    if cache_dir is not None:
+        check_output_dir(cache_dir, "--cache-dir")
+    else:
+        check_output_dir(default_cache_root(), f"${ENV_VAR}" if os.environ.get(ENV_VAR) else "the trace cache folder")

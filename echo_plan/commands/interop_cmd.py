@@ -48,7 +48,14 @@ def register(app: typer.Typer) -> None:
         from echo_plan.interop.chakra_step import build_step_graph
         from echo_plan.specs import PlanSpec
         from echo_plan.trace.cache import TraceCache
+        from echo_plan.commands.common import check_cache_dir
+        from echo_plan.limits import MAX_GPUS, check_int
+        from echo_plan.output_paths import check_output_prefix
 
+        check_output_prefix(out, "--output")
+        check_cache_dir(cache_dir)
+        check_int("--tp", tp, 1, MAX_GPUS, "the tensor-parallel degree")
+        check_int("--pp", pp, 1, MAX_GPUS, "the pipeline-parallel degree")
         model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
         if dp is None:
             if cluster_spec.num_gpus % (tp * pp):
@@ -84,8 +91,10 @@ def register(app: typer.Typer) -> None:
         """Convert an MSCCL-IR algorithm to Chakra graphs of sends, receives and reductions, one per GPU."""
         from echo_plan.interop.chakra_collective import export_collective
         from echo_plan.interop.msccl import load_msccl
+        from echo_plan.output_paths import check_output_prefix
         from echo_plan.specs import parse_size
 
+        check_output_prefix(out, "--output")
         algo = load_msccl(algorithm)
         paths = export_collective(algo, parse_size(size), out)
         typer.echo(f"wrote {len(paths)} Chakra graph(s) for {algo.name} ({algo.coll}, {algo.ngpus} GPUs, "

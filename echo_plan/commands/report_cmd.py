@@ -30,7 +30,9 @@ def register(app: typer.Typer) -> None:
         from echo_plan.report.api import make_report
         from echo_plan.report.enrich import timeline_simulator
         from echo_plan.report.load import load_source
+        from echo_plan.output_paths import check_output_file
 
+        check_output_file(output, "--output", (".html", ".htm"))
         outcome = load_source(source, storage, study_name)
         written = make_report(outcome, output, fill_timeline=not no_simulate, simulator=timeline_simulator(cache_dir))
         if written.timeline_note:

@@ -45,10 +45,13 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
         kind = SamplerKind(sampler.lower())
     except ValueError:
         raise SpecError("--sampler", sampler, "one of " + ", ".join(k.value for k in SamplerKind)) from None
-    if trials is not None and trials < 1:
-        raise SpecError("--trials", trials, "at least 1")
-    if workers < 0:
-        raise SpecError("--workers", workers, "0 (in-process) or a positive number of Ray workers")
+    from echo_plan import limits as L
+
+    if trials is not None:
+        L.check_int("--trials", trials, 1, L.MAX_TRIALS, "distinct plans to simulate")
+    L.check_int("--workers", workers, 0, L.MAX_WORKERS, "0 runs in-process, N starts N local Ray workers")
+    L.check_int("--seed", seed, 0, L.MAX_SEED, "the sampler's seed")
+    L.check_int("--gbs", gbs, 1, L.MAX_GLOBAL_BATCH, "sequences per step")
     m, c = resolve_specs(model, cluster, nodes, gpus)
     return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=load_space(space), sampler=kind, seed=seed,
                         n_trials=trials, storage=storage, study_name=study_name, workers=workers,
@@ -134,15 +137,21 @@ def register(app: typer.Typer) -> None:
         progress: Optional[bool] = ProgressOpt, report: Optional[str] = ReportOpt,
     ) -> None:
         """Find the fastest plans that fit: prune the space, simulate candidates (Optuna), rank them."""
-        from echo_plan.errors import EchoPlanError
         from echo_plan.search.evaluator import SimulatorFactory
         from echo_plan.search.explain import format_knob_stats, knob_stats
         from echo_plan.search.serialize import outcome_to_json
         from echo_plan.search.study import prune_for, run_search
         from echo_plan.search.table import ranked_csv
 
-        if top < 1:
-            raise EchoPlanError("--top must be at least 1")
+        from echo_plan.commands.common import check_cache_dir
+        from echo_plan.output_paths import check_output_file
+
+        from echo_plan.limits import check_int
+
+        check_int("--top", top, 1, 1_000_000, "plans to show")
+        check_output_file(csv, "--csv", (".csv",))
+        check_output_file(report, "--report", (".html", ".htm"))
+        check_cache_dir(cache_dir)
         config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
                          workers, ray_address, stack=stack, memory_headroom=memory_headroom)
         pruned = prune_for(config)
@@ -187,6 +196,12 @@ def register(app: typer.Typer) -> None:
         from echo_plan.search.serialize import compare_to_json
         from echo_plan.search.table import COMPARE_COLUMNS, compare_rows, format_compare
 
+        from echo_plan.commands.common import check_cache_dir
+        from echo_plan.output_paths import check_output_file
+
+        check_output_file(csv, "--csv", (".csv",))
+        check_output_file(report, "--report", (".html", ".htm"))
+        check_cache_dir(cache_dir)
         sizes = parse_gpu_list(gpus)
         base = _config(model, cluster, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
                        ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom)

@@ -48,10 +48,16 @@ def register(app: typer.Typer) -> None:
                  "used where the group size fits the file, NCCL otherwise)"),
     ) -> None:
         """Predict the training step of one plan: time, throughput, MFU, memory per stage, breakdown."""
-        from echo_plan.commands.common import parse_headroom, resolve_specs, resolve_stack
+        from echo_plan.commands.common import check_cache_dir, parse_headroom, resolve_specs, resolve_stack
         from echo_plan.errors import SpecError
+        from echo_plan.limits import MAX_GPUS, check_int
+        from echo_plan.output_paths import check_output_file
         from echo_plan.specs import PlanSpec
 
+        check_output_file(trace, "--trace", (".json",))
+        check_cache_dir(cache_dir)
+        check_int("--tp", tp, 1, MAX_GPUS, "the tensor-parallel degree")
+        check_int("--pp", pp, 1, MAX_GPUS, "the pipeline-parallel degree")
         model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
         stack_spec = resolve_stack(stack)
         headroom = parse_headroom(memory_headroom, cluster_spec)

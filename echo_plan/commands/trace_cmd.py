@@ -127,6 +127,9 @@ def register(app: typer.Typer) -> None:
         from echo_plan.trace import TraceCache, TraceCacheWarning, trace_stage
         from echo_plan.trace.records import StageKind
 
+        from echo_plan.commands.common import check_cache_dir
+
+        check_cache_dir(cache_dir)
         spec = load_model(model)
         stack_spec = resolve_stack(stack)
         cache = TraceCache(cache_dir)

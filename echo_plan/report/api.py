@@ -51,7 +51,7 @@ def report_from_cli(outcome: SearchOutcome | CompareOutcome, path: str | None, c
 
     for note in save_settings(outcome):
         typer.echo(f"note: {note}", err=True)
-    if not path:
+    if path is None:
         return None
 
     written = make_report(outcome, path, simulator=timeline_simulator(cache_dir), fresh=True)
