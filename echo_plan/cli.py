@@ -42,8 +42,6 @@ def _register_all() -> None:
         module.register(app)
 
 
-
-
 @app.callback()
 def _root() -> None:
     """Find the fastest LLM training plan that fits, by simulating it (Echo-style)."""
@@ -52,8 +50,21 @@ def _root() -> None:
 _register_all()
 
 
+def _plain_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """Warnings reach the user as one plain line, without Python's source path and code line."""
+    typer.echo(f"warning: {message}", err=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user mistakes print one line on stderr and exit with code 2."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.showwarning = _plain_warning
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False)
     except EchoPlanError as exc:

@@ -17,6 +17,7 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 
+from echo_plan.errors import EchoPlanError
 from echo_plan.files import write_atomic
 from echo_plan.trace.records import LayerTrace, TraceKey
 from echo_plan.trace.serialize import key_to_dict, trace_from_dict, trace_to_dict
@@ -53,6 +54,7 @@ class TraceCache:
         self.misses = 0
         self.corrupt = 0
         self._memory: dict[TraceKey, LayerTrace] = {}
+        self._bypassed: set[Path] = set()  # entries that cannot be used or replaced; reported once each
 
     def path_for(self, key: TraceKey) -> Path:
         return self.root / f"{key.stage.value}-{key.digest()}.json"
@@ -63,6 +65,11 @@ class TraceCache:
             self.hits += 1
             return kept
         path = self.path_for(key)
+        if path in self._bypassed:
+            self.misses += 1
+            return None
+        if path.is_dir() or (path.exists() and not path.is_file()):
+            return self._bypass(path, "is not a regular file")
         try:
             raw = path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
@@ -72,8 +79,8 @@ class TraceCache:
             return self._discard(path, f"unreadable ({exc.strerror or exc})")
         try:
             trace = self._decode(raw, key)
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-            return self._discard(path, str(exc) or type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - whatever is wrong with an entry, it is traced again
+            return self._discard(path, str(exc)[:200] or type(exc).__name__)
         self.hits += 1
         self._memory[key] = trace
         return trace
@@ -85,8 +92,14 @@ class TraceCache:
             "sha256": hashlib.sha256(payload).hexdigest(), "key": key_to_dict(trace.key),
         }
         data = json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
-        write_atomic(self.path_for(trace.key), data)  # several Ray workers may write the same key
+        path = self.path_for(trace.key)
         self._memory[trace.key] = replace(trace, from_cache=True)
+        if path in self._bypassed:
+            return
+        try:
+            write_atomic(path, data)  # several Ray workers may write the same key
+        except EchoPlanError as exc:  # a folder in the way, a full disk: kept in memory for this run
+            self._bypass(path, f"cannot be written ({exc})")
 
     @staticmethod
     def _decode(raw: bytes, key: TraceKey) -> LayerTrace:
@@ -106,6 +119,14 @@ class TraceCache:
         if trace.key != key:
             raise ValueError("payload key differs from the header")
         return trace
+
+    def _bypass(self, path: Path, why: str) -> None:
+        self.misses += 1
+        if path not in self._bypassed:
+            self._bypassed.add(path)
+            warnings.warn(f"trace cache: {path} {why}; not using it (remove it to cache this trace again)",
+                          TraceCacheWarning, stacklevel=3)
+        return None
 
     def _discard(self, path: Path, why: str) -> None:
         self.corrupt += 1
