@@ -164,7 +164,7 @@ def parse_nccl_tests_text(text: str, source: str = "<text>", kind: CollectiveKin
     if not rows:
         raise FileFormatError(source, "no result rows (is this nccl-tests output?)")
     if not footer:
-        raise FileFormatError(source, f"truncated: no '# Avg bus bandwidth' footer after the last row", rows[-1].line)
+        raise FileFormatError(source, "truncated: no '# Avg bus bandwidth' footer after the last row", rows[-1].line)
     nranks = len(ranks) if ranks else header_gpus
     if nranks is None or nranks < 1:
         raise FileFormatError(source, "cannot tell the number of ranks (no '#  Rank' lines or nGpus header)")

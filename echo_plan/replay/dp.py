@@ -23,7 +23,6 @@ from typing import Callable
 
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.pipeline import DpBucket
-from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import PlanSpec
 from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind, OpKind, OpRecord, Phase, Stream
 

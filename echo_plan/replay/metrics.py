@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from echo_plan.specs.model import Activation, ModelSpec
+from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec, Recompute
 
 

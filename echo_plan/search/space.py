@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from echo_plan.errors import FileFormatError, SpecError
+from echo_plan.limits import MAX_GLOBAL_BATCH, MAX_SPACE_CANDIDATES
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import Recompute, Schedule
 from echo_plan.specs.loaders import read_mapping
@@ -191,11 +192,25 @@ def space_from_mapping(data: dict[str, Any], source: str = "", default_name: str
         tp_within_node = raw
 
     ordered = tuple((k, values.get(k, (KNOB_DEFAULTS[k],))) for k in Knob)
+    _check_size(ordered, where)
     name = data.get("name") or default_name
     return SearchSpace(
         name=str(name), knobs=ordered, fixed=tuple(sorted(fixed.items())), tp_within_node=tp_within_node,
         description=str(data.get("description") or ""), source=source,
     )
+
+
+def _check_size(knobs: tuple[tuple[Knob, tuple[Any, ...]], ...], where: str) -> None:
+    """Refuse a space too large to enumerate (the pruner checks every candidate, ~30 us each)."""
+    size = 1
+    for _, vals in knobs:
+        size *= len(vals)
+    if size > MAX_SPACE_CANDIDATES:
+        widest = sorted(((len(v), k.value) for k, v in knobs if len(v) > 1), reverse=True)[:3]
+        product = " x ".join(f"{n} {name}" for n, name in widest)
+        raise FileFormatError(where, f"the space has {size:,} candidate plans ({product} x ...); at most "
+                                     f"{MAX_SPACE_CANDIDATES:,}: give fewer values for those knobs, or fix some "
+                                     "under fixed:")
 
 
 def _mapping(value: Any, key: str, where: str) -> dict[str, Any]:
@@ -216,8 +231,8 @@ def _knob(name: str, where: str, valid: str, section: str = "knobs") -> Knob:
 def _knob_value(knob: Knob, raw: Any, field: str, where: str) -> Any:
     """One knob value, checked against what any plan could take (type and range)."""
     if knob in INT_KNOBS:
-        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-            raise SpecError(field, raw, "positive integers (e.g. [1, 2, 4, 8])", where)
+        if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= MAX_GLOBAL_BATCH:
+            raise SpecError(field, raw, f"positive integers up to {MAX_GLOBAL_BATCH:,} (e.g. [1, 2, 4, 8])", where)
         return raw
     if knob in BOOL_KNOBS:
         if not isinstance(raw, bool):

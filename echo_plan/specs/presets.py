@@ -68,6 +68,8 @@ def load_model(ref: str) -> ModelSpec:
         if ref not in table:
             raise UnknownPresetError("model", ref, list(table))
         return ModelSpec.build({"name": ref, **table[ref]}, context=f"model preset {ref}")
+    if Path(ref).is_dir() and (Path(ref) / "config.json").is_file():  # a Hugging Face model folder
+        ref = str(Path(ref) / "config.json")
     data = read_mapping(ref)
     if is_hf_config(data):
         name = Path(ref).parent.name or Path(ref).stem
@@ -130,7 +132,11 @@ def _stack_mapping(ref: str, seen: tuple[str, ...]) -> tuple[dict, str]:
 
 def parse_size(text: str | int) -> int:
     """Bytes from ``1048576``, ``64MB``, ``1GiB``, ``512K`` (K/M/G/T decimal, KiB/MiB/GiB binary)."""
-    if isinstance(text, int):
+    from echo_plan.limits import MAX_BYTES
+
+    if isinstance(text, int) and not isinstance(text, bool):
+        if not 0 <= text <= MAX_BYTES:
+            raise EchoPlanError(f"size {text!r} is outside 0 B to {MAX_BYTES:,} B (1 PiB)")
         return text
     s = str(text).strip().replace(" ", "")
     units = {
@@ -148,4 +154,6 @@ def parse_size(text: str | int) -> int:
         raise EchoPlanError(f"size {text!r} has unknown unit {unit!r}; valid: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB")
     if value < 0:
         raise EchoPlanError(f"size {text!r} must not be negative")
+    if value != value or value * units[unit] > MAX_BYTES:  # NaN, or beyond any GPU cluster's memory
+        raise EchoPlanError(f"size {text!r} is more than {MAX_BYTES:,} B (1 PiB); no collective or memory is that large")
     return int(round(value * units[unit]))

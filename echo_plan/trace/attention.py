@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from echo_plan.specs import AttentionKernel, ModelSpec, PositionEmbedding, SoftwareSpec
