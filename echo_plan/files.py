@@ -97,8 +97,8 @@ def parse_yaml(text: str, where: str) -> Any:
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark is not None else None
         raise FileFormatError(where, f"malformed YAML: {exc.problem}", line) from None
-    except yaml.YAMLError as exc:
-        raise FileFormatError(where, f"malformed YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # e.g. a reader error on a control character: one line
+        raise FileFormatError(where, "malformed YAML: " + " ".join(str(exc).split())) from None
     except RecursionError:
         raise FileFormatError(where, f"nested more than {MAX_NESTING} levels deep") from None
     except ValueError as exc:  # an integer of more than 4,300 digits

@@ -180,7 +180,7 @@ def _parse(text: str, where: str, base: InterferenceModel | None) -> Interferenc
         line = exc.problem_mark.line + 1 if exc.problem_mark is not None else None
         raise FileFormatError(where, f"malformed YAML: {exc.problem}", line) from None
     except yaml.YAMLError as exc:
-        raise FileFormatError(where, f"malformed YAML: {exc}") from None
+        raise FileFormatError(where, "malformed YAML: " + " ".join(str(exc).split())) from None
     except RecursionError:
         raise FileFormatError(where, "nested too deep; the file is a flat mapping of tables") from None
     if not isinstance(root, yaml.MappingNode):

@@ -117,3 +117,45 @@ def test_unsupported_hf_family(tmp_path):
     with pytest.raises(FileFormatError) as err:
         load_model(str(p))
     assert "t5" in str(err.value) and "llama" in str(err.value)
+
+
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+         "intermediate_size": 512, "vocab_size": 1024, "max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"num_local_experts": 8, "num_experts_per_tok": 2}, "mixture-of-experts"),  # a Mixtral config
+    ({"model_type": "mixtral"}, "mixture-of-experts"),
+    ({"model_type": "qwen2_moe", "num_experts": 60}, "mixture-of-experts"),
+    ({"hidden_act": "relu"}, "hidden_act 'relu'"),
+    ({"model_type": "mistral", "sliding_window": 1024}, "sliding_window 1024"),
+    ({"head_dim": 128}, "head_dim 128"),
+    ({"attention_bias": True}, "attention_bias"),
+])
+def test_hf_keys_that_change_the_architecture_are_errors(tmp_path, changes, says):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**LLAMA, **changes}))
+    with pytest.raises(FileFormatError) as err:
+        load_model(str(p))
+    assert says in str(err.value)
+
+
+@pytest.mark.parametrize("changes", [
+    {"model_type": "mistral", "sliding_window": 4096},  # the window covers the whole sequence
+    {"model_type": "qwen2", "sliding_window": 1024, "use_sliding_window": False},
+    {"head_dim": 64, "hidden_act": "silu", "attention_bias": False},
+])
+def test_hf_keys_that_change_nothing_are_accepted(tmp_path, changes):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**LLAMA, **changes}))
+    assert load_model(str(p)).num_layers == 2
+
+
+def test_a_folder_holding_config_json_is_a_model(tmp_path):
+    d = tmp_path / "my-llama"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(LLAMA))
+    m = load_model(str(d))
+    assert m.name == "my-llama" and m.hidden_size == 256
+    with pytest.raises(FileFormatError, match="is a folder"):
+        load_model(str(tmp_path))  # a folder without config.json

@@ -127,3 +127,45 @@ def test_concurrent_writers_leave_one_whole_file(tmp_path, gpt_small):
         warnings.simplefilter("error")
         got = TraceCache(tmp_path).get(trace.key)
     assert got is not None and got.ops == trace.ops
+
+
+def test_deeply_nested_entry_is_discarded_and_retraced(tmp_path, gpt_small):
+    cache = TraceCache(tmp_path)
+    good = trace_stage(gpt_small, StageKind.EMBEDDING, cache=cache, **ARGS)
+    path = cache.path_for(good.key)
+    path.write_text('{"a":' + "[" * 100_000 + "]" * 100_000 + "}\n{}")
+    fresh = TraceCache(tmp_path)
+    with pytest.warns(TraceCacheWarning):
+        again = trace_stage(gpt_small, StageKind.EMBEDDING, cache=fresh, **ARGS)
+    assert again.ops == good.ops and fresh.corrupt == 1
+    assert TraceCache(tmp_path).get(good.key) is not None  # replaced by a good entry
+
+
+def test_a_folder_in_the_way_is_reported_once_and_bypassed(tmp_path, gpt_small):
+    cache = TraceCache(tmp_path)
+    good = trace_stage(gpt_small, StageKind.EMBEDDING, cache=cache, **ARGS)
+    path = cache.path_for(good.key)
+    path.unlink()
+    path.mkdir()
+    (path / "keep").write_text("not ours")
+    fresh = TraceCache(tmp_path)
+    with pytest.warns(TraceCacheWarning) as record:
+        first = trace_stage(gpt_small, StageKind.EMBEDDING, cache=fresh, **ARGS)
+        second = TraceCache.get(fresh, good.key)  # kept in memory for this run
+    assert len(record) == 1 and "not using it" in str(record[0].message)
+    assert first.ops == good.ops and second is not None
+    assert path.is_dir() and (path / "keep").read_text() == "not ours"  # never removed
+
+
+def test_cli_prints_the_cache_warning_as_one_plain_line(tmp_path, capsys):
+    from echo_plan.cli import main
+
+    args = ["trace", "-m", "gpt-13b", "--tp", "8", "--stage", "embedding", "--cache-dir", str(tmp_path)]
+    assert main(args) == 0
+    entry = next(tmp_path.glob("embedding-*.json"))
+    entry.write_bytes(b"\x00garbage")
+    capsys.readouterr()
+    assert main(["simulate", "-m", "gpt-13b", "--gpus", "8", "--tp", "8", "--cache-dir", str(tmp_path)]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "trace cache" in line]
+    assert len(err) == 1 and err[0].startswith("warning: trace cache: discarding ")
+    assert ".py:" not in err[0]
