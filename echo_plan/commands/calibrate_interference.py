@@ -49,10 +49,10 @@ def register_interference(calibrate_app: typer.Typer) -> None:
     def measure(
         out: Path = typer.Option(..., "--out", "-o", help="measurement CSV to write"),
         mode: str = typer.Option("auto", "--mode", help="auto (NCCL with several GPUs, else stand-ins) | nccl | standin"),
-        iters: int = typer.Option(20, "--iters", min=1, help="timed launches per measurement"),
-        gemm_n: int = typer.Option(8192, "--gemm-n", min=64, help="size of the square bf16 matmul"),
-        mem_mib: int = typer.Option(512, "--mem-mib", min=1, help="operand size of the memory-bound kernel"),
-        comm_mib: int = typer.Option(256, "--comm-mib", min=1, help="collective (or stand-in) buffer size"),
+        iters: int = typer.Option(20, "--iters", min=1, max=100_000, help="timed launches per measurement"),
+        gemm_n: int = typer.Option(8192, "--gemm-n", min=64, max=65_536, help="size of the square bf16 matmul"),
+        mem_mib: int = typer.Option(512, "--mem-mib", min=1, max=65_536, help="operand size of the memory-bound kernel"),
+        comm_mib: int = typer.Option(256, "--comm-mib", min=1, max=65_536, help="collective (or stand-in) buffer size"),
     ) -> None:
         """Time compute kernels alone and beside a communication kernel on another stream (CUDA only)."""
         from echo_plan.calibrate.interference_measure import MeasureConfig, MeasureMode, measure_to_csv

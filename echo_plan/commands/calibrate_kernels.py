@@ -81,8 +81,8 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
         dtype: str = typer.Option("bf16", "--dtype", help="training dtype: bf16 or fp16"),
         stack: Optional[str] = StackOpt,
         device: str = typer.Option("cuda", "--device", help="cuda (a real measurement) or cpu (tests the harness)"),
-        warmup: int = typer.Option(5, "--warmup", min=0, help="untimed runs per op"),
-        iters: int = typer.Option(20, "--iters", min=1, help="timed runs per op (the median is kept)"),
+        warmup: int = typer.Option(5, "--warmup", min=0, max=100_000, help="untimed runs per op"),
+        iters: int = typer.Option(20, "--iters", min=1, max=100_000, help="timed runs per op (the median is kept)"),
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="database file (default kernels/<GPU>.json)"),
         as_json: bool = typer.Option(False, "--json", help="print a JSON summary"),
     ) -> None:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Callable, ContextManager
 
 from echo_plan.errors import EchoPlanError
+from echo_plan.limits import MAX_COMPARE_SIZES, MAX_GPUS, MAX_PRICE_PER_GPU_HOUR, MAX_TOKENS
 from echo_plan.search.evaluator import EvaluatorFactory
 from echo_plan.search.progress import ProgressSink
 from echo_plan.search.results import CompareOutcome, CompareRow, SearchOutcome
@@ -30,6 +31,9 @@ def parse_tokens(text: str | float) -> float:
         value = float(m.group(1)) * _TOKEN_SUFFIX[m.group(2).lower()]
     if not math.isfinite(value) or value <= 0:
         raise EchoPlanError(f"--tokens {text!r} must be a positive number of tokens")
+    if value > MAX_TOKENS:
+        raise EchoPlanError(f"--tokens {text!r} is more than {MAX_TOKENS:.0e} tokens; the largest published "
+                            "training runs use ~1e13-4e13")
     return value
 
 
@@ -42,9 +46,13 @@ def parse_gpu_list(text: str) -> list[int]:
             continue
         if not part.isdigit() or int(part) < 1:
             raise EchoPlanError(f"--gpus {text!r}: {part!r} is not a positive number of GPUs; use e.g. 64,96,128")
+        if int(part) > MAX_GPUS:
+            raise EchoPlanError(f"--gpus: {part} GPUs is more than {MAX_GPUS:,}")
         out.add(int(part))
     if not out:
         raise EchoPlanError("--gpus needs at least one cluster size, e.g. 64,96,128")
+    if len(out) > MAX_COMPARE_SIZES:
+        raise EchoPlanError(f"--gpus lists {len(out)} cluster sizes; at most {MAX_COMPARE_SIZES} (each is a search)")
     return sorted(out)
 
 
@@ -63,8 +71,9 @@ def run_compare(base: SearchConfig, sizes: list[int], factory_for: Callable[[Clu
                 price_per_gpu_hour: float | None = None,
                 progress_for: Callable[[int], ProgressSink | None] | None = None) -> CompareOutcome:
     """One search per cluster size (``base`` with the cluster resized), then the comparison."""
-    if price_per_gpu_hour is not None and not price_per_gpu_hour > 0:
-        raise EchoPlanError("--price-per-gpu-hour must be positive")
+    if price_per_gpu_hour is not None and not 0 < price_per_gpu_hour <= MAX_PRICE_PER_GPU_HOUR:
+        raise EchoPlanError(f"--price-per-gpu-hour {price_per_gpu_hour!r} must be positive and at most "
+                            f"{MAX_PRICE_PER_GPU_HOUR:,.0f} (rented H100s cost ~2-10 an hour)")
     t0 = time.perf_counter()
     outcomes: list[tuple[int, SearchOutcome]] = []
     with _ray_for(base):  # one Ray for every size, not one start and stop per size

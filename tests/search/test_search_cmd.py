@@ -94,3 +94,15 @@ def test_an_unreachable_ray_address_fails_fast(common, capsys):
     assert main(["search", "--gpus", "8", *common, "--ray-address", "127.0.0.1:1"]) == 2
     assert time.perf_counter() - t0 < 30
     assert "--ray-address 127.0.0.1:1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--price-per-gpu-hour", "inf"], "--price-per-gpu-hour inf"),
+    (["--tokens", "1e40"], "--tokens '1e40' is more than"),
+    (["--gpus", ",".join(str(8 * i) for i in range(1, 100))], "at most 64"),
+    (["--gpus", "8,99999999999"], "more than 1,048,576"),
+])
+def test_compare_refuses_absurd_numbers_before_searching(args, says, capsys):
+    assert main(["compare", "--storage", "memory", "--no-progress", *args]) == 2
+    err = capsys.readouterr()
+    assert says in err.err and err.out == ""
