@@ -172,7 +172,13 @@ def generate(arena: Arena, count: int, seed: int) -> list[Case]:
         return Case("numbers", argv)
 
     def output_case() -> Case:
-        cmd = rng.choice(["simulate", "search", "compare", "report", "calibrate-nccl", "export", "collective"])
+        cmd = rng.choice(["simulate", "search", "compare", "report", "calibrate-nccl", "export", "collective",
+                          "storage"])
+        if cmd == "storage":
+            p = out(".db")
+            return Case("outputs", ["search", "-m", str(arena.model), "--gpus", "8", "--space", str(arena.space),
+                                    "--trials", "2", "--no-progress", "--cache-dir", str(arena.cache),
+                                    "--storage", f"sqlite:///{p}"], [p])
         if cmd == "simulate":
             p = out(".json")
             return Case("outputs", ["simulate"] + base + ["--trace", p], [p])

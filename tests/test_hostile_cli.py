@@ -184,10 +184,12 @@ def test_search_numbers_and_outputs(arena: Arena, data) -> None:
     args = _options(data.draw, ["--gbs", "--seed", "--trials", "--top"], NUMBER)  # --workers starts Ray: see the benchmark
     csv = data.draw(arena.out_path(".csv"))
     report = data.draw(arena.out_path(".html"))
+    db = data.draw(arena.out_path(".db"))
     outs = (["--csv", csv] if csv is not None else []) + (["--report", report] if report is not None else [])
+    storage = "memory" if db is None else f"sqlite:///{db}"
     argv = ["search", "-m", str(arena.model), "--gpus", "8", "--space", str(arena.space), "--trials", "2",
-            "--storage", "memory", "--no-progress", "--cache-dir", str(arena.cache), *args, *outs]
-    run(arena, argv, [p for p in (csv, report) if p])
+            "--storage", storage, "--no-progress", "--cache-dir", str(arena.cache), *args, *outs]
+    run(arena, argv, [p for p in (csv, report, db) if p])
 
 
 SCALAR = st.one_of(

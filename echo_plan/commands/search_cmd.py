@@ -52,6 +52,9 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
     L.check_int("--workers", workers, 0, L.MAX_WORKERS, "0 runs in-process, N starts N local Ray workers")
     L.check_int("--seed", seed, 0, L.MAX_SEED, "the sampler's seed")
     L.check_int("--gbs", gbs, 1, L.MAX_GLOBAL_BATCH, "sequences per step")
+    from echo_plan.search.storage import check_storage
+
+    check_storage(storage)
     m, c = resolve_specs(model, cluster, nodes, gpus)
     return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=load_space(space), sampler=kind, seed=seed,
                         n_trials=trials, storage=storage, study_name=study_name, workers=workers,

@@ -18,6 +18,7 @@ from echo_plan.errors import EchoPlanError, FileFormatError
 from echo_plan.files import parse_json, read_text
 from echo_plan.replay.results import StepResult
 from echo_plan.search.results import CompareOutcome, SearchOutcome, TrialRecord, TrialState
+from echo_plan.search.storage import check_storage, db_error
 
 TRIAL_ATTR = "echo_plan_trial"  # as written by echo_plan.search.storage
 OUTCOME_ATTR = "echo_plan_outcome"  # a study-level SearchOutcome JSON without trials, when stored
@@ -44,12 +45,11 @@ def load_result_file(path: str | Path) -> SearchOutcome | CompareOutcome:
 
 def storage_url(source: str) -> str:
     """An Optuna storage URL from a URL or a path to an SQLite file."""
-    if "://" in source:
-        return source
-    p = Path(source)
-    if not p.exists():
+    url = source if "://" in source else f"sqlite:///{Path(source).resolve()}"
+    if "://" not in source and not Path(source).exists():
         raise FileFormatError(source, "no such file")
-    return f"sqlite:///{p.resolve()}"
+    check_storage(url, "--storage" if "://" in source else "study database", must_exist=True)
+    return url
 
 
 def _study_names(url: str) -> list[str]:
@@ -58,7 +58,7 @@ def _study_names(url: str) -> list[str]:
     try:
         return sorted(optuna.get_all_study_names(storage=url))
     except Exception as exc:  # SQLAlchemy/Optuna errors: not a database, unreachable server
-        raise EchoPlanError(f"cannot open study storage {url!r}: {type(exc).__name__}: {exc}") from None
+        raise EchoPlanError(f"cannot open study storage {url!r}: {db_error(exc)}") from None
 
 
 def _ranked(trials: list[TrialRecord]) -> tuple[StepResult, ...]:

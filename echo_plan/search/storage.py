@@ -31,6 +31,53 @@ def default_storage_url() -> str:
     return f"sqlite:///{root / 'studies.db'}"
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database file
+
+
+def sqlite_file(url: str) -> str | None:
+    """The database file of an ``sqlite:///PATH`` URL (None for other URLs and in-memory SQLite)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    return path if path and path != ":memory:" else None
+
+
+def check_storage(url: str | None, option: str = "--storage", *, must_exist: bool = False) -> None:
+    """Fail before any work on a storage that cannot be used: an empty URL, or an SQLite file that
+    is a folder, device, FIFO or socket, sits where files cannot be created, or is an existing
+    file that is not an SQLite database (which SQLite would overwrite)."""
+    from echo_plan.errors import SpecError
+    from echo_plan.output_paths import check_output_file
+
+    if url is None or url == "memory":
+        return
+    if not url.strip():
+        raise SpecError(option, url, "a database URL (sqlite:///studies.db), or 'memory' for none")
+    path = sqlite_file(url)
+    if path is None:
+        return
+    p = Path(path)
+    if must_exist:  # read: an existing regular file (SQLite would create a missing one)
+        if not p.is_file():
+            what = "no such database file" if not p.exists() else "not a regular file"
+            raise SpecError(option, url, "an existing study database", message=f"{option} {url!r}: {what}")
+    else:
+        check_output_file(path, option)
+    if p.is_file() and p.stat().st_size > 0:
+        with open(p, "rb") as fh:
+            head = fh.read(len(SQLITE_HEADER))
+        if head != SQLITE_HEADER:
+            raise SpecError(option, url, "not an SQLite database", message=(
+                f"{option} {url!r}: {path} is not an SQLite database; an existing file is never overwritten"))
+
+
+def db_error(exc: BaseException) -> str:
+    """An SQLAlchemy/Optuna error as one line: no '(Background on this error ...)' lines or SQL."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.startswith(("(Background", "["))]
+    text = " ".join(" ".join(lines).split())
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
 def derive_study_name(model: dict[str, Any], cluster: dict[str, Any], gbs: int, space_digest: str,
                       sampler: str, seed: int, version: str, extra: Any = None) -> str:
     """Readable prefix (model, cluster, GPUs, gbs, sampler, seed) plus a hash of everything that
@@ -54,11 +101,14 @@ class TrialStore:
         self.url = url
         self.study_name = study_name
         try:
+            path = sqlite_file(url)
+            if path is not None:  # SQLite creates the file but not its folder
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
             storage = optuna.storages.get_storage(url)
             self.study = optuna.create_study(storage=storage, study_name=study_name, directions=directions,
                                              load_if_exists=True)
         except Exception as exc:  # SQLAlchemy/Optuna errors on a bad URL or an unreachable database
-            raise EchoPlanError(f"cannot open study storage {url!r}: {type(exc).__name__}: {exc}") from None
+            raise EchoPlanError(f"cannot open study storage {url!r}: {db_error(exc)}") from None
         have = [d.name.lower() for d in self.study.directions]
         if have != [d.lower() for d in directions]:
             raise EchoPlanError(f"study {study_name!r} in {url} optimises {have}, not {directions}; "
