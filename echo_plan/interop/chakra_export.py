@@ -120,12 +120,13 @@ def parse_ranks(text: str | None, world: int) -> tuple[int, ...]:
         part = part.strip()
         lo, sep, hi = part.partition("-")
         try:
-            rng = range(int(lo), int(hi) + 1) if sep else range(int(lo), int(lo) + 1)
+            first, last = (int(lo), int(hi)) if sep else (int(lo), int(lo))
         except ValueError:
             raise SpecError("--ranks", text, "comma-separated ranks or ranges, e.g. 0,1,8-15") from None
-        out.extend(rng)
-    bad = [r for r in out if not 0 <= r < world]
-    if bad or not out:
+        if not 0 <= first <= last < world:  # checked before a range is expanded
+            raise SpecError("--ranks", text, f"ranks in [0, {world}), each range low-high")
+        out.extend(range(first, last + 1))
+    if not out:
         raise SpecError("--ranks", text, f"ranks in [0, {world})")
     return tuple(dict.fromkeys(out))
 

@@ -182,3 +182,13 @@ def test_cli_import_and_collective(exported, tmp_path, capsys):
     assert set(out["rank_time_s"]) == {str(r) for r in range(8)}
     assert main(["import", "chakra", str(tmp_path / "none"), "--cluster", "dgx-a100"]) == 2
     assert "no files none.<rank>.et" in capsys.readouterr().err
+
+
+def test_rank_ranges_are_checked_before_they_are_expanded():
+    from echo_plan.errors import SpecError
+    from echo_plan.interop.chakra_export import parse_ranks
+
+    assert parse_ranks("0,2-3", 8) == (0, 2, 3)
+    for bad in ("0-99999999999999", "5-2", "-1", "8"):
+        with pytest.raises(SpecError, match="--ranks"):
+            parse_ranks(bad, 8)
