@@ -201,8 +201,9 @@ def generate(arena: Arena, count: int, seed: int) -> list[Case]:
             return Case("outputs", ["calibrate", "nccl", src, "-c", "azure-nd-a100-v4", "-o", p], [p])
         if cmd == "export":
             p = out("")
-            return Case("outputs", ["export", "chakra", "-o", p, "-m", str(arena.model), "--gpus", "8", "--tp", "8",
-                                    "--cache-dir", str(arena.cache)], [p + ".0.et", p + ".comm_groups.json"] +
+            ranks = rng.choice(["0-7", "0,3", "0-99999999999999", "5-2", "x", ""])
+            return Case("outputs", ["export", "chakra", "-o", p, "-m", str(arena.model), "--gpus", "8", "--tp", "4",
+                                    "--ranks", ranks, "--cache-dir", str(arena.cache)], [p + ".0.et", p + ".comm_groups.json"] +
                         [f"{p}.{r}.et" for r in range(8)])
         p = out("")
         xml = ROOT / "echo_plan" / "data" / "msccl" / "ring_allreduce_8.xml"
