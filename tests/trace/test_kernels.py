@@ -12,16 +12,20 @@ def _grads(out, inputs, g):
     return torch.autograd.grad(out, inputs, g)
 
 
+def _same_values_and_grads(out, ref, inputs):
+    g = torch.randn_like(out)
+    assert torch.allclose(out, ref, atol=1e-5)
+    for a, b in zip(_grads(out, inputs, g), _grads(ref, inputs, g)):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
 def test_flash_attention_matches_sdpa_with_grouped_query_heads():
     torch.manual_seed(0)
     q = torch.randn(1, 4, 16, 8, requires_grad=True)
     k, v = (torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(2))
     out = K.attention(q, k, v, causal=True)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    g = torch.randn_like(out)
-    assert torch.allclose(out, ref, atol=1e-5)
-    for a, b in zip(_grads(out, (q, k, v), g), _grads(ref, (q, k, v), g)):
-        assert torch.allclose(a, b, atol=1e-5)
+    _same_values_and_grads(out, ref, (q, k, v))
 
 
 def test_dropout_in_attention_is_the_same_mask_forward_and_backward():
@@ -32,10 +36,7 @@ def test_dropout_in_attention_is_the_same_mask_forward_and_backward():
     keep = K._keep_mask((1, 2, 8, 8), p, seed, q.device)  # the mask the kernel draws from its seed
     scores = (q @ k.transpose(-1, -2) / 2.0).masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), float("-inf"))
     ref = (torch.softmax(scores, -1) * keep / (1 - p)) @ v
-    g = torch.randn_like(out)
-    assert torch.allclose(out, ref, atol=1e-5)
-    for a, b in zip(_grads(out, (q, k, v), g), _grads(ref, (q, k, v), g)):
-        assert torch.allclose(a, b, atol=1e-5)
+    _same_values_and_grads(out, ref, (q, k, v))
 
 
 def test_fused_elementwise_kernels_match_the_unfused_ops():
