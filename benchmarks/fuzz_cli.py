@@ -296,8 +296,8 @@ def run_case(arena: Arena, case: Case, timeout_s: float) -> Outcome:
     seconds = time.perf_counter() - t0
     lines = err.rstrip().splitlines()
     no_error_line = code == 2 and not (lines and lines[-1].startswith(("error: ", "Error: ")))
-    allowed = {str(Path(o)) for o in case.outputs if o}
-    allowed |= {str(q) for o in case.outputs if o for q in Path(o).parents}
+    named = [arena.root / o for o in case.outputs if o]  # relative paths are relative to the run's folder
+    allowed = {str(o) for o in named} | {str(q) for o in named for q in o.parents}
     after = arena.snapshot(case.home)
     stray = sorted(p for p in after - before
                    if p not in allowed and not any(p.startswith(a + os.sep) for a in allowed))
