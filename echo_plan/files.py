@@ -67,7 +67,7 @@ def _value_problem(exc: Exception) -> str:
     return str(exc)
 
 
-def _check_depth(data: Any, where: str) -> Any:
+def _check_structure(data: Any, where: str) -> Any:
     problem = structure_problem(data)
     if problem is not None:
         raise FileFormatError(where, problem)
@@ -85,7 +85,7 @@ def parse_json(text: str | bytes, where: str) -> Any:
         raise FileFormatError(where, f"nested more than {MAX_NESTING} levels deep") from None
     except (ValueError, UnicodeDecodeError) as exc:  # an integer of more than 4,300 digits; bad bytes
         raise FileFormatError(where, f"malformed JSON: {_value_problem(exc)}") from None
-    return _check_depth(data, where)
+    return _check_structure(data, where)
 
 
 def parse_yaml(text: str, where: str) -> Any:
@@ -103,7 +103,7 @@ def parse_yaml(text: str, where: str) -> Any:
         raise FileFormatError(where, f"nested more than {MAX_NESTING} levels deep") from None
     except ValueError as exc:  # an integer of more than 4,300 digits
         raise FileFormatError(where, f"malformed YAML: {_value_problem(exc)}") from None
-    return _check_depth(data, where)
+    return _check_structure(data, where)
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> Path:
@@ -142,12 +142,19 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     return target
 
 
+def non_regular(path: str | Path) -> str | None:
+    """What ``path`` is, in words, when it exists and is not a regular file (a folder, device, FIFO,
+    socket); None for a regular file or a path that does not exist (or cannot be looked at)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISREG(st.st_mode) else file_kind(st.st_mode)
+
+
 def refuse_special(target: Path) -> None:
     """FileFormatError when ``target`` exists and is not a regular file (a folder, device, FIFO, socket)."""
-    try:
-        st = os.stat(target)
-    except (OSError, ValueError):
-        return  # a new path (or one that cannot be looked at: the write says why)
-    if not stat.S_ISREG(st.st_mode):
-        raise FileFormatError(str(target), f"is {file_kind(st.st_mode)}; an output must be a regular file or a "
-                                           "new path, and is never replaced")
+    kind = non_regular(target)
+    if kind is not None:
+        raise FileFormatError(str(target), f"is {kind}; an output must be a regular file or a new path, and is "
+                                           "never replaced")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from echo_plan.errors import SpecError
-from echo_plan.files import file_kind
+from echo_plan.files import file_kind, non_regular
 
 
 def _fail(option: str, value: str, problem: str) -> SpecError:
@@ -64,13 +64,10 @@ def check_output_file(path: str | Path | None, option: str, suffixes: Sequence[s
     value = str(path)
     p = _resolve(option, value)
     want = " or ".join(suffixes)
-    try:
-        st = os.stat(p)
-    except (OSError, ValueError):
-        st = None
-    if st is not None and not stat.S_ISREG(st.st_mode):
+    kind = non_regular(p)
+    if kind is not None:
         hint = f"; give a file path ending in {want}" if want else "; give a regular file or a new path"
-        raise _fail(option, value, f"is {file_kind(st.st_mode)}, which an output never replaces{hint}")
+        raise _fail(option, value, f"is {kind}, which an output never replaces{hint}")
     if suffixes and p.suffix.lower() not in tuple(s.lower() for s in suffixes):
         raise _fail(option, value, f"the file name should end in {want}")
     _writable_folder(option, value, p.parent)

@@ -90,3 +90,23 @@ def check_cache_dir(cache_dir: Optional[str]) -> None:
         check_output_dir(cache_dir, "--cache-dir")
     else:
         check_output_dir(default_cache_root(), f"${ENV_VAR}" if os.environ.get(ENV_VAR) else "the trace cache folder")
+
+
+def check_tp_pp(tp: int, pp: int) -> None:
+    """--tp and --pp in range, before anything divides by them."""
+    from echo_plan.limits import MAX_GPUS, check_int
+
+    check_int("--tp", tp, 1, MAX_GPUS, "the tensor-parallel degree")
+    check_int("--pp", pp, 1, MAX_GPUS, "the pipeline-parallel degree")
+
+
+def data_parallel(num_gpus: int, tp: int, pp: int, dp: Optional[int]) -> int:
+    """--dp, or by default the GPUs left over by tp x pp."""
+    from echo_plan.errors import SpecError
+
+    if dp is not None:
+        return dp
+    if num_gpus % (tp * pp):
+        raise SpecError("--dp", None, f"GPUs {num_gpus} are not a multiple of tp x pp = {tp * pp}; "
+                                      "give --dp or another --tp/--pp")
+    return num_gpus // (tp * pp)

@@ -43,24 +43,18 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write the simulated step of a plan as Chakra execution traces, one file per rank."""
         from echo_plan.commands.common import resolve_specs, resolve_stack
-        from echo_plan.errors import SpecError
         from echo_plan.interop.chakra_export import export_chakra, parse_ranks
         from echo_plan.interop.chakra_step import build_step_graph
         from echo_plan.specs import PlanSpec
         from echo_plan.trace.cache import TraceCache
-        from echo_plan.commands.common import check_cache_dir
-        from echo_plan.limits import MAX_GPUS, check_int
+        from echo_plan.commands.common import check_cache_dir, check_tp_pp, data_parallel
         from echo_plan.output_paths import check_output_prefix
 
         check_output_prefix(out, "--output")
         check_cache_dir(cache_dir)
-        check_int("--tp", tp, 1, MAX_GPUS, "the tensor-parallel degree")
-        check_int("--pp", pp, 1, MAX_GPUS, "the pipeline-parallel degree")
+        check_tp_pp(tp, pp)
         model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
-        if dp is None:
-            if cluster_spec.num_gpus % (tp * pp):
-                raise SpecError("--dp", None, f"GPUs {cluster_spec.num_gpus} are not a multiple of tp x pp = {tp * pp}")
-            dp = cluster_spec.num_gpus // (tp * pp)
+        dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp)
         fields = dict(tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs if gbs else mbs * dp,
                       virtual_stages=vpp, recompute=recompute, sequence_parallel=sequence_parallel,
                       distributed_optimizer=distributed_optimizer, dtype=dtype)

@@ -62,6 +62,16 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
                         memory_headroom_bytes=parse_headroom(memory_headroom, c))
 
 
+def check_outputs(csv: Optional[str], report: Optional[str], cache_dir: Optional[str]) -> None:
+    """Where search and compare will write, checked before they do any work."""
+    from echo_plan.commands.common import check_cache_dir
+    from echo_plan.output_paths import check_output_file
+
+    check_output_file(csv, "--csv", (".csv",))
+    check_output_file(report, "--report", (".html", ".htm"))
+    check_cache_dir(cache_dir)
+
+
 def _progress(enabled: Optional[bool], label: str):
     show = stderr_is_tty() if enabled is None else enabled
     if not show:
@@ -146,15 +156,10 @@ def register(app: typer.Typer) -> None:
         from echo_plan.search.study import prune_for, run_search
         from echo_plan.search.table import ranked_csv
 
-        from echo_plan.commands.common import check_cache_dir
-        from echo_plan.output_paths import check_output_file
-
         from echo_plan.limits import check_int
 
         check_int("--top", top, 1, 1_000_000, "plans to show")
-        check_output_file(csv, "--csv", (".csv",))
-        check_output_file(report, "--report", (".html", ".htm"))
-        check_cache_dir(cache_dir)
+        check_outputs(csv, report, cache_dir)
         config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
                          workers, ray_address, stack=stack, memory_headroom=memory_headroom)
         pruned = prune_for(config)
@@ -199,12 +204,7 @@ def register(app: typer.Typer) -> None:
         from echo_plan.search.serialize import compare_to_json
         from echo_plan.search.table import COMPARE_COLUMNS, compare_rows, format_compare
 
-        from echo_plan.commands.common import check_cache_dir
-        from echo_plan.output_paths import check_output_file
-
-        check_output_file(csv, "--csv", (".csv",))
-        check_output_file(report, "--report", (".html", ".htm"))
-        check_cache_dir(cache_dir)
+        check_outputs(csv, report, cache_dir)
         sizes = parse_gpu_list(gpus)
         base = _config(model, cluster, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
                        ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom)

@@ -48,24 +48,20 @@ def register(app: typer.Typer) -> None:
                  "used where the group size fits the file, NCCL otherwise)"),
     ) -> None:
         """Predict the training step of one plan: time, throughput, MFU, memory per stage, breakdown."""
-        from echo_plan.commands.common import check_cache_dir, parse_headroom, resolve_specs, resolve_stack
+        from echo_plan.commands.common import (
+            check_cache_dir, check_tp_pp, data_parallel, parse_headroom, resolve_specs, resolve_stack,
+        )
         from echo_plan.errors import SpecError
-        from echo_plan.limits import MAX_GPUS, check_int
         from echo_plan.output_paths import check_output_file
         from echo_plan.specs import PlanSpec
 
         check_output_file(trace, "--trace", (".json",))
         check_cache_dir(cache_dir)
-        check_int("--tp", tp, 1, MAX_GPUS, "the tensor-parallel degree")
-        check_int("--pp", pp, 1, MAX_GPUS, "the pipeline-parallel degree")
+        check_tp_pp(tp, pp)
         model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
         stack_spec = resolve_stack(stack)
         headroom = parse_headroom(memory_headroom, cluster_spec)
-        if dp is None:
-            if cluster_spec.num_gpus % (tp * pp):
-                raise SpecError("--dp", None, f"GPUs {cluster_spec.num_gpus} are not a multiple of tp x pp = {tp * pp}; "
-                                              "give --dp or another --tp/--pp")
-            dp = cluster_spec.num_gpus // (tp * pp)
+        dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp)
         if no_interference and interference_file:
             raise SpecError("--interference", interference_file, "not together with --no-interference")
         fields = dict(

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from echo_plan.errors import EchoPlanError
-from echo_plan.files import write_atomic
+from echo_plan.files import non_regular, write_atomic
 from echo_plan.trace.records import LayerTrace, TraceKey
 from echo_plan.trace.serialize import key_to_dict, trace_from_dict, trace_to_dict
 
@@ -68,7 +68,7 @@ class TraceCache:
         if path in self._bypassed:
             self.misses += 1
             return None
-        if path.is_dir() or (path.exists() and not path.is_file()):
+        if non_regular(path) is not None:  # a folder or FIFO in the way: reading could fail or block
             return self._bypass(path, "is not a regular file")
         try:
             raw = path.read_bytes()
