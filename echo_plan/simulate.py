@@ -13,13 +13,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from echo_plan.replay.breakdown import critical_rank, step_breakdown
-from echo_plan.replay.dp import chunk_buckets, optimizer_op
+from echo_plan.replay.dp import chunk_buckets, edp_group, optimizer_op
+from echo_plan.replay.layer_mix import kind_counts, layer_params_per_rank
 from echo_plan.replay.metrics import throughput
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts, build_tasks
 from echo_plan.replay.results import StepResult
 from echo_plan.replay.schedules import build_schedule
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
+from echo_plan.specs.moe import DENSE
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
 from echo_plan.specs.software import SoftwareSpec, check_stack_supports
 from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
@@ -101,7 +103,8 @@ class SimulationMemo:
 
         stack = stack if stack is not None else self.default_stack()
         key = (model.model_dump_json(), plan.tp, plan.sequence_parallel, plan.micro_batch_size,
-               plan.dtype, plan.recompute, stack.trace_signature(), None if cache is None else str(cache.root))
+               plan.dtype, plan.recompute, stack.trace_signature(), None if cache is None else str(cache.root),
+               plan.ep, plan.expert_tp, plan.expert_imbalance)
         hit = self._traces.get(key)
         if hit is None:
             hit = self._traces[key] = trace_model(model, plan, cache, stack)
@@ -161,6 +164,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     cluster_key = cluster.model_dump_json()
     timing = {name: memo.layer(getattr(traces, name), compute, comm, cluster, cluster_key, plan, interference)
               for name in ("block", "embedding", "output")}
+    timing["blocks"] = {kind: memo.layer(t, compute, comm, cluster, cluster_key, plan, interference)
+                        for kind, t in traces.blocks}
 
     def comm_time(kind: CollectiveKind, nbytes: int, group: CommGroup) -> float:
         return memo.comm_time(comm, cluster_key, cluster, kind, nbytes, group)
@@ -258,18 +263,25 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     nvs = pp * v
     layers_of = [split[vs % pp] // v for vs in range(nvs)]
     first_layer = [sum(layers_of[:vs]) for vs in range(nvs)]
-    block_params, emb_params, out_params = _params(model, plan)
+    _, emb_params, out_params = _params(model, plan)
     blk, emb, out = timing["block"], timing["embedding"], timing["output"]
+    by_kind = timing.get("blocks") or {DENSE: blk}
+    edp = edp_group(plan)
 
     stages = []
     for r in range(pp):
         fwd, bwd, labels, buckets = [], [], [], []
-        rank_params = 0
+        rank_params = rank_experts = 0
         for c in range(v):
             vs = c * pp + r
             n = layers_of[vs]
-            f_parts, b_parts = [(blk.forward, n)], [(blk.backward, n)]
-            params = n * block_params
+            f_parts, b_parts, params, experts = [], [], 0, 0
+            for kind, count in kind_counts(model, first_layer[vs], n):
+                f_parts.append((by_kind.get(kind, blk).forward, count))
+                b_parts.append((by_kind.get(kind, blk).backward, count))
+                dense_p, expert_p = layer_params_per_rank(model, plan, kind)
+                params += count * dense_p
+                experts += count * expert_p
             label = f"layers {first_layer[vs]}-{first_layer[vs] + n - 1}"
             if vs == 0:
                 f_parts.insert(0, (emb.forward, 1))
@@ -281,12 +293,22 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
                 b_parts.insert(0, (out.backward, 1))
                 params += out_params
                 label += " +output"
+                if model.mtp_layers:  # multi-token prediction: a layer and a loss head per module
+                    mtp = by_kind.get(model.mtp_kind, blk)
+                    f_parts += [(mtp.forward, model.mtp_layers), (out.forward, model.mtp_layers)]
+                    b_parts[:0] = [(out.backward, model.mtp_layers), (mtp.backward, model.mtp_layers)]
+                    dense_p, expert_p = layer_params_per_rank(model, plan, model.mtp_kind)
+                    params += model.mtp_layers * (dense_p + -(-2 * model.hidden_size ** 2 // plan.tp))
+                    experts += model.mtp_layers * expert_p
+                    label += f" +{model.mtp_layers} mtp"
             fwd.append(_phase(f_parts))
             bwd.append(_phase(b_parts))
             labels.append(label)
-            buckets.append(chunk_buckets(params, plan, comm_time, gbytes, overlap_grad))
+            buckets.append(chunk_buckets(params, plan, comm_time, gbytes, overlap_grad)
+                           + chunk_buckets(experts, plan, comm_time, gbytes, overlap_grad, group=edp))
             rank_params += params
-        opt = compute.op_time(optimizer_op(rank_params, plan), cluster.gpu, plan.dtype)
+            rank_experts += experts
+        opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.dtype)
         stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt))
 
     return StepCosts(

@@ -40,6 +40,7 @@ from echo_plan.errors import FileFormatError
 from echo_plan.replay.results import StageMemory
 from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
+from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule
 from echo_plan.specs.software import AttentionKernel, OptimizerSharding, RecomputeModule, SoftwareSpec
 from echo_plan.trace.records import LayerTrace
@@ -108,8 +109,20 @@ def layer_params_per_rank(model: ModelSpec, tp: int) -> int:
 
 
 def stage_params(model: ModelSpec, plan: PlanSpec, stage: int) -> int:
-    layers = plan.stage_layers(model.num_layers)[stage]
-    n = layers * layer_params_per_rank(model, plan.tp)
+    return sum(stage_params_split(model, plan, stage))
+
+
+def stage_params_split(model: ModelSpec, plan: PlanSpec, stage: int) -> tuple[int, int]:
+    """(parameters sharded like dense ones, routed-expert parameters) of pipeline rank ``stage``."""
+    from echo_plan.replay.layer_mix import layer_params_per_rank as mixed, stage_kind_counts
+
+    n = experts = 0
+    for kind, count in stage_kind_counts(model, plan, stage).items():
+        if kind.moe:
+            dense, expert = mixed(model, plan, kind)
+            n, experts = n + count * dense, experts + count * expert
+        else:
+            n += count * layer_params_per_rank(model, plan.tp)
     word = math.ceil(model.vocab_size * model.hidden_size / plan.tp)  # vocab-parallel
     if stage == 0:
         n += word
@@ -119,7 +132,11 @@ def stage_params(model: ModelSpec, plan: PlanSpec, stage: int) -> int:
         n += model.norm_params
         if not model.tied_embeddings or plan.pp > 1:
             n += word
-    return n
+        if model.mtp_layers:
+            dense, expert = mixed(model, plan, model.mtp_kind)
+            n += model.mtp_layers * (dense + math.ceil(2 * model.hidden_size ** 2 / plan.tp) + 2 * model.norm_params)
+            experts += model.mtp_layers * expert
+    return n, experts
 
 
 # -- micro-batches in flight --------------------------------------------------------------------
@@ -148,7 +165,8 @@ def inflight_on_chunk(plan: PlanSpec, stage: int, chunk: int) -> int:
 
 # -- closed-form activations --------------------------------------------------------------------
 
-def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recompute, stack: SoftwareSpec) -> int:
+def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recompute, stack: SoftwareSpec,
+                           kind: LayerKind = DENSE) -> int:
     """Bytes one layer saves for backward for one micro-batch (Korthikanti et al. 2022, itemised).
 
     With MHA, a 4h GELU MLP, dropout and unfused attention (the megatron-lm-2021/2022 stacks) this
@@ -169,17 +187,45 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     mask = sb * h * rep if stack.hidden_dropout > 0 else 0  # 1-byte dropout masks after attention and MLP
     norm_out = 0 if RecomputeModule.LAYERNORM in modules else e * sb * h * rep  # a linear's input
     attn = norm_out  # QKV linear input
-    attn += e * sb * (h + 2 * kv) / t  # q, k, v (a checkpointed core keeps them as its inputs)
-    attn += e * sb * h / t  # attention output = projection input
+    if model.mla is not None:  # latents (replicated) and, unless recomputed, the up-projected q, k, v
+        m = model.mla
+        attn += e * sb * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim)
+        if RecomputeModule.MLA_UP_PROJ not in modules:
+            attn += e * sb * a * (2 * m.qk_head_dim + m.v_head_dim) / t
+        attn += e * sb * a * m.v_head_dim / t
+    else:
+        attn += e * sb * (a * model.head_dim + 2 * kv) / t  # q, k, v (a checkpointed core keeps them as inputs)
+        attn += e * sb * a * model.head_dim / t  # attention output = projection input
     if stack.attention is AttentionKernel.FUSED:
         attn += 4 * b * a * s / t  # fp32 log-sum-exp
     elif RecomputeModule.CORE_ATTN not in modules:  # softmax output (+ dropout mask and output)
         attn += (5 if stack.attention_dropout > 0 else 2) * a * s * s * b / t
     if RecomputeModule.MLP in modules:
         mlp = norm_out  # the checkpointed MLP keeps its input only
+    elif kind.moe and model.moe is not None:
+        mlp = norm_out + moe_activation_bytes(model, plan)
     else:
         mlp = norm_out + (4 if model.activation.gated else 2) * e * sb * f / t
     return int(norms + attn + mlp + 2 * mask)
+
+
+def moe_activation_bytes(model: ModelSpec, plan: PlanSpec) -> float:
+    """What an MoE layer's MLP keeps beyond its input: router scores, the permuted token copies the
+    rank's experts receive, their FC1 and activation outputs (split by etp), the combined copies,
+    and the shared experts' intermediates (``trace/moe.py`` traces the same)."""
+    from echo_plan.specs.moe import ExpertLayout
+    from echo_plan.trace.moe import routed_token_counts
+
+    moe = model.moe
+    e, h, t = plan.dtype.nbytes, model.hidden_size, plan.tp
+    tokens = model.seq_length * plan.micro_batch_size // (t if plan.sequence_parallel else 1)
+    sent, hot, each = routed_token_counts(tokens, model, ExpertLayout(plan.ep, plan.expert_tp, plan.expert_imbalance))
+    recv = (hot + (moe.num_experts // plan.ep - 1) * each) * plan.expert_tp
+    f = moe.expert_ffn_hidden_size // plan.expert_tp
+    gated = model.activation.gated
+    routed = e * recv * (h + (2 * f if gated else f) + f) + e * sent * (2 * h) + 4 * tokens * moe.num_experts
+    shared = (4 if gated else 2) * e * model.seq_length * plan.micro_batch_size * moe.shared_ffn / t
+    return routed + shared
 
 
 def embedding_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> int:
@@ -202,20 +248,23 @@ def output_activation_bytes(model: ModelSpec, plan: PlanSpec) -> int:
 def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces: ModelTracesLike,
                  stack: SoftwareSpec, headroom_bytes: int | None = None) -> tuple[StageMemory, ...]:
     """Per-stage peak memory with activations from the traces' saved bytes (one micro-batch each)."""
-    block = traces.block
-    full_layer = block.saved_bytes_by_mode.get(Recompute.NONE.value)
-    if full_layer is None:
-        full_layer = layer_activation_bytes(model, plan, Recompute.NONE, stack)
-    return _assemble(model, plan, cluster, stack, block.saved_bytes, full_layer,
+    saved: dict[LayerKind, tuple[int, int]] = {}
+    for kind, block in (getattr(traces, "blocks", ()) or ((DENSE, traces.block),)):
+        full_layer = block.saved_bytes_by_mode.get(Recompute.NONE.value)
+        if full_layer is None:
+            full_layer = layer_activation_bytes(model, plan, Recompute.NONE, stack, kind)
+        saved[kind] = (block.saved_bytes, full_layer)
+    return _assemble(model, plan, cluster, stack, saved,
                      traces.embedding.saved_bytes, traces.output.saved_bytes, headroom_bytes=headroom_bytes)
 
 
 def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec,
                     headroom_bytes: int | None = None, consts: MemoryConstants | None = None) -> tuple[StageMemory, ...]:
     """Per-stage peak memory without a trace (closed-form activations), for fast pruning."""
-    return _assemble(model, plan, cluster, stack,
-                     layer_activation_bytes(model, plan, plan.recompute, stack),
-                     layer_activation_bytes(model, plan, Recompute.NONE, stack),
+    saved = {kind: (layer_activation_bytes(model, plan, plan.recompute, stack, kind),
+                    layer_activation_bytes(model, plan, Recompute.NONE, stack, kind))
+             for kind in model.distinct_kinds()}
+    return _assemble(model, plan, cluster, stack, saved,
                      embedding_activation_bytes(model, plan, stack),
                      output_activation_bytes(model, plan), consts=consts, headroom_bytes=headroom_bytes)
 
@@ -226,34 +275,43 @@ def default_headroom_bytes(cluster: ClusterSpec, consts: MemoryConstants | None 
     return int(c.default_headroom_fraction * cluster.gpu.hbm_GiB * GiB)
 
 
-def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec, layer_saved: int,
-              layer_full: int, embed_saved: int, output_saved: int, consts: MemoryConstants | None = None,
-              headroom_bytes: int | None = None) -> tuple[StageMemory, ...]:
+def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec,
+              saved: Mapping[LayerKind, tuple[int, int]], embed_saved: int, output_saved: int,
+              consts: MemoryConstants | None = None, headroom_bytes: int | None = None) -> tuple[StageMemory, ...]:
+    """``saved``: per layer kind, (bytes one layer saves under the plan's recompute, without recompute)."""
+    from echo_plan.replay.layer_mix import stage_kind_counts
+
     c = consts or load_memory_constants()
     w_b, _, o_b = c.bytes_per_param[plan.dtype]
     if stack.optimizer_state_bytes is not None:
         o_b = stack.optimizer_state_bytes
     g_b = stack.grad_bytes(plan.dtype)
     shard = plan.dp if plan.distributed_optimizer else 1
-    grad_shard = shard if stack.optimizer_sharding is OptimizerSharding.STATES_AND_GRADS else 1
+    eshard = plan.edp if plan.distributed_optimizer else 1
+    shard_grads = stack.optimizer_sharding is OptimizerSharding.STATES_AND_GRADS
     capacity = int(cluster.gpu.hbm_GiB * GiB)
     headroom = default_headroom_bytes(cluster, c) if headroom_bytes is None else headroom_bytes
-    layers = plan.stage_layers(model.num_layers)
     v = plan.virtual_stages
     comms = sum(1 for n in (plan.tp, plan.dp) if n > 1) + (2 if plan.pp > 1 else 0)  # PP: two neighbours
+    comms += sum(1 for n in (plan.ep, plan.edp) if n > 1) if model.is_moe else 0
+    first = next(iter(saved.values()))
     out: list[StageMemory] = []
     for i in range(plan.pp):
-        params = stage_params(model, plan, i)
-        optimizer = params * o_b / shard
+        dense, experts = stage_params_split(model, plan, i)
+        params = dense + experts
+        optimizer = dense * o_b / shard + experts * o_b / eshard
+        grads = (dense * g_b / shard + experts * g_b / eshard) if shard_grads else params * g_b
         chunks_held = inflight_chunk_passes(plan, i)
-        act = layer_saved * layers[i] / v * chunks_held
-        if plan.recompute is not Recompute.NONE:
-            act += max(0, layer_full - layer_saved)  # one layer's recomputed part, live during its backward
+        counts = stage_kind_counts(model, plan, i)
+        act = sum(saved.get(k, first)[0] * n for k, n in counts.items()) / v * chunks_held
+        if plan.recompute is not Recompute.NONE:  # one layer's recomputed part, live during its backward
+            act += max(max(0, full - part) for part, full in saved.values())
         if i == 0:
             act += embed_saved * inflight_on_chunk(plan, i, 0)
         transient = 0.0
         if i == plan.pp - 1:
-            act += output_saved * inflight_on_chunk(plan, i, v - 1)
+            mtp = model.mtp_layers * (saved.get(model.mtp_kind, first)[0] + output_saved) if model.mtp_layers else 0
+            act += (output_saved + mtp) * inflight_on_chunk(plan, i, v - 1)
             transient = (c.logits_transient_bytes_per_element * model.seq_length * plan.micro_batch_size
                          * model.vocab_size / plan.tp)
         buffers = (c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes
@@ -261,7 +319,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
         out.append(StageMemory(
             stage=i,
             weights_bytes=int(params * w_b),
-            gradients_bytes=int(params * g_b / grad_shard),
+            gradients_bytes=int(grads),
             optimizer_bytes=int(optimizer),
             activations_bytes=int(act),
             buffers_bytes=int(buffers),

@@ -51,14 +51,21 @@ def dp_group(plan: PlanSpec) -> CommGroup:
     return CommGroup(GroupKind.DP, size=plan.dp, stride=plan.tp, start=0)
 
 
-def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, overlap: bool) -> tuple[DpBucket, ...]:
+def edp_group(plan: PlanSpec) -> CommGroup:
+    """Megatron-Core's expert rank order is etp fastest, then ep, then expert dp: stride etp x ep."""
+    return CommGroup(GroupKind.EDP, size=plan.edp, stride=plan.expert_tp * plan.ep, start=0)
+
+
+def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, overlap: bool,
+                  group: CommGroup | None = None) -> tuple[DpBucket, ...]:
     """The DP buckets of one chunk of ``params`` parameters (of this rank), with their times;
-    ``gb`` bytes per gradient element, ``overlap``: reduced during the backward pass."""
-    if plan.dp <= 1:
+    ``gb`` bytes per gradient element, ``overlap``: reduced during the backward pass. ``group``:
+    the group that reduces them (default the data-parallel group; MoE experts: the expert one)."""
+    group = group if group is not None else dp_group(plan)
+    if group.size <= 1 or params <= 0:
         return ()
-    group = dp_group(plan)
     out = []
-    for n in bucket_sizes(params, plan.dp, overlap):
+    for n in bucket_sizes(params, group.size, overlap):
         if plan.distributed_optimizer:
             out.append(DpBucket(n, comm_time(CollectiveKind.REDUCE_SCATTER, n * gb, group), TaskKind.REDUCE_SCATTER,
                                 comm_time(CollectiveKind.ALL_GATHER, n * PARAM_BYTES, group)))
@@ -67,9 +74,13 @@ def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, ove
     return tuple(out)
 
 
-def optimizer_op(params: int, plan: PlanSpec) -> OpRecord:
-    """The Adam step of ``params`` parameters of this rank as one memory-bound op for the compute model."""
-    n = -(-params // plan.dp) if plan.distributed_optimizer else params
+def optimizer_op(params: int, plan: PlanSpec, expert_params: int = 0) -> OpRecord:
+    """The Adam step of ``params`` dense and ``expert_params`` expert parameters of this rank as one
+    memory-bound op for the compute model (sharded over dp and expert dp with the distributed optimizer)."""
+    if plan.distributed_optimizer:
+        n = -(-params // plan.dp) + -(-expert_params // plan.edp)
+    else:
+        n = params + expert_params
     return OpRecord(
         index=0, name="optimizer.adam", kind=OpKind.ELEMENTWISE, phase=Phase.BACKWARD, stream=Stream.COMPUTE,
         inputs=(), outputs=(), flops=12.0 * n, bytes_read=OPT_READ_BYTES_PER_PARAM * n,

@@ -22,28 +22,43 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echo_plan.specs.model import ModelSpec
+from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Recompute
 
 
-def layer_matmul_params(model: ModelSpec) -> int:
-    """Weights of one block that take part in matrix multiplies (no biases, no norms)."""
-    h, f = model.hidden_size, model.ffn_size
-    kv = model.kv_heads * model.head_dim
-    attn = h * (h + 2 * kv) + h * h
-    mlp = (3 if model.activation.gated else 2) * h * f
-    return attn + mlp
+def layer_matmul_params(model: ModelSpec, kind: LayerKind = DENSE) -> int:
+    """Weights of one block that take part in matrix multiplies for each token (no biases, no norms):
+    for an MoE layer the router, the top-k routed experts and the shared experts (active parameters)."""
+    h = model.hidden_size
+    mats = 3 if model.activation.gated else 2
+    if model.mla is not None:
+        attn = model.attention_params - model.mla.kv_lora_rank - (model.mla.q_lora_rank or 0)  # less the norms
+    else:
+        kv = model.kv_heads * model.head_dim
+        attn = h * (model.num_attention_heads * model.head_dim + 2 * kv) + model.num_attention_heads * model.head_dim * h
+    if kind.moe and model.moe is not None:
+        moe = model.moe
+        return attn + moe.num_experts * h + mats * h * (moe.top_k * moe.expert_ffn_hidden_size + moe.shared_ffn)
+    return attn + mats * h * model.ffn_size
 
 
-def attention_flops_per_token(model: ModelSpec) -> float:
-    """Scores (Q K^T) and weighted sum (A V) of one layer, per token, forward: 2 x 2 x s x (heads x d)."""
-    return 4.0 * model.seq_length * model.num_attention_heads * model.head_dim
+def attention_flops_per_token(model: ModelSpec, kind: LayerKind = DENSE) -> float:
+    """Scores (Q K^T) and weighted sum (A V) of one layer, per token, forward: 2 x 2 x s x (heads x d)
+    (MLA: query/key and value widths differ; a sliding window sees ``window`` keys, not s)."""
+    keys = min(model.seq_length, kind.window) if kind.window else model.seq_length
+    if model.mla is not None:
+        return 2.0 * keys * model.num_attention_heads * (model.mla.qk_head_dim + model.mla.v_head_dim)
+    return 4.0 * keys * model.num_attention_heads * model.head_dim
 
 
 def forward_flops_per_token(model: ModelSpec) -> tuple[float, float, float]:
-    """(layer matmuls of all layers, attention core of all layers, logits) forward FLOPs per token."""
-    layers = 2.0 * layer_matmul_params(model) * model.num_layers
-    attn = attention_flops_per_token(model) * model.num_layers
-    logits = 2.0 * model.vocab_size * model.hidden_size
+    """(layer matmuls of all layers, attention core of all layers, logits) forward FLOPs per token;
+    multi-token prediction modules count as a layer (plus their 2h x h projection) and a logits head each."""
+    kinds = list(model.layer_kinds()) + [model.mtp_kind] * model.mtp_layers
+    layers = sum(2.0 * layer_matmul_params(model, k) for k in kinds)
+    layers += model.mtp_layers * 2.0 * 2 * model.hidden_size ** 2
+    attn = sum(attention_flops_per_token(model, k) for k in kinds)
+    logits = 2.0 * model.vocab_size * model.hidden_size * (1 + model.mtp_layers)
     return layers, attn, logits
 
 

@@ -1,4 +1,4 @@
-"""ModelSpec: a dense decoder-only transformer (GPT-style, Llama-style, Nemotron-style)."""
+"""ModelSpec: a decoder-only transformer (GPT-, Llama-, Nemotron-style; mixtures of experts: ``moe.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from echo_plan import limits as L
 from echo_plan.specs.base import Spec
+from echo_plan.specs.moe import DENSE, LayerKind, MLASpec, MoESpec
 
 
 class Activation(str, Enum):
@@ -61,6 +62,16 @@ class ModelSpec(Spec):
     tied_embeddings: bool = True
     bias: bool | None = Field(default=None, description="linear layers carry biases; default: GELU models do")
     rotary_percent: float = Field(default=1.0, gt=0.0, le=1.0, description="fraction of each head's dims rotated")
+    attention_head_dim: int | None = Field(default=None, gt=0, le=4096,
+                                           description="per-head width when not hidden_size / heads (Qwen3, GPT-OSS)")
+    qk_norm: bool = Field(default=False, description="RMSNorm on each query and key head (Qwen3)")
+    sliding_window: int | None = Field(default=None, gt=0, le=L.MAX_SEQUENCE,
+                                       description="attention span of windowed layers in tokens (GPT-OSS: 128)")
+    sliding_window_pattern: int = Field(default=1, gt=0, le=L.MAX_LAYERS,
+                                        description="every n-th layer from layer 0 is windowed (GPT-OSS: 2)")
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    mtp_layers: int = Field(default=0, ge=0, le=16, description="multi-token prediction modules (DeepSeek-V3: 1)")
     source: str = ""
 
     @model_validator(mode="after")
@@ -81,7 +92,12 @@ class ModelSpec(Spec):
         if self.position_embedding is PositionEmbedding.ROTARY and self.rotary_dims % 2:
             raise ValueError(f"rotary_percent {self.rotary_percent} of head_dim {self.head_dim} must give an even "
                              f"number of rotated dims, not {self.rotary_dims}")
-        if self.hidden_size % self.num_attention_heads:
+        if self.moe is not None and self.moe.first_dense_layers > self.num_layers:
+            raise ValueError(f"moe.first_dense_layers {self.moe.first_dense_layers} exceeds num_layers "
+                             f"{self.num_layers}")
+        if self.mla is not None and self.position_embedding is not PositionEmbedding.ROTARY:
+            raise ValueError("multi-head latent attention (mla) needs position_embedding rotary")
+        if self.attention_head_dim is None and self.mla is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} must be a multiple of num_attention_heads "
                 f"{self.num_attention_heads}"
@@ -103,7 +119,38 @@ class ModelSpec(Spec):
 
     @property
     def head_dim(self) -> int:
+        if self.attention_head_dim is not None:
+            return self.attention_head_dim
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def layer_kind(self, index: int) -> LayerKind:
+        """The kind of layer ``index`` (0-based): MoE or dense MLP, windowed or full attention."""
+        moe = self.moe is not None and index >= self.moe.first_dense_layers
+        windowed = self.sliding_window is not None and index % self.sliding_window_pattern == 0
+        window = int(self.sliding_window or 0) if windowed and self.sliding_window < self.seq_length else 0
+        return LayerKind(moe=moe, window=window)
+
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """Each layer's kind, in order (all DENSE for a dense model with full attention)."""
+        if self.moe is None and self.sliding_window is None:
+            return (DENSE,) * self.num_layers
+        return tuple(self.layer_kind(i) for i in range(self.num_layers))
+
+    def distinct_kinds(self) -> tuple[LayerKind, ...]:
+        """The layer kinds present, in order of first appearance (the MTP module's kind included)."""
+        kinds = list(dict.fromkeys(self.layer_kinds()))
+        if self.mtp_layers and self.mtp_kind not in kinds:
+            kinds.append(self.mtp_kind)
+        return tuple(kinds)
+
+    @property
+    def mtp_kind(self) -> LayerKind:
+        """A multi-token prediction module's transformer layer: the model's last layer kind, full attention."""
+        return LayerKind(moe=self.moe is not None, window=0)
 
     @property
     def has_bias(self) -> bool:
@@ -120,15 +167,51 @@ class ModelSpec(Spec):
         return self.norm.params * self.hidden_size
 
     @property
+    def attention_params(self) -> int:
+        """Weights and biases of one layer's attention (projections, MLA norms, QK norms)."""
+        h, a, d = self.hidden_size, self.num_attention_heads, self.head_dim
+        if self.mla is not None:
+            m = self.mla
+            q = (h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * m.qk_head_dim) if m.q_lora_rank \
+                else h * a * m.qk_head_dim
+            kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank \
+                + m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
+            return q + kv + a * m.v_head_dim * h
+        kv = self.kv_heads * d
+        qkv = a * d + 2 * kv
+        bias = (qkv + h) if self.has_bias else 0
+        return h * qkv + a * d * h + bias + (2 * d if self.qk_norm else 0)
+
+    def mlp_params(self, ffn: int) -> int:
+        """One MLP of width ``ffn`` (weights and biases)."""
+        h = self.hidden_size
+        fc1_out = 2 * ffn if self.activation.gated else ffn
+        return h * fc1_out + ffn * h + ((fc1_out + h) if self.has_bias else 0)
+
+    @property
+    def expert_params_per_layer(self) -> int:
+        """Routed-expert weights of one MoE layer (sharded by expert parallelism)."""
+        return 0 if self.moe is None else self.moe.num_experts * self.mlp_params(self.moe.expert_ffn_hidden_size)
+
+    def layer_params(self, kind: LayerKind = DENSE) -> int:
+        """Parameters of one transformer block of ``kind`` (norms, router and shared experts included)."""
+        norms = 2 * self.norm_params
+        if not kind.moe or self.moe is None:
+            return self.attention_params + self.mlp_params(self.ffn_size) + norms
+        router = self.moe.num_experts * self.hidden_size
+        shared = self.mlp_params(self.moe.shared_ffn) if self.moe.num_shared_experts else 0
+        return self.attention_params + router + shared + self.expert_params_per_layer + norms
+
+    @property
     def params_per_layer(self) -> int:
-        """Parameters of one transformer block (weights and biases, norms included)."""
-        h, f = self.hidden_size, self.ffn_size
-        kv = self.kv_heads * self.head_dim
-        bias = self.has_bias
-        attn = h * (h + 2 * kv) + h * h + ((h + 2 * kv) + h if bias else 0)
-        fc1_out = 2 * f if self.activation.gated else f
-        mlp = h * fc1_out + f * h + ((fc1_out + h) if bias else 0)
-        return attn + mlp + 2 * self.norm_params
+        """Parameters of one dense transformer block (weights and biases, norms included)."""
+        return self.layer_params(DENSE)
+
+    @property
+    def mtp_params(self) -> int:
+        """The multi-token prediction modules: a layer, two norms and a 2h x h projection each."""
+        h = self.hidden_size
+        return self.mtp_layers * (self.layer_params(self.mtp_kind) + 2 * self.norm_params + 2 * h * h)
 
     @property
     def embedding_params(self) -> int:
@@ -143,4 +226,5 @@ class ModelSpec(Spec):
 
     @property
     def num_params(self) -> int:
-        return self.num_layers * self.params_per_layer + self.embedding_params + self.output_params
+        layers = sum(self.layer_params(k) for k in self.layer_kinds())
+        return layers + self.mtp_params + self.embedding_params + self.output_params

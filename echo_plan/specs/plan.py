@@ -43,6 +43,11 @@ class PlanSpec(Spec):
     layer_split: tuple[int, ...] | None = Field(
         default=None, description="layers per pipeline stage when uneven; defaults to an even split"
     )
+    ep: int = Field(default=1, gt=0, le=L.MAX_GPUS, description="expert-parallel degree (MoE models)")
+    etp: int | None = Field(default=None, gt=0, le=L.MAX_GPUS,
+                            description="expert tensor-parallel degree; None: tp (Megatron-Core's default)")
+    expert_imbalance: float = Field(default=1.0, ge=1.0, le=1024.0,
+                                    description="tokens of the busiest expert over the balanced mean")
 
     @model_validator(mode="after")
     def _rules(self) -> "PlanSpec":
@@ -65,6 +70,12 @@ class PlanSpec(Spec):
                 f"(dp {self.dp} x micro-batch {self.micro_batch_size}); at most {L.MAX_MICROBATCHES:,}: "
                 f"use a smaller global batch or a larger micro-batch"
             )
+        if self.etp is None:
+            object.__setattr__(self, "etp", self.tp)
+        if (self.tp * self.dp) % (self.ep * self.expert_tp):
+            raise ValueError(
+                f"ep x etp = {self.ep} x {self.expert_tp} must divide tp x dp = {self.tp} x {self.dp} (the GPUs of "
+                f"one pipeline stage; Megatron-Core's expert data-parallel size is their quotient)")
         if self.world_size > L.MAX_GPUS:
             raise ValueError(f"tp x pp x dp = {self.world_size:,} GPUs; at most {L.MAX_GPUS:,}")
         return self
@@ -72,6 +83,19 @@ class PlanSpec(Spec):
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        return int(self.etp or self.tp)
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: the GPUs of a pipeline stage over ep x etp (Megatron-Core)."""
+        return self.tp * self.dp // (self.ep * self.expert_tp)
+
+    @property
+    def is_expert_parallel(self) -> bool:
+        return self.ep > 1 or self.expert_tp != self.tp
 
     @property
     def num_microbatches(self) -> int:
@@ -93,6 +117,10 @@ class PlanSpec(Spec):
             parts.append("gpipe")
         if self.recompute is not Recompute.NONE:
             parts.append({Recompute.SELECTIVE: "sel-recompute", Recompute.FULL: "full-recompute"}[self.recompute])
+        if self.is_expert_parallel:
+            parts.append(f"ep{self.ep}" + (f" etp{self.expert_tp}" if self.expert_tp != self.tp else ""))
+        if self.expert_imbalance > 1.0:
+            parts.append(f"imb{self.expert_imbalance:g}")
         if self.sequence_parallel:
             parts.append("sp")
         if self.distributed_optimizer:
@@ -114,6 +142,7 @@ def validate_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec) -> Non
         raise SpecError("tp", plan.tp, f"must divide num_kv_heads {model.kv_heads} of {model.name}")
     if model.ffn_size % plan.tp:
         raise SpecError("tp", plan.tp, f"must divide ffn_hidden_size {model.ffn_size} of {model.name}")
+    validate_experts(plan, model)
     if plan.pp > model.num_layers:
         raise SpecError("pp", plan.pp, f"must not exceed num_layers {model.num_layers} of {model.name}")
     if plan.sequence_parallel and model.seq_length % plan.tp:
@@ -141,3 +170,26 @@ def validate_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec) -> Non
             f"the interleaved schedule needs the number of micro-batches ({plan.num_microbatches}) "
             f"to be a multiple of pp ({plan.pp})",
         )
+
+
+def validate_experts(plan: PlanSpec, model: ModelSpec) -> None:
+    """The expert-parallel rules (Megatron-Core's): raise SpecError naming the one broken."""
+    moe = model.moe
+    if moe is None:
+        if plan.ep > 1 or plan.expert_tp != plan.tp:
+            raise SpecError("ep", plan.ep, f"expert parallelism needs a mixture-of-experts model; {model.name} is dense")
+        if plan.expert_imbalance > 1.0:
+            raise SpecError("expert_imbalance", plan.expert_imbalance, f"needs a mixture-of-experts model; "
+                            f"{model.name} is dense")
+        return
+    if moe.num_experts % plan.ep:
+        valid = [e for e in range(1, moe.num_experts + 1) if moe.num_experts % e == 0]
+        raise SpecError("ep", plan.ep, f"must divide num_experts {moe.num_experts} of {model.name}; valid: "
+                        f"{', '.join(map(str, valid))}")
+    for ffn, what in ((moe.expert_ffn_hidden_size, "expert_ffn_hidden_size"),
+                      (moe.shared_ffn, "shared_expert_ffn_hidden_size")):
+        if ffn and ffn % plan.expert_tp:
+            raise SpecError("etp", plan.expert_tp, f"must divide {what} {ffn} of {model.name}")
+    if plan.tp > 1 and not plan.sequence_parallel:
+        raise SpecError("sequence_parallel", False, "Megatron-Core runs MoE layers with tp > 1 only with sequence "
+                        "parallelism; add --sp")

@@ -32,6 +32,14 @@ class RecomputeModule(str, Enum):
     CORE_ATTN = "core_attn"  # the attention core (scores, softmax, dropout, weighted sum)
     MLP = "mlp"  # the whole MLP (its linears and activation)
     LAYERNORM = "layernorm"  # the input and pre-MLP norms
+    MLA_UP_PROJ = "mla_up_proj"  # MLA's query/key-value up-projections (their outputs freed, recomputed)
+
+
+class MoEDispatcher(str, Enum):
+    """How MoE tokens reach their experts (Megatron-Core's ``--moe-token-dispatcher-type``)."""
+
+    ALLTOALL = "alltoall"  # all-to-all over the expert-parallel group
+    ALLGATHER = "allgather"  # all-gather every token, reduce-scatter the outputs
 
 
 class OptimizerSharding(str, Enum):
@@ -72,6 +80,11 @@ class SoftwareSpec(Spec):
                     "(12 for bf16: three fp32 tensors)")
     sequence_parallel: bool = Field(default=True, description="the framework has sequence parallelism")
     recompute_modules: tuple[RecomputeModule, ...] = (RecomputeModule.CORE_ATTN,)
+    moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
+    moe_grouped_gemm: bool = Field(default=True, description="local experts as one grouped GEMM (else a GEMM each)")
+    moe_a2a_overlap: bool = Field(
+        default=False, description="MoE dispatch/combine hidden behind another micro-batch's compute "
+                                   "(Megatron-Core's overlap_moe_expert_parallel_comm, DeepSeek's DualPipe idea)")
     sources: tuple[str, ...] = ()
 
     @field_validator("grad_reduce_dtype")
@@ -102,7 +115,8 @@ class SoftwareSpec(Spec):
         grad = "auto" if self.grad_reduce_dtype is None else self.grad_reduce_dtype.value
         return (f"attn={self.attention.value};hdrop={self.hidden_dropout > 0};adrop={self.attention_dropout > 0};"
                 f"fuse={self.fused_elementwise};gaf={self.gradient_accumulation_fusion}/{grad};"
-                f"tpov={self.tp_comm_overlap};rc={modules}")
+                f"tpov={self.tp_comm_overlap};rc={modules};moe={self.moe_dispatcher.value},"
+                f"{self.moe_grouped_gemm}")
 
     def short(self) -> str:
         return self.name

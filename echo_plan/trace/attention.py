@@ -20,16 +20,23 @@ import math
 import torch
 from torch import nn
 
-from echo_plan.specs import AttentionKernel, ModelSpec, PositionEmbedding, SoftwareSpec
+from echo_plan.errors import SpecError
+from echo_plan.specs import AttentionKernel, ModelSpec, Norm, PositionEmbedding, SoftwareSpec
 from echo_plan.trace import kernels, parallel
 from echo_plan.trace.fake_pg import TPGroup
-from echo_plan.trace.layers import Rotary
+from echo_plan.trace.layers import Rotary, make_norm
 
 
 class Attention(nn.Module):
     def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype,
-                 stack: SoftwareSpec, checkpoint_core, accumulate_unfused: bool, overlap: bool) -> None:
+                 stack: SoftwareSpec, checkpoint_core, accumulate_unfused: bool, overlap: bool, window: int = 0) -> None:
         super().__init__()
+        self.window = window
+        if window and stack.attention is not AttentionKernel.FUSED:
+            raise SpecError("attention", stack.attention.value, f"sliding-window layers of {model.name} need the "
+                            f"fused attention kernel (stack {stack.name} runs unfused attention)")
+        self.q_norm = make_norm(Norm.RMSNORM, model.head_dim, dtype) if model.qk_norm else None
+        self.k_norm = make_norm(Norm.RMSNORM, model.head_dim, dtype) if model.qk_norm else None
         tp = group.size if group else 1
         self.group, self.sp, self.overlap, self.accumulate_unfused = group, sequence_parallel, overlap, accumulate_unfused
         self.heads, self.kv_heads, self.head_dim = (
@@ -52,8 +59,8 @@ class Attention(nn.Module):
     def _fused(self, q, k, v):
         s, b = q.shape[0], q.shape[1]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d] views of the sbhd layout
-        ctx = kernels.attention(q, k, v, causal=True, dropout_p=self.dropout_p)
-        return ctx.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.head_dim)
+        ctx = kernels.attention(q, k, v, causal=True, dropout_p=self.dropout_p, window=self.window)
+        return ctx.permute(2, 0, 1, 3).reshape(s, b, self.heads * ctx.shape[-1])
 
     def _unfused(self, q, k, v):
         s, b, heads, d = q.shape
@@ -79,6 +86,8 @@ class Attention(nn.Module):
         qkv = qkv.view(s, b, self.kv_heads, group_width)
         q, k, v = torch.split(qkv, [group_width - 2 * self.head_dim, self.head_dim, self.head_dim], dim=-1)
         q = q.reshape(s, b, self.heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         ctx = self.checkpoint_core(self.core, q, k, v) if self.checkpoint_core else self.core(q, k, v)

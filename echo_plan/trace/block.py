@@ -32,8 +32,11 @@ from torch.utils.checkpoint import checkpoint
 from echo_plan.specs import Activation, ModelSpec, Recompute, RecomputeModule, SoftwareSpec
 from echo_plan.trace import kernels, parallel
 from echo_plan.trace.attention import Attention
-from echo_plan.trace.fake_pg import TPGroup
+from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
+from echo_plan.trace.fake_pg import TPGroup, TraceGroups
 from echo_plan.trace.layers import make_norm
+from echo_plan.trace.mla import MLAttention
+from echo_plan.trace.moe import MoELayer
 
 RecomputeContext = Callable[[], ContextManager]
 
@@ -64,13 +67,13 @@ def bias_dropout_add(x: torch.Tensor, bias: torch.Tensor | None, residual: torch
 
 class MLP(nn.Module):
     def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype,
-                 stack: SoftwareSpec, accumulate_unfused: bool, overlap: bool) -> None:
+                 stack: SoftwareSpec, accumulate_unfused: bool, overlap: bool, ffn: int | None = None) -> None:
         super().__init__()
         tp = group.size if group else 1
         self.group, self.sp, self.overlap, self.accumulate_unfused = group, sequence_parallel, overlap, accumulate_unfused
         self.activation = model.activation
         self.fused = stack.fused_elementwise
-        ffn = model.ffn_size // tp
+        ffn = (model.ffn_size if ffn is None else ffn) // tp
         fc1_out = 2 * ffn if model.activation.gated else ffn  # SwiGLU's gate and up projections in one GEMM
         self.fc1_weight = nn.Parameter(torch.empty(fc1_out, model.hidden_size, dtype=dtype))
         self.fc1_bias = nn.Parameter(torch.empty(fc1_out, dtype=dtype)) if model.has_bias else None
@@ -104,10 +107,14 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    """One layer of ``kind``: dense or MoE MLP (``moe.py``), full, windowed or latent attention
+    (``mla.py``); ``groups`` holds the TP and expert groups, ``layout`` the expert layout."""
+
     def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool,
                  dtype: torch.dtype, recompute: Recompute, stack: SoftwareSpec,
                  recompute_context: RecomputeContext = nullcontext,
-                 discard: Callable[[torch.Tensor], None] | None = None) -> None:
+                 discard: Callable[[torch.Tensor], None] | None = None, kind: LayerKind = DENSE,
+                 groups: TraceGroups | None = None, layout: ExpertLayout | None = None) -> None:
         super().__init__()
         selective = set(stack.recompute_modules) if recompute is Recompute.SELECTIVE else set()
         overlap = bool(stack.tp_comm_overlap and sequence_parallel and group is not None)
@@ -118,10 +125,21 @@ class TransformerBlock(nn.Module):
             return checkpointed(fn, *args, recompute_context=recompute_context)
 
         self.input_norm = make_norm(model.norm, model.hidden_size, dtype)
-        self.attention = Attention(model, group, sequence_parallel, dtype, stack,
-                                   ckpt if RecomputeModule.CORE_ATTN in selective else None, unfused_acc, overlap)
+        if model.mla is not None:
+            self.attention: nn.Module = MLAttention(model, group, sequence_parallel, dtype, stack, ckpt, selective,
+                                                    discard, unfused_acc)
+        else:
+            self.attention = Attention(model, group, sequence_parallel, dtype, stack,
+                                       ckpt if RecomputeModule.CORE_ATTN in selective else None, unfused_acc, overlap,
+                                       window=kind.window)
         self.mlp_norm = make_norm(model.norm, model.hidden_size, dtype)
-        self.mlp = MLP(model, group, sequence_parallel, dtype, stack, unfused_acc, overlap)
+        if kind.moe and model.moe is not None:
+            shared = (MLP(model, group, sequence_parallel, dtype, stack, unfused_acc, overlap, model.moe.shared_ffn)
+                      if model.moe.num_shared_experts else None)
+            self.mlp: nn.Module = MoELayer(model, groups or TraceGroups(group), sequence_parallel, dtype, stack,
+                                           layout or ExpertLayout(), shared)
+        else:
+            self.mlp = MLP(model, group, sequence_parallel, dtype, stack, unfused_acc, overlap)
         self.hidden_dropout = stack.hidden_dropout
         self.fused = stack.fused_elementwise
         self.recompute_mlp = RecomputeModule.MLP in selective

@@ -19,7 +19,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from echo_plan.specs import DType, ModelSpec, Recompute, SoftwareSpec
 from echo_plan.trace.block import TransformerBlock
-from echo_plan.trace.fake_pg import TPGroup, fake_tp_group
+from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
+from echo_plan.trace.fake_pg import TraceGroups, fake_groups
 from echo_plan.trace.modtrack import ModuleLabeler
 from echo_plan.trace.recorder import Recorder
 from echo_plan.trace.records import OpRecord, Phase, StageKind
@@ -66,11 +67,13 @@ class SavedBytesMeter:
         return sum(self.storages.values())
 
 
-def _build(stage: StageKind, model: ModelSpec, group: TPGroup | None, sp: bool, dtype: torch.dtype,
+def _build(stage: StageKind, model: ModelSpec, groups: TraceGroups, sp: bool, dtype: torch.dtype,
            recompute: Recompute, stack: SoftwareSpec, recompute_context: Callable,
-           discard: Callable | None) -> nn.Module:
+           discard: Callable | None, kind: LayerKind = DENSE, layout: ExpertLayout | None = None) -> nn.Module:
+    group = groups.tp
     if stage is StageKind.BLOCK:
-        module: nn.Module = TransformerBlock(model, group, sp, dtype, recompute, stack, recompute_context, discard)
+        module: nn.Module = TransformerBlock(model, group, sp, dtype, recompute, stack, recompute_context, discard,
+                                             kind=kind, groups=groups, layout=layout)
     elif stage is StageKind.EMBEDDING:
         module = EmbeddingStage(model, group, sp, dtype, stack)
     else:
@@ -106,16 +109,19 @@ def _param_count(module: nn.Module) -> int:
 
 
 def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
-            micro_batch_size: int, dtype: DType, recompute: Recompute, stack: SoftwareSpec) -> Captured:
-    """Trace one stage on TP rank 0: forward then backward of one micro-batch."""
+            micro_batch_size: int, dtype: DType, recompute: Recompute, stack: SoftwareSpec,
+            kind: LayerKind = DENSE, layout: ExpertLayout | None = None) -> Captured:
+    """Trace one stage on TP rank 0 (a layer of ``kind``; MoE layers with ``layout``): forward then
+    backward of one micro-batch."""
+    layout = layout if (kind.moe and layout is not None) else ExpertLayout(etp=1)
     tdtype = TORCH_DTYPES[dtype]
     modes = list(Recompute) if stage is StageKind.BLOCK else [recompute]
     saved: dict[str, int] = {}
-    with FakeTensorMode(), fake_tp_group(tp) as group:
-        recorder = Recorder(tp)
+    with FakeTensorMode(), fake_groups(tp, layout.ep, layout.etp) as groups:
+        recorder = Recorder(tp, groups.comm)
         meter = SavedBytesMeter(set())
-        module = _build(stage, model, group, sequence_parallel, tdtype, recompute, stack, recorder.recomputing,
-                        meter.discard)
+        module = _build(stage, model, groups, sequence_parallel, tdtype, recompute, stack, recorder.recomputing,
+                        meter.discard, kind, layout)
         inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype)
         meter.exclude |= _fixed_storages(module)
         ModuleLabeler(module, recorder)  # hooks live as long as the module
@@ -134,8 +140,8 @@ def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: b
             if mode.value in saved:
                 continue
             other_meter = SavedBytesMeter(set())
-            other = _build(stage, model, group, sequence_parallel, tdtype, mode, stack, nullcontext,
-                           other_meter.discard)
+            other = _build(stage, model, groups, sequence_parallel, tdtype, mode, stack, nullcontext,
+                           other_meter.discard, kind, layout)
             other_meter.exclude |= _fixed_storages(other)
             other_inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype)
             with other_meter.measuring():

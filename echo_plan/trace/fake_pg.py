@@ -9,7 +9,7 @@ trace and destroyed when the block exits, so no process-group state outlives a t
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from echo_plan.errors import EchoPlanError
@@ -22,6 +22,47 @@ class TPGroup:
     size: int
     name: str
     handle: Any  # the torch ProcessGroup
+
+
+@dataclass(frozen=True)
+class TraceGroups:
+    """The groups one traced rank (rank 0 of each) communicates in. ``comm`` maps each c10d group
+    name to the CommGroup (kind, size, stride) that places it on the cluster."""
+
+    tp: TPGroup | None
+    ep: TPGroup | None = None
+    etp: TPGroup | None = None
+    comm: dict[str, Any] = field(default_factory=dict)
+
+
+@contextmanager
+def fake_groups(tp: int, ep: int = 1, etp: int = 1) -> Iterator[TraceGroups]:
+    """Fake TP, expert-parallel and expert-TP groups (each of ranks 0..n-1; this process is rank 0).
+
+    Strides follow Megatron-Core's rank order: tp fastest for dense layers; for expert layers etp
+    fastest, then ep (so an EP group has stride etp). A group of one is None (no collectives).
+    """
+    from echo_plan.trace.records import CommGroup, GroupKind
+
+    world = max(tp, ep, etp)
+    if world <= 1:
+        yield TraceGroups(None)
+        return
+    with fake_tp_group(world):
+        import torch.distributed as dist
+
+        def group(n: int) -> TPGroup | None:  # one c10d group per role, so each name has one placement
+            if n <= 1:
+                return None
+            handle = dist.new_group(list(range(n)))
+            return TPGroup(size=n, name=handle.group_name, handle=handle)
+
+        tp_g, ep_g, etp_g = group(tp), group(ep), group(etp)
+        comm: dict[str, Any] = {}
+        for g, kind, stride in ((tp_g, GroupKind.TP, 1), (ep_g, GroupKind.EP, etp), (etp_g, GroupKind.ETP, 1)):
+            if g is not None:
+                comm[g.name] = CommGroup(kind, size=g.size, stride=stride)
+        yield TraceGroups(tp_g, ep_g, etp_g, comm)
 
 
 @contextmanager

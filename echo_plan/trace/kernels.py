@@ -44,13 +44,17 @@ def _keep_mask(shape, p: float, seed: int, device) -> Tensor:
     return (torch.rand(shape, generator=gen) >= p).to(device)
 
 
-def _attention_reference(q, k, v, causal: bool, p: float, seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(output, log-sum-exp, softmax probabilities, keep-mask or None) in fp32 maths."""
+def _attention_reference(q, k, v, causal: bool, p: float, seed: int, window: int = 0
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(output, log-sum-exp, softmax probabilities, keep-mask or None) in fp32 maths; ``window`` > 0:
+    each query sees only the ``window`` most recent keys (itself included)."""
     kx, vx = _expand_kv(q, k), _expand_kv(q, v)
     scores = (q.float() @ kx.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    s_q, s_k = scores.shape[-2:]
     if causal:
-        s_q, s_k = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(s_q, s_k, dtype=torch.bool).triu(1 + s_k - s_q), float("-inf"))
+    if window > 0:
+        scores = scores.masked_fill(torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q - window), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse.unsqueeze(-1))
     keep = _keep_mask(probs.shape, p, seed, probs.device) if p > 0 else None
@@ -58,8 +62,27 @@ def _attention_reference(q, k, v, causal: bool, p: float, seed: int) -> tuple[Te
     return (dropped @ vx.float()).to(q.dtype), lse, probs, keep
 
 
-def _attention_fake(q, k, v, causal, p, seed):
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+def _like_layout(q: Tensor, last: int) -> Tensor:
+    """An empty tensor shaped like ``q`` with last dim ``last``, in ``q``'s memory layout (dimension order)."""
+    if last == q.shape[-1]:
+        return torch.empty_like(q)
+    order = sorted(range(q.dim()), key=lambda i: -q.stride(i))  # outermost first
+    shape = [*q.shape[:-1], last]
+    base = q.new_empty([shape[i] for i in order])
+    return base.permute([order.index(i) for i in range(q.dim())])
+
+
+def _attention_fake(q, k, v, causal, p, seed, window=0):
+    return _like_layout(q, v.shape[-1]), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def window_fraction(s_k: int, window: int) -> float:
+    """Keys a sliding-window query sees on average, over the s_k / 2 a causal query sees: the FLOP
+    counts of windowed kernels are scaled by it (the compute model then applies the causal share)."""
+    if window <= 0 or window >= s_k:
+        return 1.0
+    seen = (s_k * window - window * (window - 1) / 2) / s_k
+    return min(1.0, seen / ((s_k + 1) / 2))
 
 
 def _fold_heads(g: Tensor, like: Tensor) -> Tensor:
@@ -68,8 +91,8 @@ def _fold_heads(g: Tensor, like: Tensor) -> Tensor:
     return g if rep == 1 else g.reshape(g.shape[0], like.shape[1], rep, *g.shape[2:]).sum(2)
 
 
-def _attention_backward_reference(grad, q, k, v, out, lse, causal: bool, p: float, seed: int):
-    _, _, probs, keep = _attention_reference(q, k, v, causal, p, seed)
+def _attention_backward_reference(grad, q, k, v, out, lse, causal: bool, p: float, seed: int, window: int = 0):
+    _, _, probs, keep = _attention_reference(q, k, v, causal, p, seed, window)
     kx, vx, g = _expand_kv(q, k).float(), _expand_kv(q, v).float(), grad.float()
     scale = 1.0 / math.sqrt(q.shape[-1])
     dropped = probs * keep / (1.0 - p) if keep is not None else probs
@@ -82,7 +105,7 @@ def _attention_backward_reference(grad, q, k, v, out, lse, causal: bool, p: floa
     return dq.to(q.dtype), _fold_heads(dk, k).to(k.dtype), _fold_heads(dv, v).to(v.dtype)
 
 
-def _attention_backward_fake(grad, q, k, v, out, lse, causal, p, seed):
+def _attention_backward_fake(grad, q, k, v, out, lse, causal, p, seed, window=0):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -90,40 +113,45 @@ def _attention_ops(name: str):
     """A fused-attention forward op and its backward op, with fake, autograd and FLOP formulas."""
 
     @torch.library.custom_op(f"echo_plan::{name}", mutates_args=())
-    def fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float, seed: int) -> tuple[Tensor, Tensor]:
-        out, lse, _, _ = _attention_reference(q, k, v, causal, dropout_p, seed)
+    def fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float, seed: int,
+            window: int = 0) -> tuple[Tensor, Tensor]:
+        out, lse, _, _ = _attention_reference(q, k, v, causal, dropout_p, seed, window)
         return out, lse
 
     @torch.library.custom_op(f"echo_plan::{name}_backward", mutates_args=())
     def bwd(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, dropout_p: float,
-            seed: int) -> tuple[Tensor, Tensor, Tensor]:
-        return _attention_backward_reference(grad, q, k, v, out, lse, causal, dropout_p, seed)
+            seed: int, window: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+        return _attention_backward_reference(grad, q, k, v, out, lse, causal, dropout_p, seed, window)
 
     fwd.register_fake(_attention_fake)
     bwd.register_fake(_attention_backward_fake)
 
     def setup(ctx, inputs, output):
-        q, k, v, causal, p, seed = inputs
+        q, k, v, causal, p, seed, window = inputs
         ctx.save_for_backward(q, k, v, *output)
-        ctx.causal, ctx.p, ctx.seed = causal, p, seed
+        ctx.causal, ctx.p, ctx.seed, ctx.window = causal, p, seed, window
         ctx.set_materialize_grads(False)
 
     def backward(ctx, grad_out, _grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.causal, ctx.p, ctx.seed)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.causal, ctx.p, ctx.seed, ctx.window)
+        return dq, dk, dv, None, None, None, None
 
     fwd.register_autograd(backward, setup_context=setup)
 
     @register_flop_formula(getattr(torch.ops.echo_plan, name))
-    def _fwd_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
+    def _fwd_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:  # args: causal, p, seed, window
+        window = int(args[3]) if len(args) > 3 else 0
         b, h, _, d = q_shape
-        return sdpa_flop_count(q_shape, (b, h, k_shape[2], d), (b, h, v_shape[2], v_shape[3]))
+        full = sdpa_flop_count(q_shape, (b, h, k_shape[2], d), (b, h, v_shape[2], v_shape[3]))
+        return int(full * window_fraction(k_shape[2], window))
 
     @register_flop_formula(getattr(torch.ops.echo_plan, f"{name}_backward"))
-    def _bwd_flops(grad_shape, q_shape, k_shape, v_shape, *args, **kwargs) -> int:
+    def _bwd_flops(grad_shape, q_shape, k_shape, v_shape, *args, **kwargs) -> int:  # out, lse, causal, p, seed, window
+        window = int(args[5]) if len(args) > 5 else 0
         b, h, _, d = q_shape
-        return sdpa_backward_flop_count(grad_shape, q_shape, (b, h, k_shape[2], d), (b, h, v_shape[2], v_shape[3]))
+        full = sdpa_backward_flop_count(grad_shape, q_shape, (b, h, k_shape[2], d), (b, h, v_shape[2], v_shape[3]))
+        return int(full * window_fraction(k_shape[2], window))
 
     return fwd, bwd
 
@@ -132,10 +160,11 @@ flash_attention, flash_attention_backward = _attention_ops("flash_attention")
 flash_attention_dropout, flash_attention_dropout_backward = _attention_ops("flash_attention_dropout")
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, dropout_p: float = 0.0) -> Tensor:
-    """Fused attention on [b, heads, s, d] tensors (k, v may have fewer heads: GQA)."""
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, dropout_p: float = 0.0, window: int = 0) -> Tensor:
+    """Fused attention on [b, heads, s, d] tensors (k, v may have fewer heads: GQA; v may be narrower:
+    MLA); ``window`` > 0: sliding-window attention over that many recent keys."""
     op = flash_attention_dropout if dropout_p > 0 else flash_attention
-    return op(q, k, v, causal, float(dropout_p), 0)[0]
+    return op(q, k, v, causal, float(dropout_p), 0, int(window))[0]
 
 
 # -- Megatron-LM's fused causal softmax (unfused attention) --------------------------------------

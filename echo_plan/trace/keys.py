@@ -13,12 +13,13 @@ from pathlib import Path
 
 from echo_plan.errors import SpecError
 from echo_plan.specs import DType, ModelSpec, Recompute
+from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
 from echo_plan.trace.records import StageKind, TraceKey
 
 # The modules whose source decides what a trace contains.
 TRACED_MODULES = (
     "block.py", "attention.py", "kernels.py", "overlap.py", "layers.py", "parallel.py", "stages.py", "fake_pg.py",
-    "capture.py", "recorder.py", "opinfo.py", "modtrack.py", "records.py",
+    "capture.py", "recorder.py", "opinfo.py", "modtrack.py", "records.py", "moe.py", "mla.py",
 )
 TRACE_DTYPES = (DType.BF16, DType.FP16)
 
@@ -45,6 +46,12 @@ def structure(model: ModelSpec, stage: StageKind) -> str:
         f"position={model.position_embedding.value}", f"seq={model.seq_length}",
         f"bias={model.has_bias}", f"rotary_dims={model.rotary_dims}",
     ]
+    if model.attention_head_dim is not None or model.qk_norm:
+        fields += [f"head_dim={model.head_dim}", f"qk_norm={model.qk_norm}"]
+    if model.mla is not None:
+        fields.append("mla=" + model.mla.model_dump_json())
+    if model.moe is not None and stage is StageKind.BLOCK:
+        fields.append("moe=" + model.moe.model_dump_json())
     if stage is not StageKind.BLOCK:
         fields += [f"vocab={model.vocab_size}", f"tied={model.tied_embeddings}"]
     return ";".join(fields)
@@ -68,9 +75,16 @@ def check_tp(model: ModelSpec, tp: int, sequence_parallel: bool) -> None:
 
 def make_key(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
              micro_batch_size: int, dtype: DType, recompute: Recompute, version: str | None = None,
-             software: str = "") -> TraceKey:
+             software: str = "", kind: LayerKind = DENSE, layout: ExpertLayout | None = None) -> TraceKey:
     """The cache key of a trace; validates the arguments first."""
     check_tp(model, tp, sequence_parallel)
+    variant = ""
+    if stage is StageKind.BLOCK and kind != DENSE:
+        variant = kind.label()
+        if kind.moe:
+            layout = layout or ExpertLayout(etp=tp)
+            check_layout(model, layout)
+            variant += ";" + layout.label()
     if micro_batch_size < 1:
         raise SpecError("micro_batch_size", micro_batch_size, "must be a positive integer")
     dtype = DType(dtype)
@@ -83,4 +97,19 @@ def make_key(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: 
         stage=StageKind(stage), structure=structure(model, stage), tp=tp, sequence_parallel=sp,
         micro_batch_size=micro_batch_size, seq_length=model.seq_length, dtype=dtype.value,
         recompute=Recompute(recompute).value, code_version=version or code_version(), software=software,
+        variant=variant,
     )
+
+
+def check_layout(model: ModelSpec, layout: ExpertLayout) -> None:
+    """Raise SpecError unless ``layout`` can shard ``model``'s experts."""
+    moe = model.moe
+    if moe is None:
+        raise SpecError("ep", layout.ep, f"expert parallelism needs a mixture-of-experts model; {model.name} is dense")
+    if layout.ep < 1 or moe.num_experts % layout.ep:
+        raise SpecError("ep", layout.ep, f"must divide num_experts {moe.num_experts} of {model.name}")
+    if layout.etp < 1 or moe.expert_ffn_hidden_size % layout.etp or (moe.shared_ffn and moe.shared_ffn % layout.etp):
+        raise SpecError("etp", layout.etp, f"must divide expert_ffn_hidden_size {moe.expert_ffn_hidden_size} of "
+                        f"{model.name}")
+    if not 1.0 <= layout.imbalance <= 1024.0:
+        raise SpecError("expert_imbalance", layout.imbalance, "between 1 (balanced) and 1024")

@@ -35,8 +35,9 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 class Recorder(TorchDispatchMode):
     """Records ops into ``self.ops``; ``phase`` and ``module`` label what is recorded next."""
 
-    def __init__(self, tp_size: int) -> None:
+    def __init__(self, tp_size: int, groups: dict[str, CommGroup] | None = None) -> None:
         super().__init__()
+        self._groups = dict(groups or {})  # c10d group name -> placement; unnamed: the TP group
         self.ops: list[OpRecord] = []
         self.phase = Phase.FORWARD
         self.module = ""
@@ -74,7 +75,10 @@ class Recorder(TorchDispatchMode):
             stream = Stream.TP_COMM
             source = outputs if ckind is CollectiveKind.ALL_GATHER else inputs[:1]
             nbytes = sum(t.numel() * t.element_size() for t in source)
-            collective = CollectiveInfo(ckind, nbytes, self._tp_group)
+            if ckind is CollectiveKind.ALL_TO_ALL:  # a rank that receives more than it sends waits for that
+                nbytes = max(nbytes, sum(t.numel() * t.element_size() for t in outputs))
+            name = next((a for a in reversed(args) if isinstance(a, str)), "")
+            collective = CollectiveInfo(ckind, nbytes, self._groups.get(name, self._tp_group))
         flops = 0.0 if kind is OpKind.VIEW else op_flops(func, args, kwargs, out)
         read, written = op_bytes(func, kind, inputs, outputs)
         self.ops.append(OpRecord(

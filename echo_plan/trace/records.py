@@ -54,6 +54,9 @@ class GroupKind(str, Enum):
     TP = "tp"
     DP = "dp"
     PP = "pp"
+    EP = "ep"  # expert parallel: the MoE token dispatch and combine
+    ETP = "etp"  # expert tensor parallel
+    EDP = "edp"  # expert data parallel: the experts' gradient reduction
     WORLD = "world"
 
 
@@ -150,6 +153,7 @@ class TraceKey:
     recompute: str
     code_version: str
     software: str = ""  # SoftwareSpec.trace_signature(): the stack's kernels, dropout, overlap, recompute modules
+    variant: str = ""  # the layer kind and expert layout of a block that is not a dense full-attention layer
 
     def digest(self) -> str:
         import hashlib

@@ -25,7 +25,7 @@ def key_from_dict(d: dict[str, Any]) -> TraceKey:
         stage=StageKind(d["stage"]), structure=typed("structure", str), tp=typed("tp", int),
         sequence_parallel=typed("sequence_parallel", bool), micro_batch_size=typed("micro_batch_size", int),
         seq_length=typed("seq_length", int), dtype=typed("dtype", str), recompute=typed("recompute", str),
-        code_version=typed("code_version", str), software=typed("software", str),
+        code_version=typed("code_version", str), software=typed("software", str), variant=typed("variant", str),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echo_plan.specs import DType, ModelSpec, PlanSpec, Recompute, SoftwareSpec, load_stack
+from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
 from echo_plan.trace.cache import TraceCache
 from echo_plan.trace.keys import code_version, make_key
 from echo_plan.trace.records import LayerTrace, StageKind
@@ -16,23 +17,41 @@ from echo_plan.trace.records import LayerTrace, StageKind
 
 @dataclass(frozen=True)
 class ModelTraces:
+    """The traces of one plan: one per layer kind (``blocks``), the embedding and the output stage.
+    ``block`` is the trace of the kind most layers have (the only one of a dense model)."""
+
     block: LayerTrace
     embedding: LayerTrace
     output: LayerTrace
+    blocks: tuple[tuple[LayerKind, LayerTrace], ...] = ()
+
+    def of(self, kind: LayerKind) -> LayerTrace:
+        for k, t in self.blocks:
+            if k == kind:
+                return t
+        return self.block
+
+
+def expert_layout(plan: PlanSpec) -> ExpertLayout:
+    return ExpertLayout(ep=plan.ep, etp=plan.expert_tp, imbalance=plan.expert_imbalance)
 
 
 def trace_stage(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
                 micro_batch_size: int, dtype: DType, recompute: Recompute,
-                cache: TraceCache | None = None, stack: SoftwareSpec | None = None) -> LayerTrace:
+                cache: TraceCache | None = None, stack: SoftwareSpec | None = None,
+                kind: LayerKind = DENSE, layout: ExpertLayout | None = None) -> LayerTrace:
     """Trace one stage on TP rank 0 for one micro-batch (from ``cache`` when it holds it), running
-    the kernels of ``stack`` (default: the megatron-core preset).
+    the kernels of ``stack`` (default: the megatron-core preset); a block stage traces a layer of
+    ``kind`` (MoE layers with the expert ``layout``; default: no expert parallelism, etp = tp).
 
     Raises SpecError when ``tp`` cannot shard the model, or for a bad micro-batch or dtype.
     """
     stack = stack if stack is not None else load_stack()
+    if kind.moe and layout is None:
+        layout = ExpertLayout(etp=tp)
     key = make_key(model, StageKind(stage), tp=tp, sequence_parallel=sequence_parallel,
                    micro_batch_size=micro_batch_size, dtype=dtype, recompute=recompute,
-                   version=code_version(), software=stack.trace_signature())
+                   version=code_version(), software=stack.trace_signature(), kind=kind, layout=layout)
     if cache is not None:
         hit = cache.get(key)
         if hit is not None:
@@ -41,7 +60,7 @@ def trace_stage(model: ModelSpec, stage: StageKind, *, tp: int, sequence_paralle
 
     got = capture(model, key.stage, tp=key.tp, sequence_parallel=key.sequence_parallel,
                   micro_batch_size=key.micro_batch_size, dtype=DType(dtype),
-                  recompute=Recompute(key.recompute), stack=stack)
+                  recompute=Recompute(key.recompute), stack=stack, kind=kind, layout=layout)
     trace = LayerTrace(
         key=key, ops=got.ops, saved_bytes=got.saved_bytes_by_mode[key.recompute],
         saved_bytes_by_mode=dict(got.saved_bytes_by_mode), param_count=got.param_count,
@@ -58,8 +77,15 @@ def trace_model(model: ModelSpec, plan: PlanSpec, cache: TraceCache | None = Non
     common = dict(tp=plan.tp, sequence_parallel=plan.sequence_parallel,
                   micro_batch_size=plan.micro_batch_size, dtype=plan.dtype, recompute=plan.recompute, cache=cache,
                   stack=stack if stack is not None else load_stack())
+    layout = expert_layout(plan)
+    blocks = tuple((kind, trace_stage(model, StageKind.BLOCK, kind=kind, layout=layout if kind.moe else None,
+                                      **common))
+                   for kind in model.distinct_kinds())
+    kinds = model.layer_kinds()
+    main = max(blocks, key=lambda kt: kinds.count(kt[0]))[1]
     return ModelTraces(
-        block=trace_stage(model, StageKind.BLOCK, **common),
+        block=main,
         embedding=trace_stage(model, StageKind.EMBEDDING, **common),
         output=trace_stage(model, StageKind.OUTPUT, **common),
+        blocks=blocks,
     )

@@ -1,0 +1,53 @@
+"""Which kinds of layer each pipeline chunk holds, and what one rank holds of each kind.
+
+A dense model has one layer kind; an MoE model has dense and MoE layers (DeepSeek-V3's first three
+are dense), and a model with sliding-window attention alternates windowed and full layers
+(``specs/moe.py``). Per rank, a layer's attention, shared experts and norms follow the dense
+sharding (linears over tp, norms and the router replicated); its routed experts are split over
+ep x etp (Megatron-Core), and their gradients reduce over the expert data-parallel group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from echo_plan.specs.model import ModelSpec
+from echo_plan.specs.moe import DENSE, LayerKind
+from echo_plan.specs.plan import PlanSpec
+
+
+def kind_counts(model: ModelSpec, first: int, n: int) -> tuple[tuple[LayerKind, int], ...]:
+    """(kind, layers) of layers ``first`` .. ``first + n - 1``, in order of first appearance."""
+    kinds = model.layer_kinds()[first:first + n]
+    return tuple(Counter(kinds).items())
+
+
+def stage_kind_counts(model: ModelSpec, plan: PlanSpec, stage: int) -> dict[LayerKind, int]:
+    """Layers of each kind on pipeline rank ``stage`` (all its virtual chunks together)."""
+    split = plan.stage_layers(model.num_layers)
+    pp, v = plan.pp, plan.virtual_stages
+    per_chunk = [split[vs % pp] // v for vs in range(pp * v)]
+    out: Counter = Counter()
+    for c in range(v):
+        vs = c * pp + stage
+        for kind, count in kind_counts(model, sum(per_chunk[:vs]), per_chunk[vs]):
+            out[kind] += count
+    return dict(out)
+
+
+def layer_params_per_rank(model: ModelSpec, plan: PlanSpec, kind: LayerKind = DENSE) -> tuple[int, int]:
+    """(dense parameters, routed-expert parameters) one rank holds of one layer of ``kind``.
+
+    Dense: the block's parameters over tp, as Megatron-LM splits them (what the replay has always
+    used). MoE: attention and shared experts over tp, router and norms replicated, experts over ep x etp.
+    """
+    tp = plan.tp
+    if not kind.moe or model.moe is None:
+        return -(-model.layer_params(DENSE) // tp), 0
+    router = model.moe.num_experts * model.hidden_size
+    norms = 2 * model.norm_params
+    shared = model.mlp_params(model.moe.shared_ffn) if model.moe.num_shared_experts else 0
+    dense = math.ceil((model.attention_params + shared) / tp) + router + norms
+    expert = math.ceil(model.expert_params_per_layer / (plan.ep * plan.expert_tp))
+    return dense, expert

@@ -1,0 +1,202 @@
+"""The MoE layer of one expert-parallel rank, as Megatron-Core's MoELayer runs it.
+
+Router (a replicated linear to one logit per expert, softmax or sigmoid scores, top-k), token
+permutation (``index_select`` of each token once per chosen expert, sorted by expert), dispatch,
+the rank's local experts, combine and un-permutation (weighted by the router probabilities,
+``index_add``), plus the shared experts as a tensor-parallel MLP beside them. Written after
+megatron/core/transformer/moe/ (router.py, token_dispatcher.py, moe_utils.py, experts.py); the
+code is ours.
+
+Dispatchers (the stack's ``moe_dispatcher``):
+* ``alltoall``: each rank sends its tokens' copies to the ranks holding their experts through an
+  all-to-all over the expert-parallel group; with expert tensor parallelism the received tokens
+  are all-gathered over the expert-TP group; the received tokens are re-sorted by local expert
+  when the rank holds several; combine is the reverse.
+* ``allgather``: every rank all-gathers all tokens of the expert-parallel group, keeps those routed
+  to its experts, and the outputs are reduce-scattered back.
+
+Token counts (this rank is the busiest when ``imbalance`` > 1): each rank routes T tokens x top-k
+copies; a balanced router sends as many to every rank, so a rank receives T x k copies spread
+evenly over its L local experts. With imbalance F its hottest expert receives F x the mean (the
+other local experts the mean), so it receives T x k x (F + L - 1) / L. With a capacity factor C
+every expert processes exactly C x the mean (dropped or padded). The local experts run as one
+grouped GEMM over [experts, tokens, hidden] (``bmm``; the hot expert as a GEMM of its own), or as
+one GEMM per expert when the stack has no grouped GEMM.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from echo_plan.specs import Activation, ModelSpec, SoftwareSpec
+from echo_plan.specs.moe import ExpertLayout, RouterKind
+from echo_plan.specs.software import MoEDispatcher
+from echo_plan.trace import kernels, parallel
+from echo_plan.trace.fake_pg import TPGroup
+
+
+def routed_token_counts(tokens: int, model: ModelSpec, layout: ExpertLayout) -> tuple[int, int, int]:
+    """(copies sent, copies of the hottest local expert, copies of each other local expert) of one rank."""
+    moe = model.moe
+    assert moe is not None
+    local = moe.num_experts // layout.ep
+    sent = tokens * moe.top_k
+    mean = sent * layout.ep / moe.num_experts  # balanced copies per expert (every rank routes as many)
+    if moe.capacity_factor is not None:
+        cap = max(1, math.ceil(moe.capacity_factor * mean))
+        return local * cap, cap, cap
+    hot = max(1, math.ceil(mean * layout.imbalance))
+    if layout.ep == 1 and local > 1:  # all experts here: the hot one's extra tokens come from the others
+        return sent, hot, max(1, (sent - hot) // (local - 1))
+    return sent, hot, max(1, round(mean))
+
+
+class _AllToAll(torch.autograd.Function):
+    """All-to-all over ``group``: forward sends ``send`` rows and receives ``recv``; backward reverses."""
+
+    @staticmethod
+    def forward(ctx, x, group: TPGroup, send: int, recv: int):
+        ctx.group, ctx.send, ctx.recv = group, send, recv
+        return all_to_all(x, group, send, recv)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_to_all(grad, ctx.group, ctx.recv, ctx.send), None, None, None
+
+
+def all_to_all(x: torch.Tensor, group: TPGroup, send: int, recv: int) -> torch.Tensor:
+    """Rows split evenly over the group's ranks both ways (the fake group moves no data)."""
+    n = group.size
+    out_splits = [recv // n + (1 if i < recv % n else 0) for i in range(n)]
+    in_splits = [send // n + (1 if i < send % n else 0) for i in range(n)]
+    c10d = torch.ops._c10d_functional
+    return c10d.wait_tensor(c10d.all_to_all_single(x.contiguous(), out_splits, in_splits, group.name))
+
+
+def dispatch(x: torch.Tensor, group: TPGroup | None, send: int, recv: int) -> torch.Tensor:
+    """Send ``send`` rows, receive ``recv``. Without expert parallelism the rows stay here (a
+    permutation copy when the per-expert counts do not add up to the rows exactly)."""
+    if group is None:
+        return x if send == recv else x.index_select(0, x.new_empty(recv, dtype=torch.long))
+    return _AllToAll.apply(x, group, send, recv)
+
+
+class Experts(nn.Module):
+    """This rank's local experts (their FFN split by expert TP), as a grouped GEMM or one GEMM each."""
+
+    def __init__(self, model: ModelSpec, local: int, etp: int, dtype: torch.dtype, grouped: bool) -> None:
+        super().__init__()
+        assert model.moe is not None
+        ffn = model.moe.expert_ffn_hidden_size // etp
+        self.gated, self.grouped, self.local = model.activation.gated, grouped, local
+        self.activation = model.activation
+        fc1_out = 2 * ffn if self.gated else ffn
+        self.fc1 = nn.Parameter(torch.empty(local, model.hidden_size, fc1_out, dtype=dtype))
+        self.fc2 = nn.Parameter(torch.empty(local, ffn, model.hidden_size, dtype=dtype))
+
+    def act(self, h: torch.Tensor) -> torch.Tensor:
+        if self.activation is Activation.SWIGLU:
+            return kernels.swiglu(h)
+        if self.activation is Activation.GELU:
+            return F.gelu(h, approximate="tanh")
+        return torch.pow(F.relu(h), 2)
+
+    def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(self.act(torch.bmm(x, fc1)), fc2)
+
+    def forward(self, x: torch.Tensor, hot: int, each: int) -> torch.Tensor:
+        """``x``: [hot + (local - 1) x each, hidden] rows sorted by expert; the first expert is the hot one."""
+        h = x.shape[-1]
+        if not self.grouped:
+            parts, start = [], 0
+            for e in range(self.local):
+                n = hot if e == 0 else each
+                parts.append(self._mlp(x[start:start + n].unsqueeze(0), self.fc1[e:e + 1], self.fc2[e:e + 1]))
+                start += n
+            return torch.cat([p.squeeze(0) for p in parts])
+        if hot == each or self.local == 1:
+            return self._mlp(x.view(self.local, -1, h), self.fc1, self.fc2).reshape(-1, h)
+        first = self._mlp(x[:hot].unsqueeze(0), self.fc1[:1], self.fc2[:1]).squeeze(0)
+        rest = self._mlp(x[hot:].view(self.local - 1, each, h), self.fc1[1:], self.fc2[1:]).reshape(-1, h)
+        return torch.cat([first, rest])
+
+
+class MoELayer(nn.Module):
+    """Router, dispatch, local experts, combine, shared experts. Input/output [s(/tp), b, h]."""
+
+    def __init__(self, model: ModelSpec, groups, sequence_parallel: bool, dtype: torch.dtype,
+                 stack: SoftwareSpec, layout: ExpertLayout, shared_mlp: nn.Module | None) -> None:
+        super().__init__()
+        moe = model.moe
+        assert moe is not None
+        self.model, self.layout, self.groups = model, layout, groups
+        self.router_weight = nn.Parameter(torch.empty(moe.num_experts, model.hidden_size, dtype=dtype))
+        self.experts = Experts(model, moe.num_experts // layout.ep, layout.etp, dtype, stack.moe_grouped_gemm)
+        self.shared = shared_mlp
+        self.allgather = stack.moe_dispatcher is MoEDispatcher.ALLGATHER
+
+    def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k probabilities and expert indices of each token ([T, k] each)."""
+        moe = self.model.moe
+        logits = parallel.linear(tokens, self.router_weight, None).float()
+        if moe.router is RouterKind.SIGMOID:
+            scores = torch.sigmoid(logits)
+            probs, idx = torch.topk(scores, moe.top_k, dim=-1)
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        else:
+            probs, idx = torch.topk(torch.softmax(logits, dim=-1), moe.top_k, dim=-1)
+        return probs.to(tokens.dtype), idx
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        s, b, h = x.shape
+        tokens = x.reshape(-1, h)
+        probs, idx = self.route(tokens)
+        combine = self._allgather if self.allgather else self._alltoall
+        out = combine(tokens, probs, idx).view(s, b, h)
+        if self.shared is not None:
+            shared, bias = self.shared(x)
+            out = out + shared if bias is None else out + shared + bias
+        return out, None
+
+    def _copies(self, like: torch.Tensor, n: int) -> torch.Tensor:
+        """Indices of ``n`` token copies (what the routing map selects; values do not matter here)."""
+        return like.new_empty(n, dtype=torch.long)
+
+    def _experts_over_etp(self, got, hot, each):
+        etp = self.groups.etp.size if self.groups.etp is not None else 1
+        return self.experts(got, hot * etp, each * etp)
+
+    def _alltoall(self, tokens, probs, idx):
+        g, n_tok = self.groups, tokens.shape[0]
+        sent, hot, each = routed_token_counts(n_tok, self.model, self.layout)
+        recv = hot + (self.experts.local - 1) * each
+        order = self._copies(idx, sent)
+        permuted = tokens.index_select(0, order)  # one row per (token, expert) copy, sorted by expert
+        got = dispatch(permuted, g.ep, sent, recv)
+        got = parallel.gather_from_sp(got, g.etp)  # expert TP: every expert-TP rank sees the tokens
+        if g.ep is not None and self.experts.local > 1:
+            got = got.index_select(0, self._copies(got, got.shape[0]))  # sort the received chunks by expert
+        y = self._experts_over_etp(got, hot, each)
+        if g.ep is not None and self.experts.local > 1:
+            y = y.index_select(0, self._copies(y, y.shape[0]))  # back to source-rank order
+        y = parallel.reduce_scatter_to_sp(y, g.etp)
+        back = dispatch(y, g.ep, recv, sent)
+        weights = probs.reshape(-1, 1).index_select(0, self._copies(probs, sent))
+        return tokens.new_zeros(tokens.shape).index_add(0, order, back * weights)
+
+    def _allgather(self, tokens, probs, idx):
+        g, n_tok = self.groups, tokens.shape[0]
+        _, hot, each = routed_token_counts(n_tok, self.model, self.layout)
+        recv = hot + (self.experts.local - 1) * each
+        everyone = parallel.gather_from_sp(tokens, g.ep)  # [T x ep, h]
+        all_probs = parallel.gather_from_sp(probs, g.ep)
+        mine = self._copies(everyone, recv)  # the copies routed to this rank's experts, by expert
+        y = self._experts_over_etp(parallel.gather_from_sp(everyone.index_select(0, mine), g.etp), hot, each)
+        y = parallel.reduce_scatter_to_sp(y, g.etp)
+        y = y * all_probs.reshape(-1, 1).index_select(0, mine)
+        full = everyone.new_zeros(everyone.shape).index_add(0, mine, y)
+        return parallel.reduce_scatter_to_sp(full, g.ep)  # this rank's tokens, summed over all experts
