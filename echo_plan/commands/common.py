@@ -18,6 +18,10 @@ ModelOpt = typer.Option(DEFAULT_MODEL, "--model", "-m", help="model preset name 
 ClusterOpt = typer.Option(DEFAULT_CLUSTER, "--cluster", "-c", help="cluster preset name or a YAML file")
 NodesOpt = typer.Option(None, "--nodes", help="resize the cluster to N servers")
 GpusOpt = typer.Option(None, "--gpus", help="resize the cluster to G GPUs (whole servers)")
+EpOpt = typer.Option(1, "--ep", help="expert-parallel degree (MoE models)")
+EtpOpt = typer.Option(None, "--etp", help="expert tensor-parallel degree (default: tp, as Megatron-Core)")
+ImbalanceOpt = typer.Option(1.0, "--expert-imbalance",
+                            help="tokens of the busiest expert over the balanced mean (1: a balanced router)")
 JsonOpt = typer.Option(False, "--json", help="print one JSON object instead of a table")
 StackOpt = typer.Option(
     None, "--stack",
@@ -110,3 +114,15 @@ def data_parallel(num_gpus: int, tp: int, pp: int, dp: Optional[int]) -> int:
         raise SpecError("--dp", None, f"GPUs {num_gpus} are not a multiple of tp x pp = {tp * pp}; "
                                       "give --dp or another --tp/--pp")
     return num_gpus // (tp * pp)
+
+
+def expert_fields(ep: int, etp: int | None, imbalance: float) -> dict:
+    """PlanSpec fields of the expert-parallel options (only those the user changed)."""
+    out: dict = {}
+    if ep != 1:
+        out["ep"] = ep
+    if etp is not None:
+        out["etp"] = etp
+    if imbalance != 1.0:
+        out["expert_imbalance"] = imbalance
+    return out

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    EpOpt, EtpOpt, ImbalanceOpt, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
 )
 
 
@@ -36,6 +36,9 @@ def register(app: typer.Typer) -> None:
         sequence_parallel: bool = typer.Option(False, "--sequence-parallel"),
         distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer"),
         dtype: str = typer.Option("bf16", "--dtype"),
+        ep: int = EpOpt,
+        etp: Optional[int] = EtpOpt,
+        expert_imbalance: float = ImbalanceOpt,
         stack: Optional[str] = StackOpt,
         ranks: Optional[str] = typer.Option(None, "--ranks", help="only these ranks, e.g. 0,1,8-15 (default: all)"),
         cache_dir: Optional[str] = CacheDirOpt,
@@ -60,6 +63,7 @@ def register(app: typer.Typer) -> None:
                       distributed_optimizer=distributed_optimizer, dtype=dtype)
         if schedule is not None:
             fields["schedule"] = schedule
+        fields.update(expert_fields(ep, etp, expert_imbalance))
         plan = PlanSpec.build(fields, context="plan")
         chosen = parse_ranks(ranks, plan.world_size)
         stack_spec = resolve_stack(stack)

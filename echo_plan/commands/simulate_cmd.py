@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    EpOpt, EtpOpt, ImbalanceOpt, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
 )
 
 
@@ -36,7 +36,11 @@ def register(app: typer.Typer) -> None:
                                                     help="reduce gradients after the backward pass, not during it"),
         no_overlap_param_gather: bool = typer.Option(False, "--no-overlap-param-gather",
                                                      help="gather parameters after the optimizer, not during the forward"),
-        layer_split: Optional[str] = typer.Option(None, "--layer-split", help="layers per stage, e.g. 13,12,12,11"),
+        ep: int = EpOpt,
+        etp: Optional[int] = EtpOpt,
+        expert_imbalance: float = ImbalanceOpt,
+        layer_split: Optional[str] = typer.Option(None, "--layer-split", help="layers per stage, e.g. 13,12,12,11, or auto (as even as possible, "
+                                                 "fewer on the first and last stage)"),
         interference_file: Optional[str] = typer.Option(None, "--interference", help="interference factors YAML"),
         no_interference: bool = typer.Option(False, "--no-interference", help="ignore compute/comm interference"),
         as_json: bool = JsonOpt,
@@ -74,11 +78,16 @@ def register(app: typer.Typer) -> None:
             fields["schedule"] = schedule
         elif vpp > 1:
             fields["schedule"] = "interleaved"
-        if layer_split:
+        if layer_split == "auto":
+            from echo_plan.specs.plan import balanced_split
+
+            fields["layer_split"] = balanced_split(model_spec.num_layers, pp)
+        elif layer_split:
             try:
                 fields["layer_split"] = tuple(int(x) for x in layer_split.split(","))
             except ValueError:
                 raise SpecError("--layer-split", layer_split, "comma-separated layer counts, e.g. 13,12,12,11") from None
+        fields.update(expert_fields(ep, etp, expert_imbalance))
         plan = PlanSpec.build(fields, context="plan")
 
         from echo_plan.replay.interference import InterferenceModel, load_interference

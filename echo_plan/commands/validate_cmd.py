@@ -60,13 +60,13 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"running {ref.name} ...", err=True)
             results.append(run_suite(ref, cache, progress))
         if as_json:
-            print_json({"suites": [r.as_json() for r in results], "passed": all(r.passed for r in results)})
+            print_json({"suites": [r.as_json() for r in results], "passed": all(r.acceptable for r in results)})
         else:
             print_summary(results)
             if rows:
                 for r in results:
                     _print_suite(r)
-        if not all(r.passed for r in results):
+        if not all(r.acceptable for r in results):  # a suite tracked by an open issue shows FAIL but does not fail
             raise typer.Exit(1)
 
 

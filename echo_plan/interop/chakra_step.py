@@ -223,6 +223,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     ckey = cluster.model_dump_json()
     timing = {n: memo.layer(getattr(traces, n), compute, comm, cluster, ckey, plan, interference)
               for n in ("block", "embedding", "output")}
+    timing["blocks"] = {k: memo.layer(t, compute, comm, cluster, ckey, plan, interference) for k, t in traces.blocks}
 
     def comm_time(kind: CollectiveKind, nbytes: int, group: Any) -> float:
         return memo.comm_time(comm, ckey, cluster, kind, nbytes, group)
@@ -232,6 +233,11 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
 
     templates = {(n, fwd): phase_template(getattr(traces, n), fwd, compute, comm, cluster, plan, f"{n} {'F' if fwd else 'B'}")
                  for n in ("block", "embedding", "output") for fwd in (True, False)}
+    for kind, t in traces.blocks:  # one template per layer kind (dense/MoE, full/windowed attention)
+        for fwd in (True, False):
+            templates[(kind, fwd)] = phase_template(t, fwd, compute, comm, cluster, plan,
+                                                    f"block {kind.label()} {'F' if fwd else 'B'}")
+    kinds = model.layer_kinds()
     sched = costs.schedule
     pp, nvs = sched.pp, sched.num_virtual_stages
     split = plan.stage_layers(model.num_layers)
@@ -247,7 +253,10 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
         return (mb * nvs + src_vs) * 2 + (0 if fwd else 1)
 
     def chunk_templates(vs: int, fwd: bool) -> list[tuple[str, tuple[_TNode, ...]]]:
-        seq = [("layer", templates[("block", fwd)])] * layers_of[vs]
+        first = sum(layers_of[:vs])
+        seq = [("layer", templates.get((kinds[i], fwd), templates[("block", fwd)]))
+               for i in range(first, first + layers_of[vs])]
+        seq = seq if fwd else seq[::-1]
         if vs == 0:
             seq = [("embedding", templates[("embedding", True)])] + seq if fwd else \
                 seq + [("embedding", templates[("embedding", False)])]

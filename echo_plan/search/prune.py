@@ -15,7 +15,7 @@ from echo_plan.errors import EchoPlanError, SpecError
 from echo_plan.replay.results import StageMemory
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
-from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
+from echo_plan.specs.plan import balanced_split, PlanSpec, Recompute, Schedule, validate_plan
 from echo_plan.specs.software import SoftwareSpec, check_stack_supports
 from echo_plan.search.space import Knob, SearchSpace
 
@@ -137,6 +137,8 @@ class Pruner:
         if schedule == Schedule.INTERLEAVED.value and vpp == 1:
             return Verdict(combo, None, PruneReason.SCHEDULE, "the interleaved schedule needs virtual_stages > 1")
         fields = dict(c, dp=dp, global_batch_size=self.gbs, **dict(self.space.fixed))
+        if vpp == 1 and pp > 1 and self.model.num_layers % pp and pp <= self.model.num_layers:
+            fields["layer_split"] = balanced_split(self.model.num_layers, pp)  # e.g. DeepSeek-V3's 61 layers
         try:
             plan = PlanSpec.build(fields, context="candidate plan")
             validate_plan(plan, self.model, self.cluster)

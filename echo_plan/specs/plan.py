@@ -128,6 +128,21 @@ class PlanSpec(Spec):
         return " ".join(parts)
 
 
+def balanced_split(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per stage when ``pp`` does not divide them: as even as possible, the shorter stages first
+    the first and last (they also hold the embedding and the loss, as Megatron-Core's
+    ``account_for_embedding/loss_in_pipeline_split`` intends), then from the end backwards."""
+    if pp < 1 or num_layers < pp:
+        raise SpecError("pp", pp, f"at most num_layers {num_layers} stages")
+    base = -(-num_layers // pp)
+    short = base * pp - num_layers
+    order = [0, pp - 1] + list(range(pp - 2, 0, -1)) if pp > 1 else [0]
+    split = [base] * pp
+    for i in order[:short]:
+        split[i] -= 1
+    return tuple(split)
+
+
 def validate_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec) -> None:
     """Check that ``plan`` can run ``model`` on ``cluster``; raise SpecError naming what cannot."""
     if plan.world_size != cluster.num_gpus:

@@ -64,9 +64,20 @@ class RowSimulator:
     def stack_for(self, row: TrainingRow) -> Any:
         from echo_plan.specs import load_stack
 
-        settings = dict(self.model_settings.get(row.model.name, {}))
+        from echo_plan.specs import PlanSpec
+
+        settings = {k: v for k, v in self.model_settings.get(row.model.name, {}).items()
+                    if k not in PlanSpec.model_fields}
         settings.update(row.stack_overrides)  # the row's own columns win
         return load_stack(self.stack_name, settings)
+
+    def plan_for(self, row: TrainingRow) -> Any:
+        """The row's plan; plan settings of the suite's model settings fill what the row's columns leave out."""
+        from echo_plan.specs import PlanSpec
+
+        fields = {k: v for k, v in self.model_settings.get(row.model.name, {}).items() if k in PlanSpec.model_fields}
+        fields.update(row.plan)
+        return PlanSpec.build(fields, context=row.label)
 
     def cluster_for(self, row: TrainingRow) -> Any:
         return self.base.resized(gpus=row.gpus)
@@ -80,7 +91,7 @@ class RowSimulator:
             return RowPrediction(row, None, problem=f"not modelled yet: {row.not_modelled}")
         try:
             cluster = self.cluster_for(row)
-            plan = PlanSpec.build(dict(row.plan), context=row.label)
+            plan = self.plan_for(row)
             result = simulate(row.model, cluster, plan, stack=self.stack_for(row), cache=self.cache, memo=self.memo,
                               compute=compute)
         except EchoPlanError as exc:

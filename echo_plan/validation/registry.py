@@ -33,6 +33,7 @@ class TrainingSuite:
     held_out_mean: float  # pass: mean |error| over held-out rows at most this
     held_out_max: float  # and every held-out row within this
     not_modelled: str = ""  # the whole suite waits for a capability
+    open_issue: str = ""  # modelled, but known to miss its target: shown as FAIL, not counted against `validate`
     model_settings: Any = None  # model name -> stack settings from the run's config that the file lacks
     seq_length: int = 2048  # tflops-table only
     vocab_size: int = 51200
@@ -94,7 +95,7 @@ def training_suite(path: Path) -> TrainingSuite:
         return TrainingSuite(name=path.stem, path=path, format=d["format"], cluster=d["cluster"], stack=d["stack"],
                              held_out_mean=float(d.get("held_out_mean", DEFAULT_MEAN)),
                              held_out_max=float(d.get("held_out_max", DEFAULT_MAX)),
-                             not_modelled=str(d.get("not_modelled", "")),
+                             not_modelled=str(d.get("not_modelled", "")), open_issue=str(d.get("open_issue", "")),
                              model_settings=dict(d.get("model_settings") or {}),
                              **{k: d[k] for k in ("seq_length", "vocab_size", "dtype", "recompute") if k in d})
     v = _directive(path)

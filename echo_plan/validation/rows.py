@@ -143,6 +143,12 @@ def read_step_times(path: Path, not_modelled: str = "") -> tuple[TrainingRow, ..
             rows.append(TrainingRow(label, measured, unit, not_modelled=why))
             continue
         absent = [c for c in MODEL_COLUMNS + ("step_time_s",) if c not in header or rec.get(c, "") == ""]
+        preset = _preset(rec, path, line) if absent and "step_time_s" not in absent else None
+        if preset is not None:  # the file names a model preset (its header gives the shapes) instead of columns
+            rows.append(TrainingRow(label, measured, unit, model=preset, gpus=_num(rec, "gpus", path, line),
+                                    plan=MappingProxyType(_plan_fields(rec, path, line, preset)),
+                                    stack_overrides=MappingProxyType(_stack_fields(rec, path, line))))
+            continue
         if absent:
             raise FileFormatError(str(path), f"row {label!r} cannot be simulated: no {', '.join(absent)}", line)
         position, rotary = _position(rec["position"])
@@ -166,7 +172,24 @@ def read_step_times(path: Path, not_modelled: str = "") -> tuple[TrainingRow, ..
     return tuple(rows)
 
 
-def _plan_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
+def _preset(rec: dict[str, str], path: Path, line: int) -> Any:
+    """The model preset a row names, at the row's sequence length; None when the name is no preset."""
+    from echo_plan.specs import load_model, model_names
+
+    if rec.get("model") not in model_names():
+        return None
+    model = load_model(rec["model"])
+    if rec.get("seq_length"):
+        model = model.replace(seq_length=_num(rec, "seq_length", path, line), source=f"{path.name}, line {line}")
+    return model
+
+
+def _plan_fields(rec: dict[str, str], path: Path, line: int, model: Any = None) -> dict[str, Any]:
+    """The row's plan. Rows of an MoE model without the columns run as the NeMo/Megatron-Bridge recipes do:
+    sequence parallel with tp > 1 and the distributed optimizer (ASSUMPTION: recipe defaults); a pipeline
+    that does not divide the layers splits them as ``balanced_split`` does."""
+    from echo_plan.specs.plan import balanced_split
+
     tp, pp, gpus = (_num(rec, c, path, line) for c in ("tp", "pp", "gpus"))
     vpp = _num(rec, "vpp", path, line) if rec.get("vpp") else 1
     fields: dict[str, Any] = {
@@ -174,6 +197,15 @@ def _plan_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
         "global_batch_size": _num(rec, "gbs", path, line), "virtual_stages": vpp,
         "recompute": rec.get("recompute") or "none", "dtype": rec.get("precision") or "bf16",
     }
+    for col in ("ep", "etp"):
+        if rec.get(col):
+            fields[col] = _num(rec, col, path, line)
+    if model is not None and model.is_moe:
+        fields.update(sequence_parallel=tp > 1, distributed_optimizer=True)
+        if not rec.get("recompute"):
+            del fields["recompute"]  # the suite's model settings may say
+        if vpp == 1 and pp > 1 and model.num_layers % pp:
+            fields["layer_split"] = balanced_split(model.num_layers, pp)
     for col, key in (("sequence_parallel", "sequence_parallel"), ("distributed_optimizer", "distributed_optimizer"),
                      ("overlap_grad_sync", "overlap_grad_reduce"), ("overlap_param_sync", "overlap_param_gather")):
         if rec.get(col):

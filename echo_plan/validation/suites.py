@@ -51,6 +51,7 @@ class SuiteResult:
     rows: tuple[RowResult, ...]
     coverage: float | None = None  # leave-one-out range coverage on held-out rows (training)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    open_issue: str = ""  # a known gap: the suite still shows FAIL, but `validate` does not fail on it
 
     def _errs(self, held: bool | None = None) -> list[float]:
         return [abs(r.error) for r in self.rows if r.error is not None and (held is None or r.held_out == held)]
@@ -90,13 +91,20 @@ class SuiteResult:
     def status(self) -> str:
         if self.kind == "training" and not self.modelled:
             return "not modelled"
+        if not self.passed and self.open_issue:
+            return f"FAIL (open: {self.open_issue})"
         return "PASS" if self.passed else "FAIL"
+
+    @property
+    def acceptable(self) -> bool:
+        """Passed, or a known gap tracked by an open issue (what ``validate``'s exit code counts)."""
+        return self.passed or bool(self.open_issue)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "kind": self.kind, "path": self.path, "unit": self.unit, "stack": self.stack,
             "cluster": self.cluster, "tolerance": self.tolerance, "tolerance_max": self.tolerance_max,
-            "passed": self.passed, "status": self.status, "rows_total": len(self.rows), "rows_modelled": self.modelled,
+            "passed": self.passed, "status": self.status, "open_issue": self.open_issue or None, "rows_total": len(self.rows), "rows_modelled": self.modelled,
             "mean_abs_error": self.mean_abs_error, "max_abs_error": self.max_abs_error,
             "held_out_mean_abs_error": self.held_out_mean, "held_out_max_abs_error": self.held_out_max,
             "range_coverage": self.coverage, "nominal_coverage": 0.8 if self.kind == "training" else None,
@@ -155,7 +163,7 @@ def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int,
     if waiting:
         notes.append(f"{sum(1 for r in rows if r.not_modelled)} rows not modelled yet: " + "; ".join(waiting))
     return SuiteResult(suite.name, "training", str(ref.path), unit, suite.stack, suite.cluster, suite.held_out_mean,
-                       suite.held_out_max, results, loo_coverage(held), tuple(notes))
+                       suite.held_out_max, results, loo_coverage(held), tuple(notes), suite.open_issue)
 
 
 def run_collective(ref: SuiteRef) -> SuiteResult:

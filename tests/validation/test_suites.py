@@ -120,6 +120,9 @@ def test_every_suite_within_its_tolerance(validated):
     code, out = validated
     suites = {s["name"]: s for s in out["suites"]}
     for name, s in suites.items():
+        if s["open_issue"]:  # a known gap stays visible: modelled rows with errors, FAIL in its status
+            assert s["rows_modelled"] and not s["passed"] and s["status"].startswith("FAIL"), name
+            continue
         if s["kind"] == "training" and s["rows_modelled"]:
             held = [r for r in s["rows"] if r["held_out"] and r["error"] is not None]
             assert held, name
@@ -142,8 +145,8 @@ def test_range_coverage_near_nominal_and_ranges_match_the_code(validated):
     _, out = validated
     residuals = []
     for s in out["suites"]:
-        if s["kind"] != "training" or not s["rows_modelled"]:
-            continue
+        if s["kind"] != "training" or not s["rows_modelled"] or s["open_issue"]:
+            continue  # a suite with an open issue is not part of the shipped ranges
         held = [r for r in s["rows"] if r["held_out"] and r["error"] is not None]
         # the suite's unit may be TFLOP/s (higher is faster): residuals are log(predicted / measured step time)
         sign = -1.0 if s["unit"].startswith("TFLOP") else 1.0
