@@ -7,6 +7,7 @@ from typing import Any
 
 from echo_plan.errors import FileFormatError
 from echo_plan.files import parse_json, parse_yaml, read_text
+from echo_plan.specs.hf_moe import HF_MOE_FAMILIES, moe_fields_from_hf
 
 # Hugging Face config.json keys -> ModelSpec fields (Llama, Mistral, Qwen2 and GPT-2 families).
 HF_KEY_MAP: dict[str, str] = {
@@ -31,7 +32,7 @@ HF_ACTIVATIONS = {"llama": {"silu": "swiglu", "swish": "swiglu"},
                   "gpt2": {"gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu"}}
 # Keys that make a different architecture than echo-plan models: never ignored (see _unsupported).
 HF_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
-HF_MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "jamba", "olmoe"}
+HF_MOE_TYPES = {"qwen2_moe", "deepseek_v2", "dbrx", "jamba", "olmoe"}  # MoE families not modelled
 
 
 def read_mapping(path: str | Path) -> dict[str, Any]:
@@ -51,11 +52,13 @@ def is_hf_config(data: dict[str, Any]) -> bool:
 def model_fields_from_hf(data: dict[str, Any], name: str, path: str = "config.json") -> dict[str, Any]:
     """Translate a Hugging Face config.json mapping into ModelSpec fields (see HF_KEY_MAP)."""
     model_type = str(data.get("model_type", "")).lower()
+    if model_type in HF_MOE_FAMILIES:
+        return moe_fields_from_hf(data, model_type, name, path)
     moe = [f"{k} {data[k]!r}" for k in HF_MOE_KEYS if data.get(k)]
     if model_type in HF_MOE_TYPES or moe:
         what = moe[0] if moe else f"model_type {model_type!r}"
-        raise FileFormatError(path, f"{what}: mixture-of-experts models are not supported yet (only dense "
-                                    "transformers)")
+        raise FileFormatError(path, f"{what}: this mixture-of-experts family is not supported; supported: "
+                                    f"{', '.join(HF_MOE_FAMILIES)}")
     if model_type not in HF_LLAMA_TYPES | HF_GPT2_TYPES:
         known = ", ".join(sorted(HF_LLAMA_TYPES | HF_GPT2_TYPES))
         raise FileFormatError(path, f"model_type {model_type!r} is not supported; supported: {known}")

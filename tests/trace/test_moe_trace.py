@@ -1,0 +1,76 @@
+"""MoE layers traced from module code: properties the issue asks for, on a small MoE model."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo_plan.errors import SpecError
+from echo_plan.specs import ModelSpec, PlanSpec, load_cluster, validate_plan
+from echo_plan.specs.moe import ExpertLayout, LayerKind
+from echo_plan.trace.records import CollectiveKind, GroupKind, Phase
+from echo_plan.trace.tracer import StageKind, trace_stage
+
+MOE = LayerKind(moe=True)
+
+
+def tiny(top_k: int = 2, experts: int = 8, **moe) -> ModelSpec:
+    return ModelSpec.build(dict(
+        name="tiny-moe", num_layers=4, hidden_size=256, num_attention_heads=8, num_kv_heads=2, vocab_size=1000,
+        seq_length=256, activation="swiglu", norm="rmsnorm", position_embedding="rotary", ffn_hidden_size=512,
+        moe=dict(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=128, **moe)))
+
+
+def moe_trace(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 1, imbalance: float = 1.0):
+    return trace_stage(model, StageKind.BLOCK, tp=tp, sequence_parallel=tp > 1, micro_batch_size=1, dtype="bf16",
+                       recompute="none", kind=MOE, layout=ExpertLayout(ep, etp, imbalance))
+
+
+def a2a_bytes(trace) -> int:
+    return sum(op.collective.nbytes for op in trace.collectives if op.collective.kind is CollectiveKind.ALL_TO_ALL)
+
+
+def expert_flops(trace) -> float:
+    return sum(op.flops for op in trace.ops if op.phase is Phase.FORWARD and op.name == "aten.bmm.default")
+
+
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_traced_expert_flops_are_top_k_tokens_times_expert_gemm_flops(ep):
+    model = tiny()
+    trace = moe_trace(model, ep=ep)
+    tokens = model.seq_length  # micro-batch 1, tp 1: every rank routes the whole sequence
+    h, f = model.hidden_size, model.moe.expert_ffn_hidden_size
+    per_copy = 2 * h * (2 * f) + 2 * f * h  # SwiGLU FC1 (gate and up) and FC2
+    assert expert_flops(trace) == pytest.approx(model.moe.top_k * tokens * per_copy)
+
+
+def test_more_experts_per_token_never_shrink_all_to_all_bytes():
+    sizes = [a2a_bytes(moe_trace(tiny(top_k=k), ep=4)) for k in (1, 2, 4, 8)]
+    assert sizes == sorted(sizes) and sizes[0] > 0
+
+
+def test_all_to_all_runs_on_the_expert_group_with_megatron_strides():
+    trace = moe_trace(tiny(), tp=2, ep=4, etp=1)
+    groups = {op.collective.group for op in trace.collectives if op.collective.kind is CollectiveKind.ALL_TO_ALL}
+    assert {(g.kind, g.size, g.stride) for g in groups} == {(GroupKind.EP, 4, 1)}
+    assert len([op for op in trace.collectives if op.collective.kind is CollectiveKind.ALL_TO_ALL]) == 4  # 2 fwd 2 bwd
+
+
+def test_imbalance_never_lightens_the_busiest_rank():
+    model = tiny()
+    base = moe_trace(model, ep=4)
+    hot = moe_trace(model, ep=4, imbalance=2.0)
+    assert expert_flops(hot) > expert_flops(base)
+    assert a2a_bytes(hot) >= a2a_bytes(base)
+
+
+def test_bad_moe_inputs_are_one_line_errors():
+    with pytest.raises(SpecError, match="top_k 9 must not exceed num_experts 8"):
+        tiny(top_k=9)
+    cluster = load_cluster("h800", gpus=8)
+    with pytest.raises(SpecError, match="ep=8 is invalid: must divide num_experts 12 of tiny-moe"):
+        validate_plan(PlanSpec(dp=8, ep=8, global_batch_size=8), tiny(experts=12), cluster)
+    with pytest.raises(SpecError, match="needs a mixture-of-experts model"):
+        dense = tiny().replace(moe=None)
+        validate_plan(PlanSpec(dp=8, ep=2, global_batch_size=8), dense, cluster)
+    with pytest.raises(SpecError, match="ep x etp"):
+        PlanSpec.build(dict(tp=1, dp=6, ep=4, global_batch_size=6))
