@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from echo_plan.replay.breakdown import critical_rank, step_breakdown
 from echo_plan.replay.dp import chunk_buckets, edp_group, optimizer_op
-from echo_plan.replay.layer_mix import kind_counts, layer_params_per_rank
+from echo_plan.replay.layer_mix import all_to_all_note, kind_counts, layer_params_per_rank
 from echo_plan.replay.metrics import throughput
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts, build_tasks
 from echo_plan.replay.results import StepResult
@@ -194,6 +194,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     notes = [f"critical pipeline stage: {rank}", f"micro-batches per step: {plan.num_microbatches}",
              f"level-2 tasks: {step.tasks_replayed}", f"software stack: {stack.name}"]
     notes += stack_notes(plan, stack)
+    a2a = all_to_all_note(model, plan, traces, comm_time, cluster.gpus_per_node) if model.is_moe else None
+    if a2a:
+        notes.append(a2a)
     if step.extrapolated:
         notes.append("steady state verified periodic at {} micro-batches and extrapolated exactly".format(
             ", ".join(map(str, step.sampled[-3:]))))

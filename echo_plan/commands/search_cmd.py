@@ -38,7 +38,7 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
             memory_headroom: Optional[str] = None):
     from echo_plan.commands.common import parse_headroom, resolve_specs, resolve_stack
     from echo_plan.errors import SpecError
-    from echo_plan.search.space import load_space
+    from echo_plan.search.space import default_space_path_for, load_space
     from echo_plan.search.study import SamplerKind, SearchConfig
 
     try:
@@ -56,7 +56,7 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
 
     check_storage(storage)
     m, c = resolve_specs(model, cluster, nodes, gpus)
-    return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=load_space(space), sampler=kind, seed=seed,
+    return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=load_space(space if space is not None else default_space_path_for(m)), sampler=kind, seed=seed,
                         n_trials=trials, storage=storage, study_name=study_name, workers=workers,
                         ray_address=ray_address, tokens_budget=tokens, stack=resolve_stack(stack),
                         memory_headroom_bytes=parse_headroom(memory_headroom, c))

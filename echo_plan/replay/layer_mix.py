@@ -51,3 +51,29 @@ def layer_params_per_rank(model: ModelSpec, plan: PlanSpec, kind: LayerKind = DE
     dense = math.ceil((model.attention_params + shared) / tp) + router + norms
     expert = math.ceil(model.expert_params_per_layer / (plan.ep * plan.expert_tp))
     return dense, expert
+
+
+def all_to_all_note(model: ModelSpec, plan: PlanSpec, traces, comm_time, gpus_per_node: int) -> str | None:
+    """Where the MoE token exchange runs and what it costs: per MoE layer (forward + backward) and per
+    step on the pipeline rank with the most MoE layers, with how many peers are inside a server."""
+    from echo_plan.trace.records import CollectiveKind
+
+    for kind, trace in getattr(traces, "blocks", ()):
+        if not kind.moe:
+            continue
+        ops = [op for op in trace.collectives if op.collective.kind is CollectiveKind.ALL_TO_ALL]
+        if not ops:
+            return "MoE all-to-all: none (ep 1: every expert is local)"
+        group = ops[0].collective.group
+        per_node, nodes = group.placement(gpus_per_node)
+        layer_s = sum(comm_time(op.collective.kind, op.collective.nbytes, op.collective.group) for op in ops)
+        most = max(stage_kind_counts(model, plan, s).get(kind, 0) for s in range(plan.pp))
+        step_s = layer_s * most * plan.num_microbatches
+        mb = sum(op.collective.nbytes for op in ops) / 2**20
+        where = (f"inside one server over NVLink" if nodes == 1 else
+                 f"across {nodes} servers ({per_node - 1} of {group.size - 1} peers over NVLink, "
+                 f"{group.size - per_node} over the network)")
+        return (f"MoE all-to-all: ep {group.size} group {where}; {len(ops)} exchanges of {mb:,.0f} MiB in all per "
+                f"MoE layer and micro-batch, {layer_s * 1e3:.2f} ms; {step_s:.2f} s per step on the stage with "
+                f"{most} MoE layers (before overlap)")
+    return None

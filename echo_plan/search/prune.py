@@ -137,6 +137,9 @@ class Pruner:
         if schedule == Schedule.INTERLEAVED.value and vpp == 1:
             return Verdict(combo, None, PruneReason.SCHEDULE, "the interleaved schedule needs virtual_stages > 1")
         fields = dict(c, dp=dp, global_batch_size=self.gbs, **dict(self.space.fixed))
+        if not self.model.is_moe:  # expert knobs mean nothing for a dense model
+            for k in ("ep", "etp"):
+                fields.pop(k, None)
         if vpp == 1 and pp > 1 and self.model.num_layers % pp and pp <= self.model.num_layers:
             fields["layer_split"] = balanced_split(self.model.num_layers, pp)  # e.g. DeepSeek-V3's 61 layers
         try:

@@ -36,13 +36,16 @@ class Knob(str, Enum):
     DISTRIBUTED_OPTIMIZER = "distributed_optimizer"
     OVERLAP_GRAD_REDUCE = "overlap_grad_reduce"
     OVERLAP_PARAM_GATHER = "overlap_param_gather"
+    EP = "ep"  # expert parallel (MoE models; dense models ignore it)
+    ETP = "etp"  # expert tensor parallel (MoE models; dense models ignore it)
 
 
 class Constraint(str, Enum):
     TP_WITHIN_NODE = "tp_within_node"  # a tensor-parallel group never spans servers
 
 
-INT_KNOBS = (Knob.TP, Knob.PP, Knob.MICRO_BATCH_SIZE, Knob.VIRTUAL_STAGES)
+INT_KNOBS = (Knob.TP, Knob.PP, Knob.MICRO_BATCH_SIZE, Knob.VIRTUAL_STAGES, Knob.EP, Knob.ETP)
+EXPERT_KNOBS = (Knob.EP, Knob.ETP)
 BOOL_KNOBS = (Knob.SEQUENCE_PARALLEL, Knob.DISTRIBUTED_OPTIMIZER, Knob.OVERLAP_GRAD_REDUCE,
               Knob.OVERLAP_PARAM_GATHER)
 ENUM_KNOBS: dict[Knob, type[Enum]] = {Knob.SCHEDULE: Schedule, Knob.RECOMPUTE: Recompute}
@@ -52,7 +55,7 @@ KNOB_DEFAULTS: dict[Knob, Any] = {
     Knob.TP: 1, Knob.PP: 1, Knob.MICRO_BATCH_SIZE: 1, Knob.VIRTUAL_STAGES: 1,
     Knob.SCHEDULE: Schedule.ONE_F_ONE_B.value, Knob.RECOMPUTE: Recompute.NONE.value,
     Knob.SEQUENCE_PARALLEL: False, Knob.DISTRIBUTED_OPTIMIZER: False,
-    Knob.OVERLAP_GRAD_REDUCE: True, Knob.OVERLAP_PARAM_GATHER: True,
+    Knob.OVERLAP_GRAD_REDUCE: True, Knob.OVERLAP_PARAM_GATHER: True, Knob.EP: 1, Knob.ETP: 1,
 }
 # Settings that may only be fixed (one value for the whole search).
 FIXED_ONLY = {"dtype"}
@@ -130,6 +133,11 @@ def spaces_dir() -> Path:
 
 def default_space_path() -> Path:
     return spaces_dir() / "default.yaml"
+
+
+def default_space_path_for(model: Any) -> Path:
+    """The default space for ``model``: ``moe.yaml`` for a mixture of experts, else ``default.yaml``."""
+    return spaces_dir() / ("moe.yaml" if getattr(model, "is_moe", False) else "default.yaml")
 
 
 def load_space(path: str | Path | None = None) -> SearchSpace:
