@@ -82,9 +82,6 @@ class SoftwareSpec(Spec):
     recompute_modules: tuple[RecomputeModule, ...] = (RecomputeModule.CORE_ATTN,)
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
     moe_grouped_gemm: bool = Field(default=True, description="local experts as one grouped GEMM (else a GEMM each)")
-    moe_a2a_overlap: bool = Field(
-        default=False, description="MoE dispatch/combine hidden behind another micro-batch's compute "
-                                   "(Megatron-Core's overlap_moe_expert_parallel_comm, DeepSeek's DualPipe idea)")
     sources: tuple[str, ...] = ()
 
     @field_validator("grad_reduce_dtype")
