@@ -203,13 +203,14 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     if RecomputeModule.MLP in modules:
         mlp = norm_out  # the checkpointed MLP keeps its input only
     elif kind.moe and model.moe is not None:
-        mlp = norm_out + moe_activation_bytes(model, plan)
+        mlp = norm_out + moe_activation_bytes(model, plan, RecomputeModule.MOE_ACT in modules, stack)
     else:
         mlp = norm_out + (4 if model.activation.gated else 2) * e * sb * f / t
     return int(norms + attn + mlp + 2 * mask)
 
 
-def moe_activation_bytes(model: ModelSpec, plan: PlanSpec) -> float:
+def moe_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute_act: bool = False,
+                         stack: SoftwareSpec | None = None) -> float:
     """What an MoE layer's MLP keeps beyond its input: router scores, the permuted token copies the
     rank's experts receive, their FC1 and activation outputs (split by etp), the combined copies,
     and the shared experts' intermediates (``trace/moe.py`` traces the same)."""
@@ -223,7 +224,10 @@ def moe_activation_bytes(model: ModelSpec, plan: PlanSpec) -> float:
     recv = (hot + (moe.num_experts // plan.ep - 1) * each) * plan.expert_tp
     f = moe.expert_ffn_hidden_size // plan.expert_tp
     gated = model.activation.gated
-    routed = e * recv * (h + (2 * f if gated else f) + f) + e * sent * (2 * h) + 4 * tokens * moe.num_experts
+    fused = stack is None or stack.moe_permute_fusion  # unfused un-permutation keeps the weighted copies too
+    act_out = 0 if recompute_act else f
+    routed = (e * recv * (h + (2 * f if gated else f) + act_out) + e * sent * h * (1 if fused else 2)
+              + 4 * tokens * moe.num_experts)
     shared = (4 if gated else 2) * e * model.seq_length * plan.micro_batch_size * moe.shared_ffn / t
     return routed + shared
 

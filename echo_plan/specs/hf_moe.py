@@ -53,7 +53,7 @@ def moe_fields_from_hf(data: dict[str, Any], family: str, name: str, path: str) 
             fields["attention_head_dim"] = data["head_dim"]
     elif family == "gpt_oss":
         experts, ffn = _need(data, path, family, "num_local_experts", "intermediate_size")
-        fields.update(ffn_hidden_size=ffn, bias=bool(data.get("attention_bias", True)),
+        fields.update(ffn_hidden_size=ffn, bias=bool(data.get("attention_bias", True)), activation="swiglu_clamped",
                       moe=dict(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=ffn))
         if data.get("head_dim"):
             fields["attention_head_dim"] = data["head_dim"]

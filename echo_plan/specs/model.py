@@ -15,11 +15,13 @@ class Activation(str, Enum):
     GELU = "gelu"
     SWIGLU = "swiglu"
     SQUARED_RELU = "squared_relu"  # relu(x)^2, ungated (Nemotron-4; So et al. 2021, Primer)
+    # GPT-OSS's gated unit: gate.clamp(max=7) * sigmoid(1.702 gate) * (up.clamp(-7, 7) + 1) (OpenAI 2025 model card)
+    SWIGLU_CLAMPED = "swiglu_clamped"
 
     @property
     def gated(self) -> bool:
         """Two input projections (gate and up) instead of one."""
-        return self is Activation.SWIGLU
+        return self in (Activation.SWIGLU, Activation.SWIGLU_CLAMPED)
 
 
 class Norm(str, Enum):
@@ -81,7 +83,7 @@ class ModelSpec(Spec):
         if self.ffn_hidden_size is None:
             ffn = (
                 llama_ffn_size(self.hidden_size)
-                if self.activation is Activation.SWIGLU
+                if self.activation.gated
                 else 4 * self.hidden_size
             )
             object.__setattr__(self, "ffn_hidden_size", ffn)

@@ -33,6 +33,7 @@ class RecomputeModule(str, Enum):
     MLP = "mlp"  # the whole MLP (its linears and activation)
     LAYERNORM = "layernorm"  # the input and pre-MLP norms
     MLA_UP_PROJ = "mla_up_proj"  # MLA's query/key-value up-projections (their outputs freed, recomputed)
+    MOE_ACT = "moe_act"  # the routed experts' activation (its output freed after FC2, recomputed)
 
 
 class MoEDispatcher(str, Enum):
@@ -82,6 +83,7 @@ class SoftwareSpec(Spec):
     recompute_modules: tuple[RecomputeModule, ...] = (RecomputeModule.CORE_ATTN,)
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
     moe_grouped_gemm: bool = Field(default=True, description="local experts as one grouped GEMM (else a GEMM each)")
+    moe_permute_fusion: bool = Field(default=True, description="TE's fused token permute/unpermute kernels")
     sources: tuple[str, ...] = ()
 
     @field_validator("grad_reduce_dtype")
@@ -113,7 +115,7 @@ class SoftwareSpec(Spec):
         return (f"attn={self.attention.value};hdrop={self.hidden_dropout > 0};adrop={self.attention_dropout > 0};"
                 f"fuse={self.fused_elementwise};gaf={self.gradient_accumulation_fusion}/{grad};"
                 f"tpov={self.tp_comm_overlap};rc={modules};moe={self.moe_dispatcher.value},"
-                f"{self.moe_grouped_gemm}")
+                f"{self.moe_grouped_gemm},{self.moe_permute_fusion}")
 
     def short(self) -> str:
         return self.name

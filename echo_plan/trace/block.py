@@ -34,7 +34,7 @@ from echo_plan.trace import kernels, parallel
 from echo_plan.trace.attention import Attention
 from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
 from echo_plan.trace.fake_pg import TPGroup, TraceGroups
-from echo_plan.trace.layers import make_norm
+from echo_plan.trace.layers import clamped_swiglu, make_norm
 from echo_plan.trace.mla import MLAttention
 from echo_plan.trace.moe import MoELayer
 
@@ -90,6 +90,8 @@ class MLP(nn.Module):
             return F.gelu(h + b if b is not None else h, approximate="tanh")
         if b is not None:
             h = h + b
+        if self.activation is Activation.SWIGLU_CLAMPED:
+            return clamped_swiglu(h)
         if self.activation is Activation.SWIGLU:
             if self.fused:
                 return kernels.swiglu(h)
@@ -136,8 +138,9 @@ class TransformerBlock(nn.Module):
         if kind.moe and model.moe is not None:
             shared = (MLP(model, group, sequence_parallel, dtype, stack, unfused_acc, overlap, model.moe.shared_ffn)
                       if model.moe.num_shared_experts else None)
-            self.mlp: nn.Module = MoELayer(model, groups or TraceGroups(group), sequence_parallel, dtype, stack,
-                                           layout or ExpertLayout(), shared)
+            self.mlp: nn.Module = MoELayer(
+                model, groups or TraceGroups(group), sequence_parallel, dtype, stack, layout or ExpertLayout(), shared,
+                ckpt if RecomputeModule.MOE_ACT in selective else None, discard)
         else:
             self.mlp = MLP(model, group, sequence_parallel, dtype, stack, unfused_acc, overlap)
         self.hidden_dropout = stack.hidden_dropout

@@ -19,7 +19,7 @@ from echo_plan.trace.records import StageKind, TraceKey
 # The modules whose source decides what a trace contains.
 TRACED_MODULES = (
     "block.py", "attention.py", "kernels.py", "overlap.py", "layers.py", "parallel.py", "stages.py", "fake_pg.py",
-    "capture.py", "recorder.py", "opinfo.py", "modtrack.py", "records.py", "moe.py", "mla.py",
+    "capture.py", "recorder.py", "opinfo.py", "modtrack.py", "records.py", "moe.py", "mla.py", "moe_kernels.py",
 )
 TRACE_DTYPES = (DType.BF16, DType.FP16)
 

@@ -182,3 +182,14 @@ def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
     ``--make-vocab-size-divisible-by`` default 128) so each rank holds an equal, aligned shard."""
     multiple = divisible_by * tp
     return -(-vocab // multiple) * multiple
+
+
+CLAMP_LIMIT, CLAMPED_ALPHA = 7.0, 1.702  # GPT-OSS (OpenAI 2025 model card and reference implementation)
+
+
+def clamped_swiglu(h: torch.Tensor) -> torch.Tensor:
+    """GPT-OSS's gated unit on [..., 2f] (gate and up halves), as unfused elementwise kernels."""
+    gate, up = torch.chunk(h, 2, dim=-1)
+    gate = gate.clamp(max=CLAMP_LIMIT)
+    up = up.clamp(min=-CLAMP_LIMIT, max=CLAMP_LIMIT)
+    return gate * torch.sigmoid(gate * CLAMPED_ALPHA) * (up + 1)

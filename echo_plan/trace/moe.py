@@ -35,8 +35,9 @@ from torch import nn
 from echo_plan.specs import Activation, ModelSpec, SoftwareSpec
 from echo_plan.specs.moe import ExpertLayout, RouterKind
 from echo_plan.specs.software import MoEDispatcher
-from echo_plan.trace import kernels, parallel
+from echo_plan.trace import kernels, moe_kernels, parallel
 from echo_plan.trace.fake_pg import TPGroup
+from echo_plan.trace.layers import clamped_swiglu
 
 
 def routed_token_counts(tokens: int, model: ModelSpec, layout: ExpertLayout) -> tuple[int, int, int]:
@@ -88,8 +89,11 @@ def dispatch(x: torch.Tensor, group: TPGroup | None, send: int, recv: int) -> to
 class Experts(nn.Module):
     """This rank's local experts (their FFN split by expert TP), as a grouped GEMM or one GEMM each."""
 
-    def __init__(self, model: ModelSpec, local: int, etp: int, dtype: torch.dtype, grouped: bool) -> None:
+    def __init__(self, model: ModelSpec, local: int, etp: int, dtype: torch.dtype, grouped: bool,
+                 recompute_act=None, discard=None) -> None:
         super().__init__()
+        self.recompute_act = recompute_act if discard is not None else None  # checkpoints a callable
+        self.discard = discard
         assert model.moe is not None
         ffn = model.moe.expert_ffn_hidden_size // etp
         self.gated, self.grouped, self.local = model.activation.gated, grouped, local
@@ -99,6 +103,8 @@ class Experts(nn.Module):
         self.fc2 = nn.Parameter(torch.empty(local, ffn, model.hidden_size, dtype=dtype))
 
     def act(self, h: torch.Tensor) -> torch.Tensor:
+        if self.activation is Activation.SWIGLU_CLAMPED:
+            return clamped_swiglu(h)
         if self.activation is Activation.SWIGLU:
             return kernels.swiglu(h)
         if self.activation is Activation.GELU:
@@ -106,7 +112,12 @@ class Experts(nn.Module):
         return torch.pow(F.relu(h), 2)
 
     def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(self.act(torch.bmm(x, fc1)), fc2)
+        if self.recompute_act is None:
+            return torch.bmm(self.act(torch.bmm(x, fc1)), fc2)
+        a = self.recompute_act(self.act, torch.bmm(x, fc1))  # moe_act recompute: FC1's output is kept,
+        out = torch.bmm(a, fc2)
+        self.discard(a)  # the activation's output is freed after FC2 and recomputed in backward
+        return out
 
     def forward(self, x: torch.Tensor, hot: int, each: int) -> torch.Tensor:
         """``x``: [hot + (local - 1) x each, hidden] rows sorted by expert; the first expert is the hot one."""
@@ -129,15 +140,18 @@ class MoELayer(nn.Module):
     """Router, dispatch, local experts, combine, shared experts. Input/output [s(/tp), b, h]."""
 
     def __init__(self, model: ModelSpec, groups, sequence_parallel: bool, dtype: torch.dtype,
-                 stack: SoftwareSpec, layout: ExpertLayout, shared_mlp: nn.Module | None) -> None:
+                 stack: SoftwareSpec, layout: ExpertLayout, shared_mlp: nn.Module | None,
+                 recompute_act=None, discard=None) -> None:
         super().__init__()
         moe = model.moe
         assert moe is not None
         self.model, self.layout, self.groups = model, layout, groups
         self.router_weight = nn.Parameter(torch.empty(moe.num_experts, model.hidden_size, dtype=dtype))
-        self.experts = Experts(model, moe.num_experts // layout.ep, layout.etp, dtype, stack.moe_grouped_gemm)
+        self.experts = Experts(model, moe.num_experts // layout.ep, layout.etp, dtype, stack.moe_grouped_gemm,
+                               recompute_act, discard)
         self.shared = shared_mlp
         self.allgather = stack.moe_dispatcher is MoEDispatcher.ALLGATHER
+        self.fused = stack.moe_permute_fusion
 
     def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k probabilities and expert indices of each token ([T, k] each)."""
@@ -175,18 +189,27 @@ class MoELayer(nn.Module):
         sent, hot, each = routed_token_counts(n_tok, self.model, self.layout)
         recv = hot + (self.experts.local - 1) * each
         order = self._copies(idx, sent)
-        permuted = tokens.index_select(0, order)  # one row per (token, expert) copy, sorted by expert
+        permuted = self._permute(tokens, order)  # one row per (token, expert) copy, sorted by expert
         got = dispatch(permuted, g.ep, sent, recv)
         got = parallel.gather_from_sp(got, g.etp)  # expert TP: every expert-TP rank sees the tokens
         if g.ep is not None and self.experts.local > 1:
-            got = got.index_select(0, self._copies(got, got.shape[0]))  # sort the received chunks by expert
+            got = self._permute(got, self._copies(got, got.shape[0]))  # sort the received chunks by expert
         y = self._experts_over_etp(got, hot, each)
         if g.ep is not None and self.experts.local > 1:
-            y = y.index_select(0, self._copies(y, y.shape[0]))  # back to source-rank order
+            y = self._permute(y, self._copies(y, y.shape[0]))  # back to source-rank order
         y = parallel.reduce_scatter_to_sp(y, g.etp)
         back = dispatch(y, g.ep, recv, sent)
-        weights = probs.reshape(-1, 1).index_select(0, self._copies(probs, sent))
-        return tokens.new_zeros(tokens.shape).index_add(0, order, back * weights)
+        return self._unpermute(back, probs, order, tokens.shape[0])
+
+    def _permute(self, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return moe_kernels.moe_permute(rows, index) if self.fused else rows.index_select(0, index)
+
+    def _unpermute(self, rows: torch.Tensor, probs: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+        """Weighted sum of each token's copies (the router probabilities of its experts)."""
+        weights = probs.reshape(-1).index_select(0, self._copies(probs, rows.shape[0]))
+        if self.fused:
+            return moe_kernels.moe_unpermute(rows, weights, index, n)
+        return rows.new_zeros((n, rows.shape[1])).index_add(0, index, rows * weights.unsqueeze(1))
 
     def _allgather(self, tokens, probs, idx):
         g, n_tok = self.groups, tokens.shape[0]

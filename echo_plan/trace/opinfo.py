@@ -26,7 +26,8 @@ _SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_
 _FUSED_ELEMENTWISE = {"bias_gelu", "bias_gelu_backward", "swiglu", "swiglu_backward", "bias_dropout_add",
                       "dropout_backward", "rope", "rope_backward", "native_dropout", "native_dropout_backward"}
 _EMBEDDING = {"embedding", "embedding_dense_backward", "index_select", "index_add", "index_add_",
-              "gather", "scatter_add", "scatter_add_", "index", "index_put", "index_put_", "_index_put_impl_"}
+              "gather", "scatter_add", "scatter_add_", "index", "index_put", "index_put_", "_index_put_impl_",
+              "moe_permute", "moe_permute_backward", "moe_unpermute", "moe_unpermute_backward"}  # trace/moe_kernels.py
 _COPY = {"copy_", "clone", "_to_copy", "cat", "stack", "contiguous", "_copy_from", "repeat", "constant_pad_nd",
          "slice_backward", "select_backward", "narrow_copy", "as_strided_scatter", "slice_scatter"}
 _VIEW_NAMES = {"_unsafe_view", "detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided",

@@ -66,8 +66,11 @@ class RowSimulator:
 
         from echo_plan.specs import PlanSpec
 
+        from echo_plan.specs import ModelSpec
+
         settings = {k: v for k, v in self.model_settings.get(row.model.name, {}).items()
-                    if k not in PlanSpec.model_fields}
+                    if k not in PlanSpec.model_fields and k not in ModelSpec.model_fields
+                    and k != "layer_split_offsets"}
         settings.update(row.stack_overrides)  # the row's own columns win
         return load_stack(self.stack_name, settings)
 
@@ -75,9 +78,24 @@ class RowSimulator:
         """The row's plan; plan settings of the suite's model settings fill what the row's columns leave out."""
         from echo_plan.specs import PlanSpec
 
-        fields = {k: v for k, v in self.model_settings.get(row.model.name, {}).items() if k in PlanSpec.model_fields}
+        settings = self.model_settings.get(row.model.name, {})
+        fields = {k: v for k, v in settings.items() if k in PlanSpec.model_fields}
         fields.update(row.plan)
+        offsets = settings.get("layer_split_offsets")  # the recipe's first/last stage hold this many layers
+        if offsets is not None and fields.get("virtual_stages", 1) == 1:  # fewer (negative) than the others
+            pp, first, last = int(fields["pp"]), int(offsets[0]), int(offsets[1])
+            middle, rest = divmod(self.model_for(row).num_layers - first - last, pp)
+            if rest == 0 and middle + min(first, last) >= 1:
+                fields["layer_split"] = (middle + first,) + (middle,) * (pp - 2) + (middle + last,)
         return PlanSpec.build(fields, context=row.label)
+
+    def model_for(self, row: TrainingRow) -> Any:
+        """The row's model with the suite's model settings that are ModelSpec fields (e.g. mtp_layers)."""
+        from echo_plan.specs import ModelSpec
+
+        changes = {k: v for k, v in self.model_settings.get(row.model.name, {}).items()
+                   if k in ModelSpec.model_fields}
+        return row.model.replace(**changes) if changes else row.model
 
     def cluster_for(self, row: TrainingRow) -> Any:
         return self.base.resized(gpus=row.gpus)
@@ -92,7 +110,7 @@ class RowSimulator:
         try:
             cluster = self.cluster_for(row)
             plan = self.plan_for(row)
-            result = simulate(row.model, cluster, plan, stack=self.stack_for(row), cache=self.cache, memo=self.memo,
+            result = simulate(self.model_for(row), cluster, plan, stack=self.stack_for(row), cache=self.cache, memo=self.memo,
                               compute=compute)
         except EchoPlanError as exc:
             return RowPrediction(row, None, problem=f"cannot simulate: {exc}")
