@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from echo_plan.commands.common import CacheDirOpt, JsonOpt, ModelOpt, StackOpt, print_json
+from echo_plan.commands.common import CacheDirOpt, EpOpt, EtpOpt, ImbalanceOpt, JsonOpt, ModelOpt, StackOpt, print_json
 
 
 class StageChoice(str, Enum):
@@ -55,7 +55,8 @@ def stage_summary(trace, with_ops: bool) -> dict:
                 "bytes_read": sum(op.bytes_read for op in ops), "bytes_written": sum(op.bytes_written for op in ops),
             }
     out = {
-        "stage": trace.key.stage.value, "from_cache": trace.from_cache, "key": trace.key.digest(),
+        "stage": trace.key.stage.value, "layer_kind": trace.key.variant or None, "from_cache": trace.from_cache,
+        "key": trace.key.digest(),
         "ops": len(trace.ops), "flops": trace.total_flops,
         "bytes_read": sum(op.bytes_read for op in trace.ops),
         "bytes_written": sum(op.bytes_written for op in trace.ops),
@@ -82,7 +83,8 @@ def stage_summary(trace, with_ops: bool) -> dict:
 
 def _print_stage(s: dict, with_ops: bool) -> None:
     src = "cache" if s["from_cache"] else "traced"
-    typer.echo(f"[{s['stage']}] {s['ops']} ops ({src}, key {s['key'][:12]}), params on this rank "
+    label = s["stage"] + (f" {s['layer_kind']}" if s.get("layer_kind") else "")
+    typer.echo(f"[{label}] {s['ops']} ops ({src}, key {s['key'][:12]}), params on this rank "
                f"{s['param_count'] / 1e6:.2f} M")
     for phase, p in s["phases"].items():
         typer.echo(f"  {phase:<10} {p['ops']:4d} ops {p['kernels']:4d} kernels  {_si(p['flops'], 'FLOP'):>12}  "
@@ -117,6 +119,9 @@ def register(app: typer.Typer) -> None:
         dtype: DTypeChoice = typer.Option(DTypeChoice.BF16, "--dtype", help="activation and weight dtype"),
         stage: StageChoice = typer.Option(StageChoice.ALL, "--stage", help="which stage to trace"),
         stack: Optional[str] = StackOpt,
+        ep: int = EpOpt,
+        etp: Optional[int] = EtpOpt,
+        expert_imbalance: float = ImbalanceOpt,
         ops: bool = typer.Option(False, "--ops", help="list every op (index, phase, name, kind, shapes, flops, bytes, deps)"),
         as_json: bool = JsonOpt,
         cache_dir: Optional[Path] = CacheDirOpt,
@@ -129,8 +134,16 @@ def register(app: typer.Typer) -> None:
 
         from echo_plan.commands.common import check_cache_dir
 
+        from echo_plan.specs.moe import ExpertLayout
+        from echo_plan.trace.keys import check_layout
+
         check_cache_dir(cache_dir)
         spec = load_model(model)
+        layout = ExpertLayout(ep, etp if etp is not None else tp, expert_imbalance)
+        if spec.is_moe:
+            check_layout(spec, layout)
+        elif (ep, etp, expert_imbalance) != (1, None, 1.0):
+            check_layout(spec, layout)  # names the rule: expert options need an MoE model
         stack_spec = resolve_stack(stack)
         cache = TraceCache(cache_dir)
         stages = list(StageKind) if stage is StageChoice.ALL else [StageKind(stage.value)]
@@ -138,10 +151,13 @@ def register(app: typer.Typer) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", TraceCacheWarning)
             for kind in stages:
-                result = trace_stage(spec, kind, tp=tp, sequence_parallel=sequence_parallel, micro_batch_size=mbs,
-                                     dtype=DType(dtype.value), recompute=Recompute(recompute.value), cache=cache,
-                                     stack=stack_spec)
-                summaries.append(stage_summary(result, ops))
+                layer_kinds = spec.distinct_kinds() if kind is StageKind.BLOCK else (None,)
+                for layer in layer_kinds:  # one trace per kind of layer (dense/MoE, full/windowed attention)
+                    extra = {} if layer is None else {"kind": layer, "layout": layout if layer.moe else None}
+                    result = trace_stage(spec, kind, tp=tp, sequence_parallel=sequence_parallel, micro_batch_size=mbs,
+                                         dtype=DType(dtype.value), recompute=Recompute(recompute.value), cache=cache,
+                                         stack=stack_spec, **extra)
+                    summaries.append(stage_summary(result, ops))
         for w in caught:  # a discarded cache file: one line each on stderr
             typer.echo(f"warning: {w.message}", err=True)
         if as_json:

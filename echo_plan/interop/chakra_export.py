@@ -55,6 +55,17 @@ def group_of(ref: GroupRef, c: RankCoords, plan: PlanSpec) -> tuple[str, tuple[i
         return f"tp_s{c.stage}_d{c.d}", tuple(base + c.d * tp + i for i in range(tp))
     if ref is GroupRef.DP:
         return f"dp_s{c.stage}_t{c.t}", tuple(base + j * tp + c.t for j in range(dp))
+    if ref in (GroupRef.EP, GroupRef.ETP, GroupRef.EDP):  # Megatron-Core's expert order: etp, ep, edp
+        etp, ep = plan.expert_tp, plan.ep
+        local = c.d * tp + c.t
+        i_etp, i_ep, i_edp = local % etp, (local // etp) % ep, local // (etp * ep)
+        if ref is GroupRef.EP:
+            return (f"ep_s{c.stage}_x{i_edp}_t{i_etp}",
+                    tuple(base + i_edp * etp * ep + e * etp + i_etp for e in range(ep)))
+        if ref is GroupRef.ETP:
+            return f"etp_s{c.stage}_x{i_edp}_e{i_ep}", tuple(base + i_edp * etp * ep + i_ep * etp + j for j in range(etp))
+        return (f"edp_s{c.stage}_e{i_ep}_t{i_etp}",
+                tuple(base + x * etp * ep + i_ep * etp + i_etp for x in range(plan.edp)))
     first = c.d * tp + c.t
     return f"tied_d{c.d}_t{c.t}", (first, (pp - 1) * tp * dp + first)
 

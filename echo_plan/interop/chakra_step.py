@@ -48,6 +48,9 @@ class GroupRef(str, Enum):
     TP = "tp"
     DP = "dp"
     TIED = "tied"  # first and last pipeline stage (tied word embedding)
+    EP = "ep"  # expert parallel (MoE dispatch and combine)
+    ETP = "etp"  # expert tensor parallel
+    EDP = "edp"  # expert data parallel (the experts' gradient buckets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +98,13 @@ class StepGraph:
     plan: PlanSpec
 
 
-_GROUP_OF = {GroupKind.TP: GroupRef.TP, GroupKind.DP: GroupRef.DP}
+def _bucket_group(bucket) -> "GroupRef":
+    """Dense buckets reduce over the data-parallel group, routed-expert ones over the expert one."""
+    return GroupRef.EDP if getattr(bucket, "expert", False) else GroupRef.DP
+
+
+_GROUP_OF = {GroupKind.TP: GroupRef.TP, GroupKind.DP: GroupRef.DP, GroupKind.EP: GroupRef.EP,
+             GroupKind.ETP: GroupRef.ETP, GroupKind.EDP: GroupRef.EDP}
 
 
 def phase_template(trace: LayerTrace, phase_forward: bool, compute: Any, comm: Any, cluster: ClusterSpec,
@@ -282,7 +291,8 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
             for c in sorted(first_f, key=lambda c: acts.index(next(x for x in acts if x.kind is Pass.FORWARD and x.chunk == c))):
                 for k in reversed(range(len(st.buckets[c]))):
                     gathers[(c, k)] = b.add(kind=NodeKind.COLL, name=f"DP param all-gather chunk{c} bucket {k}",
-                                            stream="dp_comm", coll=CollectiveKind.ALL_GATHER, group=GroupRef.DP,
+                                            stream="dp_comm", coll=CollectiveKind.ALL_GATHER,
+                                            group=_bucket_group(st.buckets[c][k]),
                                             nbytes=st.buckets[c][k].params * PARAM_BYTES)
         prev_sends: tuple[int, ...] = ()
         last_compute: tuple[int, ...] = ()
@@ -332,7 +342,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
                 extra = tuple(gathers[(a.chunk, k)] for k in needs.get(i, ()))
                 cur = b.instance(tmpl, cur + extra, f"{label} {what}{i}")
                 for k in releases.get(i, ()):
-                    dp_nodes.append(b.add(kind=NodeKind.COLL, stream="dp_comm", deps=cur, group=GroupRef.DP,
+                    dp_nodes.append(b.add(kind=NodeKind.COLL, stream="dp_comm", deps=cur, group=_bucket_group(buckets[k]),
                                           name=f"DP {'reduce-scatter' if plan.distributed_optimizer else 'all-reduce'} chunk{a.chunk} bucket {k}",
                                           coll=CollectiveKind.REDUCE_SCATTER if plan.distributed_optimizer else CollectiveKind.ALL_REDUCE,
                                           nbytes=buckets[k].params * gb))
@@ -349,7 +359,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
             order = sorted(last_b, key=lambda c: acts.index(next(x for x in acts if x.kind is Pass.BACKWARD and x.chunk == c and x.microbatch == last_b[c])))
             for c in order:
                 for k, bk in enumerate(st.buckets[c]):
-                    dp_nodes.append(b.add(kind=NodeKind.COLL, stream="dp_comm", deps=last_compute, group=GroupRef.DP,
+                    dp_nodes.append(b.add(kind=NodeKind.COLL, stream="dp_comm", deps=last_compute, group=_bucket_group(bk),
                                           name=f"DP {'reduce-scatter' if plan.distributed_optimizer else 'all-reduce'} chunk{c} bucket {k}",
                                           coll=CollectiveKind.REDUCE_SCATTER if plan.distributed_optimizer else CollectiveKind.ALL_REDUCE,
                                           nbytes=bk.params * gb))
@@ -365,7 +375,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
             for c, bs in enumerate(st.buckets):
                 for k, bk in enumerate(bs):
                     b.add(kind=NodeKind.COLL, name=f"DP param all-gather chunk{c} bucket {k}", stream="dp_comm",
-                          coll=CollectiveKind.ALL_GATHER, group=GroupRef.DP, nbytes=bk.params * PARAM_BYTES,
+                          coll=CollectiveKind.ALL_GATHER, group=_bucket_group(bk), nbytes=bk.params * PARAM_BYTES,
                           deps=(opt,))
         stages.append(tuple(b.nodes))
     return StepGraph(tuple(stages), simulated, plan)

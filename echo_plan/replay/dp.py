@@ -65,12 +65,14 @@ def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, ove
     if group.size <= 1 or params <= 0:
         return ()
     out = []
+    expert = group.kind is GroupKind.EDP
     for n in bucket_sizes(params, group.size, overlap):
         if plan.distributed_optimizer:
             out.append(DpBucket(n, comm_time(CollectiveKind.REDUCE_SCATTER, n * gb, group), TaskKind.REDUCE_SCATTER,
-                                comm_time(CollectiveKind.ALL_GATHER, n * PARAM_BYTES, group)))
+                                comm_time(CollectiveKind.ALL_GATHER, n * PARAM_BYTES, group), expert=expert))
         else:
-            out.append(DpBucket(n, comm_time(CollectiveKind.ALL_REDUCE, n * gb, group), TaskKind.ALL_REDUCE))
+            out.append(DpBucket(n, comm_time(CollectiveKind.ALL_REDUCE, n * gb, group), TaskKind.ALL_REDUCE,
+                                expert=expert))
     return tuple(out)
 
 

@@ -69,6 +69,7 @@ class DpBucket:
     reduce_s: float  # all-reduce, or reduce-scatter with the distributed optimizer
     reduce_kind: TaskKind
     gather_s: float = 0.0  # parameter all-gather (distributed optimizer), else 0
+    expert: bool = False  # routed-expert parameters, reduced over the expert data-parallel group
 
 
 @dataclass(frozen=True, slots=True)

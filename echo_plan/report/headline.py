@@ -116,6 +116,9 @@ def search_headline(outcome: SearchOutcome) -> Headline:
     comp = _composition(best)
     if comp:
         reasons.append(comp)
+    experts = _expert_choice(best, [r for r in points if r.fits])
+    if experts:
+        reasons.append(experts)
     if cap:
         room = best.memory[0].headroom_bytes / 2**30 if best.memory else 0.0
         reasons.append(f"Peak memory {best.memory_peak_gib:.1f} GiB leaves {cap - best.memory_peak_gib:.1f} GiB "
@@ -125,6 +128,25 @@ def search_headline(outcome: SearchOutcome) -> Headline:
         reasons.append(f"How sure: {best.range_basis}.")
     return Headline(short_label(best.plan), plan_in_words(best.plan),
                     tuple(plan_metrics(best, outcome.tokens_budget, cap)), tuple(reasons), tuple(best.notes))
+
+
+def _expert_choice(best: StepResult, fitting: list[StepResult]) -> str:
+    """Why this expert-parallel degree: where its all-to-all runs, and the best fitting plan of each other ep."""
+    a2a = next((n for n in best.notes if n.startswith("MoE all-to-all:")), None)
+    if a2a is None:
+        return ""
+    ep = int(best.plan.get("ep", 1))
+    text = f"Expert parallelism {ep}: {a2a.removeprefix('MoE all-to-all: ')}."
+    others: dict[int, StepResult] = {}
+    for r in fitting:
+        other = int(r.plan.get("ep", 1))
+        if other != ep and (other not in others or r.step_time_s < others[other].step_time_s):
+            others[other] = r
+    if others:
+        text += " The fastest fitting plan with another ep: " + "; ".join(
+            f"ep {e} ({short_label(r.plan)}) {r.step_time_s / best.step_time_s - 1:+.1%}"
+            for e, r in sorted(others.items())) + "."
+    return text
 
 
 def _row_summary(row: CompareRow, best: StepResult) -> str:

@@ -87,6 +87,11 @@ def short_label(plan: dict[str, Any]) -> str:
     recompute = plan.get("recompute", "none")
     if recompute and recompute != "none":
         parts.append(f"{recompute}-recompute" if recompute != "selective" else "sel-recompute")
+    ep, etp, tp = int(plan.get("ep") or 1), plan.get("etp"), int(plan.get("tp", 1))
+    if ep > 1 or (etp is not None and int(etp) != tp):
+        parts.append(f"ep{ep}" + (f" etp{etp}" if etp is not None and int(etp) != tp else ""))
+    if float(plan.get("expert_imbalance") or 1.0) > 1.0:
+        parts.append(f"imb{float(plan['expert_imbalance']):g}")
     if plan.get("sequence_parallel"):
         parts.append("sp")
     if plan.get("distributed_optimizer"):
@@ -124,6 +129,10 @@ def plan_in_words(plan: dict[str, Any]) -> str:
     recompute = plan.get("recompute", "none")
     extras.append({"none": "no recomputation", "selective": "selective recomputation",
                    "full": "full recomputation"}.get(str(recompute), f"{recompute} recomputation"))
+    ep, etp = int(plan.get("ep") or 1), plan.get("etp")
+    if ep > 1:
+        extras.append(f"{ep}-way expert parallel" + (f" with {etp}-way expert tensor parallel"
+                                                     if etp is not None and int(etp) > 1 else ""))
     if plan.get("sequence_parallel"):
         extras.append("sequence parallel")
     if plan.get("distributed_optimizer"):

@@ -192,3 +192,18 @@ def test_rank_ranges_are_checked_before_they_are_expanded():
     for bad in ("0-99999999999999", "5-2", "-1", "8"):
         with pytest.raises(SpecError, match="--ranks"):
             parse_ranks(bad, 8)
+
+
+def test_moe_collectives_name_their_expert_groups(tmp_path):
+    """The all-to-all goes to the expert-parallel communicator and expert gradients to the expert DP one."""
+    moe = ModelSpec.build(dict(name="moe-tiny", num_layers=2, hidden_size=256, num_attention_heads=8, vocab_size=1024,
+                               seq_length=128, activation="swiglu", norm="rmsnorm", position_embedding="rotary",
+                               ffn_hidden_size=256, moe=dict(num_experts=4, top_k=2, expert_ffn_hidden_size=128)))
+    plan = PlanSpec(tp=1, pp=1, dp=8, ep=4, global_batch_size=8, distributed_optimizer=True)
+    graph = build_step_graph(moe, CLUSTER, plan)
+    export_chakra(graph, tmp_path / "moe")
+    groups = json.loads((tmp_path / "moe.comm_groups.json").read_text())
+    assert groups["ep_s0_x0_t0"] == [0, 1, 2, 3] and groups["ep_s0_x1_t0"] == [4, 5, 6, 7]
+    assert groups["edp_s0_e1_t0"] == [1, 5]
+    refs = {n.group.value for n in graph.stages[0] if n.group is not None}
+    assert {"ep", "edp", "dp"} <= refs

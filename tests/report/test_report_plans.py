@@ -12,6 +12,8 @@ PLANS = [
          sequence_parallel=True, distributed_optimizer=True),
     dict(tp=4, pp=8, dp=3, micro_batch_size=2, global_batch_size=1536, recompute="full"),
     dict(tp=1, pp=1, dp=96, micro_batch_size=1, global_batch_size=1536, schedule="gpipe"),
+    dict(tp=2, pp=8, dp=32, ep=64, etp=1, micro_batch_size=1, global_batch_size=1536, sequence_parallel=True,
+         expert_imbalance=1.5),
 ]
 
 
