@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from echo_plan.replay.breakdown import critical_rank, step_breakdown
-from echo_plan.replay.dp import chunk_buckets, edp_group, optimizer_op
+from echo_plan.replay.dp import chunk_buckets, dp_exchange_summary, edp_group, optimizer_op
 from echo_plan.replay.layer_mix import all_to_all_note, kind_counts, layer_params_per_rank
 from echo_plan.replay.metrics import throughput
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts, build_tasks
@@ -207,13 +207,19 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                      f"{worst.usable_bytes / 2**30:.1f} GiB usable ({worst.capacity_bytes / 2**30:.0f} GiB less "
                      f"{worst.headroom_bytes / 2**30:.1f} GiB headroom; over by {worst.overflow_bytes / 2**30:.1f} GiB)")
     rng = memo.prediction_range(cluster, cluster_key, stack)
+    exchange = dp_exchange_summary(plan, base)
+    if exchange is not None:
+        notes.append(f"{plan.dp_comm.value} at density {plan.density:g}: the sparse exchange runs after the "
+                     "backward pass (as the reference sparsifiers do); convergence per step is not modelled")
     return StepResult(
         model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, plan=plan.model_dump(mode="json"),
         step_time_s=step_s, tokens_per_s=thr.tokens_per_s, model_tflops_per_gpu=thr.model_tflops_per_gpu,
         hardware_tflops_per_gpu=thr.hardware_tflops_per_gpu, mfu=thr.mfu, memory=tuple(memory),
         breakdown=breakdown, timeline=events, notes=tuple(notes), stack=stack.name,
         step_time_range_s=rng.apply(step_s), range_coverage=rng.coverage, range_basis=rng.basis,
+        dp_exchange=exchange,
     )
+
 
 
 def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
@@ -257,7 +263,10 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
 
         stack = load_stack()
     pp, v = plan.pp, plan.virtual_stages
-    overlap_grad = plan.overlap_grad_reduce and stack.overlap_grad_reduce
+    overlap_grad = plan.overlap_grad_reduce and stack.overlap_grad_reduce and not plan.dp_comm.sparse
+
+    def op_time(op):  # sparse exchanges' selection and feedback kernels
+        return compute.op_time(op, cluster.gpu, plan.dtype)
     gbytes = stack.grad_bytes(plan.dtype)
     schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
                                            else plan.schedule)
@@ -307,8 +316,8 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
             fwd.append(_phase(f_parts))
             bwd.append(_phase(b_parts))
             labels.append(label)
-            buckets.append(chunk_buckets(params, plan, comm_time, gbytes, overlap_grad)
-                           + chunk_buckets(experts, plan, comm_time, gbytes, overlap_grad, group=edp))
+            buckets.append(chunk_buckets(params, plan, comm_time, gbytes, overlap_grad, op_time=op_time)
+                           + chunk_buckets(experts, plan, comm_time, gbytes, overlap_grad, group=edp, op_time=op_time))
             rank_params += params
             rank_experts += experts
         opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.dtype)

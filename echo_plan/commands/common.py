@@ -22,6 +22,9 @@ EpOpt = typer.Option(1, "--ep", help="expert-parallel degree (MoE models)")
 EtpOpt = typer.Option(None, "--etp", help="expert tensor-parallel degree (default: tp, as Megatron-Core)")
 ImbalanceOpt = typer.Option(1.0, "--expert-imbalance",
                             help="tokens of the busiest expert over the balanced mean (1: a balanced router)")
+DpCommOpt = typer.Option("dense", "--dp-comm", help="dense | topk | cltk | hard-threshold | exdyna "
+                         "(data-parallel gradient exchange; docs/sparsification.md)")
+DensityOpt = typer.Option(None, "--density", help="share of gradient elements a sparse --dp-comm exchanges, (0, 1]")
 JsonOpt = typer.Option(False, "--json", help="print one JSON object instead of a table")
 StackOpt = typer.Option(
     None, "--stack",
@@ -125,4 +128,20 @@ def expert_fields(ep: int, etp: int | None, imbalance: float) -> dict:
         out["etp"] = etp
     if imbalance != 1.0:
         out["expert_imbalance"] = imbalance
+    return out
+
+
+def dp_comm_fields(dp_comm: str, density: float | None) -> dict:
+    """PlanSpec fields of --dp-comm / --density; names the valid methods for an unknown one."""
+    from echo_plan.errors import SpecError
+    from echo_plan.specs.plan import DpComm
+
+    valid = [m.value for m in DpComm]
+    if dp_comm not in valid:
+        raise SpecError("--dp-comm", dp_comm, f"one of {', '.join(valid)}")
+    out: dict = {"dp_comm": dp_comm}
+    if density is not None:
+        out["density"] = density
+    elif dp_comm != "dense":
+        raise SpecError("--density", None, f"--dp-comm {dp_comm} needs --density D in (0, 1]")
     return out

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
+    CacheDirOpt, DensityOpt, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
     write_atomic,
 )
 
@@ -35,7 +35,7 @@ ReportOpt = typer.Option(None, "--report", help="also write the HTML recommendat
 def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int], gbs: int, space: Optional[str],
             sampler: str, trials: Optional[int], seed: int, storage: Optional[str], study_name: Optional[str],
             workers: int, ray_address: Optional[str], tokens: Optional[float] = None, stack: Optional[str] = None,
-            memory_headroom: Optional[str] = None):
+            memory_headroom: Optional[str] = None, dp_comm: Optional[str] = None, density: Optional[float] = None):
     from echo_plan.commands.common import parse_headroom, resolve_specs, resolve_stack
     from echo_plan.errors import SpecError
     from echo_plan.search.space import default_space_path_for, load_space
@@ -56,7 +56,13 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
 
     check_storage(storage)
     m, c = resolve_specs(model, cluster, nodes, gpus)
-    return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=load_space(space if space is not None else default_space_path_for(m)), sampler=kind, seed=seed,
+    space_spec = load_space(space if space is not None else default_space_path_for(m))
+    if dp_comm is not None or density is not None:  # --dp-comm / --density fix those knobs
+        from echo_plan.commands.common import dp_comm_fields
+
+        fields = dp_comm_fields(dp_comm or "dense", density)
+        space_spec = space_spec.with_values({k: (v,) for k, v in fields.items()})
+    return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=space_spec, sampler=kind, seed=seed,
                         n_trials=trials, storage=storage, study_name=study_name, workers=workers,
                         ray_address=ray_address, tokens_budget=tokens, stack=resolve_stack(stack),
                         memory_headroom_bytes=parse_headroom(memory_headroom, c))
@@ -143,6 +149,9 @@ def register(app: typer.Typer) -> None:
         trials: Optional[int] = TrialsOpt, seed: int = SeedOpt, storage: Optional[str] = StorageOpt,
         study_name: Optional[str] = StudyOpt, workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt,
         cache_dir: Optional[str] = CacheDirOpt,
+        dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
+                                              "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
+        density: Optional[float] = DensityOpt,
         top: int = typer.Option(DEFAULT_TOP, "--top", help="plans to show"),
         as_json: bool = JsonOpt,
         csv: Optional[str] = typer.Option(None, "--csv", help="write the ranked plans to this CSV file"),
@@ -161,7 +170,8 @@ def register(app: typer.Typer) -> None:
         check_int("--top", top, 1, 1_000_000, "plans to show")
         check_outputs(csv, report, cache_dir)
         config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
-                         workers, ray_address, stack=stack, memory_headroom=memory_headroom)
+                         workers, ray_address, stack=stack, memory_headroom=memory_headroom, dp_comm=dp_comm,
+                         density=density)
         pruned = prune_for(config)
         if not pruned.valid and explain:
             for line in format_knob_stats(knob_stats(pruned, ())):
@@ -194,6 +204,9 @@ def register(app: typer.Typer) -> None:
                                    help="token budget to train (300B, 1.5T, 2e12; default 300B, GPT-3's)"),
         price: Optional[float] = typer.Option(None, "--price-per-gpu-hour", help="adds the cost of the token budget"),
         workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt, cache_dir: Optional[str] = CacheDirOpt,
+        dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
+                                              "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
+        density: Optional[float] = DensityOpt,
         as_json: bool = JsonOpt,
         csv: Optional[str] = typer.Option(None, "--csv", help="write the comparison to this CSV file"),
         progress: Optional[bool] = ProgressOpt, report: Optional[str] = ReportOpt,
@@ -207,7 +220,8 @@ def register(app: typer.Typer) -> None:
         check_outputs(csv, report, cache_dir)
         sizes = parse_gpu_list(gpus)
         base = _config(model, cluster, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
-                       ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom)
+                       ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom,
+                       dp_comm=dp_comm, density=density)
         try:
             outcome = run_compare(
                 base, sizes, lambda c: SimulatorFactory(base.model, c, cache_dir, base.stack, base.memory_headroom_bytes),

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    EpOpt, EtpOpt, ImbalanceOpt, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    DensityOpt, DpCommOpt, EpOpt, EtpOpt, ImbalanceOpt, dp_comm_fields, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
 )
 
 
@@ -36,6 +36,8 @@ def register(app: typer.Typer) -> None:
                                                     help="reduce gradients after the backward pass, not during it"),
         no_overlap_param_gather: bool = typer.Option(False, "--no-overlap-param-gather",
                                                      help="gather parameters after the optimizer, not during the forward"),
+        dp_comm: str = DpCommOpt,
+        density: Optional[float] = DensityOpt,
         ep: int = EpOpt,
         etp: Optional[int] = EtpOpt,
         expert_imbalance: float = ImbalanceOpt,
@@ -88,6 +90,7 @@ def register(app: typer.Typer) -> None:
             except ValueError:
                 raise SpecError("--layer-split", layer_split, "comma-separated layer counts, e.g. 13,12,12,11") from None
         fields.update(expert_fields(ep, etp, expert_imbalance))
+        fields.update(dp_comm_fields(dp_comm, density))
         plan = PlanSpec.build(fields, context="plan")
 
         from echo_plan.replay.interference import InterferenceModel, load_interference

@@ -14,7 +14,8 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
     label = (f"tp{plan['tp']} pp{plan['pp']} dp{plan['dp']} mbs{plan['micro_batch_size']} "
              f"gbs{plan['global_batch_size']} vpp{plan['virtual_stages']} {plan['schedule']} "
              f"recompute={plan['recompute']}{' sp' if plan['sequence_parallel'] else ''}"
-             f"{' dist-opt' if plan['distributed_optimizer'] else ''} {plan['dtype']}")
+             f"{' dist-opt' if plan['distributed_optimizer'] else ''} {plan['dtype']}"
+             + (f" {plan['dp_comm']}@{plan['density']:g}" if plan.get("dp_comm", "dense") != "dense" else ""))
     console.print(f"[bold]{result.model}[/bold] on [bold]{result.cluster}[/bold] ({result.num_gpus} GPUs): {label}"
                   + (f", stack {result.stack}" if result.stack else ""))
 
@@ -48,6 +49,19 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
         bd.add_row(name, f"{sec:.4f}", f"{sec / total * 100:.1f} %")
     bd.add_row("[bold]total[/bold]", f"{result.breakdown.total_s:.4f}", "100.0 %")
     console.print(bd)
+    ex = result.dp_exchange
+    if ex:
+        dx = Table(title=f"Sparse data-parallel exchange per step: {ex['method']} at density {ex['density']:g} "
+                         "(busiest pipeline rank; inside dp_comm_exposed)", title_justify="left")
+        dx.add_column("part")
+        dx.add_column("seconds", justify="right")
+        dx.add_column("moved", justify="right")
+        dx.add_row("selection (compute)", f"{ex['select_s']:.4f}", f"{ex['selected']:,} selected")
+        dx.add_row("index exchange", f"{ex['index_exchange_s']:.4f}", f"{ex['index_bytes'] / 2**20:,.1f} MiB")
+        dx.add_row("value exchange", f"{ex['value_exchange_s']:.4f}",
+                   f"{ex['value_bytes'] / 2**20:,.1f} MiB ({ex['exchanged_values']:,} values)")
+        dx.add_row("error feedback + combine", f"{ex['error_feedback_s']:.4f}", "")
+        console.print(dx)
 
     mem = Table(title="Memory per pipeline stage (GiB)", title_justify="left")
     for col in ("stage", "weights", "grads", "optimizer", "activations", "buffers", "total", "usable", "fits"):

@@ -57,7 +57,7 @@ def edp_group(plan: PlanSpec) -> CommGroup:
 
 
 def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, overlap: bool,
-                  group: CommGroup | None = None) -> tuple[DpBucket, ...]:
+                  group: CommGroup | None = None, op_time=None) -> tuple[DpBucket, ...]:
     """The DP buckets of one chunk of ``params`` parameters (of this rank), with their times;
     ``gb`` bytes per gradient element, ``overlap``: reduced during the backward pass. ``group``:
     the group that reduces them (default the data-parallel group; MoE experts: the expert one)."""
@@ -66,6 +66,11 @@ def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, ove
         return ()
     out = []
     expert = group.kind is GroupKind.EDP
+    if plan.dp_comm.sparse:  # the reference sparsifiers exchange the whole gradient after backward
+        from echo_plan.cost.dp_comm import exchange
+
+        ex = exchange(plan.dp_comm, params, group, plan.density, comm_time, op_time)
+        return (DpBucket(params, ex.total_s, TaskKind.ALL_GATHER, expert=expert, sparse=ex),)
     for n in bucket_sizes(params, group.size, overlap):
         if plan.distributed_optimizer:
             out.append(DpBucket(n, comm_time(CollectiveKind.REDUCE_SCATTER, n * gb, group), TaskKind.REDUCE_SCATTER,
@@ -88,3 +93,24 @@ def optimizer_op(params: int, plan: PlanSpec, expert_params: int = 0) -> OpRecor
         inputs=(), outputs=(), flops=12.0 * n, bytes_read=OPT_READ_BYTES_PER_PARAM * n,
         bytes_written=OPT_WRITE_BYTES_PER_PARAM * n, deps=(), module="optimizer",
     )
+
+
+def dp_exchange_summary(plan: PlanSpec, costs) -> dict | None:
+    """Per step, on the pipeline rank whose exchange takes longest: the sparse method's selection,
+    index exchange, value exchange and error-feedback seconds, and the bytes it moves."""
+    if not plan.dp_comm.sparse:
+        return None
+    best = None
+    for st in costs.stages:
+        parts = [b.sparse for bs in st.buckets for b in bs if b.sparse is not None]
+        total = sum(p.total_s for p in parts)
+        if parts and (best is None or total > best[0]):
+            best = (total, parts)
+    if best is None:
+        return None
+    parts = best[1]
+    return {"method": plan.dp_comm.value, "density": plan.density,
+            "select_s": sum(p.select_s for p in parts), "index_exchange_s": sum(p.index_s for p in parts),
+            "value_exchange_s": sum(p.value_s for p in parts), "error_feedback_s": sum(p.feedback_s for p in parts),
+            "index_bytes": sum(p.index_bytes for p in parts), "value_bytes": sum(p.value_bytes for p in parts),
+            "selected": sum(p.selected for p in parts), "exchanged_values": sum(p.union for p in parts)}

@@ -29,6 +29,8 @@ What becomes a task, and on which stream of the rank's device:
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass
 from enum import Enum
 
@@ -70,6 +72,7 @@ class DpBucket:
     reduce_kind: TaskKind
     gather_s: float = 0.0  # parameter all-gather (distributed optimizer), else 0
     expert: bool = False  # routed-expert parameters, reduced over the expert data-parallel group
+    sparse: Any = None  # cost.dp_comm.Exchange of a sparse method (reduce_s is its total), else None
 
 
 @dataclass(frozen=True, slots=True)

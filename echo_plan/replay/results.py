@@ -115,6 +115,7 @@ class StepResult:
     step_time_range_s: tuple[float, float] | None = None  # (low, high) at range_coverage, from validation residuals
     range_coverage: float | None = None  # nominal share of measured runs inside the range
     range_basis: str = ""  # where the range comes from (or why it is a judgement)
+    dp_exchange: dict[str, Any] | None = None  # a sparse dp_comm's parts per step (simulate.dp_exchange_summary)
 
     @property
     def tokens_per_s_range(self) -> tuple[float, float] | None:
@@ -164,4 +165,5 @@ class StepResult:
             "tokens_per_s_range": list(self.tokens_per_s_range) if self.tokens_per_s_range else None,
             "range_coverage": self.range_coverage,
             "range_basis": self.range_basis,
+            "dp_exchange": self.dp_exchange,
         }

@@ -92,6 +92,8 @@ def short_label(plan: dict[str, Any]) -> str:
         parts.append(f"ep{ep}" + (f" etp{etp}" if etp is not None and int(etp) != tp else ""))
     if float(plan.get("expert_imbalance") or 1.0) > 1.0:
         parts.append(f"imb{float(plan['expert_imbalance']):g}")
+    if plan.get("dp_comm") not in (None, "dense"):
+        parts.append(f"{plan['dp_comm']}@{float(plan.get('density', 1.0)):g}")
     if plan.get("sequence_parallel"):
         parts.append("sp")
     if plan.get("distributed_optimizer"):

@@ -140,6 +140,8 @@ class Pruner:
         if not self.model.is_moe:  # expert knobs mean nothing for a dense model
             for k in ("ep", "etp"):
                 fields.pop(k, None)
+        if fields.get("dp_comm", "dense") == "dense":
+            fields["density"] = 1.0  # a dense exchange has no density
         if vpp == 1 and pp > 1 and self.model.num_layers % pp and pp <= self.model.num_layers:
             fields["layer_split"] = balanced_split(self.model.num_layers, pp)  # e.g. DeepSeek-V3's 61 layers
         try:

@@ -59,6 +59,7 @@ def step_result_from_json(d: dict[str, Any]) -> StepResult:
             step_time_range_s=(float(rng[0]), float(rng[1])) if rng else None,
             range_coverage=None if d.get("range_coverage") is None else float(d["range_coverage"]),
             range_basis=str(d.get("range_basis") or ""),
+            dp_exchange=dict(d["dp_exchange"]) if isinstance(d.get("dp_exchange"), dict) else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise FileFormatError("step result", f"not a StepResult document ({type(exc).__name__}: {exc})") from None

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 from echo_plan.errors import FileFormatError, SpecError
 from echo_plan.limits import MAX_GLOBAL_BATCH, MAX_SPACE_CANDIDATES
 from echo_plan.specs.cluster import DType
-from echo_plan.specs.plan import Recompute, Schedule
+from echo_plan.specs.plan import DpComm, Recompute, Schedule
 from echo_plan.specs.loaders import read_mapping
 
 
@@ -38,6 +38,8 @@ class Knob(str, Enum):
     OVERLAP_PARAM_GATHER = "overlap_param_gather"
     EP = "ep"  # expert parallel (MoE models; dense models ignore it)
     ETP = "etp"  # expert tensor parallel (MoE models; dense models ignore it)
+    DP_COMM = "dp_comm"  # data-parallel gradient exchange (dense or a sparsifier)
+    DENSITY = "density"  # a sparse dp_comm's density (dense exchanges ignore it)
 
 
 class Constraint(str, Enum):
@@ -48,7 +50,8 @@ INT_KNOBS = (Knob.TP, Knob.PP, Knob.MICRO_BATCH_SIZE, Knob.VIRTUAL_STAGES, Knob.
 EXPERT_KNOBS = (Knob.EP, Knob.ETP)
 BOOL_KNOBS = (Knob.SEQUENCE_PARALLEL, Knob.DISTRIBUTED_OPTIMIZER, Knob.OVERLAP_GRAD_REDUCE,
               Knob.OVERLAP_PARAM_GATHER)
-ENUM_KNOBS: dict[Knob, type[Enum]] = {Knob.SCHEDULE: Schedule, Knob.RECOMPUTE: Recompute}
+ENUM_KNOBS: dict[Knob, type[Enum]] = {Knob.SCHEDULE: Schedule, Knob.RECOMPUTE: Recompute, Knob.DP_COMM: DpComm}
+FLOAT_KNOBS = (Knob.DENSITY,)
 
 # What a knob is when a space says nothing about it (PlanSpec's defaults, Megatron-LM's usual).
 KNOB_DEFAULTS: dict[Knob, Any] = {
@@ -56,6 +59,7 @@ KNOB_DEFAULTS: dict[Knob, Any] = {
     Knob.SCHEDULE: Schedule.ONE_F_ONE_B.value, Knob.RECOMPUTE: Recompute.NONE.value,
     Knob.SEQUENCE_PARALLEL: False, Knob.DISTRIBUTED_OPTIMIZER: False,
     Knob.OVERLAP_GRAD_REDUCE: True, Knob.OVERLAP_PARAM_GATHER: True, Knob.EP: 1, Knob.ETP: 1,
+    Knob.DP_COMM: DpComm.DENSE.value, Knob.DENSITY: 1.0,
 }
 # Settings that may only be fixed (one value for the whole search).
 FIXED_ONLY = {"dtype"}
@@ -102,6 +106,16 @@ class SearchSpace:
         names = [k.value for k, _ in self.knobs]
         for vals in itertools.product(*(v for _, v in self.knobs)):
             yield dict(zip(names, vals))
+
+    def with_values(self, overrides: dict[str, tuple[Any, ...]]) -> "SearchSpace":
+        """This space with some knobs' values replaced (validated as a space file's would be)."""
+        knobs = []
+        for k, vals in self.knobs:
+            if k.value in overrides:
+                vals = tuple(_knob_value(k, v, f"knobs.{k.value}", "command line") for v in overrides[k.value])
+            knobs.append((k, vals))
+        _check_size(tuple(knobs), "command line")
+        return SearchSpace(self.name, tuple(knobs), self.fixed, self.tp_within_node, self.description, self.source)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -246,6 +260,10 @@ def _knob_value(knob: Knob, raw: Any, field: str, where: str) -> Any:
         if not isinstance(raw, bool):
             raise SpecError(field, raw, "true or false", where)
         return raw
+    if knob in FLOAT_KNOBS:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0.0 < float(raw) <= 1.0:
+            raise SpecError(field, raw, "numbers in (0, 1] (e.g. [0.001, 0.01, 0.1])", where)
+        return float(raw)
     enum = ENUM_KNOBS[knob]
     try:
         return enum(str(raw).lower()).value

@@ -25,6 +25,20 @@ class Schedule(str, Enum):
     INTERLEAVED = "interleaved"
 
 
+class DpComm(str, Enum):
+    """How data-parallel gradients are exchanged (``cost/dp_comm.py``; docs/sparsification.md)."""
+
+    DENSE = "dense"  # all-reduce (or reduce-scatter with the distributed optimizer)
+    TOPK = "topk"  # local Top-k, all-gather of indices, union, all-reduce of the union's values
+    CLTK = "cltk"  # cyclic local Top-k: a rotating leader's indices broadcast, values all-reduced
+    HARD_THRESHOLD = "hard-threshold"  # one threshold pass over the whole gradient, no density control
+    EXDYNA = "exdyna"  # threshold selection inside each worker's own partition (Yoon and Oh 2024)
+
+    @property
+    def sparse(self) -> bool:
+        return self is not DpComm.DENSE
+
+
 class PlanSpec(Spec):
     tp: int = Field(default=1, gt=0, le=L.MAX_GPUS, description="tensor-parallel degree")
     pp: int = Field(default=1, gt=0, le=L.MAX_GPUS, description="pipeline-parallel degree")
@@ -48,6 +62,9 @@ class PlanSpec(Spec):
                             description="expert tensor-parallel degree; None: tp (Megatron-Core's default)")
     expert_imbalance: float = Field(default=1.0, ge=1.0, le=1024.0,
                                     description="tokens of the busiest expert over the balanced mean")
+    dp_comm: DpComm = DpComm.DENSE
+    density: float = Field(default=1.0, gt=0.0, le=1.0,
+                           description="share of gradient elements a sparse dp_comm exchanges, in (0, 1]")
 
     @model_validator(mode="after")
     def _rules(self) -> "PlanSpec":
@@ -72,6 +89,12 @@ class PlanSpec(Spec):
             )
         if self.etp is None:
             object.__setattr__(self, "etp", self.tp)
+        if self.dp_comm is DpComm.DENSE and self.density != 1.0:
+            raise ValueError(f"density {self.density} needs a sparse dp_comm (topk, cltk, hard-threshold or exdyna)")
+        if self.dp_comm.sparse and self.distributed_optimizer:
+            raise ValueError(f"dp_comm {self.dp_comm.value} exchanges sparse whole-gradient values, which the "
+                             "distributed optimizer's reduce-scatter into dense shards cannot take: use dp_comm "
+                             "dense with the distributed optimizer, or no distributed optimizer")
         if (self.tp * self.dp) % (self.ep * self.expert_tp):
             raise ValueError(
                 f"ep x etp = {self.ep} x {self.expert_tp} must divide tp x dp = {self.tp} x {self.dp} (the GPUs of "
@@ -121,6 +144,8 @@ class PlanSpec(Spec):
             parts.append(f"ep{self.ep}" + (f" etp{self.expert_tp}" if self.expert_tp != self.tp else ""))
         if self.expert_imbalance > 1.0:
             parts.append(f"imb{self.expert_imbalance:g}")
+        if self.dp_comm.sparse:
+            parts.append(f"{self.dp_comm.value}@{self.density:g}")
         if self.sequence_parallel:
             parts.append("sp")
         if self.distributed_optimizer:

@@ -1,0 +1,94 @@
+"""``echo-plan sparsify``: where gradient sparsification pays for one plan (break-even densities)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from echo_plan.commands.common import (
+    CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("sparsify")
+    def sparsify_cmd(
+        model: str = ModelOpt,
+        cluster: str = ClusterOpt,
+        nodes: Optional[int] = NodesOpt,
+        gpus: Optional[int] = GpusOpt,
+        stack: Optional[str] = StackOpt,
+        tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
+        pp: int = typer.Option(1, "--pp", help="pipeline-parallel degree"),
+        dp: Optional[int] = typer.Option(None, "--dp", help="data-parallel degree (default: GPUs / (tp x pp))"),
+        mbs: int = typer.Option(1, "--mbs", help="micro-batch size"),
+        gbs: Optional[int] = typer.Option(None, "--gbs", help="global batch size (default: mbs x dp)"),
+        vpp: int = typer.Option(1, "--vpp", help="virtual pipeline stages per rank"),
+        recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
+        sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron-LM sequence parallelism"),
+        densities: str = typer.Option("0.001,0.003,0.01,0.03,0.1,0.3,1", "--densities",
+                                      help="densities to tabulate, comma-separated, each in (0, 1]"),
+        as_json: bool = JsonOpt,
+        report: Optional[str] = typer.Option(None, "--report", help="also write an HTML report with the chart"),
+        cache_dir: Optional[str] = CacheDirOpt,
+    ) -> None:
+        """Break-even density of each sparse data-parallel exchange against the dense reduction, for one plan."""
+        from echo_plan.commands.common import check_cache_dir, check_tp_pp, data_parallel, resolve_specs, resolve_stack
+        from echo_plan.errors import SpecError
+        from echo_plan.output_paths import check_output_file
+        from echo_plan.search.sparsify import SparsifyOutcome, analyse
+        from echo_plan.simulate import SimulationMemo, simulate
+        from echo_plan.specs import PlanSpec
+        from echo_plan.trace.cache import TraceCache
+
+        check_output_file(report, "--report", (".html", ".htm"))
+        check_cache_dir(cache_dir)
+        check_tp_pp(tp, pp)
+        try:
+            grid = tuple(float(x) for x in densities.split(",") if x.strip())
+        except ValueError:
+            raise SpecError("--densities", densities, "comma-separated numbers in (0, 1], e.g. 0.001,0.01,0.1") from None
+        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
+        stack_spec = resolve_stack(stack)
+        dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp)
+        plan = PlanSpec.build(dict(tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs or mbs * dp,
+                                   virtual_stages=vpp, recompute=recompute, sequence_parallel=sequence_parallel),
+                              context="plan")
+        memo, cache = SimulationMemo(), TraceCache(cache_dir)
+
+        def step(p):
+            return simulate(model_spec, cluster_spec, p, stack=stack_spec, cache=cache, memo=memo)
+
+        def progress(i, n, name):
+            if not as_json:
+                typer.echo(f"  [{i + 1}/{n}] {name} ...", err=True)
+
+        dense, curves = analyse(plan, step, grid, progress=progress)
+        outcome = SparsifyOutcome(model_spec.name, cluster_spec.name, cluster_spec.num_gpus,
+                                  dense.plan, dense.step_time_s, plan.dp, curves)
+        if report:
+            from echo_plan.report.sparsify_page import write_sparsify_report
+
+            write_sparsify_report(outcome, report, model_spec, cluster_spec)
+        if as_json:
+            print_json(outcome.as_json())
+            return
+        _print(outcome)
+        if report:
+            typer.echo(f"report written: {report}")
+
+
+def _print(o) -> None:
+    from echo_plan.report.plans import short_label
+
+    typer.echo(f"{o.model} on {o.cluster} ({o.num_gpus} GPUs), {short_label(o.plan)}: dense step "
+               f"{o.dense_step_time_s:.4f} s (data-parallel group of {o.dp})")
+    grid = [d for d, _, _ in o.curves[0].points] if o.curves else []
+    head = f"  {'method':<16}{'break-even':>12}" + "".join(f"{f'd={d:g}':>11}" for d in grid)
+    typer.echo(head)
+    for c in o.curves:
+        be = "never" if c.break_even_density is None else f"{c.break_even_density:.3g}"
+        typer.echo(f"  {c.method.value:<16}{be:>12}" + "".join(f"{t:>11.4f}" for _, t, _ in c.points))
+    typer.echo("  (step seconds per density; break-even: the largest density whose step is no slower than dense)")
+    typer.echo("note: convergence is not modelled: a sparsifier changes the number of steps to a given loss")
