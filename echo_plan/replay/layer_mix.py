@@ -70,7 +70,7 @@ def all_to_all_note(model: ModelSpec, plan: PlanSpec, traces, comm_time, gpus_pe
         most = max(stage_kind_counts(model, plan, s).get(kind, 0) for s in range(plan.pp))
         step_s = layer_s * most * plan.num_microbatches
         mb = sum(op.collective.nbytes for op in ops) / 2**20
-        where = (f"inside one server over NVLink" if nodes == 1 else
+        where = ("inside one server over NVLink" if nodes == 1 else
                  f"across {nodes} servers ({per_node - 1} of {group.size - 1} peers over NVLink, "
                  f"{group.size - per_node} over the network)")
         return (f"MoE all-to-all: ep {group.size} group {where}; {len(ops)} exchanges of {mb:,.0f} MiB in all per "

@@ -103,7 +103,6 @@ class RowSimulator:
     def predict(self, row: TrainingRow, compute: Any = None) -> RowPrediction:
         """One row; ``compute`` replaces the cluster's compute model (calibration fits use it)."""
         from echo_plan.simulate import simulate
-        from echo_plan.specs import PlanSpec
 
         if row.not_modelled:
             return RowPrediction(row, None, problem=f"not modelled yet: {row.not_modelled}")
