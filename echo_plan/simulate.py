@@ -136,12 +136,14 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
              compute: "ComputeModel | None" = None, comm: "CollectiveModel | None" = None,
              interference: "InterferenceModel | None" = None, timeline: bool = False,
              memo: SimulationMemo | None = None, work_scale: tuple[float, ...] | None = None,
-             memory_headroom_bytes: int | None = None) -> StepResult:
+             memory_headroom_bytes: int | None = None, faults: tuple = (), failure_model=None) -> StepResult:
     """Predict one training step of ``plan`` run with ``stack`` (default: the megatron-core preset).
     A plan fits when every GPU keeps ``memory_headroom_bytes`` free (default: memory.yaml's share).
     ``interference=None`` uses the default factors (data file); pass ``InterferenceModel.none()`` to
     switch interference off. ``work_scale`` (one factor per pipeline stage, > 0) slows that stage's
-    GPUs for a what-if. Raises SpecError for a bad plan, or one the stack cannot run."""
+    GPUs for a what-if; ``faults`` (resilience/faults.py) slow the stages that hold the GPUs and links
+    they hit, and the result carries the healthy step beside it. Raises SpecError for a bad plan, or
+    one the stack cannot run."""
     from echo_plan.cost.memory import stage_memory
     from echo_plan.errors import SpecError
     from echo_plan.replay.no_gc import paused_gc
@@ -170,7 +172,14 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     def comm_time(kind: CollectiveKind, nbytes: int, group: CommGroup) -> float:
         return memo.comm_time(comm, cluster_key, cluster, kind, nbytes, group)
 
-    base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, memo.schedule, stack)
+    stage_timing = stage_comm = effects = None
+    if faults:
+        from echo_plan.resilience.apply import fault_hooks
+
+        effects, work_scale, stage_timing, stage_comm = fault_hooks(
+            faults, model, cluster, plan, traces, timing, work_scale, memo, compute, comm, interference)
+    base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, memo.schedule, stack,
+                      stage_timing, stage_comm)
 
     def replay_at(m: int) -> StepReplay:  # the stage costs do not depend on the micro-batch count
         costs = base if m == plan.num_microbatches else replace(
@@ -208,6 +217,15 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                      f"{worst.headroom_bytes / 2**30:.1f} GiB headroom; over by {worst.overflow_bytes / 2**30:.1f} GiB)")
     rng = memo.prediction_range(cluster, cluster_key, stack)
     exchange = dp_exchange_summary(plan, base)
+    fault_report = None
+    if effects is not None:
+        from echo_plan.resilience.apply import fault_summary
+
+        healthy = simulate(model, cluster, plan, stack=stack, cache=cache, compute=compute, comm=comm,
+                           interference=interference, memo=memo, memory_headroom_bytes=memory_headroom_bytes)
+        fault_report = fault_summary(faults, effects, base, step_s, healthy, plan)
+        notes.append(f"faults: step {step_s:.3f} s against {healthy.step_time_s:.3f} s healthy "
+                     f"(+{step_s / healthy.step_time_s - 1:.1%})")
     if exchange is not None:
         notes.append(f"{plan.dp_comm.value} at density {plan.density:g}: the sparse exchange runs after the "
                      "backward pass (as the reference sparsifiers do); convergence per step is not modelled")
@@ -217,8 +235,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         hardware_tflops_per_gpu=thr.hardware_tflops_per_gpu, mfu=thr.mfu, memory=tuple(memory),
         breakdown=breakdown, timeline=events, notes=tuple(notes), stack=stack.name,
         step_time_range_s=rng.apply(step_s), range_coverage=rng.coverage, range_basis=rng.basis,
-        dp_exchange=exchange,
-    )
+        dp_exchange=exchange, faults=fault_report,
+    ).with_goodput(plan, failure_model)
 
 
 
@@ -252,7 +270,7 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
 
 def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: dict, compute: "ComputeModel",
                comm_time, work_scale: tuple[float, ...] | None = None, schedules=build_schedule,
-               stack: SoftwareSpec | None = None) -> StepCosts:
+               stack: SoftwareSpec | None = None, stage_timing=None, stage_comm=None) -> StepCosts:
     """What level 2 replays for ``plan`` run with ``stack``: the schedule's action lists and, per
     pipeline rank, the cost of each chunk's forward and backward (from the level-1 ``timing`` of
     block, embedding and output), its DP buckets and its optimizer; ``comm_time(kind, nbytes,
@@ -276,12 +294,14 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     layers_of = [split[vs % pp] // v for vs in range(nvs)]
     first_layer = [sum(layers_of[:vs]) for vs in range(nvs)]
     _, emb_params, out_params = _params(model, plan)
-    blk, emb, out = timing["block"], timing["embedding"], timing["output"]
-    by_kind = timing.get("blocks") or {DENSE: blk}
     edp = edp_group(plan)
 
     stages = []
-    for r in range(pp):
+    for r in range(pp):  # a fault (resilience/) may give a stage its own level-1 timings and collectives
+        t_r = stage_timing(r) if stage_timing is not None else timing
+        ct = stage_comm(r) if stage_comm is not None else comm_time
+        blk, emb, out = t_r["block"], t_r["embedding"], t_r["output"]
+        by_kind = t_r.get("blocks") or {DENSE: blk}
         fwd, bwd, labels, buckets = [], [], [], []
         rank_params = rank_experts = 0
         for c in range(v):
@@ -316,14 +336,19 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
             fwd.append(_phase(f_parts))
             bwd.append(_phase(b_parts))
             labels.append(label)
-            buckets.append(chunk_buckets(params, plan, comm_time, gbytes, overlap_grad, op_time=op_time)
-                           + chunk_buckets(experts, plan, comm_time, gbytes, overlap_grad, group=edp, op_time=op_time))
+            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, op_time=op_time)
+                           + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, group=edp, op_time=op_time))
             rank_params += params
             rank_experts += experts
         opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.dtype)
         stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt))
 
+    p2p_by_stage = None
+    if stage_comm is not None and nvs > 1:  # a transfer is as slow as the slower end's link
+        own = [_p2p_time(model, plan, stage_comm(r)) for r in range(pp)]
+        p2p_by_stage = tuple(max(own[max(0, r - 1):r + 2]) for r in range(pp))
     return StepCosts(
+        p2p_by_stage=p2p_by_stage,
         schedule=sched, stages=tuple(stages), p2p_s=_p2p_time(model, plan, comm_time) if nvs > 1 else 0.0,
         p2p_recv_s=_p2p_gather_time(model, plan, comm_time) if nvs > 1 else 0.0,
         tied_allreduce_s=_tied_time(model, plan, comm_time, gbytes), overlap_grad_reduce=overlap_grad,

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, DensityOpt, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
+    CacheDirOpt, CkptBwOpt, DensityOpt, DetectOpt, FailRateOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
     write_atomic,
 )
 
@@ -207,6 +207,8 @@ def register(app: typer.Typer) -> None:
         dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
                                               "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
         density: Optional[float] = DensityOpt,
+        failures_per_gpu_day: Optional[float] = FailRateOpt, checkpoint_gbps_per_gpu: Optional[float] = CkptBwOpt,
+        restart_min: Optional[float] = RestartOpt, detect_min: Optional[float] = DetectOpt,
         as_json: bool = JsonOpt,
         csv: Optional[str] = typer.Option(None, "--csv", help="write the comparison to this CSV file"),
         progress: Optional[bool] = ProgressOpt, report: Optional[str] = ReportOpt,
@@ -226,7 +228,8 @@ def register(app: typer.Typer) -> None:
             outcome = run_compare(
                 base, sizes, lambda c: SimulatorFactory(base.model, c, cache_dir, base.stack, base.memory_headroom_bytes),
                 price,
-                progress_for=lambda g: _progress(progress, f"search {g} GPUs"))
+                progress_for=lambda g: _progress(progress, f"search {g} GPUs"),
+                failure_model=failure_model(failures_per_gpu_day, checkpoint_gbps_per_gpu, restart_min, detect_min))
         except KeyboardInterrupt:
             typer.echo("interrupted: finished trials are stored; run the same command again to resume", err=True)
             raise typer.Exit(130) from None

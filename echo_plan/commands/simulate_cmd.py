@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    DensityOpt, DpCommOpt, EpOpt, EtpOpt, ImbalanceOpt, dp_comm_fields, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    CkptBwOpt, DetectOpt, FailRateOpt, RestartOpt, failure_model, DensityOpt, DpCommOpt, EpOpt, EtpOpt, ImbalanceOpt, dp_comm_fields, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
 )
 
 
@@ -36,6 +36,14 @@ def register(app: typer.Typer) -> None:
                                                     help="reduce gradients after the backward pass, not during it"),
         no_overlap_param_gather: bool = typer.Option(False, "--no-overlap-param-gather",
                                                      help="gather parameters after the optimizer, not during the forward"),
+        fault: Optional[list[str]] = typer.Option(
+            None, "--fault", help="a fault, repeatable: straggler:rank=R,compute=F | link:node=N,nic=I,bw=F | "
+                                  "nvlink:node=N,bw=F | node:node=N,compute=F"),
+        fault_file: Optional[str] = typer.Option(None, "--fault-file", help="YAML list of faults (kind + keys)"),
+        failures_per_gpu_day: Optional[float] = FailRateOpt,
+        checkpoint_gbps_per_gpu: Optional[float] = CkptBwOpt,
+        restart_min: Optional[float] = RestartOpt,
+        detect_min: Optional[float] = DetectOpt,
         dp_comm: str = DpCommOpt,
         density: Optional[float] = DensityOpt,
         ep: int = EpOpt,
@@ -105,7 +113,12 @@ def register(app: typer.Typer) -> None:
 
             comm = MscclCollectiveModel(collective_model_for(cluster_spec),
                                         parse_algorithm_options(collective_algorithm))
-        result = simulate(model_spec, cluster_spec, plan, stack=stack_spec, cache=TraceCache(cache_dir),
+        from echo_plan.resilience.files import read_faults
+
+        faults = read_faults(fault or (), fault_file)
+        fm = failure_model(failures_per_gpu_day, checkpoint_gbps_per_gpu, restart_min, detect_min)
+        result = simulate(model_spec, cluster_spec, plan, stack=stack_spec, cache=TraceCache(cache_dir), faults=faults,
+                          failure_model=fm,
                           interference=interference, timeline=trace is not None, comm=comm,
                           memory_headroom_bytes=headroom)
         if trace is not None:

@@ -26,6 +26,11 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
                  (f"   ({cov}{rng[0]:.3f} - {rng[1]:.3f} s)" if rng else ""))
     head.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s" +
                  (f"   ({trng[0]:,.0f} - {trng[1]:,.0f})" if trng else ""))
+    if result.goodput:
+        g = result.goodput
+        head.add_row("goodput under failures", f"{g['goodput_tokens_per_s']:,.0f} tokens/s   (effective training "
+                     f"time {g['effective_training_time_ratio']:.1%}; job MTBF {g['mtbf_min'] / 60:.1f} h, checkpoint "
+                     f"every {g['checkpoint_interval_min']:.0f} min)")
     head.add_row("model TFLOP/s per GPU", f"{result.model_tflops_per_gpu:.1f}")
     head.add_row("hardware TFLOP/s per GPU", f"{result.hardware_tflops_per_gpu:.1f}")
     head.add_row("MFU", f"{result.mfu * 100:.1f} %")
@@ -62,6 +67,20 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
                    f"{ex['value_bytes'] / 2**20:,.1f} MiB ({ex['exchanged_values']:,} values)")
         dx.add_row("error feedback + combine", f"{ex['error_feedback_s']:.4f}", "")
         console.print(dx)
+
+    fl = result.faults
+    if fl:
+        ft = Table(title=f"Faults: {result.step_time_s:.4f} s against {fl['healthy_step_time_s']:.4f} s healthy "
+                         f"({fl['slowdown']:+.1%}); who waits", title_justify="left")
+        for col in ("stage", "faults on it", "compute x", "network bw", "NVLink bw", "busy s", "waiting s"):
+            ft.add_column(col, justify="right" if col != "faults on it" else "left")
+        for st in fl["stages"]:
+            ft.add_row(str(st["stage"]), ", ".join(st["causes"]) or "-", f"{st['compute_scale']:g}",
+                       f"{st['network_bw']:g}", f"{st['nvlink_bw']:g}", f"{st['busy_s']:.3f}", f"{st['wait_s']:.3f}")
+        console.print(ft)
+        for f in fl["applied"]:
+            if f["note"]:
+                console.print(f"note: fault {f['kind']} {f['note']}")
 
     mem = Table(title="Memory per pipeline stage (GiB)", title_justify="left")
     for col in ("stage", "weights", "grads", "optimizer", "activations", "buffers", "total", "usable", "fits"):

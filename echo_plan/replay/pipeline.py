@@ -97,6 +97,7 @@ class StepCosts:
     sync_p2p: bool = True
     work_scale: tuple[float, ...] | None = None  # per pipeline rank compute multiplier (what-if)
     p2p_recv_s: float = 0.0  # on the receiving stage: the TP all-gather of what arrived (no SP), before use
+    p2p_by_stage: tuple[float, ...] | None = None  # per sending rank, when faults make transfers differ
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,8 +238,8 @@ def build_tasks(costs: StepCosts) -> StepTasks:
     def gather_task(r: int, c: int, b_i: int, b: DpBucket, deps: tuple[int, ...] = ()) -> int:
         return dp_task(r, b.gather_s, TaskKind.ALL_GATHER, deps, f"DP param all-gather chunk{c} bucket {b_i}")
 
-    p2p_s = costs.p2p_s
     for r in range(pp):
+        p2p_s = costs.p2p_by_stage[r] if costs.p2p_by_stage else costs.p2p_s
         st = costs.stages[r]
         scale = costs.work_scale[r] if costs.work_scale else 1.0
         acts = sched.actions[r]

@@ -116,6 +116,20 @@ class StepResult:
     range_coverage: float | None = None  # nominal share of measured runs inside the range
     range_basis: str = ""  # where the range comes from (or why it is a judgement)
     dp_exchange: dict[str, Any] | None = None  # a sparse dp_comm's parts per step (simulate.dp_exchange_summary)
+    faults: dict[str, Any] | None = None  # faults applied, the healthy step and waits (resilience/apply.py)
+    goodput: dict[str, Any] | None = None  # under failures: ETTR and goodput (resilience/goodput.py)
+
+    def with_goodput(self, plan: Any, failure_model: Any = None) -> "StepResult":
+        """This result with its goodput under ``failure_model`` (default: resilience/goodput.py's)."""
+        from dataclasses import replace
+
+        from echo_plan.resilience.goodput import goodput
+
+        return replace(self, goodput=goodput(self, plan, failure_model).as_json())
+
+    @property
+    def goodput_tokens_per_s(self) -> float | None:
+        return None if self.goodput is None else self.goodput["goodput_tokens_per_s"]
 
     @property
     def tokens_per_s_range(self) -> tuple[float, float] | None:
@@ -166,4 +180,9 @@ class StepResult:
             "range_coverage": self.range_coverage,
             "range_basis": self.range_basis,
             "dp_exchange": self.dp_exchange,
+            "goodput_tokens_per_s": self.goodput_tokens_per_s,
+            "effective_training_time_ratio": None if self.goodput is None else self.goodput["effective_training_time_ratio"],
+            "goodput": self.goodput,
+            **({"healthy_step_time_s": self.faults["healthy_step_time_s"], "faults": self.faults["applied"],
+                "fault_waits": self.faults["stages"]} if self.faults else {}),
         }

@@ -69,7 +69,8 @@ def empty_outcome(config: SearchConfig, why: str, candidates_total: int = 0,
 
 def run_compare(base: SearchConfig, sizes: list[int], factory_for: Callable[[ClusterSpec], EvaluatorFactory],
                 price_per_gpu_hour: float | None = None,
-                progress_for: Callable[[int], ProgressSink | None] | None = None) -> CompareOutcome:
+                progress_for: Callable[[int], ProgressSink | None] | None = None,
+                failure_model=None) -> CompareOutcome:
     """One search per cluster size (``base`` with the cluster resized), then the comparison."""
     if price_per_gpu_hour is not None and not 0 < price_per_gpu_hour <= MAX_PRICE_PER_GPU_HOUR:
         raise EchoPlanError(f"--price-per-gpu-hour {price_per_gpu_hour!r} must be positive and at most "
@@ -79,7 +80,7 @@ def run_compare(base: SearchConfig, sizes: list[int], factory_for: Callable[[Clu
     with _ray_for(base):  # one Ray for every size, not one start and stop per size
         for gpus in sizes:
             outcomes.append((gpus, _search_size(base, gpus, factory_for, progress_for)))
-    return build_compare(base, outcomes, price_per_gpu_hour, time.perf_counter() - t0)
+    return build_compare(base, outcomes, price_per_gpu_hour, time.perf_counter() - t0, failure_model)
 
 
 def _ray_for(base: SearchConfig) -> ContextManager[None]:
@@ -104,7 +105,7 @@ def _search_size(base: SearchConfig, gpus: int, factory_for: Callable[[ClusterSp
 
 
 def build_compare(base: SearchConfig, outcomes: list[tuple[int, SearchOutcome]], price: float | None,
-                  wall_s: float) -> CompareOutcome:
+                  wall_s: float, failure_model=None) -> CompareOutcome:
     """Scaling efficiency (tokens/s per GPU against the smallest size with a plan), time, GPU-hours, cost."""
     ref = next(((g, o.best) for g, o in outcomes if o.best is not None), None)
     notes: list[str] = []
@@ -121,7 +122,36 @@ def build_compare(base: SearchConfig, outcomes: list[tuple[int, SearchOutcome]],
                 train = base.tokens_budget / best.tokens_per_s
                 hours = train / 3600.0 * gpus
                 cost = hours * price if price is not None else None
-        rows.append(CompareRow(gpus, o, eff, train, hours, cost))
+        good = ettr = train_f = None
+        if best is not None:
+            from echo_plan.resilience.goodput import goodput
+            from echo_plan.specs.plan import PlanSpec
+
+            g = goodput(best, PlanSpec.build(best.plan), failure_model)
+            good, ettr = g.goodput_tokens_per_s, g.ettr
+            if base.tokens_budget is not None and good > 0:
+                train_f = base.tokens_budget / good
+        rows.append(CompareRow(gpus, o, eff, train, hours, cost, good, ettr, train_f))
+    notes += goodput_notes(rows)
     return CompareOutcome(model=base.model.model_dump(mode="json"), cluster=base.cluster.model_dump(mode="json"),
                           rows=tuple(rows), tokens_budget=base.tokens_budget, price_per_gpu_hour=price,
                           wall_s=wall_s, notes=tuple(notes))
+
+
+def goodput_notes(rows: list[CompareRow]) -> list[str]:
+    """Where adding GPUs stops paying once failures are counted (goodput: throughput x ETTR)."""
+    sized = [(r.num_gpus, r.goodput_tokens_per_s, r.ettr) for r in rows if r.goodput_tokens_per_s]
+    if len(sized) < 2:
+        return []
+    best = max(sized, key=lambda x: x[1])
+    out = [f"with failures counted (goodput = throughput x effective training time ratio, resilience/goodput.py), "
+           f"ETTR falls from {sized[0][2]:.1%} on {sized[0][0]} GPUs to {sized[-1][2]:.1%} on {sized[-1][0]}"]
+    if best[0] != sized[-1][0]:
+        out.append(f"adding GPUs stops paying at {best[0]} GPUs: beyond it goodput falls "
+                   f"({best[1]:,.0f} tokens/s there, {sized[-1][1]:,.0f} on {sized[-1][0]})")
+    else:
+        a, b = sized[-2], sized[-1]
+        gain = b[1] / a[1] - 1
+        out.append(f"goodput still grows at the largest size: +{gain:.1%} for {b[0] / a[0]:.2g}x the GPUs "
+                   f"({a[0]} -> {b[0]}), i.e. {gain / (b[0] / a[0] - 1):.0%} of linear")
+    return out

@@ -60,6 +60,9 @@ def step_result_from_json(d: dict[str, Any]) -> StepResult:
             range_coverage=None if d.get("range_coverage") is None else float(d["range_coverage"]),
             range_basis=str(d.get("range_basis") or ""),
             dp_exchange=dict(d["dp_exchange"]) if isinstance(d.get("dp_exchange"), dict) else None,
+            goodput=dict(d["goodput"]) if isinstance(d.get("goodput"), dict) else None,
+            faults=({"healthy_step_time_s": float(d["healthy_step_time_s"]), "applied": list(d["faults"]),
+                     "stages": list(d.get("fault_waits") or [])} if d.get("faults") else None),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise FileFormatError("step result", f"not a StepResult document ({type(exc).__name__}: {exc})") from None
@@ -130,7 +133,9 @@ def compare_to_json(c: CompareOutcome) -> dict[str, Any]:
         "notes": list(c.notes),
         "rows": [
             {"num_gpus": r.num_gpus, "scaling_efficiency": r.scaling_efficiency, "train_time_s": r.train_time_s,
-             "gpu_hours": r.gpu_hours, "cost": r.cost, "outcome": outcome_to_json(r.outcome)}
+             "gpu_hours": r.gpu_hours, "cost": r.cost, "goodput_tokens_per_s": r.goodput_tokens_per_s,
+             "effective_training_time_ratio": r.ettr, "train_time_with_failures_s": r.train_time_failures_s,
+             "outcome": outcome_to_json(r.outcome)}
             for r in c.rows
         ],
     }
@@ -147,7 +152,10 @@ def compare_from_json(d: dict[str, Any]) -> CompareOutcome:
         rows = tuple(
             CompareRow(num_gpus=int(r["num_gpus"]), outcome=outcome_from_json(r["outcome"]),
                        scaling_efficiency=opt(r["scaling_efficiency"]), train_time_s=opt(r["train_time_s"]),
-                       gpu_hours=opt(r["gpu_hours"]), cost=opt(r["cost"]))
+                       gpu_hours=opt(r["gpu_hours"]), cost=opt(r["cost"]),
+                       goodput_tokens_per_s=opt(r.get("goodput_tokens_per_s")),
+                       ettr=opt(r.get("effective_training_time_ratio")),
+                       train_time_failures_s=opt(r.get("train_time_with_failures_s")))
             for r in d["rows"]
         )
         return CompareOutcome(model=dict(d["model"]), cluster=dict(d["cluster"]), rows=rows,

@@ -79,7 +79,8 @@ def ranked_csv(outcome: SearchOutcome, top: int | None = None) -> str:
 
 COMPARE_COLUMNS = ["num_gpus", "plan", "step_time_s", "tokens_per_s", "mfu", "memory_peak_gib",
                    "scaling_efficiency", "train_days", "gpu_hours", "cost",
-                   "train_days_low", "train_days_high", "cost_low", "cost_high"]
+                   "train_days_low", "train_days_high", "cost_low", "cost_high",
+                   "goodput_tokens_per_s", "ettr", "train_days_with_failures"]
 
 
 def compare_rows(c: CompareOutcome) -> list[dict[str, Any]]:
@@ -101,6 +102,8 @@ def compare_rows(c: CompareOutcome) -> list[dict[str, Any]]:
             "scaling_efficiency": row.scaling_efficiency,
             "train_days": row.train_time_s / 86400.0 if row.train_time_s is not None else None,
             "gpu_hours": row.gpu_hours, "cost": row.cost,
+            "goodput_tokens_per_s": row.goodput_tokens_per_s, "ettr": row.ettr,
+            "train_days_with_failures": row.train_time_failures_s / 86400.0 if row.train_time_failures_s else None,
         })
     return rows
 
@@ -113,7 +116,8 @@ def format_compare(c: CompareOutcome) -> list[str]:
         return "-" if v is None else format(v, spec)
 
     head = (f"{'GPUs':>5}  {'best plan':<{width}}  {'step s':>8}  {'tokens/s':>10}  {'MFU':>6}  {'scaling':>7}  "
-            f"{'days (80% range)':>20}  {'GPU-hours':>10}" + ("  cost (80% range)" if c.price_per_gpu_hour is not None else ""))
+            f"{'days (80% range)':>20}  {'GPU-hours':>10}  {'goodput':>10}  {'ETTR':>6}  {'days w/ fail':>12}"
+            + ("  cost (80% range)" if c.price_per_gpu_hour is not None else ""))
     lines = [head, "-" * len(head)]
     for r in rows:
         days = f(r["train_days"], ".1f")
@@ -121,7 +125,8 @@ def format_compare(c: CompareOutcome) -> list[str]:
             days += f" ({r['train_days_low']:.1f}-{r['train_days_high']:.1f})"
         line = (f"{r['num_gpus']:>5}  {r['plan'] or 'no plan fits':<{width}}  {f(r['step_time_s'], '8.3f')}  "
                 f"{f(r['tokens_per_s'], '10,.0f')}  {f(r['mfu'], '6.1%')}  {f(r['scaling_efficiency'], '7.1%')}  "
-                f"{days:>20}  {f(r['gpu_hours'], '10,.0f')}")
+                f"{days:>20}  {f(r['gpu_hours'], '10,.0f')}  {f(r['goodput_tokens_per_s'], '10,.0f')}  "
+                f"{f(r['ettr'], '6.1%')}  {f(r['train_days_with_failures'], '12.1f')}")
         if c.price_per_gpu_hour is not None:
             line += f"  {f(r['cost'], ',.0f')}"
             if r["cost_low"] is not None:

@@ -1,0 +1,1 @@
+"""Resilience: faults and stragglers in the replay, the goodput model, fault sensitivity."""

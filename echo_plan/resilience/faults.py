@@ -1,0 +1,193 @@
+"""Fault specs (a slow GPU, a slow NIC, slow NVLink) and what they do to one plan's ranks.
+
+Written on the command line as ``KIND:key=value,...`` or in a YAML fault file (a list of mappings
+with ``kind`` and the same keys):
+
+* ``straggler:rank=R,compute=F``: GPU ``R`` computes F times slower (F > 1 slows it; 0 < F).
+* ``link:node=N,nic=I,bw=F``: NIC ``I`` of server ``N`` runs at F x its rate (the GPU of that rail).
+* ``nvlink:node=N,bw=F``: NVLink inside server ``N`` runs at F x its rate.
+* ``node:node=N,compute=F``: every GPU of server ``N`` computes F times slower.
+
+Effects on the replay, which simulates one rank per pipeline stage: a fault slows the stage that
+holds the affected GPUs, because everything such a GPU synchronises with waits for it: its tensor-
+and expert-parallel group in every layer, its data-parallel group at the gradient reduction, its
+pipeline neighbours at each transfer. A synchronous collective that runs through a slow link runs
+at that link's rate (a ring is as fast as its slowest hop; an all-to-all ends when the slow peer's
+traffic ends), so the stage's collectives are timed on the cluster with that component slowed.
+Stages that hold no affected GPU keep the healthy costs and wait for the slow one through the
+schedule's dependencies: their wait comes out of the replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from echo_plan.errors import SpecError
+from echo_plan.specs.cluster import ClusterSpec
+from echo_plan.specs.plan import PlanSpec
+
+MAX_FAULTS = 1000
+
+
+class FaultKind(str, Enum):
+    STRAGGLER = "straggler"
+    LINK = "link"
+    NVLINK = "nvlink"
+    NODE = "node"
+
+
+_KEYS = {
+    FaultKind.STRAGGLER: {"rank": int, "compute": float},
+    FaultKind.LINK: {"node": int, "nic": int, "bw": float},
+    FaultKind.NVLINK: {"node": int, "bw": float},
+    FaultKind.NODE: {"node": int, "compute": float},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    kind: FaultKind
+    params: tuple[tuple[str, float], ...]
+
+    def get(self, key: str) -> float:
+        return dict(self.params)[key]
+
+    def label(self) -> str:
+        return f"{self.kind.value}:" + ",".join(f"{k}={v:g}" for k, v in self.params)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, **{k: v for k, v in self.params}}
+
+
+def fault_from_mapping(data: Any, where: str) -> Fault:
+    if not isinstance(data, dict):
+        raise SpecError("fault", data, "a mapping with kind and its keys", where)
+    raw = dict(data)
+    kind_name = raw.pop("kind", None)
+    try:
+        kind = FaultKind(str(kind_name))
+    except ValueError:
+        raise SpecError("fault.kind", kind_name, "one of " + ", ".join(k.value for k in FaultKind), where) from None
+    keys = _KEYS[kind]
+    missing = [k for k in keys if k not in raw]
+    unknown = [k for k in raw if k not in keys]
+    if unknown or missing:
+        raise SpecError(f"fault {kind.value}", ",".join(unknown or missing),
+                        f"{kind.value} takes exactly {', '.join(keys)}", where)
+    params = []
+    for key, typ in keys.items():
+        value = raw[key]
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            number = typ(value) if typ is float else int(str(value))
+        except (TypeError, ValueError):
+            raise SpecError(f"{kind.value}.{key}", value, "an integer" if typ is int else "a number", where) from None
+        if typ is float and not (0.0 < number <= 1e6):
+            raise SpecError(f"{kind.value}.{key}", value, "a factor > 0 (compute: > 1 is slower; bw: < 1 is slower)",
+                            where)
+        if typ is int and number < 0:
+            raise SpecError(f"{kind.value}.{key}", value, "a non-negative index", where)
+        params.append((key, float(number)))
+    return Fault(kind, tuple(params))
+
+
+def parse_fault(text: str) -> Fault:
+    """``KIND:key=value,...`` (the --fault syntax)."""
+    kind, sep, rest = text.partition(":")
+    if not sep:
+        raise SpecError("--fault", text, "KIND:key=value,... e.g. straggler:rank=117,compute=1.25")
+    data: dict[str, Any] = {"kind": kind.strip()}
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise SpecError("--fault", text, "KIND:key=value,... e.g. link:node=14,nic=5,bw=0.5")
+        data[key.strip()] = value.strip()
+    return fault_from_mapping(data, "--fault")
+
+
+def check_faults(faults: tuple[Fault, ...], plan: PlanSpec, cluster: ClusterSpec) -> None:
+    """One-line errors for faults that name what this cluster and plan do not have."""
+    if len(faults) > MAX_FAULTS:
+        raise SpecError("faults", len(faults), f"at most {MAX_FAULTS}")
+    for f in faults:
+        if f.kind is FaultKind.STRAGGLER and not f.get("rank") < plan.world_size:
+            raise SpecError("straggler.rank", int(f.get("rank")), f"a rank below {plan.world_size} (the plan's GPUs)")
+        if f.kind in (FaultKind.LINK, FaultKind.NVLINK, FaultKind.NODE) and not f.get("node") < cluster.num_nodes:
+            raise SpecError(f"{f.kind.value}.node", int(f.get("node")), f"a server below {cluster.num_nodes}")
+        if f.kind is FaultKind.LINK:
+            if cluster.num_nodes == 1:
+                raise SpecError("link", f.label(), f"{cluster.name} resized to one server has no network links; "
+                                "use nvlink:node=0,bw=F")
+            if not f.get("nic") < cluster.network.nics_per_node:
+                raise SpecError("link.nic", int(f.get("nic")), f"a NIC below {cluster.network.nics_per_node} "
+                                "(NICs per server)")
+
+
+@dataclass(frozen=True, slots=True)
+class StageEffect:
+    """What the faults do to one pipeline stage's ranks."""
+
+    compute_scale: float = 1.0  # compute slowed by this factor
+    net_bw: float = 1.0  # its collectives and transfers see the network at this fraction
+    nvlink_bw: float = 1.0  # ... and NVLink at this fraction
+    causes: tuple[str, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        return self.compute_scale == 1.0 and self.net_bw == 1.0 and self.nvlink_bw == 1.0
+
+
+def stage_of(rank: int, plan: PlanSpec) -> int:
+    """Megatron's rank order: tp fastest, then dp, then pp."""
+    return rank // (plan.tp * plan.dp)
+
+
+def stage_effects(faults: tuple[Fault, ...], plan: PlanSpec, cluster: ClusterSpec) -> tuple[StageEffect, ...]:
+    """Per pipeline stage: the worst compute slow-down and link rates among the GPUs the faults hit."""
+    effects = [dict(compute=1.0, net=1.0, nvl=1.0, causes=[]) for _ in range(plan.pp)]
+    gpn = cluster.gpus_per_node
+
+    def hit(rank: int, f: Fault, **what: float) -> None:
+        if rank >= plan.world_size:
+            return  # a GPU of the cluster that the plan leaves idle
+        e = effects[stage_of(rank, plan)]
+        if "compute" in what:
+            e["compute"] = max(e["compute"], what["compute"])
+        if "net" in what:
+            e["net"] = min(e["net"], what["net"])
+        if "nvl" in what:
+            e["nvl"] = min(e["nvl"], what["nvl"])
+        if f.label() not in e["causes"]:
+            e["causes"].append(f.label())
+
+    for f in faults:
+        if f.kind is FaultKind.STRAGGLER:
+            hit(int(f.get("rank")), f, compute=f.get("compute"))
+            continue
+        node = int(f.get("node"))
+        ranks = range(node * gpn, (node + 1) * gpn)
+        if f.kind is FaultKind.NODE:
+            for r in ranks:
+                hit(r, f, compute=f.get("compute"))
+        elif f.kind is FaultKind.NVLINK:
+            for r in ranks:
+                hit(r, f, nvl=f.get("bw"))
+        else:  # the GPU on that NIC's rail (rail-optimised servers: NIC i serves GPU i x gpn / nics)
+            per_nic = max(1, gpn // cluster.network.nics_per_node)
+            nic = int(f.get("nic"))
+            for r in range(node * gpn + nic * per_nic, node * gpn + (nic + 1) * per_nic):
+                hit(r, f, net=f.get("bw"))
+    return tuple(StageEffect(e["compute"], e["net"], e["nvl"], tuple(e["causes"])) for e in effects)
+
+
+def slowed_cluster(cluster: ClusterSpec, effect: StageEffect) -> ClusterSpec:
+    """The cluster as the affected stage's collectives see it (its slow link on every hop it uses)."""
+    if effect.net_bw == 1.0 and effect.nvlink_bw == 1.0:
+        return cluster
+    gpu = cluster.gpu.replace(nvlink_link_bw_GBps=cluster.gpu.nvlink_link_bw_GBps * effect.nvlink_bw,
+                              nvlink_bw_GBps=cluster.gpu.nvlink_bw_GBps * effect.nvlink_bw)
+    net = cluster.network.replace(nic_bw_Gbps=cluster.network.nic_bw_Gbps * effect.net_bw)
+    return cluster.replace(gpu=gpu.model_dump(), network=net.model_dump())
