@@ -21,7 +21,7 @@ class WrittenReport:
 
 def make_report(outcome: SearchOutcome | CompareOutcome, path: str | Path, *, fill_timeline: bool = True,
                 simulator: TimelineSimulator | None = None, notes: Sequence[str] = (),
-                fresh: bool = False) -> WrittenReport:
+                fresh: bool = False, cache_dir: str | None = None, sensitivity: bool = True) -> WrittenReport:
     """Write the HTML report of ``outcome`` to ``path`` atomically.
 
     With ``fill_timeline`` the recommended plan is simulated once (``simulate(timeline=True)``) when
@@ -36,7 +36,16 @@ def make_report(outcome: SearchOutcome | CompareOutcome, path: str | Path, *, fi
                 outcome, note = compare_with_timeline(outcome, row.num_gpus, simulator, fresh)
         else:
             outcome, note = search_with_timeline(outcome, simulator, fresh)
-    written = write_report(outcome, path, notes=notes, timeline_note=note)
+    view = None
+    if sensitivity and isinstance(outcome, SearchOutcome) and outcome.ranked:
+        from echo_plan.errors import EchoPlanError
+        from echo_plan.report.sensitivity_view import sensitivity_rows, sensitivity_view
+
+        try:
+            view = sensitivity_view(sensitivity_rows(outcome, cache_dir))
+        except (EchoPlanError, ImportError) as exc:
+            notes = (*notes, f"No fault sensitivity: simulating the top plans with faults failed ({exc}).")
+    written = write_report(outcome, path, notes=notes, timeline_note=note, sensitivity=view)
     return WrittenReport(written, written.stat().st_size, note)
 
 
@@ -54,7 +63,7 @@ def report_from_cli(outcome: SearchOutcome | CompareOutcome, path: str | None, c
     if path is None:
         return None
 
-    written = make_report(outcome, path, simulator=timeline_simulator(cache_dir), fresh=True)
+    written = make_report(outcome, path, simulator=timeline_simulator(cache_dir), fresh=True, cache_dir=cache_dir)
     if written.timeline_note:
         typer.echo(f"note: {written.timeline_note}", err=True)
     typer.echo(f"report written: {written.path} ({written.size_bytes / 1e6:.1f} MB)", err=quiet_stdout)

@@ -115,7 +115,7 @@ def _gpus(cluster: dict[str, Any]) -> str:
 
 
 def render_search_report(outcome: SearchOutcome, *, notes: Sequence[str] = (), timeline_note: str | None = None,
-                         generated_at: datetime | None = None) -> str:
+                         generated_at: datetime | None = None, sensitivity: Any = None) -> str:
     """The HTML report of one search: headline, ranked table, charts of the search and the best plan."""
     view = search_view(outcome, timeline_note)
     stamp = _stamp(generated_at)
@@ -128,9 +128,9 @@ def render_search_report(outcome: SearchOutcome, *, notes: Sequence[str] = (), t
         "headline": search_headline(outcome), "headline_label": "Recommended plan",
         "search": view, "compare": None,
         "inputs": build_inputs(outcome.model, outcome.cluster, outcome.space, run),
-        "notes": [*outcome.notes, *notes], "generated_at": stamp,
+        "notes": [*outcome.notes, *notes], "generated_at": stamp, "sensitivity": sensitivity,
     }
-    return _page(context, list(view.charts.values()))
+    return _page(context, [*view.charts.values(), sensitivity.chart if sensitivity else None])
 
 
 def detail_row(outcome: CompareOutcome):
@@ -142,7 +142,7 @@ def detail_row(outcome: CompareOutcome):
 
 
 def render_compare_report(outcome: CompareOutcome, *, notes: Sequence[str] = (), timeline_note: str | None = None,
-                          generated_at: datetime | None = None) -> str:
+                          generated_at: datetime | None = None, sensitivity: Any = None) -> str:
     """The HTML report of a compare: sizes side by side, then the fastest size's search in detail."""
     if not outcome.rows:
         raise EchoPlanError("the compare result has no cluster sizes to report")

@@ -89,6 +89,9 @@ def sizes_table(rows: tuple[CompareRow, ...]) -> Table:
     headers = ["GPUs", "best plan", "step time", "tokens/s", "MFU", "peak GiB", "scaling eff."]
     headers += (["time to train"] if has_time else []) + (["GPU-hours"] if has_hours else [])
     headers += ["cost"] if has_cost else []
+    has_good = any(r.goodput_tokens_per_s is not None for r in rows)
+    has_fail_time = any(r.train_time_failures_s is not None for r in rows)
+    headers += (["goodput tokens/s", "ETTR"] if has_good else []) + (["time with failures"] if has_fail_time else [])
     out = []
     for r in sorted(rows, key=lambda r: r.num_gpus):
         b = r.outcome.best
@@ -114,6 +117,11 @@ def sizes_table(rows: tuple[CompareRow, ...]) -> Table:
             cells.append(_optional(r.gpu_hours, lambda v: f"{v:,.0f}"))
         if has_cost:
             cells.append(_optional(r.cost, lambda v: f"{v:,.0f}"))
+        if has_good:
+            cells.append(_optional(r.goodput_tokens_per_s, fmt_count))
+            cells.append(_optional(r.ettr, lambda v: f"{v:.1%}"))
+        if has_fail_time:
+            cells.append(_optional(r.train_time_failures_s, fmt_seconds))
         out.append(tuple(cells))
     numeric = tuple(all(row[j].numeric for row in out) if out else True for j in range(len(headers)))
     return Table(tuple(headers), tuple(headers), numeric, tuple(out), (), len(rows))

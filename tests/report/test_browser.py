@@ -63,3 +63,22 @@ def test_a_script_error_is_caught_and_reported(tmp_path):
     load = browser.load(html, CHROMIUM, profile_root=tmp_path)
     assert load.js_errors and "JSON" in " ".join(load.js_errors)
     assert load.charts_ready == 0
+
+
+def synthetic_sensitivity(outcome):
+    from echo_plan.report.sensitivity_view import sensitivity_view
+    from echo_plan.resilience.faults import FaultKind
+    from echo_plan.resilience.sensitivity import SensitivityRow
+
+    data = [(r.plan, [SensitivityRow(FaultKind.STRAGGLER, 1.25, 0.2 - 0.02 * i, 1, 0.1, 0),
+                      SensitivityRow(FaultKind.LINK, 0.5, 0.05 + 0.01 * i, 0, 0.01, 1)])
+            for i, r in enumerate(outcome.ranked[:3])]
+    return sensitivity_view(data)
+
+
+def test_search_report_with_fault_sensitivity_draws_it(tmp_path):
+    outcome = search_outcome(40, seed=2)
+    html = write_report(outcome, tmp_path / "faults.html", sensitivity=synthetic_sensitivity(outcome))
+    load = browser.load(html, CHROMIUM, profile_root=tmp_path)
+    check_drawn(load, 7)
+    assert 'id="fault-sensitivity"' in load.dom and "loses 20% of its throughput" in load.dom

@@ -158,3 +158,17 @@ def test_empty_search_and_compare_still_render():
     assert "no plan fits" in html[html.index('id="sizes"'):]
     with pytest.raises(EchoPlanError, match="no cluster sizes"):
         render_report(replace(c, rows=()))
+
+
+def test_search_report_has_a_fault_sensitivity_section(tmp_path):
+    from echo_plan.report.render import render_report
+    from echo_plan.report.sensitivity_view import sensitivity_view
+    from echo_plan.resilience.faults import FaultKind
+    from echo_plan.resilience.sensitivity import SensitivityRow
+
+    outcome = search_outcome(30, seed=1)
+    data = [(r.plan, [SensitivityRow(FaultKind.LINK, 0.5, 0.18 - 0.1 * i, 0, 0.02, 1)])
+            for i, r in enumerate(outcome.ranked[:2])]
+    html = render_report(outcome, sensitivity=sensitivity_view(data))
+    assert 'id="fault-sensitivity"' in html and "chart-fault-sensitivity" in html
+    assert "loses 18% of its throughput to one NIC at 50% rate; plan #2 loses 8%" in html

@@ -1,0 +1,69 @@
+"""``echo-plan whatif sensitivity``: what one slow GPU, NIC, NVLink domain or server costs a plan."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from echo_plan.commands.common import (
+    CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+)
+
+
+def register(app: typer.Typer) -> None:
+    whatif_app = typer.Typer(help="What-ifs on one plan: faults and stragglers.", no_args_is_help=True)
+    app.add_typer(whatif_app, name="whatif")
+
+    @whatif_app.command("sensitivity")
+    def sensitivity_cmd(
+        model: str = ModelOpt,
+        cluster: str = ClusterOpt,
+        nodes: Optional[int] = NodesOpt,
+        gpus: Optional[int] = GpusOpt,
+        stack: Optional[str] = StackOpt,
+        tp: int = typer.Option(1, "--tp"),
+        pp: int = typer.Option(1, "--pp"),
+        dp: Optional[int] = typer.Option(None, "--dp", help="default: GPUs / (tp x pp)"),
+        mbs: int = typer.Option(1, "--mbs"),
+        gbs: Optional[int] = typer.Option(None, "--gbs", help="default: mbs x dp"),
+        vpp: int = typer.Option(1, "--vpp"),
+        recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
+        sequence_parallel: bool = typer.Option(False, "--sequence-parallel"),
+        distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer"),
+        as_json: bool = JsonOpt,
+        cache_dir: Optional[str] = CacheDirOpt,
+    ) -> None:
+        """Throughput lost to one slow GPU, NIC, NVLink domain or server, at a few severities (worst and best placement)."""
+        from echo_plan.commands.common import check_cache_dir, check_tp_pp, data_parallel, resolve_specs, resolve_stack
+        from echo_plan.resilience.sensitivity import sensitivity
+        from echo_plan.simulate import SimulationMemo, simulate
+        from echo_plan.specs import PlanSpec
+        from echo_plan.trace.cache import TraceCache
+
+        check_cache_dir(cache_dir)
+        check_tp_pp(tp, pp)
+        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
+        stack_spec = resolve_stack(stack)
+        dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp)
+        plan = PlanSpec.build(dict(tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs or mbs * dp,
+                                   virtual_stages=vpp, recompute=recompute, sequence_parallel=sequence_parallel,
+                                   distributed_optimizer=distributed_optimizer), context="plan")
+        memo, cache = SimulationMemo(), TraceCache(cache_dir)
+
+        def step(faults):
+            return simulate(model_spec, cluster_spec, plan, stack=stack_spec, cache=cache, memo=memo,
+                            faults=faults).step_time_s
+
+        healthy, rows = sensitivity(plan, cluster_spec, step)
+        if as_json:
+            print_json({"model": model_spec.name, "cluster": cluster_spec.name, "num_gpus": cluster_spec.num_gpus,
+                        "plan": plan.model_dump(mode="json"), "healthy_step_time_s": healthy,
+                        "rows": [r.as_json() for r in rows]})
+            return
+        typer.echo(f"{model_spec.name} on {cluster_spec.name} ({cluster_spec.num_gpus} GPUs), {plan.short()}: "
+                   f"healthy step {healthy:.4f} s")
+        typer.echo(f"  {'fault':<34}{'lost (worst)':>14}{'at stage':>10}{'lost (best)':>13}{'at stage':>10}")
+        for r in rows:
+            typer.echo(f"  {r.what:<34}{r.worst_loss:>14.1%}{r.worst_stage:>10}{r.best_loss:>13.1%}{r.best_stage:>10}")
+        typer.echo("  (share of throughput lost; the fault is placed on the first GPU of each stage tried)")
