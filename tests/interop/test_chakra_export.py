@@ -91,7 +91,7 @@ def test_sends_meet_receives(exported, name):
 
 
 def test_sizes_add_up_to_the_plans_traffic(exported):
-    from echo_plan.simulate import _params
+    from echo_plan.replay.transfers import _params
 
     graph, prefix = exported["sp-distopt"]
     plan = graph.plan
