@@ -13,7 +13,7 @@ from echo_plan.specs.plan import PlanSpec
 RANK_COLUMNS = ["rank", "plan", "tp", "pp", "dp", "micro_batch_size", "virtual_stages", "schedule", "recompute",
                 "sequence_parallel", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
                 "step_time_s", "tokens_per_s", "mfu", "memory_peak_gib", "margin_to_next",
-                "step_time_low_s", "step_time_high_s", "memory_free_gib"]
+                "step_time_low_s", "step_time_high_s", "memory_free_gib", "goodput_tokens_per_s", "ettr"]
 
 
 def plan_label(plan: dict[str, Any]) -> str:
@@ -37,7 +37,9 @@ def ranked_rows(ranked: tuple[StepResult, ...], top: int | None = None) -> list[
         row.update(step_time_s=r.step_time_s, tokens_per_s=r.tokens_per_s, mfu=r.mfu,
                    memory_peak_gib=r.memory_peak_gib, margin_to_next=margin,
                    step_time_low_s=rng[0] if rng else None, step_time_high_s=rng[1] if rng else None,
-                   memory_free_gib=free / 2**30 if free is not None else None)
+                   memory_free_gib=free / 2**30 if free is not None else None,
+                   goodput_tokens_per_s=r.goodput_tokens_per_s,
+                   ettr=r.goodput["effective_training_time_ratio"] if r.goodput else None)
         rows.append(row)
     return rows
 
@@ -48,7 +50,7 @@ def format_ranked(outcome: SearchOutcome, top: int) -> list[str]:
         return ["no simulated plan fits in memory"]
     width = max(len(r["plan"]) for r in rows)
     head = (f"{'#':>3}  {'plan':<{width}}  {'step s':>8}  {'80% range s':>13}  {'tokens/s':>10}  {'MFU':>6}  "
-            f"{'mem GiB':>8}  {'free':>5}  {'to next':>8}")
+            f"{'mem GiB':>8}  {'free':>5}  {'to next':>8}  {'goodput':>10}")
     lines = [head, "-" * len(head)]
     for r in rows:
         margin = f"{r['margin_to_next']:+.2%}" if r["margin_to_next"] is not None else "-"
@@ -56,12 +58,17 @@ def format_ranked(outcome: SearchOutcome, top: int) -> list[str]:
                else "-")
         free = f"{r['memory_free_gib']:.1f}" if r["memory_free_gib"] is not None else "-"
         lines.append(f"{r['rank']:>3}  {r['plan']:<{width}}  {r['step_time_s']:8.3f}  {rng:>13}  "
-                     f"{r['tokens_per_s']:10,.0f}  {r['mfu']:6.1%}  {r['memory_peak_gib']:8.1f}  {free:>5}  {margin:>8}")
+                     f"{r['tokens_per_s']:10,.0f}  {r['mfu']:6.1%}  {r['memory_peak_gib']:8.1f}  {free:>5}  {margin:>8}  "
+                     + (f"{r['goodput_tokens_per_s']:10,.0f}" if r["goodput_tokens_per_s"] else f"{'-':>10}"))
     basis = outcome.ranked[0].range_basis if outcome.ranked else ""
     headroom = outcome.memory_headroom_gib
     lines.append(f"range: {basis}" if basis else "range: none recorded")
     if headroom is not None:
         lines.append(f"memory: every plan shown keeps at least {headroom:.1f} GiB free per GPU (--memory-headroom)")
+    good = outcome.ranked[0].goodput if outcome.ranked else None
+    if good:
+        lines.append(f"goodput: tokens/s x effective training time ratio {good['effective_training_time_ratio']:.1%} "
+                     "under interruptions (resilience/goodput.py; the same for every plan of one cluster size)")
     stack = outcome.stack.get("name") if outcome.stack else None
     if stack:
         lines.append(f"software stack: {stack}")
@@ -80,7 +87,7 @@ def ranked_csv(outcome: SearchOutcome, top: int | None = None) -> str:
 COMPARE_COLUMNS = ["num_gpus", "plan", "step_time_s", "tokens_per_s", "mfu", "memory_peak_gib",
                    "scaling_efficiency", "train_days", "gpu_hours", "cost",
                    "train_days_low", "train_days_high", "cost_low", "cost_high",
-                   "goodput_tokens_per_s", "ettr", "train_days_with_failures"]
+                   "goodput_tokens_per_s", "ettr", "train_days_with_failures", "cost_with_failures"]
 
 
 def compare_rows(c: CompareOutcome) -> list[dict[str, Any]]:
@@ -104,6 +111,8 @@ def compare_rows(c: CompareOutcome) -> list[dict[str, Any]]:
             "gpu_hours": row.gpu_hours, "cost": row.cost,
             "goodput_tokens_per_s": row.goodput_tokens_per_s, "ettr": row.ettr,
             "train_days_with_failures": row.train_time_failures_s / 86400.0 if row.train_time_failures_s else None,
+            "cost_with_failures": (row.train_time_failures_s / 3600.0 * row.num_gpus * c.price_per_gpu_hour
+                                   if row.train_time_failures_s and c.price_per_gpu_hour is not None else None),
         })
     return rows
 
@@ -117,7 +126,7 @@ def format_compare(c: CompareOutcome) -> list[str]:
 
     head = (f"{'GPUs':>5}  {'best plan':<{width}}  {'step s':>8}  {'tokens/s':>10}  {'MFU':>6}  {'scaling':>7}  "
             f"{'days (80% range)':>20}  {'GPU-hours':>10}  {'goodput':>10}  {'ETTR':>6}  {'days w/ fail':>12}"
-            + ("  cost (80% range)" if c.price_per_gpu_hour is not None else ""))
+            + ("  cost (80% range)  cost w/ fail" if c.price_per_gpu_hour is not None else ""))
     lines = [head, "-" * len(head)]
     for r in rows:
         days = f(r["train_days"], ".1f")
@@ -131,6 +140,7 @@ def format_compare(c: CompareOutcome) -> list[str]:
             line += f"  {f(r['cost'], ',.0f')}"
             if r["cost_low"] is not None:
                 line += f" ({r['cost_low']:,.0f}-{r['cost_high']:,.0f})"
+            line += f"  {f(r['cost_with_failures'], ',.0f')}"
         lines.append(line)
     bases = {row.outcome.best.range_basis for row in c.rows if row.outcome.best is not None and row.outcome.best.range_basis}
     for basis in sorted(bases):

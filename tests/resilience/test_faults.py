@@ -51,11 +51,15 @@ def test_a_straggler_costs_about_its_stage_compute_share(memo, plan):
 
 
 def test_a_fault_off_the_critical_path_costs_less(memo):
-    plan = PlanSpec(tp=1, pp=2, dp=16, global_batch_size=64)
-    # a NIC fault slows communication only; a straggler slows the whole stage's compute
-    nic = run(plan, memo, "link:node=0,nic=0,bw=0.9").step_time_s
-    gpu = run(plan, memo, "straggler:rank=0,compute=1.5").step_time_s
-    assert nic < gpu
+    plan = PlanSpec(tp=1, pp=4, dp=8, global_batch_size=64)
+    probe = run(plan, memo, "straggler:rank=0,compute=1.0001")  # per-stage busy times of the healthy step
+    busy = [s["busy_s"] for s in probe.faults["stages"]]
+    critical, slack = busy.index(max(busy)), busy.index(min(busy))
+    assert critical != slack
+    per_stage = plan.tp * plan.dp
+    on_critical = run(plan, memo, f"straggler:rank={critical * per_stage},compute=1.05").step_time_s
+    off_critical = run(plan, memo, f"straggler:rank={slack * per_stage},compute=1.05").step_time_s
+    assert off_critical < on_critical
 
 
 def test_unused_gpus_and_stage_mapping():
