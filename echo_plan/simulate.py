@@ -290,9 +290,8 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
                                            else plan.schedule)
     sched = schedules(schedule, pp, plan.num_microbatches, v)
-    split = plan.stage_layers(model.num_layers)
     nvs = pp * v
-    layers_of = [split[vs % pp] // v for vs in range(nvs)]
+    layers_of = list(plan.virtual_layers(model.num_layers))
     first_layer = [sum(layers_of[:vs]) for vs in range(nvs)]
     _, emb_params, out_params = _params(model, plan)
     edp = edp_group(plan)

@@ -160,3 +160,22 @@ def test_timeline_names_say_microbatch_and_layers(env):
     assert len(spans) == len(r.timeline) and all(e["dur"] >= 0 for e in spans)
     end = max(e["ts"] + e["dur"] for e in spans)
     assert end == pytest.approx(r.step_time_s * 1e6)
+
+
+def test_uneven_interleaving_with_equal_splits_equals_interleaving(env):
+    # gpt-13b: 40 layers; pp 2 x vpp 2 = 4 virtual stages of 10 layers
+    even = run(env, virtual_stages=2, schedule="interleaved")
+    per_virtual = run(env, virtual_stages=2, schedule="interleaved", layer_split=(10, 10, 10, 10))
+    assert per_virtual.step_time_s == pytest.approx(even.step_time_s, rel=1e-12)
+    uneven = run(env, virtual_stages=2, schedule="interleaved", layer_split=(9, 11, 11, 9))
+    assert uneven.breakdown.total_s == pytest.approx(uneven.step_time_s, rel=1e-9)
+    assert uneven.step_time_s != even.step_time_s
+
+
+def test_layer_split_per_virtual_stage_rules(env):
+    from echo_plan.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"one entry per pipeline stage \(2\) or one per virtual stage \(4\)"):
+        run(env, virtual_stages=2, schedule="interleaved", layer_split=(20, 10, 10))
+    with pytest.raises(SpecError, match="add up to num_layers 40"):
+        run(env, virtual_stages=2, schedule="interleaved", layer_split=(10, 10, 10, 11))

@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         ep: int = EpOpt,
         etp: Optional[int] = EtpOpt,
         expert_imbalance: float = ImbalanceOpt,
-        layer_split: Optional[str] = typer.Option(None, "--layer-split", help="layers per stage, e.g. 13,12,12,11, or auto (as even as possible, "
+        layer_split: Optional[str] = typer.Option(None, "--layer-split", help="layers per stage, e.g. 13,12,12,11 (with --vpp: one per stage or one per virtual stage), or auto (as even as possible, "
                                                  "fewer on the first and last stage)"),
         interference_file: Optional[str] = typer.Option(None, "--interference", help="interference factors YAML"),
         no_interference: bool = typer.Option(False, "--no-interference", help="ignore compute/comm interference"),
@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
         if layer_split == "auto":
             from echo_plan.specs.plan import balanced_split
 
-            fields["layer_split"] = balanced_split(model_spec.num_layers, pp)
+            fields["layer_split"] = balanced_split(model_spec.num_layers, pp * vpp)  # per virtual stage
         elif layer_split:
             try:
                 fields["layer_split"] = tuple(int(x) for x in layer_split.split(","))

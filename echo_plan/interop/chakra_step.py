@@ -249,8 +249,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     kinds = model.layer_kinds()
     sched = costs.schedule
     pp, nvs = sched.pp, sched.num_virtual_stages
-    split = plan.stage_layers(model.num_layers)
-    layers_of = [split[vs % pp] // plan.virtual_stages for vs in range(nvs)]
+    layers_of = list(plan.virtual_layers(model.num_layers))
     gb = stack.grad_bytes(plan.dtype)
     full = plan.micro_batch_size * model.seq_length * model.hidden_size * plan.dtype.nbytes
     p2p_bytes = -(-full // plan.tp)

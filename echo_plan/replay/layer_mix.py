@@ -25,9 +25,8 @@ def kind_counts(model: ModelSpec, first: int, n: int) -> tuple[tuple[LayerKind, 
 
 def stage_kind_counts(model: ModelSpec, plan: PlanSpec, stage: int) -> dict[LayerKind, int]:
     """Layers of each kind on pipeline rank ``stage`` (all its virtual chunks together)."""
-    split = plan.stage_layers(model.num_layers)
     pp, v = plan.pp, plan.virtual_stages
-    per_chunk = [split[vs % pp] // v for vs in range(pp * v)]
+    per_chunk = list(plan.virtual_layers(model.num_layers))
     out: Counter = Counter()
     for c in range(v):
         vs = c * pp + stage

@@ -142,8 +142,11 @@ class Pruner:
                 fields.pop(k, None)
         if fields.get("dp_comm", "dense") == "dense":
             fields["density"] = 1.0  # a dense exchange has no density
-        if vpp == 1 and pp > 1 and self.model.num_layers % pp and pp <= self.model.num_layers:
-            fields["layer_split"] = balanced_split(self.model.num_layers, pp)  # e.g. DeepSeek-V3's 61 layers
+        nvs = pp * vpp
+        if pp > 1 and self.model.num_layers % nvs and nvs <= self.model.num_layers:
+            # as even as possible, one layer fewer on the first and last (virtual) stage: DeepSeek-V3's 61
+            # layers on 8 stages, Llama 3 405B's 126 on 16 x 8 virtual stages
+            fields["layer_split"] = balanced_split(self.model.num_layers, nvs)
         try:
             plan = PlanSpec.build(fields, context="candidate plan")
             validate_plan(plan, self.model, self.cluster)

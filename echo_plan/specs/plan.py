@@ -126,10 +126,24 @@ class PlanSpec(Spec):
 
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
         """Layers on each pipeline stage (all its virtual chunks together)."""
+        if self.layer_split is not None and len(self.layer_split) == self.pp * self.virtual_stages > self.pp:
+            per_vs = self.layer_split
+            return tuple(sum(per_vs[c * self.pp + r] for c in range(self.virtual_stages)) for r in range(self.pp))
         if self.layer_split is not None:
             return self.layer_split
         base = num_layers // self.pp
         return tuple([base] * self.pp)
+
+    def virtual_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers on each virtual stage, in model order (virtual stage c x pp + r is chunk c of rank r).
+
+        ``layer_split`` gives either one count per pipeline stage (split evenly over its chunks) or one
+        per virtual stage (uneven interleaving, as Llama 3 405B's 126 layers on 16 stages)."""
+        nvs = self.pp * self.virtual_stages
+        if self.layer_split is not None and len(self.layer_split) == nvs:
+            return self.layer_split
+        split = self.stage_layers(num_layers)
+        return tuple(split[vs % self.pp] // self.virtual_stages for vs in range(nvs))
 
     def short(self) -> str:
         """A compact human label, e.g. ``tp8 pp8 dp16 mbs1 vpp2 sel sp dopt``."""
@@ -189,12 +203,15 @@ def validate_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec) -> Non
         raise SpecError("sequence_parallel", True, f"needs seq_length {model.seq_length} divisible by tp {plan.tp}")
     chunks = plan.pp * plan.virtual_stages
     if plan.layer_split is not None:
-        if len(plan.layer_split) != plan.pp:
-            raise SpecError("layer_split", plan.layer_split, f"needs one entry per pipeline stage ({plan.pp})")
+        nvs = plan.pp * plan.virtual_stages
+        per_virtual = plan.virtual_stages > 1 and len(plan.layer_split) == nvs
+        if len(plan.layer_split) != plan.pp and not per_virtual:
+            extra = f" or one per virtual stage ({nvs})" if plan.virtual_stages > 1 else ""
+            raise SpecError("layer_split", plan.layer_split, f"needs one entry per pipeline stage ({plan.pp}){extra}")
         if sum(plan.layer_split) != model.num_layers or min(plan.layer_split) < 1:
             raise SpecError("layer_split", plan.layer_split,
                             f"positive layer counts that add up to num_layers {model.num_layers}")
-        if any(n % plan.virtual_stages for n in plan.layer_split):
+        if not per_virtual and any(n % plan.virtual_stages for n in plan.layer_split):
             raise SpecError("layer_split", plan.layer_split,
                             f"each stage's layers must divide into {plan.virtual_stages} virtual stages")
     elif model.num_layers % chunks:
