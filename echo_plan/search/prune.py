@@ -142,11 +142,13 @@ class Pruner:
                 fields.pop(k, None)
         if fields.get("dp_comm", "dense") == "dense":
             fields["density"] = 1.0  # a dense exchange has no density
-        nvs = pp * vpp
-        if pp > 1 and self.model.num_layers % nvs and nvs <= self.model.num_layers:
-            # as even as possible, one layer fewer on the first and last (virtual) stage: DeepSeek-V3's 61
-            # layers on 8 stages, Llama 3 405B's 126 on 16 x 8 virtual stages
-            fields["layer_split"] = balanced_split(self.model.num_layers, nvs)
+        nvs, layers = pp * vpp, self.model.num_layers
+        short = -layers % nvs  # layers missing for an even split
+        if pp > 1 and short and nvs <= layers and (vpp == 1 or short <= 2):
+            # as even as possible: without interleaving any shortfall (DeepSeek-V3's 61 layers on 8
+            # stages); with it, one layer fewer on the first and last virtual stage (Llama 3 405B's
+            # 126 layers on 16 x 2 virtual stages)
+            fields["layer_split"] = balanced_split(layers, nvs)
         try:
             plan = PlanSpec.build(fields, context="candidate plan")
             validate_plan(plan, self.model, self.cluster)
