@@ -104,6 +104,8 @@ def parse_fault(text: str) -> Fault:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise SpecError("--fault", text, "KIND:key=value,... e.g. link:node=14,nic=5,bw=0.5")
+        if key.strip() in data:
+            raise SpecError("--fault", text, f"{key.strip()} is given twice; give each key once")
         data[key.strip()] = value.strip()
     return fault_from_mapping(data, "--fault")
 

@@ -76,6 +76,7 @@ def test_unused_gpus_and_stage_mapping():
     ("straggler:rank=1,compute=-1", "a factor > 0"),
     ("nvlink:node=0", "nvlink takes exactly"),
     ("fast:rank=1", "one of straggler, link, nvlink, node"),
+    ("straggler:rank=1,rank=2,compute=2", "rank is given twice"),
 ])
 def test_impossible_faults_are_one_line_errors(tmp_path, capsys, text, says):
     model = tmp_path / "m.json"
