@@ -159,7 +159,9 @@ def generate(arena: Arena, count: int, seed: int) -> list[Case]:
         if cmd == "trace":
             return Case("numbers", ["trace", "-m", str(arena.model), "--tp", number(), "--mbs", number(),
                                     "--cache-dir", str(arena.cache)])
-        opts = {"simulate": ["--tp", "--pp", "--dp", "--mbs", "--gbs", "--vpp", "--nodes", "--gpus"],
+        opts = {"simulate": ["--tp", "--pp", "--dp", "--mbs", "--gbs", "--vpp", "--nodes", "--gpus", "--density",
+                             "--ep", "--etp", "--expert-imbalance", "--failures-per-gpu-day", "--restart-min",
+                             "--checkpoint-gbps-per-gpu"],
                 "search": ["--gbs", "--seed", "--trials", "--top", "--workers", "--gpus"],
                 "compare": ["--gbs", "--seed", "--trials", "--price-per-gpu-hour"]}[cmd]
         argv = [cmd] + (search_base if cmd != "simulate" else base)
@@ -169,6 +171,13 @@ def generate(arena: Arena, count: int, seed: int) -> list[Case]:
                     "--cache-dir", str(arena.cache), "--tokens", rng.choice(["300B", "1e40", "-1", "x"])]
         for name in rng.sample(opts, rng.randint(1, 3)):
             argv += [name, number()]
+        if cmd == "simulate" and rng.random() < 0.3:  # sparse exchanges and faults take numbers too
+            argv += ["--dp-comm", rng.choice(["topk", "exdyna", "gossip", ""])]
+        if cmd == "simulate" and rng.random() < 0.3:
+            argv += ["--fault", rng.choice([f"straggler:rank={number()},compute={number()}",
+                                            f"link:node={number()},nic={number()},bw={number()}",
+                                            f"nvlink:node={number()},bw={number()}", f"node:node={number()}",
+                                            "x", ":", "straggler:rank=1,rank=1,compute=2"])]
         return Case("numbers", argv)
 
     def output_case() -> Case:
