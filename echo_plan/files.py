@@ -88,6 +88,16 @@ def parse_json(text: str | bytes, where: str) -> Any:
     return _check_structure(data, where)
 
 
+def safe_load(text: str, packaged: bool = False) -> Any:
+    """``yaml.safe_load``; for the package's own data files (``packaged``) with libyaml's C parser
+    when PyYAML has it (about 10x faster on the presets a command reads at start-up). Never for
+    user files: libyaml overflows the C stack on deeply nested input instead of raising."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader) if packaged else yaml.SafeLoader
+    return yaml.load(text, Loader=loader)
+
+
 def parse_yaml(text: str, where: str) -> Any:
     """YAML (safe subset) with the input limits, as parse_json; errors name the line."""
     import yaml

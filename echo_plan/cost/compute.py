@@ -25,6 +25,7 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from echo_plan.files import safe_load
 import yaml
 
 from echo_plan.errors import FileFormatError
@@ -101,12 +102,13 @@ class KernelEstimate:
     efficiency: float  # fraction of peak FLOP/s (compute-bound) or of HBM bandwidth (memory-bound)
 
 
-def load_compute_constants(text: str | None = None, origin: str = "compute.yaml") -> ComputeConstants:
+def load_compute_constants(text: str | None = None, origin: str = "compute.yaml",
+                           packaged: bool = False) -> ComputeConstants:
     """Parse the constants file (the packaged default, parsed once, when ``text`` is None)."""
     if text is None:
         return _packaged_constants()
     try:
-        raw = yaml.safe_load(text)
+        raw = safe_load(text, packaged=packaged)
         tiles = tuple(Tile(int(t["m"]), int(t["n"]), float(t["rel_eff"])) for t in raw["gemm_tiles"])
         k0 = int(raw["gemm_k_overhead"])
         arch: dict[int, ArchParams] = {}
@@ -144,7 +146,7 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
 @lru_cache(maxsize=1)
 def _packaged_constants() -> ComputeConstants:
     text = (resources.files("echo_plan") / "data" / "compute.yaml").read_text(encoding="utf-8")
-    return load_compute_constants(text, "echo_plan/data/compute.yaml")
+    return load_compute_constants(text, "echo_plan/data/compute.yaml", packaged=True)
 
 
 def gemm_shape_efficiency(m: int, n: int, k: int, sm_count: int, tiles: tuple[Tile, ...],

@@ -35,6 +35,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Callable
 
+from echo_plan.files import safe_load
 import yaml
 
 from echo_plan.errors import FileFormatError
@@ -60,7 +61,7 @@ class SparsifierConstants:
 def load_constants() -> SparsifierConstants:
     text = (resources.files("echo_plan") / "data" / "sparsification.yaml").read_text(encoding="utf-8")
     try:
-        raw = yaml.safe_load(text)
+        raw = safe_load(text, packaged=True)
         return SparsifierConstants(float(raw["partition_imbalance"]), float(raw["threshold_drift"]),
                                    str(raw["source"]))
     except (KeyError, TypeError, ValueError, yaml.YAMLError) as exc:

@@ -34,6 +34,7 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Mapping, Protocol
 
+from echo_plan.files import safe_load
 import yaml
 
 from echo_plan.errors import FileFormatError
@@ -66,12 +67,13 @@ class MemoryConstants:
     default_headroom_fraction: float
 
 
-def load_memory_constants(text: str | None = None, origin: str = "memory.yaml") -> MemoryConstants:
+def load_memory_constants(text: str | None = None, origin: str = "memory.yaml",
+                          packaged: bool = False) -> MemoryConstants:
     """Parse memory-model constants; the packaged file is parsed once (it is read-only package data)."""
     if text is None:
         return _packaged_constants()
     try:
-        raw = yaml.safe_load(text)
+        raw = safe_load(text, packaged=packaged)
         bpp = {DType(k): (int(v["weights"]), int(v["gradients"]), int(v["optimizer"]))
                for k, v in raw["bytes_per_param"].items()}
         b = raw["buffers"]
@@ -90,7 +92,7 @@ def load_memory_constants(text: str | None = None, origin: str = "memory.yaml") 
 @lru_cache(maxsize=1)
 def _packaged_constants() -> MemoryConstants:
     text = (resources.files("echo_plan") / "data" / "memory.yaml").read_text(encoding="utf-8")
-    return load_memory_constants(text, "echo_plan/data/memory.yaml")
+    return load_memory_constants(text, "echo_plan/data/memory.yaml", packaged=True)
 
 
 # -- parameters ---------------------------------------------------------------------------------

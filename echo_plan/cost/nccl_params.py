@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 from importlib import resources
 from typing import Any, Mapping
 
+from echo_plan.files import safe_load
 import yaml
 
 from echo_plan.cost.base import Protocol_
@@ -118,10 +119,11 @@ def _triple(data: Any, where: str) -> Triple:
 def load_default_params(text: str | None = None) -> NcclParams:
     """NcclParams from ``echo_plan/data/nccl.yaml`` (or the given YAML text)."""
     where = "echo_plan/data/nccl.yaml"
+    packaged = text is None
     if text is None:
         text = (resources.files("echo_plan") / "data" / "nccl.yaml").read_text(encoding="utf-8")
     try:
-        d = yaml.safe_load(text)
+        d = safe_load(text, packaged=packaged)
         hop = d["hop_latency_us"]
         tc = d["tree_correction"]
         defaults = d.get("defaults", {})

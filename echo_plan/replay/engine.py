@@ -223,7 +223,7 @@ def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[f
     (older predictions are skipped by a version number). Devices are brought up to date in
     ascending order. The compiled twin of this loop (``engine_jit``) runs when Numba is there."""
     pid, profiles = _profiles(g)
-    if use_jit():
+    if use_jit(g.n):
         from echo_plan.replay import engine_jit
 
         task_factor = model.task_factor
@@ -344,11 +344,11 @@ def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[f
     return start, end, dep_end, dep_last
 
 
-def use_jit() -> bool:
-    """Whether the compiled event loop is used (Numba installed and ``ECHO_PLAN_JIT`` not 0)."""
+def use_jit(n_tasks: int = 0) -> bool:
+    """Whether the compiled event loop replays a graph of ``n_tasks`` (engine_jit.worth_it)."""
     from echo_plan.replay import engine_jit
 
-    return engine_jit.available()
+    return engine_jit.worth_it(n_tasks)
 
 
 def _profiles(g: _Graph) -> tuple[list[int], list[tuple]]:

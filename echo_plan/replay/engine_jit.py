@@ -12,9 +12,15 @@ missing, the loop stops *before changing any state*, returns the missing keys, P
 them, and the loop goes on where it stopped. A step needs a few dozen distinct keys.
 
 The loop itself is in :mod:`echo_plan.replay._rates_kernel`, imported on first use (importing
-Numba costs ~0.3 s); without Numba, or with ``ECHO_PLAN_JIT=0`` in the environment,
-:func:`available` is False and the engine uses the Python loop. Numba caches the compiled code on
-disk (``cache=True``), so only the first run on a machine compiles it (~4 s).
+Numba and loading the cached kernel cost ~0.6 s); without Numba, or with ``ECHO_PLAN_JIT=0`` in the
+environment, :func:`available` is False and the engine uses the Python loop. Numba caches the
+compiled code on disk (``cache=True``), so only the first run on a machine compiles it (~4 s).
+
+It is used only where it pays (:func:`worth_it`, ``ECHO_PLAN_JIT=auto``, the default): loading it
+costs what the Python loop spends on ~120 thousand tasks (~5 us each), so a single ``simulate``
+(a few replays of a few thousand tasks) stays in Python, while a search switches to the compiled
+loop once this process has replayed ``JIT_AFTER_TASKS`` tasks in Python, or for one graph of
+``JIT_MIN_TASKS`` or more. ``ECHO_PLAN_JIT=1`` always uses it. Both loops give the same results.
 """
 
 from __future__ import annotations
@@ -26,13 +32,35 @@ from typing import Any, Callable
 
 _state: dict[str, Any] = {}  # the kernel module, once imported (a cache, not configuration)
 
+JIT_MIN_TASKS = 100_000  # one graph this large pays for loading the compiled loop by itself
+JIT_AFTER_TASKS = 150_000  # ... and so do this many tasks replayed by the Python loop in this process
 MAX_KEY = 2**62  # keys are base-(profiles+1) numbers of (1 + running tasks) digits
 HEAP_SLOTS_PER_TASK, HEAP_MIN_SLOTS = 4, 64  # a step pushes 2-3 events per task; the loop asks for more
 
 
+def _mode() -> str:
+    flag = os.environ.get("ECHO_PLAN_JIT", "auto").strip().lower()
+    if flag in ("0", "false", "no", "off"):
+        return "off"
+    return "on" if flag in ("1", "true", "yes", "on") else "auto"
+
+
+def worth_it(n_tasks: int) -> bool:
+    """Whether to replay a graph of ``n_tasks`` with the compiled loop (module docstring)."""
+    mode = _mode()
+    if mode == "off":
+        return False
+    if mode == "auto" and "kernel" not in _state:
+        seen = _state.get("python_tasks", 0) + n_tasks
+        if n_tasks < JIT_MIN_TASKS and seen < JIT_AFTER_TASKS:
+            _state["python_tasks"] = seen
+            return False
+    return available()
+
+
 def available() -> bool:
     """True when the compiled loop can be used (Numba importable, not switched off)."""
-    if os.environ.get("ECHO_PLAN_JIT", "1").strip().lower() in ("0", "false", "no", "off"):
+    if _mode() == "off":
         return False
     if "kernel" not in _state:
         _state["kernel"] = _load()

@@ -6,7 +6,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-import yaml
+from echo_plan.files import safe_load
 
 from echo_plan.errors import EchoPlanError, UnknownPresetError
 from echo_plan.specs.cluster import ClusterSpec
@@ -42,7 +42,7 @@ def stacks_dir() -> Path:
 @lru_cache(maxsize=1)
 def _model_table() -> dict[str, dict]:
     text = (resources.files("echo_plan") / "data" / "models.yaml").read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    return safe_load(text, packaged=True)
 
 
 def model_names() -> list[str]:

@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from echo_plan.files import safe_load
 
 from echo_plan.errors import FileFormatError
 from echo_plan.files import read_text
@@ -54,7 +54,7 @@ class CollectiveSuite:
 @lru_cache(maxsize=1)
 def _registry() -> dict[str, Any]:
     text = (resources.files("echo_plan") / "data" / "validation_suites.yaml").read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    return safe_load(text, packaged=True)
 
 
 def _directive(path: Path) -> dict[str, str]:
