@@ -1,0 +1,36 @@
+"""Benchmark: the CLI as a user feels it (issue 20). Prints, each as a whole process:
+
+* ``echo-plan simulate`` warm (traces on disk) for GPT-3 175B on the default H800 cluster
+  (target < 0.5 s; 0.93-0.96 s before the compiled loop became opt-in and libyaml read the data);
+* the README's main search, cold (empty trace cache, no stored study; target < 20 s).
+
+    python benchmarks/cli_speed.py
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def run(args: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "echo_plan.cli", *args], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = ["simulate", "--tp", "8", "--pp", "4", "--gbs", "1536", "--cache-dir", f"{tmp}/sim"]
+        run(sim)  # fills the trace cache
+        warm = sorted(run(sim) for _ in range(5))
+        print(f"simulate warm, whole process: median {warm[2]:.2f} s, best {warm[0]:.2f} s (target < 0.5 s)")
+        cold = run(["search", "--storage", "memory", "--cache-dir", f"{tmp}/search", "--no-progress"])
+        print(f"README search, cold: {cold:.1f} s (target < 20 s)")
+
+
+if __name__ == "__main__":
+    main()
