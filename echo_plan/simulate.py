@@ -204,7 +204,13 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     notes = [f"critical pipeline stage: {rank}", f"micro-batches per step: {plan.num_microbatches}",
              f"level-2 tasks: {step.tasks_replayed}", f"software stack: {stack.name}"]
     notes += stack_notes(plan, stack)
-    a2a = all_to_all_note(model, plan, traces, comm_time, cluster.gpus_per_node) if model.is_moe else None
+    a2a = None
+    if model.is_moe:
+        def tiers(group):  # the bandwidths the NCCL model gives each tier of this group
+            topo, _ = comm.lines(CollectiveKind.ALL_TO_ALL, group, cluster)
+            return topo.nvl_GBps, topo.net_rank_GBps
+        a2a = all_to_all_note(model, plan, traces, comm_time, cluster.gpus_per_node,
+                              tiers if hasattr(comm, "lines") else None)
     if a2a:
         notes.append(a2a)
     if step.extrapolated:

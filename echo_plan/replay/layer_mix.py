@@ -52,7 +52,8 @@ def layer_params_per_rank(model: ModelSpec, plan: PlanSpec, kind: LayerKind = DE
     return dense, expert
 
 
-def all_to_all_note(model: ModelSpec, plan: PlanSpec, traces, comm_time, gpus_per_node: int) -> str | None:
+def all_to_all_note(model: ModelSpec, plan: PlanSpec, traces, comm_time, gpus_per_node: int,
+                    tiers=None) -> str | None:
     """Where the MoE token exchange runs and what it costs: per MoE layer (forward + backward) and per
     step on the pipeline rank with the most MoE layers, with how many peers are inside a server."""
     from echo_plan.trace.records import CollectiveKind
@@ -72,6 +73,12 @@ def all_to_all_note(model: ModelSpec, plan: PlanSpec, traces, comm_time, gpus_pe
         where = ("inside one server over NVLink" if nodes == 1 else
                  f"across {nodes} servers ({per_node - 1} of {group.size - 1} peers over NVLink, "
                  f"{group.size - per_node} over the network)")
+        if tiers is not None:  # (NVLink, network) GB/s one rank gets: each tier's share, run concurrently
+            nvl, net = tiers(group)
+            total = sum(op.collective.nbytes for op in ops)
+            inside = total * (per_node - 1) / group.size / (nvl * 1e9) if per_node > 1 and nvl else 0.0
+            across = total * (group.size - per_node) / group.size / (net * 1e9) if nodes > 1 and net else 0.0
+            where += f"; per MoE layer {inside * 1e3:.2f} ms of transfer inside servers, {across * 1e3:.2f} ms across"
         return (f"MoE all-to-all: ep {group.size} group {where}; {len(ops)} exchanges of {mb:,.0f} MiB in all per "
                 f"MoE layer and micro-batch, {layer_s * 1e3:.2f} ms; {step_s:.2f} s per step on the stage with "
                 f"{most} MoE layers (before overlap)")
