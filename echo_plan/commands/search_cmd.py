@@ -120,7 +120,9 @@ def print_search(outcome, top: int, explain: bool, pruned=None) -> None:
     for line in explain_top(outcome.ranked):
         typer.echo(line)
     pruned_total = sum(outcome.pruned_counts.values())
-    sims = sum(1 for t in outcome.trials if t.state.value != "pruned" and not t.detail.startswith(("repeat", "same")))
+    from echo_plan.search.results import simulated_this_study
+
+    sims = simulated_this_study(outcome.trials)
     typer.echo(f"{len(outcome.trials)} trials ({sims} simulated this study), {pruned_total} of "
                f"{outcome.candidates_total} candidates pruned before simulation; traces made "
                f"{outcome.traces_made}, trace cache hits {outcome.trace_cache_hits}; {outcome.wall_s:.1f} s")

@@ -18,7 +18,7 @@ from echo_plan.report.charts_search import breakdown_chart, evaluated, progress_
 from echo_plan.report.headline import compare_headline, search_headline
 from echo_plan.report.inputs import build_inputs
 from echo_plan.report.table import knob_value_table, ranked_table, sizes_table
-from echo_plan.search.results import CompareOutcome, SearchOutcome, TrialState
+from echo_plan.search.results import CompareOutcome, SearchOutcome, TrialState, simulated_this_study
 
 Outcome = SearchOutcome | CompareOutcome
 
@@ -37,7 +37,8 @@ def _run_rows(o: SearchOutcome) -> tuple[tuple[str, str], ...]:
     simulated = len(evaluated(o))
     rows = [
         ("sampler", f"{o.sampler} (seed {o.seed})"),
-        ("trials", f"{len(o.trials)}: {states[TrialState.COMPLETE]} simulated, {states[TrialState.PRUNED]} pruned, "
+        ("trials", f"{len(o.trials)}: {simulated_this_study(o.trials)} simulated this study (as the CLI counts), "
+                   f"{states[TrialState.COMPLETE]} complete with repeats, {states[TrialState.PRUNED]} pruned, "
                    f"{states[TrialState.FAILED]} failed"),
         ("candidates", f"{o.candidates_total} in the space, {sum(o.pruned_counts.values())} pruned before "
                        f"simulation, {simulated} distinct plans simulated, {len(o.ranked)} fit"),

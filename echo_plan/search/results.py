@@ -26,6 +26,14 @@ class TrialRecord:
     wall_s: float = 0.0
 
 
+REUSED_DETAILS = ("repeat", "same plan")  # trials that reused an earlier simulation of the same plan
+
+
+def simulated_this_study(trials) -> int:
+    """Trials this study actually simulated: not pruned, not reusing another trial's simulation."""
+    return sum(1 for t in trials if t.state is not TrialState.PRUNED and not t.detail.startswith(REUSED_DETAILS))
+
+
 @dataclass(frozen=True, slots=True)
 class SearchOutcome:
     model: dict[str, Any]  # ModelSpec.model_dump(mode="json")
