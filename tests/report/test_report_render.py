@@ -172,3 +172,11 @@ def test_search_report_has_a_fault_sensitivity_section(tmp_path):
     html = render_report(outcome, sensitivity=sensitivity_view(data))
     assert 'id="fault-sensitivity"' in html and "chart-fault-sensitivity" in html
     assert "loses 18% of its throughput to one NIC at 50% rate; plan #2 loses 8%" in html
+
+
+def test_report_counts_simulated_trials_as_the_cli_does():
+    from echo_plan.search.results import simulated_this_study
+
+    outcome = search_outcome(60, seed=4)
+    html = render_report(outcome)
+    assert f"{simulated_this_study(outcome.trials)} simulated this study" in html
