@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,17 @@ def derive_study_name(model: dict[str, Any], cluster: dict[str, Any], gbs: int, 
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
 
 
+OPEN_ATTEMPTS = 6
+
+
+def _lost_a_race(exc: Exception) -> bool:
+    """Two searches opening one new database or study at once: one creates the tables (or the study)
+    while the other tries to; the loser sees a duplicate and only has to open it again."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    return any(k in text for k in ("integrityerror", "duplicate key", "already exists", "duplicatedstudy",
+                                   "uniqueviolation", "database is locked"))
+
+
 class TrialStore:
     """The persistent Optuna study of one search: load its finished trials, commit new ones."""
 
@@ -100,15 +113,20 @@ class TrialStore:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.url = url
         self.study_name = study_name
-        try:
-            path = sqlite_file(url)
-            if path is not None:  # SQLite creates the file but not its folder
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            storage = optuna.storages.get_storage(url)
-            self.study = optuna.create_study(storage=storage, study_name=study_name, directions=directions,
-                                             load_if_exists=True)
-        except Exception as exc:  # SQLAlchemy/Optuna errors on a bad URL or an unreachable database
-            raise EchoPlanError(f"cannot open study storage {url!r}: {db_error(exc)}") from None
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                path = sqlite_file(url)
+                if path is not None:  # SQLite creates the file but not its folder
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                storage = optuna.storages.get_storage(url)
+                self.study = optuna.create_study(storage=storage, study_name=study_name, directions=directions,
+                                                 load_if_exists=True)
+                break
+            except Exception as exc:  # SQLAlchemy/Optuna errors on a bad URL or an unreachable database
+                if attempt + 1 < OPEN_ATTEMPTS and _lost_a_race(exc):
+                    time.sleep(0.2 * (attempt + 1))  # another search created the schema or the study first
+                    continue
+                raise EchoPlanError(f"cannot open study storage {url!r}: {db_error(exc)}") from None
         have = [d.name.lower() for d in self.study.directions]
         if have != [d.lower() for d in directions]:
             raise EchoPlanError(f"study {study_name!r} in {url} optimises {have}, not {directions}; "
@@ -117,13 +135,13 @@ class TrialStore:
     def load(self) -> list[TrialRecord]:
         """Finished trials written by echo-plan, in trial order."""
         out: list[TrialRecord] = []
-        for ft in self.study.get_trials(deepcopy=False):
+        for ft in sorted(self.study.get_trials(deepcopy=False), key=lambda t: t.number):
             raw = ft.user_attrs.get(ATTR)
             if raw is None:
                 continue
             out.append(trial_from_json(json.loads(raw)))
-        out.sort(key=lambda r: r.number)
-        return out
+        # the order the storage committed them in: unique even when several searches wrote one study at once
+        return [replace(r, number=i) for i, r in enumerate(out)]
 
     def commit(self, record: TrialRecord, values: list[float] | None) -> None:
         """Write one finished trial now (one transaction). The plan lives in the trial's user
