@@ -140,7 +140,9 @@ class TrialStore:
             if raw is None:
                 continue
             out.append(trial_from_json(json.loads(raw)))
-        # the order the storage committed them in: unique even when several searches wrote one study at once
+        if len({r.number for r in out}) == len(out):  # one writer: its own numbering
+            return sorted(out, key=lambda r: r.number)
+        # several searches wrote this study at once and numbered their trials alike: the storage's commit order
         return [replace(r, number=i) for i, r in enumerate(out)]
 
     def commit(self, record: TrialRecord, values: list[float] | None) -> None:
