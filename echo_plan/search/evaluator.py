@@ -56,6 +56,7 @@ class Evaluation:
     wall_s: float
     traces_made: int
     cache_hits: int
+    node: str = ""  # the Ray node that ran it ("" in-process)
 
 
 def run_one(evaluator: Evaluator, plan: PlanSpec) -> Evaluation:

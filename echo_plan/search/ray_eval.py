@@ -37,8 +37,8 @@ def start_ray(workers: int | None, address: str | None) -> bool:
     try:
         if address is not None:
             ray.init(address=address, **kwargs)
-        else:
-            ray.init(num_cpus=workers, **kwargs)
+        else:  # a new local Ray of its own, even when a Ray cluster runs on this machine
+            ray.init(address="local", num_cpus=workers, **kwargs)
     except Exception as exc:  # connection refused, bad address, ...
         raise EchoPlanError(f"cannot start or reach Ray ({address or 'local'}): {type(exc).__name__}: {exc}") \
             from None
@@ -82,6 +82,7 @@ class RayPool:
         self._factory = factory
         self._actor_cls = ray.remote(num_cpus=1, max_restarts=0)(_Worker)
         self._actors = [self._actor_cls.remote(factory) for _ in range(workers)]
+        self.nodes: dict[str, int] = {}  # Ray node id -> plans evaluated there
 
     def evaluate_many(self, plans: list[PlanSpec], on_done: OnDone) -> list[Evaluation]:
         """Every plan on some worker; ``on_done(i, evaluation)`` runs in this process as each finishes."""
@@ -104,6 +105,8 @@ class RayPool:
                     ev = Evaluation(None, f"worker failed: {type(exc).__name__}: {exc}".splitlines()[0], 0.0, 0, 0)
                     self._actors[a] = self._respawn(a)
                 out[i] = ev
+                if ev.node:
+                    self.nodes[ev.node] = self.nodes.get(ev.node, 0) + 1
                 on_done(i, ev)
                 free.append(a)
         return [e for e in out if e is not None]
@@ -152,4 +155,9 @@ class _Worker:
         self.evaluator = factory.build()
 
     def run(self, plan_fields: dict[str, Any]) -> Evaluation:
-        return run_one(self.evaluator, PlanSpec.build(plan_fields))
+        import dataclasses
+
+        import ray
+
+        ev = run_one(self.evaluator, PlanSpec.build(plan_fields))
+        return dataclasses.replace(ev, node=ray.get_runtime_context().get_node_id())

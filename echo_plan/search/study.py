@@ -218,6 +218,10 @@ class _Search:
                 self.notes.append(f"the sampler stopped proposing new plans after {len(self.records)} trials "
                                   f"({len(self.attempted)} distinct plans simulated)")
         finally:
+            nodes = getattr(pool, "nodes", None)
+            if nodes:
+                self.notes.append(f"evaluated on {len(nodes)} Ray node{'s' if len(nodes) > 1 else ''}: " + ", ".join(
+                    f"{n[:8]} {c} plans" for n, c in sorted(nodes.items(), key=lambda kv: (-kv[1], kv[0]))))
             pool.close()
             if self.progress is not None:
                 self.progress.close()
