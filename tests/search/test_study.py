@@ -183,3 +183,16 @@ def test_tpe_polish_spends_the_last_fifth_around_the_best_so_far():
         tpe = [moves(rec.plan, centre) for rec in simulated[:budget - polished]]
         assert near[0] <= 1 and max(near) <= 2, near
         assert sum(near) / len(near) < sum(tpe) / len(tpe) - 1
+
+
+def test_ray_advice_only_when_one_process_would_have_been_faster():
+    from echo_plan.search.results import TrialRecord, TrialState
+    from echo_plan.search.study import ray_advice
+
+    class R:  # a finished trial with a result
+        pass
+
+    recs = [TrialRecord(i, {}, TrialState.COMPLETE, R(), wall_s=1.0) for i in range(4)]
+    assert ray_advice(recs, wall_s=10.0, workers=2)[0].startswith("in-process would have been faster here: "
+                                                                  "the plans took 4.0 s")
+    assert ray_advice(recs, wall_s=3.0, workers=2) == []
