@@ -21,8 +21,8 @@ CATEGORY_COLORS = {
 # Rows of a stage, top to bottom: the replay's streams (echo_plan/replay), the two pipeline
 # directions drawn on one row to keep the chart short.
 STREAM_ROW = {"compute": "compute", "tp_comm": "TP comm", "pp_fwd": "PP comm", "pp_bwd": "PP comm",
-              "pp_comm": "PP comm", "dp_comm": "DP comm"}
-ROW_ORDER = ("compute", "TP comm", "PP comm", "DP comm")
+              "pp_comm": "PP comm", "pp_gather": "PP recv gather", "dp_comm": "DP comm"}
+ROW_ORDER = ("compute", "TP comm", "PP comm", "PP recv gather", "DP comm")
 
 
 def _row_labels(events: tuple[TimelineEvent, ...], pp: int) -> tuple[dict[tuple[int, str], str], list[str]]:
@@ -127,7 +127,10 @@ def timeline_chart(result: StepResult, bins: int | None = None) -> Chart | None:
                  "communication stream, coloured by what runs: forward and backward chunks of micro-batches, "
                  "point-to-point transfers, gradient reduction, the optimizer step. White on a compute row is "
                  f"pipeline bubble or waiting. Each row is cut into {bins} slots of {width * 1e3:.3g} ms; a slot "
-                 "shows what runs at its middle (or a shorter event inside it). Hover to name an event.",
+                 "shows what runs at its middle (or a shorter event inside it). Hover to name an event."
+                 + (" 'PP recv gather' rows: without sequence parallelism a stage receives each message in 1/tp "
+                    "parts and all-gathers it over TP before using it (coloured as p2p)."
+                    if any(e.stream == "pp_gather" for e in events) else ""),
                  tuple(data), layout)
 
 
