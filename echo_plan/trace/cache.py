@@ -85,6 +85,22 @@ class TraceCache:
         self._memory[key] = trace
         return trace
 
+    def peek(self, key: TraceKey) -> LayerTrace | None:
+        """The entry for ``key`` if one is here and sound; no counting, no warnings, nothing removed
+        (the tracer borrows what a trace under another recompute mode already measured)."""
+        kept = self._memory.get(key)
+        if kept is not None:
+            return kept
+        path = self.path_for(key)
+        if path in self._bypassed or non_regular(path) is not None:
+            return None
+        try:
+            trace = self._decode(path.read_bytes(), key)
+        except Exception:  # noqa: BLE001 - absent or unusable: the caller measures for itself
+            return None
+        self._memory[key] = trace
+        return trace
+
     def put(self, trace: LayerTrace) -> None:
         payload = json.dumps(trace_to_dict(trace), separators=(",", ":")).encode()
         header = {

@@ -110,13 +110,15 @@ def _param_count(module: nn.Module) -> int:
 
 def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
             micro_batch_size: int, dtype: DType, recompute: Recompute, stack: SoftwareSpec,
-            kind: LayerKind = DENSE, layout: ExpertLayout | None = None) -> Captured:
+            kind: LayerKind = DENSE, layout: ExpertLayout | None = None,
+            known_saved: dict[str, int] | None = None) -> Captured:
     """Trace one stage on TP rank 0 (a layer of ``kind``; MoE layers with ``layout``): forward then
     backward of one micro-batch."""
     layout = layout if (kind.moe and layout is not None) else ExpertLayout(etp=1)
     tdtype = TORCH_DTYPES[dtype]
     modes = list(Recompute) if stage is StageKind.BLOCK else [recompute]
-    saved: dict[str, int] = {}
+    saved: dict[str, int] = {}  # the other modes' saved bytes, when a trace of this stage under them is known
+    other_known = {k: v for k, v in (known_saved or {}).items() if k != recompute.value}
     with FakeTensorMode(), fake_groups(tp, layout.ep, layout.etp) as groups:
         recorder = Recorder(tp, groups.comm)
         meter = SavedBytesMeter(set())
@@ -136,6 +138,7 @@ def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: b
                 out.backward(torch.empty_like(out))
         param_count = _param_count(module)
         ops = tuple(recorder.ops)
+        saved.update(other_known)
         for mode in modes:  # saved bytes under the other recompute modes: forward only, unrecorded
             if mode.value in saved:
                 continue

@@ -6,7 +6,7 @@ group (``capture.py``), records it and stores it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from echo_plan.specs import DType, ModelSpec, PlanSpec, Recompute, SoftwareSpec, load_stack
 from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
@@ -58,9 +58,17 @@ def trace_stage(model: ModelSpec, stage: StageKind, *, tp: int, sequence_paralle
             return hit
     from echo_plan.trace.capture import capture
 
+    known = None  # a cached trace of this stage under another recompute mode measured every mode's saved bytes
+    if cache is not None and StageKind(stage) is StageKind.BLOCK:
+        for other in Recompute:
+            if other.value != key.recompute:
+                hit = cache.peek(replace(key, recompute=other.value))
+                if hit is not None and len(hit.saved_bytes_by_mode) == len(Recompute):
+                    known = dict(hit.saved_bytes_by_mode)
+                    break
     got = capture(model, key.stage, tp=key.tp, sequence_parallel=key.sequence_parallel,
                   micro_batch_size=key.micro_batch_size, dtype=DType(dtype),
-                  recompute=Recompute(key.recompute), stack=stack, kind=kind, layout=layout)
+                  recompute=Recompute(key.recompute), stack=stack, kind=kind, layout=layout, known_saved=known)
     trace = LayerTrace(
         key=key, ops=got.ops, saved_bytes=got.saved_bytes_by_mode[key.recompute],
         saved_bytes_by_mode=dict(got.saved_bytes_by_mode), param_count=got.param_count,
