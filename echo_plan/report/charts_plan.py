@@ -134,6 +134,38 @@ def timeline_chart(result: StepResult, bins: int | None = None) -> Chart | None:
                  tuple(data), layout)
 
 
+WINDOW_MIN_PASSES = 6  # a window below a sixth of the step is worth its own chart
+
+
+def timeline_window_chart(result: StepResult, bins: int = 600) -> Chart | None:
+    """The start of the step at full resolution: warm-up and the first steady-state micro-batches, where
+    the whole-step chart of a long step squeezes many passes into each slot (None for short steps)."""
+    events = result.timeline
+    pp = max(1, int(result.plan.get("pp", 1)))
+    if not events or pp < 2:
+        return None
+    first = min(e.rank for e in events)
+    backward = [e.start_s for e in events if e.rank == first and e.stream == "compute" and e.category == "backward"]
+    if not backward:
+        return None
+    end = 2.5 * min(backward)  # stage 0's warm-up (its first backward starts), then as long again and half more
+    if end <= 0 or end * WINDOW_MIN_PASSES > max(e.start_s + e.duration_s for e in events):
+        return None  # a short step: the whole-step chart already shows every pass
+    window = tuple(e for e in events if e.start_s < end)
+    from dataclasses import replace
+
+    clipped = tuple(replace(e, duration_s=min(e.duration_s, end - e.start_s)) for e in window)
+    chart = timeline_chart(replace(result, timeline=clipped), bins)
+    if chart is None:
+        return None
+    return replace(chart, id="chart-timeline-window",
+                   title="The start of the step, at full resolution",
+                   caption=f"The first {end * 1e3:.4g} ms of the same step ({len(clipped)} events): the warm-up "
+                           "forwards, the first forward/backward pairs, each point-to-point transfer and each wait "
+                           "between them, drawn at full resolution (the whole step above samples them). Hover "
+                           "to name an event.")
+
+
 def memory_chart(result: StepResult) -> Chart | None:
     """Stacked memory of each pipeline stage against the GPU's capacity; None without memory records."""
     if not result.memory:

@@ -12,7 +12,7 @@ from echo_plan import __version__
 from echo_plan.errors import EchoPlanError
 from echo_plan.report.chart import Chart, fmt_seconds
 from echo_plan.report.charts_compare import scaling_chart, train_cost_chart
-from echo_plan.report.charts_plan import memory_chart, timeline_chart
+from echo_plan.report.charts_plan import memory_chart, timeline_chart, timeline_window_chart
 from echo_plan.report.charts_search import breakdown_chart, evaluated, progress_chart, pruned_chart, \
     throughput_memory_chart
 from echo_plan.report.headline import compare_headline, search_headline
@@ -55,6 +55,7 @@ def search_view(o: SearchOutcome, timeline_note: str | None = None) -> SearchVie
         "scatter": throughput_memory_chart(o),
         "breakdown": breakdown_chart(o) if o.ranked else None,
         "timeline": timeline_chart(best) if best is not None else None,
+        "timeline_window": timeline_window_chart(best) if best is not None else None,
         "memory": memory_chart(best) if best is not None else None,
         "progress": progress_chart(o) if o.trials else None,
         "pruned": pruned_chart(o) if (o.pruned_counts or any(t.state is TrialState.FAILED for t in o.trials))

@@ -40,7 +40,7 @@ def test_search_report_loads_draws_and_screenshots(tmp_path):
     html = write_report(search_outcome(120, seed=5), tmp_path / "search.html")
     png = tmp_path / "search.png"
     load = browser.load(html, CHROMIUM, screenshot_to=png, window=(1280, 1600), profile_root=tmp_path)
-    check_drawn(load, 6)
+    check_drawn(load, 7)  # the timeline, its full-resolution start, and the rest
     assert "tp" in re.search(r'<div class="plan">(.*?)</div>', load.dom).group(1)
     assert png_size(png) == (1280, 1600)
     assert png.stat().st_size > 50_000  # a drawn page, not a blank one
@@ -51,7 +51,7 @@ def test_compare_report_loads_and_draws_before_load_in_sync_mode(tmp_path):
     # report.html#sync (the benchmark's timing mode) draws everything before the load event, where
     # headless Chromium reads the DOM in real time (no virtual time)
     load = browser.load(html, CHROMIUM, budget_ms=None, fragment="sync", profile_root=tmp_path)
-    check_drawn(load, 8)
+    check_drawn(load, 9)
     assert 0 < float(load.body_attr("data-plotly-ms")) <= load.charts_ms
     assert 'id="sizes"' in load.dom
 
@@ -80,5 +80,5 @@ def test_search_report_with_fault_sensitivity_draws_it(tmp_path):
     outcome = search_outcome(40, seed=2)
     html = write_report(outcome, tmp_path / "faults.html", sensitivity=synthetic_sensitivity(outcome))
     load = browser.load(html, CHROMIUM, profile_root=tmp_path)
-    check_drawn(load, 7)
+    check_drawn(load, 8)
     assert 'id="fault-sensitivity"' in load.dom and "loses 20% of its throughput" in load.dom

@@ -46,8 +46,8 @@ def test_headline_names_the_best_plan_and_its_numbers(outcome, html):
 
 def test_every_chart_has_an_element_and_data(html):
     charts = charts_of(html)
-    assert set(charts) == {"chart-scatter", "chart-breakdown", "chart-timeline", "chart-memory", "chart-progress",
-                           "chart-pruned"}
+    assert set(charts) == {"chart-scatter", "chart-breakdown", "chart-timeline", "chart-timeline-window",
+                           "chart-memory", "chart-progress", "chart-pruned"}
     for cid, c in charts.items():
         assert f'id="{cid}"' in html
         assert c["data"], cid
@@ -180,3 +180,16 @@ def test_report_counts_simulated_trials_as_the_cli_does():
     outcome = search_outcome(60, seed=4)
     html = render_report(outcome)
     assert f"{simulated_this_study(outcome.trials)} simulated this study" in html
+
+
+def test_a_long_step_gets_its_start_at_full_resolution():
+    from echo_plan.report.charts_plan import timeline_window_chart
+
+    best = search_outcome(120, seed=5).best
+    chart = timeline_window_chart(best)
+    assert chart is not None and chart.id == "chart-timeline-window"
+    legend = {t["name"] for t in chart.data if t["type"] == "scatter"}
+    assert {"forward", "backward", "p2p"} <= legend  # transfers are drawn, not sampled away
+    heat = chart.data[0]
+    end = max(e.start_s + e.duration_s for e in best.timeline)
+    assert heat["x"][-1] < end * (1e3 if heat["x"][-1] < end * 1e3 else 1)  # a window, not the whole step
