@@ -123,6 +123,16 @@ class SimulationMemo:
             self.layer_hits += 1
         return hit
 
+    def timings(self, traces, compute, comm, cluster: ClusterSpec, cluster_key: str, plan: PlanSpec,
+                interference) -> dict:
+        """Level-1 timing of every traced stage of ``traces``: block, embedding, output, and each
+        layer kind (``blocks``), on ``cluster`` (a fault may hand a stage a slowed copy of it)."""
+        out = {name: self.layer(getattr(traces, name), compute, comm, cluster, cluster_key, plan, interference)
+               for name in ("block", "embedding", "output")}
+        out["blocks"] = {kind: self.layer(t, compute, comm, cluster, cluster_key, plan, interference)
+                         for kind, t in traces.blocks}
+        return out
+
     def comm_time(self, comm, cluster_key: str, cluster: ClusterSpec, kind: CollectiveKind, nbytes: int,
                   group: CommGroup) -> float:
         key = (comm, cluster_key, kind, nbytes, group)
@@ -165,10 +175,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
 
     traces = memo.traces(model, plan, cache, stack)
     cluster_key = cluster.model_dump_json()
-    timing = {name: memo.layer(getattr(traces, name), compute, comm, cluster, cluster_key, plan, interference)
-              for name in ("block", "embedding", "output")}
-    timing["blocks"] = {kind: memo.layer(t, compute, comm, cluster, cluster_key, plan, interference)
-                        for kind, t in traces.blocks}
+    timing = memo.timings(traces, compute, comm, cluster, cluster_key, plan, interference)
 
     def comm_time(kind: CollectiveKind, nbytes: int, group: CommGroup) -> float:
         return memo.comm_time(comm, cluster_key, cluster, kind, nbytes, group)
@@ -178,7 +185,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         from echo_plan.resilience.apply import fault_hooks
 
         effects, work_scale, stage_timing, stage_comm = fault_hooks(
-            faults, model, cluster, plan, traces, timing, work_scale, memo, compute, comm, interference)
+            faults, cluster, cluster_key, plan, traces, timing, work_scale, memo, compute, comm, interference)
     base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, memo.schedule, stack,
                       stage_timing, stage_comm)
 

@@ -230,9 +230,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     interference = interference if interference is not None else memo.default_interference()
     traces = memo.traces(model, plan, cache, stack)
     ckey = cluster.model_dump_json()
-    timing = {n: memo.layer(getattr(traces, n), compute, comm, cluster, ckey, plan, interference)
-              for n in ("block", "embedding", "output")}
-    timing["blocks"] = {k: memo.layer(t, compute, comm, cluster, ckey, plan, interference) for k, t in traces.blocks}
+    timing = memo.timings(traces, compute, comm, cluster, ckey, plan, interference)
 
     def comm_time(kind: CollectiveKind, nbytes: int, group: Any) -> float:
         return memo.comm_time(comm, ckey, cluster, kind, nbytes, group)

@@ -14,30 +14,25 @@ from typing import Any
 from echo_plan.resilience.faults import Fault, check_faults, slowed_cluster, stage_effects
 
 
-def fault_hooks(faults: tuple[Fault, ...], model, cluster, plan, traces, timing: dict, work_scale, memo, compute,
-                comm, interference):
+def fault_hooks(faults: tuple[Fault, ...], cluster, cluster_key: str, plan, traces, timing: dict, work_scale, memo,
+                compute, comm, interference):
     """(effects, work_scale, stage_timing, stage_comm) for ``step_costs``."""
     check_faults(faults, plan, cluster)
     effects = stage_effects(faults, plan, cluster)
     scale = tuple((work_scale[i] if work_scale else 1.0) * e.compute_scale for i, e in enumerate(effects))
     clusters = [slowed_cluster(cluster, e) for e in effects]
-    keys = [c.model_dump_json() if c is not cluster else None for c in clusters]
+    keys = [c.model_dump_json() if c is not cluster else cluster_key for c in clusters]
     per_stage: dict[int, dict] = {}
 
     def stage_timing(r: int) -> dict:
-        c = clusters[r]
-        if c is cluster:
+        if clusters[r] is cluster:
             return timing
         if r not in per_stage:
-            t = {name: memo.layer(getattr(traces, name), compute, comm, c, keys[r], plan, interference)
-                 for name in ("block", "embedding", "output")}
-            t["blocks"] = {kind: memo.layer(tr, compute, comm, c, keys[r], plan, interference)
-                           for kind, tr in traces.blocks}
-            per_stage[r] = t
+            per_stage[r] = memo.timings(traces, compute, comm, clusters[r], keys[r], plan, interference)
         return per_stage[r]
 
     def stage_comm(r: int):
-        c, key = clusters[r], keys[r] or cluster.model_dump_json()
+        c, key = clusters[r], keys[r]
 
         def comm_time(kind, nbytes, group) -> float:
             return memo.comm_time(comm, key, c, kind, nbytes, group)
@@ -46,7 +41,7 @@ def fault_hooks(faults: tuple[Fault, ...], model, cluster, plan, traces, timing:
     return effects, (scale if any(x != 1.0 for x in scale) else work_scale), stage_timing, stage_comm
 
 
-def _busy(stage, microbatches: int, scale: float, v: int) -> float:
+def _busy(stage, microbatches: int, scale: float) -> float:
     per_mb = sum(f.work_s for f in stage.forward) + sum(b.work_s for b in stage.backward)
     return per_mb * microbatches * scale + stage.optimizer_s * scale
 
@@ -57,7 +52,7 @@ def fault_summary(faults: tuple[Fault, ...], effects, costs, step_s: float, heal
     stages = []
     for r, (st, e) in enumerate(zip(costs.stages, effects)):
         scale = costs.work_scale[r] if costs.work_scale else 1.0
-        busy = _busy(st, m, scale, plan.virtual_stages)
+        busy = _busy(st, m, scale)
         stages.append({"stage": r, "causes": list(e.causes), "compute_scale": e.compute_scale,
                        "network_bw": e.net_bw, "nvlink_bw": e.nvlink_bw, "busy_s": busy,
                        "wait_s": max(0.0, step_s - busy),

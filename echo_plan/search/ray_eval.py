@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from echo_plan.errors import EchoPlanError
+from echo_plan.search.results import TrialState
 from echo_plan.search.evaluator import Evaluation, EvaluatorFactory, OnDone, run_one
 from echo_plan.specs.plan import PlanSpec
 
@@ -161,3 +162,14 @@ class _Worker:
 
         ev = run_one(self.evaluator, PlanSpec.build(plan_fields))
         return dataclasses.replace(ev, node=ray.get_runtime_context().get_node_id())
+
+
+def ray_advice(records, wall_s: float, workers: int) -> list[str]:
+    """A measured word on --workers/--ray-address: the simulations alone took this long in all, so
+    one process doing them in turn would have beaten the parallel search when that is less."""
+    simulated = sum(r.wall_s for r in records if r.state is not TrialState.PRUNED and r.result is not None)
+    if simulated <= 0 or simulated >= wall_s:
+        return []
+    return [f"in-process would have been faster here: the plans took {simulated:.1f} s of simulation in all, "
+            f"the search on {workers} Ray workers {wall_s:.1f} s (starting Ray and shipping work cost more than "
+            f"the parallelism saved); drop --workers on this machine"]

@@ -220,6 +220,8 @@ class _Search:
         finally:
             nodes = getattr(pool, "nodes", None)
             if nodes is not None:  # on Ray: would one process have been faster on this machine?
+                from echo_plan.search.ray_eval import ray_advice
+
                 self.notes += ray_advice(self.records, time.perf_counter() - t0, pool.workers)
             if nodes:
                 self.notes.append(f"evaluated on {len(nodes)} Ray node{'s' if len(nodes) > 1 else ''}: " + ", ".join(
@@ -427,13 +429,3 @@ def pareto_front(results: list[StepResult]) -> tuple[StepResult, ...]:
             front.append(r)
     return tuple(front)
 
-
-def ray_advice(records, wall_s: float, workers: int) -> list[str]:
-    """A measured word on --workers/--ray-address: the simulations alone took this long in all, so
-    one process doing them in turn would have beaten the parallel search when that is less."""
-    simulated = sum(r.wall_s for r in records if r.state is not TrialState.PRUNED and r.result is not None)
-    if simulated <= 0 or simulated >= wall_s:
-        return []
-    return [f"in-process would have been faster here: the plans took {simulated:.1f} s of simulation in all, "
-            f"the search on {workers} Ray workers {wall_s:.1f} s (starting Ray and shipping work cost more than "
-            f"the parallelism saved); drop --workers on this machine"]

@@ -187,7 +187,7 @@ def test_tpe_polish_spends_the_last_fifth_around_the_best_so_far():
 
 def test_ray_advice_only_when_one_process_would_have_been_faster():
     from echo_plan.search.results import TrialRecord, TrialState
-    from echo_plan.search.study import ray_advice
+    from echo_plan.search.ray_eval import ray_advice
 
     class R:  # a finished trial with a result
         pass
