@@ -67,13 +67,17 @@ def build_schedule(schedule: Schedule, pp: int, num_microbatches: int, virtual_s
         if num_microbatches % pp:
             raise SpecError("num_microbatches", num_microbatches,
                             f"the interleaved schedule needs a multiple of pp ({pp})")
-        ranks = tuple(_interleaved(s, pp, num_microbatches, virtual_stages) for s in range(pp))
+        fwd, bwd = _interleaved_actions(pp, num_microbatches, virtual_stages)
+        ranks = tuple(_one_rank(fwd, bwd, _interleaved_warmup(s, pp, num_microbatches, virtual_stages))
+                      for s in range(pp))
     elif virtual_stages > 1:
         raise SpecError("virtual_stages", virtual_stages, f"only the interleaved schedule has virtual stages, not {schedule.value}")
     elif schedule is Schedule.GPIPE:
         ranks = tuple(_gpipe(num_microbatches) for _ in range(pp))
     else:  # 1F1B, and "interleaved" with one chunk is plain 1F1B
-        ranks = tuple(_one_f_one_b(s, pp, num_microbatches) for s in range(pp))
+        fwd = [Action(Pass.FORWARD, i, 0) for i in range(num_microbatches)]
+        bwd = [Action(Pass.BACKWARD, i, 0) for i in range(num_microbatches)]
+        ranks = tuple(_one_rank(fwd, bwd, min(pp - s - 1, num_microbatches)) for s in range(pp))
     return PipelineSchedule(schedule, pp, virtual_stages, num_microbatches, ranks)
 
 
@@ -81,43 +85,43 @@ def _gpipe(m: int) -> tuple[Action, ...]:
     return tuple([Action(Pass.FORWARD, i, 0) for i in range(m)] + [Action(Pass.BACKWARD, i, 0) for i in range(m)])
 
 
+def _one_rank(fwd: list[Action], bwd: list[Action], warmup: int) -> tuple[Action, ...]:
+    """One rank's order: ``warmup`` forwards, then one forward and one backward in turn, then the
+    remaining backwards. Every rank of 1F1B and of interleaved 1F1B runs the same forward and backward
+    sequences and differs only in its warm-up, so the Action objects are made once and shared."""
+    rest = len(fwd) - warmup
+    steady: list[Action | None] = [None] * (2 * rest)
+    steady[0::2] = fwd[warmup:]
+    steady[1::2] = bwd[:rest]
+    return tuple(fwd[:warmup] + steady + bwd[rest:])  # type: ignore[operator]
+
+
 def _one_f_one_b(s: int, pp: int, m: int) -> tuple[Action, ...]:
-    warmup = min(pp - s - 1, m)
-    out = [Action(Pass.FORWARD, i, 0) for i in range(warmup)]
-    for i in range(m - warmup):
-        out.append(Action(Pass.FORWARD, warmup + i, 0))
-        out.append(Action(Pass.BACKWARD, i, 0))
-    out.extend(Action(Pass.BACKWARD, i, 0) for i in range(m - warmup, m))
-    return tuple(out)
+    return _one_rank([Action(Pass.FORWARD, i, 0) for i in range(m)],
+                     [Action(Pass.BACKWARD, i, 0) for i in range(m)], min(pp - s - 1, m))
+
+
+def _interleaved_warmup(s: int, pp: int, m: int, v: int) -> int:
+    total = m * v
+    return total if m == pp else min((pp - s - 1) * 2 + (v - 1) * pp, total)
+
+
+def _interleaved_actions(pp: int, m: int, v: int) -> tuple[list[Action], list[Action]]:
+    """The k-th forward and the k-th backward of every rank (Megatron-LM's ``get_model_chunk_id`` and
+    ``get_microbatch_id_in_model_chunk``: groups of ``pp`` micro-batches per chunk)."""
+    group = pp * v
+    fwd, bwd = [], []
+    for k in range(m * v):
+        c = (k % group) // pp
+        mb = (k // group) * pp + k % pp
+        fwd.append(Action(Pass.FORWARD, mb, c))
+        bwd.append(Action(Pass.BACKWARD, mb, v - c - 1))
+    return fwd, bwd
 
 
 def _interleaved(s: int, pp: int, m: int, v: int) -> tuple[Action, ...]:
-    total = m * v
-    if m == pp:
-        warmup = total
-    else:
-        warmup = min((pp - s - 1) * 2 + (v - 1) * pp, total)
-
-    def chunk_of(k: int, forward: bool) -> int:
-        c = (k % (pp * v)) // pp
-        return c if forward else v - c - 1
-
-    def mb_of(k: int) -> int:
-        return (k // (pp * v)) * pp + k % pp
-
-    def fwd(k: int) -> Action:
-        return Action(Pass.FORWARD, mb_of(k), chunk_of(k, True))
-
-    def bwd(k: int) -> Action:
-        return Action(Pass.BACKWARD, mb_of(k), chunk_of(k, False))
-
-    out = [fwd(k) for k in range(warmup)]
-    remaining = total - warmup
-    for k in range(remaining):
-        out.append(fwd(k + warmup))
-        out.append(bwd(k))
-    out.extend(bwd(k) for k in range(remaining, total))
-    return tuple(out)
+    fwd, bwd = _interleaved_actions(pp, m, v)
+    return _one_rank(fwd, bwd, _interleaved_warmup(s, pp, m, v))
 
 
 def action_deps(sched: PipelineSchedule, rank: int, action: Action) -> tuple[tuple[int, Action], ...]:
