@@ -114,12 +114,15 @@ def stage_params(model: ModelSpec, plan: PlanSpec, stage: int) -> int:
     return sum(stage_params_split(model, plan, stage))
 
 
-def stage_params_split(model: ModelSpec, plan: PlanSpec, stage: int) -> tuple[int, int]:
-    """(parameters sharded like dense ones, routed-expert parameters) of pipeline rank ``stage``."""
+def stage_params_split(model: ModelSpec, plan: PlanSpec, stage: int,
+                       counts: Mapping[LayerKind, int] | None = None) -> tuple[int, int]:
+    """(parameters sharded like dense ones, routed-expert parameters) of pipeline rank ``stage``;
+    ``counts``: its layers of each kind when the caller has them (layer_mix.stage_kind_counts)."""
     from echo_plan.replay.layer_mix import layer_params_per_rank as mixed, stage_kind_counts
 
     n = experts = 0
-    for kind, count in stage_kind_counts(model, plan, stage).items():
+    counts = counts if counts is not None else stage_kind_counts(model, plan, stage)
+    for kind, count in counts.items():
         if kind.moe:
             dense, expert = mixed(model, plan, kind)
             n, experts = n + count * dense, experts + count * expert
@@ -285,7 +288,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
               saved: Mapping[LayerKind, tuple[int, int]], embed_saved: int, output_saved: int,
               consts: MemoryConstants | None = None, headroom_bytes: int | None = None) -> tuple[StageMemory, ...]:
     """``saved``: per layer kind, (bytes one layer saves under the plan's recompute, without recompute)."""
-    from echo_plan.replay.layer_mix import stage_kind_counts
+    from echo_plan.replay.layer_mix import all_stage_kind_counts
 
     c = consts or load_memory_constants()
     w_b, _, o_b = c.bytes_per_param[plan.dtype]
@@ -302,13 +305,14 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
     comms += sum(1 for n in (plan.ep, plan.edp) if n > 1) if model.is_moe else 0
     first = next(iter(saved.values()))
     out: list[StageMemory] = []
+    stage_counts = all_stage_kind_counts(model, plan)
     for i in range(plan.pp):
-        dense, experts = stage_params_split(model, plan, i)
+        counts = stage_counts[i]
+        dense, experts = stage_params_split(model, plan, i, counts)
         params = dense + experts
         optimizer = dense * o_b / shard + experts * o_b / eshard
         grads = (dense * g_b / shard + experts * g_b / eshard) if shard_grads else params * g_b
         chunks_held = inflight_chunk_passes(plan, i)
-        counts = stage_kind_counts(model, plan, i)
         act = sum(saved.get(k, first)[0] * n for k, n in counts.items()) / v * chunks_held
         if plan.recompute is not Recompute.NONE:  # one layer's recomputed part, live during its backward
             act += max(max(0, full - part) for part, full in saved.values())

@@ -25,14 +25,28 @@ def kind_counts(model: ModelSpec, first: int, n: int) -> tuple[tuple[LayerKind, 
 
 def stage_kind_counts(model: ModelSpec, plan: PlanSpec, stage: int) -> dict[LayerKind, int]:
     """Layers of each kind on pipeline rank ``stage`` (all its virtual chunks together)."""
-    pp, v = plan.pp, plan.virtual_stages
-    per_chunk = list(plan.virtual_layers(model.num_layers))
-    out: Counter = Counter()
-    for c in range(v):
-        vs = c * pp + stage
-        for kind, count in kind_counts(model, sum(per_chunk[:vs]), per_chunk[vs]):
-            out[kind] += count
-    return dict(out)
+    return all_stage_kind_counts(model, plan)[stage]
+
+
+def all_stage_kind_counts(model: ModelSpec, plan: PlanSpec) -> tuple[dict[LayerKind, int], ...]:
+    """:func:`stage_kind_counts` of every pipeline rank, in one pass over the layers (the memory
+    estimate of every candidate plan of a search asks for all of them)."""
+    pp = plan.pp
+    per_chunk = plan.virtual_layers(model.num_layers)
+    kinds = model.layer_kinds()
+    single = len(set(kinds)) == 1
+    out: list[Counter] = [Counter() for _ in range(pp)]
+    first = 0
+    for vs, n in enumerate(per_chunk):  # virtual stage vs is chunk vs // pp of rank vs % pp
+        counts = out[vs % pp]
+        if single:
+            if n:
+                counts[kinds[0]] += n
+        else:
+            for kind in kinds[first:first + n]:
+                counts[kind] += 1
+        first += n
+    return tuple(dict(c) for c in out)
 
 
 def layer_params_per_rank(model: ModelSpec, plan: PlanSpec, kind: LayerKind = DENSE) -> tuple[int, int]:
