@@ -28,6 +28,9 @@ StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default S
 StudyOpt = typer.Option(None, "--study-name", help="study name (default: derived from model, cluster, gbs, space)")
 WorkersOpt = typer.Option(0, "--workers", help="evaluate on N local Ray workers (started and stopped here)")
 RayOpt = typer.Option(None, "--ray-address", help="evaluate on an existing Ray cluster")
+ProcessesOpt = typer.Option(None, "--processes", envvar="ECHO_PLAN_PROCESSES",
+                            help="local worker processes, no Ray (default: one per CPU, at most 4, for a search of "
+                                 "16 plans or more; 1 runs in-process)")
 ProgressOpt = typer.Option(None, "--progress/--no-progress", help="progress bar on stderr (default: when a TTY)")
 ReportOpt = typer.Option(None, "--report", help="also write the HTML recommendation report to this file")
 
@@ -35,7 +38,8 @@ ReportOpt = typer.Option(None, "--report", help="also write the HTML recommendat
 def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int], gbs: int, space: Optional[str],
             sampler: str, trials: Optional[int], seed: int, storage: Optional[str], study_name: Optional[str],
             workers: int, ray_address: Optional[str], tokens: Optional[float] = None, stack: Optional[str] = None,
-            memory_headroom: Optional[str] = None, dp_comm: Optional[str] = None, density: Optional[float] = None):
+            memory_headroom: Optional[str] = None, dp_comm: Optional[str] = None, density: Optional[float] = None,
+            processes: Optional[int] = None):
     from echo_plan.commands.common import parse_headroom, resolve_specs, resolve_stack
     from echo_plan.errors import SpecError
     from echo_plan.search.space import default_space_path_for, load_space
@@ -50,6 +54,11 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
     if trials is not None:
         L.check_int("--trials", trials, 1, L.MAX_TRIALS, "distinct plans to simulate")
     L.check_int("--workers", workers, 0, L.MAX_WORKERS, "0 runs in-process, N starts N local Ray workers")
+    if processes is not None:
+        L.check_int("--processes", processes, 1, L.MAX_WORKERS, "local worker processes; 1 runs in-process")
+        if processes > 1 and (workers or ray_address):
+            raise SpecError("--processes", processes, "1 (or leave it out) when --workers or --ray-address runs the "
+                            "search on Ray")
     L.check_int("--seed", seed, 0, L.MAX_SEED, "the sampler's seed")
     L.check_int("--gbs", gbs, 1, L.MAX_GLOBAL_BATCH, "sequences per step")
     from echo_plan.search.storage import check_storage
@@ -64,7 +73,7 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
         space_spec = space_spec.with_values({k: (v,) for k, v in fields.items()})
     return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=space_spec, sampler=kind, seed=seed,
                         n_trials=trials, storage=storage, study_name=study_name, workers=workers,
-                        ray_address=ray_address, tokens_budget=tokens, stack=resolve_stack(stack),
+                        ray_address=ray_address, processes=processes, tokens_budget=tokens, stack=resolve_stack(stack),
                         memory_headroom_bytes=parse_headroom(memory_headroom, c))
 
 
@@ -150,7 +159,7 @@ def register(app: typer.Typer) -> None:
         stack: Optional[str] = StackOpt, memory_headroom: Optional[str] = HeadroomOpt,
         trials: Optional[int] = TrialsOpt, seed: int = SeedOpt, storage: Optional[str] = StorageOpt,
         study_name: Optional[str] = StudyOpt, workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt,
-        cache_dir: Optional[str] = CacheDirOpt,
+        processes: Optional[int] = ProcessesOpt, cache_dir: Optional[str] = CacheDirOpt,
         dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
                                               "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
         density: Optional[float] = DensityOpt,
@@ -173,7 +182,7 @@ def register(app: typer.Typer) -> None:
         check_outputs(csv, report, cache_dir)
         config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
                          workers, ray_address, stack=stack, memory_headroom=memory_headroom, dp_comm=dp_comm,
-                         density=density)
+                         density=density, processes=processes)
         pruned = prune_for(config)
         if not pruned.valid and explain:
             for line in format_knob_stats(knob_stats(pruned, ())):
@@ -205,7 +214,8 @@ def register(app: typer.Typer) -> None:
         tokens: str = typer.Option("300B", "--tokens",
                                    help="token budget to train (300B, 1.5T, 2e12; default 300B, GPT-3's)"),
         price: Optional[float] = typer.Option(None, "--price-per-gpu-hour", help="adds the cost of the token budget"),
-        workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt, cache_dir: Optional[str] = CacheDirOpt,
+        workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt, processes: Optional[int] = ProcessesOpt,
+        cache_dir: Optional[str] = CacheDirOpt,
         dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
                                               "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
         density: Optional[float] = DensityOpt,
@@ -225,7 +235,7 @@ def register(app: typer.Typer) -> None:
         sizes = parse_gpu_list(gpus)
         base = _config(model, cluster, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
                        ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom,
-                       dp_comm=dp_comm, density=density)
+                       dp_comm=dp_comm, density=density, processes=processes)
         try:
             outcome = run_compare(
                 base, sizes, lambda c: SimulatorFactory(base.model, c, cache_dir, base.stack, base.memory_headroom_bytes),

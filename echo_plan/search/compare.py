@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import re
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
-from typing import Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterator
 
 from echo_plan.errors import EchoPlanError
 from echo_plan.limits import MAX_COMPARE_SIZES, MAX_GPUS, MAX_PRICE_PER_GPU_HOUR, MAX_TOKENS
@@ -77,9 +77,9 @@ def run_compare(base: SearchConfig, sizes: list[int], factory_for: Callable[[Clu
                             f"{MAX_PRICE_PER_GPU_HOUR:,.0f} (rented H100s cost ~2-10 an hour)")
     t0 = time.perf_counter()
     outcomes: list[tuple[int, SearchOutcome]] = []
-    with _ray_for(base):  # one Ray for every size, not one start and stop per size
+    with _ray_for(base), _processes_for(base) as processes:  # one Ray or pool for every size
         for gpus in sizes:
-            outcomes.append((gpus, _search_size(base, gpus, factory_for, progress_for)))
+            outcomes.append((gpus, _search_size(base, gpus, factory_for, progress_for, processes)))
     return build_compare(base, outcomes, price_per_gpu_hour, time.perf_counter() - t0, failure_model)
 
 
@@ -91,8 +91,24 @@ def _ray_for(base: SearchConfig) -> ContextManager[None]:
     return nullcontext()
 
 
+@contextmanager
+def _processes_for(base: SearchConfig) -> Iterator[Any]:
+    """One pool of local worker processes for every size (None: in-process, or on Ray)."""
+    from echo_plan.search.process_pool import ProcessPool, auto_processes
+
+    n = base.processes if base.processes is not None else auto_processes(base.budget)
+    if base.workers > 0 or base.ray_address or n < 2:
+        yield None
+        return
+    pool = ProcessPool(n)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 def _search_size(base: SearchConfig, gpus: int, factory_for: Callable[[ClusterSpec], EvaluatorFactory],
-                 progress_for: Callable[[int], ProgressSink | None] | None) -> SearchOutcome:
+                 progress_for: Callable[[int], ProgressSink | None] | None, processes: Any = None) -> SearchOutcome:
     cluster = base.cluster.resized(gpus=gpus)
     config = replace(base, cluster=cluster)
     pruned = prune_for(config)
@@ -101,7 +117,7 @@ def _search_size(base: SearchConfig, gpus: int, factory_for: Callable[[ClusterSp
         return empty_outcome(config, f"no plan passes the checks on {gpus} GPUs ({counts})", pruned.total,
                              pruned.counts())
     progress = progress_for(gpus) if progress_for is not None else None
-    return run_search(config, factory_for(cluster), pruned=pruned, progress=progress)
+    return run_search(config, factory_for(cluster), pruned=pruned, progress=progress, processes=processes)
 
 
 def build_compare(base: SearchConfig, outcomes: list[tuple[int, SearchOutcome]], price: float | None,

@@ -62,6 +62,7 @@ class SearchConfig:
     storage: str | None = None  # Optuna storage URL; None: SQLite in the user data dir; "memory"
     study_name: str | None = None  # None: derived from model, cluster, gbs, space, sampler, seed
     workers: int = 0  # >0: a local Ray with that many workers
+    processes: int | None = 1  # local worker processes without Ray; None: one per CPU for a large search
     ray_address: str | None = None  # an existing Ray cluster
     tokens_budget: float | None = None
     stack: SoftwareSpec | None = None  # None: the megatron-core preset
@@ -94,8 +95,10 @@ def resolve_sampler(config: SearchConfig, n_valid: int) -> SamplerKind:
 
 
 def run_search(config: SearchConfig, factory: EvaluatorFactory, *, pruned: PrunedSpace | None = None,
-               memory: MemoryEstimator | None = None, progress: ProgressSink | None = None) -> SearchOutcome:
-    """Run (or resume) the search and return its outcome; every finished trial is already stored."""
+               memory: MemoryEstimator | None = None, progress: ProgressSink | None = None,
+               processes: Any = None) -> SearchOutcome:
+    """Run (or resume) the search and return its outcome; every finished trial is already stored.
+    ``processes``: a ProcessPool (search/process_pool.py) the caller owns and shares between searches."""
     if config.budget < 1:
         raise EchoPlanError("--trials must be at least 1")
     t0 = time.perf_counter()
@@ -104,16 +107,17 @@ def run_search(config: SearchConfig, factory: EvaluatorFactory, *, pruned: Prune
         counts = "; ".join(f"{n} {r}" for r, n in pruned.counts().items())
         raise EchoPlanError(f"no candidate plan of the space passes the checks ({pruned.total} candidates: "
                             f"{counts}); run with --explain to see each knob value, or widen the space")
-    return _Search(config, factory, pruned, progress).run(t0)
+    return _Search(config, factory, pruned, progress, processes).run(t0)
 
 
 class _Search:
     """One run of a search: the mirror study, the store, the records made so far."""
 
     def __init__(self, config: SearchConfig, factory: EvaluatorFactory, pruned: PrunedSpace,
-                 progress: ProgressSink | None) -> None:
+                 progress: ProgressSink | None, processes: Any = None) -> None:
         import optuna
 
+        self.shared_processes = processes
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.config = config
         self.factory = factory
@@ -198,10 +202,10 @@ class _Search:
     # -- the loop ----------------------------------------------------------------------------------
     def run(self, t0: float) -> SearchOutcome:
         self._resume()
-        pool = self._pool()
         n_valid = len(self.pruned.valid)
         explicit_grid = self.sampler is SamplerKind.GRID and self.config.n_trials is None
         target = n_valid if explicit_grid else min(self.config.budget, n_valid)  # grid: exhaustive
+        pool = self._pool(target - len(self.attempted))
         max_trials = len(self.records) + MAX_TRIALS_FACTOR * self.config.budget
         if self.sampler is SamplerKind.GRID:
             for v in self.pruned.valid:
@@ -226,17 +230,26 @@ class _Search:
             if nodes:
                 self.notes.append(f"evaluated on {len(nodes)} Ray node{'s' if len(nodes) > 1 else ''}: " + ", ".join(
                     f"{n[:8]} {c} plans" for n, c in sorted(nodes.items(), key=lambda kv: (-kv[1], kv[0]))))
+            workers = getattr(pool, "pool", None)
+            if workers is not None:
+                self.notes.append(f"evaluated on {workers.processes} local processes" + (
+                    f"; {workers.deaths} died and were restarted" if workers.deaths else ""))
             pool.close()
             if self.progress is not None:
                 self.progress.close()
         return self._outcome(time.perf_counter() - t0)
 
-    def _pool(self) -> Any:
+    def _pool(self, plans_left: int) -> Any:
         if self.config.workers > 0 or self.config.ray_address:
             from echo_plan.search.ray_eval import RayPool
 
             return RayPool(self.factory, self.config.workers or None, self.config.ray_address)
-        return LocalPool(self.factory)
+        if self.shared_processes is not None:
+            return self.shared_processes.bind(self.factory)
+        from echo_plan.search.process_pool import auto_processes, own_pool
+
+        n = self.config.processes if self.config.processes is not None else auto_processes(plans_left)
+        return own_pool(self.factory, n) if n > 1 else LocalPool(self.factory)
 
     def _incumbent(self) -> Verdict | None:
         """The candidate of the fastest fitting plan simulated so far (the first such on a tie)."""
