@@ -104,7 +104,7 @@ class SimulationMemo:
 
         stack = stack if stack is not None else self.default_stack()
         key = (model.model_dump_json(), plan.tp, plan.sequence_parallel, plan.micro_batch_size,
-               plan.dtype, plan.recompute, stack.trace_signature(), None if cache is None else str(cache.root),
+               plan.dtype, plan.recompute, stack.trace_signature(), stack.fp8_signature(), None if cache is None else str(cache.root),
                plan.ep, plan.expert_tp, plan.expert_imbalance)
         hit = self._traces.get(key)
         if hit is None:
@@ -298,8 +298,8 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     overlap_grad = plan.overlap_grad_reduce and stack.overlap_grad_reduce and not plan.dp_comm.sparse
 
     def op_time(op):  # sparse exchanges' selection and feedback kernels
-        return compute.op_time(op, cluster.gpu, plan.dtype)
-    gbytes = stack.grad_bytes(plan.dtype)
+        return compute.op_time(op, cluster.gpu, plan.param_dtype)
+    gbytes = stack.grad_bytes(plan.param_dtype)
     schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
                                            else plan.schedule)
     sched = schedules(schedule, pp, plan.num_microbatches, v)
@@ -353,7 +353,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
                            + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, group=edp, op_time=op_time))
             rank_params += params
             rank_experts += experts
-        opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.dtype)
+        opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.param_dtype)
         stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt))
 
     p2p_by_stage = None

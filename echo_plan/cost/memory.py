@@ -178,7 +178,7 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     s, b, h, t = model.seq_length, plan.micro_batch_size, model.hidden_size, plan.tp
     a, f = model.num_attention_heads, model.ffn_size
     kv = model.kv_heads * model.head_dim
-    e = plan.dtype.nbytes
+    e = plan.param_dtype.nbytes
     rep = 1.0 / t if plan.sequence_parallel else 1.0  # regions outside the TP split
     sb = s * b
     if recompute is Recompute.FULL:
@@ -220,7 +220,7 @@ def moe_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute_act: bool =
     from echo_plan.trace.moe import routed_token_counts
 
     moe = model.moe
-    e, h, t = plan.dtype.nbytes, model.hidden_size, plan.tp
+    e, h, t = plan.param_dtype.nbytes, model.hidden_size, plan.tp
     tokens = model.seq_length * plan.micro_batch_size // (t if plan.sequence_parallel else 1)
     sent, hot, each = routed_token_counts(tokens, model, ExpertLayout(plan.ep, plan.expert_tp, plan.expert_imbalance))
     recv = (hot + (moe.num_experts // plan.ep - 1) * each) * plan.expert_tp
@@ -245,7 +245,7 @@ def output_activation_bytes(model: ModelSpec, plan: PlanSpec) -> int:
     """Final norm and output-linear inputs, and the fp32 softmax of the vocab-parallel loss."""
     sb = model.seq_length * plan.micro_batch_size
     rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
-    e = plan.dtype.nbytes
+    e = plan.param_dtype.nbytes
     return int(2 * e * sb * model.hidden_size * rep + 4 * sb * model.vocab_size / plan.tp)
 
 
@@ -288,10 +288,10 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
     from echo_plan.replay.layer_mix import stage_kind_counts
 
     c = consts or load_memory_constants()
-    w_b, _, o_b = c.bytes_per_param[plan.dtype]
+    w_b, _, o_b = c.bytes_per_param[plan.param_dtype]
     if stack.optimizer_state_bytes is not None:
         o_b = stack.optimizer_state_bytes
-    g_b = stack.grad_bytes(plan.dtype)
+    g_b = stack.grad_bytes(plan.param_dtype)
     shard = plan.dp if plan.distributed_optimizer else 1
     eshard = plan.edp if plan.distributed_optimizer else 1
     shard_grads = stack.optimizer_sharding is OptimizerSharding.STATES_AND_GRADS

@@ -248,8 +248,8 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     sched = costs.schedule
     pp, nvs = sched.pp, sched.num_virtual_stages
     layers_of = list(plan.virtual_layers(model.num_layers))
-    gb = stack.grad_bytes(plan.dtype)
-    full = plan.micro_batch_size * model.seq_length * model.hidden_size * plan.dtype.nbytes
+    gb = stack.grad_bytes(plan.param_dtype)
+    full = plan.micro_batch_size * model.seq_length * model.hidden_size * plan.param_dtype.nbytes
     p2p_bytes = -(-full // plan.tp)
     gather_on_recv = plan.tp > 1 and not plan.sequence_parallel
     tied = costs.tied_allreduce_s > 0 and pp > 1

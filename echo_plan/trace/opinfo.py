@@ -24,7 +24,10 @@ _SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_
             "scaled_masked_softmax", "scaled_masked_softmax_backward"}
 # echo_plan's fused elementwise kernels (trace/kernels.py) and torch's dropout kernels
 _FUSED_ELEMENTWISE = {"bias_gelu", "bias_gelu_backward", "swiglu", "swiglu_backward", "bias_dropout_add",
-                      "dropout_backward", "rope", "rope_backward", "native_dropout", "native_dropout_backward"}
+                      "dropout_backward", "rope", "rope_backward", "native_dropout", "native_dropout_backward",
+                      # Transformer Engine's FP8 casts (trace/fp8_kernels.py): bandwidth-bound
+                      "fp8_cast", "fp8_cast_transpose", "fp8_transpose", "fp8_block_cast", "fp8_weight_cast",
+                      "fp8_weight_transpose"}
 _EMBEDDING = {"embedding", "embedding_dense_backward", "index_select", "index_add", "index_add_",
               "gather", "scatter_add", "scatter_add_", "index", "index_put", "index_put_", "_index_put_impl_",
               "moe_permute", "moe_permute_backward", "moe_unpermute", "moe_unpermute_backward"}  # trace/moe_kernels.py
@@ -37,7 +40,7 @@ _FILL = {"zeros_like", "ones_like", "full_like", "zeros", "ones", "full", "fill_
          "new_ones", "new_full", "arange", "scalar_tensor"}
 _GATHERS = {"index", "gather", "index_select"}
 _SCATTERS = {"index_put_", "_index_put_impl_", "scatter_add_", "index_add_"}
-_REDUCTION = {"nll_loss_forward", "nll_loss_backward", "amax", "amin", "sum", "mean", "var_mean", "norm"}
+_REDUCTION = {"nll_loss_forward", "nll_loss_backward", "amax", "amin", "sum", "mean", "var_mean", "norm", "fp8_amax"}
 
 # torch's CPU flash-attention ops compute what the CUDA ones do; the registry only names the latter.
 _FLOP_ALIASES = {

@@ -1,0 +1,148 @@
+"""The memory-bound kernels Transformer Engine adds around an FP8 GEMM, as torch custom ops.
+
+One op is one kernel, as in Transformer Engine (``transformer_engine/common``: cast, cast-transpose,
+amax, transpose; the blockwise quantizer of its ``Float8BlockScaling`` recipe). Each has a CPU
+reference (real maths, used outside FakeTensorMode) and a fake giving outputs of the right shapes and
+dtypes (``torch.float8_e4m3fn`` for weights and activations, ``torch.float8_e5m2`` for gradients: the
+HYBRID format). Their bytes are what they really read and write, so the compute model times them as
+the bandwidth-bound kernels they are. The code is ours.
+
+* ``fp8_cast``: bf16 -> fp8 at a per-tensor scale, the amax of the input written in the same pass
+  (delayed scaling records it for later steps; current scaling computed it before, ``fp8_amax``).
+* ``fp8_cast_transpose``: the same, also writing the transpose (a gradient's, for the weight-gradient
+  GEMM, which Hopper's FP8 tensor cores take only in the TN layout).
+* ``fp8_amax``: current scaling's first pass: the absolute maximum of a tensor (a reduction).
+* ``fp8_transpose``: an FP8 tensor's transpose (a saved input, for the weight-gradient GEMM).
+* ``fp8_block_cast``: blockwise (DeepSeek-V3) quantisation of a 2-D tensor in 1 x 128 tiles, one fp32
+  scale per tile; with ``columnwise`` also the transposed tensor's tiles (what the wgrad GEMM reads).
+* ``fp8_weight_cast``: a weight and its transpose cast to FP8 (per-tensor scale, or 128 x 128 blocks):
+  run once per step, on the first micro-batch (Megatron-Core passes ``is_first_microbatch`` so
+  Transformer Engine caches the FP8 weights for the other micro-batches). The recorder files it in the
+  ``step`` phase.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Tensor = torch.Tensor
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+BLOCK = 128  # DeepSeek-V3's quantisation tile: 1 x 128 activations, 128 x 128 weights
+ONCE_PER_STEP = frozenset({"fp8_weight_cast", "fp8_weight_transpose"})
+
+
+def _fmt(grad: bool) -> torch.dtype:
+    return E5M2 if grad else E4M3
+
+
+def _quantize(x: Tensor, scale: Tensor, grad: bool) -> Tensor:
+    return (x.float() * scale.float()).clamp(-torch.finfo(_fmt(grad)).max, torch.finfo(_fmt(grad)).max).to(_fmt(grad))
+
+
+@torch.library.custom_op("echo_plan::fp8_cast", mutates_args=())
+def fp8_cast(x: Tensor, scale: Tensor, grad: bool) -> tuple[Tensor, Tensor]:
+    """(x in fp8 at ``scale``, amax of x)."""
+    return _quantize(x, scale, grad), x.abs().amax().float()
+
+
+@fp8_cast.register_fake
+def _cast_fake(x, scale, grad):
+    return x.new_empty(x.shape, dtype=_fmt(grad)), x.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("echo_plan::fp8_cast_transpose", mutates_args=())
+def fp8_cast_transpose(x: Tensor, scale: Tensor, grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(2-D x in fp8, its transpose in fp8, amax of x)."""
+    q = _quantize(x, scale, grad)
+    return q, q.t().contiguous(), x.abs().amax().float()
+
+
+@fp8_cast_transpose.register_fake
+def _cast_transpose_fake(x, scale, grad):
+    return (x.new_empty(x.shape, dtype=_fmt(grad)), x.new_empty((x.shape[1], x.shape[0]), dtype=_fmt(grad)),
+            x.new_empty((), dtype=torch.float32))
+
+
+@torch.library.custom_op("echo_plan::fp8_amax", mutates_args=())
+def fp8_amax(x: Tensor) -> Tensor:
+    return x.abs().amax().float()
+
+
+fp8_amax.register_fake(lambda x: x.new_empty((), dtype=torch.float32))
+
+
+@torch.library.custom_op("echo_plan::fp8_transpose", mutates_args=())
+def fp8_transpose(q: Tensor) -> Tensor:
+    return q.t().contiguous()
+
+
+fp8_transpose.register_fake(lambda q: q.new_empty((q.shape[1], q.shape[0])))
+
+
+@torch.library.custom_op("echo_plan::fp8_weight_transpose", mutates_args=())
+def fp8_weight_transpose(q: Tensor) -> Tensor:
+    """An FP8 weight's transpose, once per step (the weight itself is FP8: ``fp8_param_gather``)."""
+    return q.t().contiguous()
+
+
+fp8_weight_transpose.register_fake(lambda q: q.new_empty((q.shape[1], q.shape[0])))
+
+
+def _blocks(n: int) -> int:
+    """Tiles along a dimension of ``n`` (Transformer Engine pads a partial last tile)."""
+    return -(-n // BLOCK)
+
+
+def _tiles(x: Tensor) -> Tensor:
+    rows, cols = x.shape
+    return x.float().reshape(rows, cols // BLOCK, BLOCK)
+
+
+@torch.library.custom_op("echo_plan::fp8_block_cast", mutates_args=())
+def fp8_block_cast(x: Tensor, grad: bool, columnwise: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(q, scales per 1 x 128 tile, q of x^T, its scales); the last two are empty without ``columnwise``."""
+    fmax = torch.finfo(_fmt(grad)).max
+
+    def rowwise(t: Tensor) -> tuple[Tensor, Tensor]:
+        tiles = _tiles(t)
+        scale = fmax / tiles.abs().amax(-1).clamp(min=1e-12)
+        return (tiles * scale.unsqueeze(-1)).reshape(t.shape).to(_fmt(grad)), 1.0 / scale
+
+    q, s = rowwise(x)
+    if not columnwise:
+        return q, s, x.new_empty((0,), dtype=_fmt(grad)), x.new_empty((0,), dtype=torch.float32)
+    qt, st = rowwise(x.t().contiguous())
+    return q, s, qt, st
+
+
+@fp8_block_cast.register_fake
+def _block_cast_fake(x, grad, columnwise):
+    rows, cols = x.shape
+    f32, fmt = torch.float32, _fmt(grad)
+    if not columnwise:
+        return (x.new_empty((rows, cols), dtype=fmt), x.new_empty((rows, _blocks(cols)), dtype=f32),
+                x.new_empty((0,), dtype=fmt), x.new_empty((0,), dtype=f32))
+    return (x.new_empty((rows, cols), dtype=fmt), x.new_empty((rows, _blocks(cols)), dtype=f32),
+            x.new_empty((cols, rows), dtype=fmt), x.new_empty((cols, _blocks(rows)), dtype=f32))
+
+
+@torch.library.custom_op("echo_plan::fp8_weight_cast", mutates_args=())
+def fp8_weight_cast(w: Tensor, scale: Tensor, blockwise: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(w in e4m3, w^T in e4m3, scale-inverse: one, or one per 128 x 128 block)."""
+    if not blockwise:
+        q = _quantize(w, scale, False)
+        return q, q.t().contiguous(), 1.0 / scale.float()
+    n, k = w.shape
+    blocks = w.float().reshape(n // BLOCK, BLOCK, k // BLOCK, BLOCK)
+    s = torch.finfo(E4M3).max / blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12)
+    q = (blocks * s[:, None, :, None]).reshape(n, k).to(E4M3)
+    return q, q.t().contiguous(), 1.0 / s
+
+
+@fp8_weight_cast.register_fake
+def _weight_cast_fake(w, scale, blockwise):
+    n, k = w.shape
+    s_shape = (_blocks(n), _blocks(k)) if blockwise else ()
+    return (w.new_empty((n, k), dtype=E4M3), w.new_empty((k, n), dtype=E4M3),
+            w.new_empty(s_shape, dtype=torch.float32))
