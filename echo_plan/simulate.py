@@ -317,6 +317,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
         by_kind = t_r.get("blocks") or {DENSE: blk}
         fwd, bwd, labels, buckets = [], [], [], []
         rank_params = rank_experts = 0
+        once_per_step = 0.0  # FP8 weight casts: once per step, before the first micro-batch's forward
         for c in range(v):
             vs = c * pp + r
             n = layers_of[vs]
@@ -324,6 +325,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
             for kind, count in kind_counts(model, first_layer[vs], n):
                 f_parts.append((by_kind.get(kind, blk).forward, count))
                 b_parts.append((by_kind.get(kind, blk).backward, count))
+                once_per_step += count * by_kind.get(kind, blk).per_step_s
                 dense_p, expert_p = layer_params_per_rank(model, plan, kind)
                 params += count * dense_p
                 experts += count * expert_p
@@ -342,6 +344,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
                     mtp = by_kind.get(model.mtp_kind, blk)
                     f_parts += [(mtp.forward, model.mtp_layers), (out.forward, model.mtp_layers)]
                     b_parts[:0] = [(out.backward, model.mtp_layers), (mtp.backward, model.mtp_layers)]
+                    once_per_step += model.mtp_layers * mtp.per_step_s
                     dense_p, expert_p = layer_params_per_rank(model, plan, model.mtp_kind)
                     params += model.mtp_layers * (dense_p + -(-2 * model.hidden_size ** 2 // plan.tp))
                     experts += model.mtp_layers * expert_p
@@ -354,6 +357,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
             rank_params += params
             rank_experts += experts
         opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.param_dtype)
+        opt += once_per_step  # counted with the optimizer step: the other per-step compute of the rank
         stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt))
 
     p2p_by_stage = None

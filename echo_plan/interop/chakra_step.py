@@ -109,7 +109,7 @@ _GROUP_OF = {GroupKind.TP: GroupRef.TP, GroupKind.DP: GroupRef.DP, GroupKind.EP:
 
 def phase_template(trace: LayerTrace, phase_forward: bool, compute: Any, comm: Any, cluster: ClusterSpec,
                    plan: PlanSpec, label: str) -> tuple[_TNode, ...]:
-    ops = [op for op in trace.ops if (op.phase is Phase.FORWARD) == phase_forward]
+    ops = [op for op in trace.ops if op.phase is not Phase.STEP and (op.phase is Phase.FORWARD) == phase_forward]
     by_index = {op.index: op for op in ops}
     tasks = phase_tasks(ops, compute, comm, cluster, plan.dtype)
     is_comm = {t.id: t.kind.is_comm for t in tasks}

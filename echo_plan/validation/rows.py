@@ -7,7 +7,7 @@ Two formats (``docs/validation.md``):
 * ``step-times``: one run per row with the model's shape, the layout and the software settings in
   columns, and the measured ``step_time_s`` (NVIDIA's NeMo/Megatron-Core benchmark tables).
 
-A row that needs something the simulator cannot do yet (FP8, context parallelism, MoE) is kept and
+A row that needs something the simulator cannot do yet (context parallelism) is kept and
 marked ``not_modelled`` with the reason, so a suite always shows all of its rows.
 """
 
@@ -111,8 +111,6 @@ def _why_not(rec: dict[str, str], suite_reason: str) -> str:
     reasons = [suite_reason] if suite_reason else []
     if rec.get("kind", "step") != "step":
         reasons.append("a TFLOP/s sweep, not a step time")
-    if rec.get("precision", "bf16").lower() == "fp8":
-        reasons.append("FP8 training (issue 13)")
     cp = rec.get("cp", "1") or "1"
     if cp not in ("1", "-"):
         reasons.append("context parallelism (issue 13)")
