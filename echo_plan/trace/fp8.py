@@ -40,16 +40,18 @@ class Fp8State:
 
     def __init__(self, recipe: Fp8Recipe, param_gather: bool) -> None:
         self.recipe, self.param_gather = Fp8Recipe(recipe), bool(param_gather)
-        self._weights: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}  # id -> (weight, w8, w8 t, scale)
+        self._weights: dict[tuple, tuple[Tensor, Tensor, Tensor, Tensor]] = {}  # key -> (weight, w8, w8 t, scale)
 
     @property
     def blockwise(self) -> bool:
         return self.recipe is Fp8Recipe.BLOCKWISE
 
-    def weight(self, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(FP8 weight, its FP8 transpose, scale-inverse), cast once and reused (recomputation too)."""
-        hit = self._weights.get(id(w))
-        if hit is not None and hit[0] is w:
+    def weight(self, w: Tensor, key: tuple | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """(FP8 weight, its FP8 transpose, scale-inverse) of ``w`` [N, K], cast once and reused
+        (recomputation too); ``key`` names a slice of a parameter (an expert's weight)."""
+        key = key if key is not None else (id(w),)
+        hit = self._weights.get(key)
+        if hit is not None:
             return hit[1], hit[2], hit[3]
         if self.param_gather:  # the parameter is stored in FP8 by the optimizer: only its transpose is new
             n, k = w.shape
@@ -58,7 +60,7 @@ class Fp8State:
             out = (w8, fk.fp8_weight_transpose(w8), scale)
         else:
             out = fk.fp8_weight_cast(w.detach(), w.new_empty((), dtype=torch.float32), self.blockwise)
-        self._weights[id(w)] = (w, *out)
+        self._weights[key] = (w, *out)  # holds w, so the id in the key stays its own
         return out
 
     def cast(self, x2: Tensor, grad: bool, amax_group: TPGroup | None = None,
@@ -79,32 +81,36 @@ class Fp8State:
         q, _ = fk.fp8_cast(x2, scale, grad)
         return q, None, scale, None
 
-    @staticmethod
-    def gemm(a: Tensor, b_t: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Tensor | None = None,
-             out_dtype: torch.dtype = torch.bfloat16, out: Tensor | None = None) -> Tensor:
-        """a @ b_t^T on FP8 tensor cores, both operands row-major (the TN layout); output ``out_dtype``."""
-        if out is not None:
-            return torch._scaled_mm(a, b_t.t(), scale_a, scale_b, bias=bias, out_dtype=out_dtype, out=out)
+    def gemm(self, a: Tensor, b_t: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Tensor | None = None,
+             out_dtype: torch.dtype = torch.bfloat16, weight: bool = False) -> Tensor:
+        """a @ b_t^T on FP8 tensor cores, both operands row-major (the TN layout); output ``out_dtype``.
+        Blockwise: ``a`` in 1 x 128 tiles along K, ``b_t`` in 128 x 128 blocks (``weight``) or 1 x 128
+        tiles; the scale tensors of those shapes stand for the ones the quantizer wrote."""
+        if self.blockwise:
+            (m, k), n = a.shape, b_t.shape[0]
+            kb = -(-k // fk.BLOCK)
+            scale_a = a.new_empty((m, kb), dtype=torch.float32)
+            scale_b = a.new_empty((kb, -(-n // fk.BLOCK) if weight else n), dtype=torch.float32)
         return torch._scaled_mm(a, b_t.t(), scale_a, scale_b, bias=bias, out_dtype=out_dtype)
 
 
-def _ring(q: Tensor, n: int, group: TPGroup, gemm, dtype: torch.dtype) -> tuple[Tensor, list[Tensor]]:
-    """GEMMs over the tp FP8 chunks of a userbuffers ring all-gather (``overlap._ring_gemm`` in FP8)."""
-    tp, rows = group.size, q.shape[0]
-    out = q.new_empty((rows * tp, n), dtype=dtype)
-    arrived, cur = [], q
+def _ring(q: Tensor, group: TPGroup, gemm) -> tuple[Tensor, list[Tensor]]:
+    """GEMMs over the tp FP8 chunks of a userbuffers ring all-gather (``overlap._ring_gemm`` in FP8),
+    each writing its rows of one output buffer; returns it and the chunks as they arrived."""
+    tp = group.size
+    parts, arrived, cur = [], [], q
     for i in range(tp):
         nxt = kernels.ring_exchange(cur, tp) if i + 1 < tp else None
-        gemm(cur, out[i * rows:(i + 1) * rows])
+        parts.append(gemm(cur))
         arrived.append(cur)
         cur = nxt
-    return out, arrived
+    return kernels.assemble(parts), arrived
 
 
 def _wgrad(ctx, g_t: Tensor, g_scale: Tensor, total: Tensor, x_scale: Tensor) -> Tensor:
     """The weight gradient [N, K] from the gradient's FP8 transpose and the (gathered) FP8 input."""
     x_t = fk.fp8_transpose(total)
-    grad_w = Fp8State.gemm(g_t, x_t, g_scale, x_scale, out_dtype=ctx.wdtype)
+    grad_w = ctx.fp8.gemm(g_t, x_t, g_scale, x_scale, out_dtype=ctx.wdtype)
     return parallel.accumulate_grad(ctx.main_grad, grad_w)
 
 
@@ -121,10 +127,10 @@ class _Fp8Linear(torch.autograd.Function):
         w8, w8t, sw = fp8.weight(weight)
         n = weight.shape[0]
         if overlap:
-            out, _ = _ring(q, n, group, lambda a, dst: fp8.gemm(a, w8, sx, sw, bias, x.dtype, out=dst), x.dtype)
+            out, _ = _ring(q, group, lambda a: fp8.gemm(a, w8, sx, sw, bias, x.dtype, weight=True))
         else:
             total = parallel.all_gather(q, group) if gather_input else q
-            out = fp8.gemm(total, w8, sx, sw, bias, x.dtype)
+            out = fp8.gemm(total, w8, sx, sw, bias, x.dtype, weight=True)
         ctx.fp8_weight = (w8t, sw)  # a per-step copy, not an activation: kept off the saved tensors
         ctx.save_for_backward(q, sx)
         return out.view(-1, *x.shape[1:-1], n)
@@ -137,7 +143,8 @@ class _Fp8Linear(torch.autograd.Function):
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         gq, g_t, sg, sg_t = fp8.cast(g2, True, transpose=True)
         gathering = parallel.all_gather(q, group, wait=False) if ctx.gather_input else None
-        grad_in = fp8.gemm(gq, w8t, sg, sw, out_dtype=grad_out.dtype).view(*grad_out.shape[:-1], w8t.shape[0])
+        grad_in = fp8.gemm(gq, w8t, sg, sw, out_dtype=grad_out.dtype, weight=True)
+        grad_in = grad_in.view(*grad_out.shape[:-1], w8t.shape[0])
         total = parallel.wait(gathering, group) if gathering is not None else q
         if ctx.reduce_grad == "reduce_scatter":
             grad_in = parallel.reduce_scatter(grad_in, group, wait=False)
@@ -163,7 +170,7 @@ class _Fp8PipelinedReduceScatterLinear(torch.autograd.Function):
         s = x.shape[0]
         splits = RS_SPLITS if s % (RS_SPLITS * group.size) == 0 else 1
         rows = q.shape[0] // splits
-        pending = [parallel.reduce_scatter(fp8.gemm(q[i * rows:(i + 1) * rows], w8, sx, sw, None, x.dtype)
+        pending = [parallel.reduce_scatter(fp8.gemm(q[i * rows:(i + 1) * rows], w8, sx, sw, None, x.dtype, weight=True)
                                            .view(s // splits, *x.shape[1:-1], weight.shape[0]), group, wait=False)
                    for i in range(splits)]
         ctx.fp8_weight = (w8t, sw)
@@ -177,9 +184,7 @@ class _Fp8PipelinedReduceScatterLinear(torch.autograd.Function):
         group, fp8 = ctx.group, ctx.fp8
         gq, _, sg, _ = fp8.cast(grad_out.reshape(-1, grad_out.shape[-1]), True, group)
         k = w8t.shape[0]
-        grad_in, arrived = _ring(gq, k, group,
-                                 lambda a, dst: fp8.gemm(a, w8t, sg, sw, out_dtype=grad_out.dtype, out=dst),
-                                 grad_out.dtype)
+        grad_in, arrived = _ring(gq, group, lambda a: fp8.gemm(a, w8t, sg, sw, out_dtype=grad_out.dtype, weight=True))
         full = kernels.assemble(arrived)  # the gathered FP8 gradient, kept for the weight gradient
         grad_w = _wgrad(ctx, fk.fp8_transpose(full), sg, q, sx)
         return grad_in.view(-1, *grad_out.shape[1:-1], k), grad_w, None, None, None
@@ -202,3 +207,45 @@ def fp8_row_linear(x, weight, group: TPGroup | None, sequence_parallel: bool, ac
         return _Fp8PipelinedReduceScatterLinear.apply(x, weight, group, accumulate_unfused, fp8)
     out = _Fp8Linear.apply(x, weight, None, group, False, None, accumulate_unfused, fp8, False)
     return parallel.reduce_scatter_to_sp(out, group) if sequence_parallel else parallel.reduce_from_tp(out, group)
+
+
+class _Fp8GroupedLinear(torch.autograd.Function):
+    """A rank's local experts' linear in FP8 (Transformer Engine's GroupedLinear): one cast of all the
+    permuted tokens (its multi-tensor cast), then one FP8 GEMM per expert on its rows; ``weight`` is
+    [experts, K, N] (x @ weight[e]). Backward: one cast-transpose of the gradient, one transpose of the
+    saved FP8 input, a dgrad and a wgrad GEMM per expert."""
+
+    @staticmethod
+    def forward(ctx, x, weight, counts, fp8):
+        ctx.counts, ctx.fp8, ctx.wdtype = counts, fp8, weight.dtype
+        q, _, sx, _ = fp8.cast(x, False)
+        parts, copies, start = [], [], 0
+        for e, rows in enumerate(counts):
+            w8, w8t, sw = fp8.weight(weight[e].t(), key=(id(weight), e))
+            parts.append(fp8.gemm(q[start:start + rows], w8, sx, sw, None, x.dtype, weight=True))
+            copies.append((w8t, sw))
+            start += rows
+        ctx.fp8_weights = copies
+        ctx.save_for_backward(q, sx)
+        return kernels.assemble(parts)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, sx = ctx.saved_tensors
+        fp8 = ctx.fp8
+        gq, g_t, sg, sg_t = fp8.cast(grad_out.contiguous(), True, transpose=True)
+        x_t = fk.fp8_transpose(q)
+        grad_in, grad_w, start = [], [], 0
+        for e, rows in enumerate(ctx.counts):
+            w8t, sw = ctx.fp8_weights[e]
+            rs = slice(start, start + rows)
+            grad_in.append(fp8.gemm(gq[rs], w8t, sg, sw, out_dtype=grad_out.dtype, weight=True))
+            grad_w.append(fp8.gemm(x_t[:, rs], g_t[:, rs], sx, sg_t, out_dtype=ctx.wdtype))
+            start += rows
+        k, n = q.shape[-1], grad_out.shape[-1]
+        return kernels.assemble(grad_in), kernels.assemble(grad_w).view(len(ctx.counts), k, n), None, None
+
+
+def fp8_grouped_linear(x: Tensor, weight: Tensor, counts: tuple[int, ...], fp8: Fp8State) -> Tensor:
+    """x [rows sorted by expert, K] @ weight[e] for each local expert's ``counts[e]`` rows, in FP8."""
+    return _Fp8GroupedLinear.apply(x, weight, tuple(counts), fp8)

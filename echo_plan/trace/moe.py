@@ -101,6 +101,7 @@ class Experts(nn.Module):
         fc1_out = 2 * ffn if self.gated else ffn
         self.fc1 = nn.Parameter(torch.empty(local, model.hidden_size, fc1_out, dtype=dtype))
         self.fc2 = nn.Parameter(torch.empty(local, ffn, model.hidden_size, dtype=dtype))
+        self.fp8 = None  # an fp8.Fp8State when the expert GEMMs run in FP8 (set by the block)
 
     def act(self, h: torch.Tensor) -> torch.Tensor:
         if self.activation is Activation.SWIGLU_CLAMPED:
@@ -119,9 +120,22 @@ class Experts(nn.Module):
         self.discard(a)  # the activation's output is freed after FC2 and recomputed in backward
         return out
 
+    def _fp8_mlp(self, x: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
+        from echo_plan.trace.fp8 import fp8_grouped_linear
+
+        h1 = fp8_grouped_linear(x, self.fc1, counts, self.fp8)
+        if self.recompute_act is None:
+            return fp8_grouped_linear(self.act(h1), self.fc2, counts, self.fp8)
+        a = self.recompute_act(self.act, h1)
+        out = fp8_grouped_linear(a, self.fc2, counts, self.fp8)
+        self.discard(a)
+        return out
+
     def forward(self, x: torch.Tensor, hot: int, each: int) -> torch.Tensor:
         """``x``: [hot + (local - 1) x each, hidden] rows sorted by expert; the first expert is the hot one."""
         h = x.shape[-1]
+        if self.fp8 is not None:  # FP8: a GEMM per expert on its rows (trace/fp8.py), grouped or not
+            return self._fp8_mlp(x, (hot,) + (each,) * (self.local - 1))
         if not self.grouped:
             parts, start = [], 0
             for e in range(self.local):
