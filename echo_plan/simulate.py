@@ -20,7 +20,7 @@ from echo_plan.replay.metrics import throughput
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts, build_tasks
 from echo_plan.replay.results import StepResult
 from echo_plan.replay.schedules import build_schedule
-from echo_plan.specs.cluster import ClusterSpec
+from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
@@ -270,6 +270,15 @@ def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
     return PhaseCost(work, compute, tp, inter, mix_t)
 
 
+def gather_bytes(plan: PlanSpec, stack: SoftwareSpec, params: int, layer_params: int) -> tuple[float, float]:
+    """Mean bytes per parameter of a chunk's DP parameter all-gather (dense, experts): 2 (bf16), or with
+    FP8 training and ``fp8_param_gather`` 1 for the transformer layers' weights (Megatron's
+    --fp8-param-gather; norms and biases, a sliver, are counted with them) and 2 for the embeddings."""
+    if plan.dtype is not DType.FP8 or not stack.fp8_param_gather or params <= 0:
+        return 2.0, 2.0
+    return (layer_params + 2.0 * (params - layer_params)) / params, 1.0
+
+
 def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
     """What the stack changed about the plan, in words."""
     out = []
@@ -322,12 +331,14 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
             vs = c * pp + r
             n = layers_of[vs]
             f_parts, b_parts, params, experts = [], [], 0, 0
+            layer_params = 0  # of transformer layers (FP8-gathered with fp8_param_gather)
             for kind, count in kind_counts(model, first_layer[vs], n):
                 f_parts.append((by_kind.get(kind, blk).forward, count))
                 b_parts.append((by_kind.get(kind, blk).backward, count))
                 once_per_step += count * by_kind.get(kind, blk).per_step_s
                 dense_p, expert_p = layer_params_per_rank(model, plan, kind)
                 params += count * dense_p
+                layer_params += count * dense_p
                 experts += count * expert_p
             label = f"layers {first_layer[vs]}-{first_layer[vs] + n - 1}"
             if vs == 0:
@@ -352,8 +363,10 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
             fwd.append(_phase(f_parts))
             bwd.append(_phase(b_parts))
             labels.append(label)
-            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, op_time=op_time)
-                           + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, group=edp, op_time=op_time))
+            pb, epb = gather_bytes(plan, stack, params, layer_params)
+            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, op_time=op_time, param_bytes=pb)
+                           + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, group=edp, op_time=op_time,
+                                           param_bytes=epb))
             rank_params += params
             rank_experts += experts
         opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.param_dtype)

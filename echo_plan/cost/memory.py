@@ -13,6 +13,11 @@
   part of one layer, live during that layer's backward.
 * Weights, gradients (in the stack's gradient dtype, sharded too when the stack's distributed
   optimizer shards them) and optimizer states.
+* FP8 training (plan dtype fp8): each transformer layer's weights also live as an FP8 copy and its
+  FP8 transpose (1 byte each: Transformer Engine casts them on a step's first micro-batch and keeps
+  them for the others; Hopper's FP8 GEMMs need both layouts); with the stack's ``fp8_param_gather``
+  the FP8 weight replaces the bf16 one. Master weights, gradients and Adam states are unchanged.
+  FP8 activations saved for backward come with the trace's saved bytes.
 * Buffers: CUDA context, NCCL buffers per communicator, allocator fragmentation, and the loss's
   transient fp32 logits on the last stage.
 * Headroom: a plan fits when every GPU keeps ``headroom_bytes`` free below capacity
@@ -139,6 +144,22 @@ def stage_params_split(model: ModelSpec, plan: PlanSpec, stage: int) -> tuple[in
             n += model.mtp_layers * (dense + math.ceil(2 * model.hidden_size ** 2 / plan.tp) + 2 * model.norm_params)
             experts += model.mtp_layers * expert
     return n, experts
+
+
+FP8_COPY_BYTES = 2  # an FP8 weight (1 B) and its FP8 transpose (1 B) per parameter
+
+
+def fp8_weight_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, stage: int, bf16_bytes: float) -> float:
+    """What FP8 training changes in pipeline rank ``stage``'s weight memory (0 unless the plan is fp8): the
+    FP8 copies of its transformer layers' weights, less their bf16 copies with ``fp8_param_gather``."""
+    if plan.dtype is not DType.FP8:
+        return 0.0
+    from echo_plan.replay.layer_mix import layer_params_per_rank as mixed, stage_kind_counts
+
+    layer = sum(count * sum(mixed(model, plan, kind)) for kind, count in stage_kind_counts(model, plan, stage).items())
+    if stage == plan.pp - 1 and model.mtp_layers:
+        layer += model.mtp_layers * sum(mixed(model, plan, model.mtp_kind))
+    return layer * (FP8_COPY_BYTES - (bf16_bytes if stack.fp8_param_gather else 0.0))
 
 
 # -- micro-batches in flight --------------------------------------------------------------------
@@ -324,7 +345,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
                    + c.fragmentation_fraction * act + transient)
         out.append(StageMemory(
             stage=i,
-            weights_bytes=int(params * w_b),
+            weights_bytes=int(params * w_b + fp8_weight_bytes(model, plan, stack, i, w_b)),
             gradients_bytes=int(grads),
             optimizer_bytes=int(optimizer),
             activations_bytes=int(act),

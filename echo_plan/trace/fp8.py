@@ -40,27 +40,33 @@ class Fp8State:
 
     def __init__(self, recipe: Fp8Recipe, param_gather: bool) -> None:
         self.recipe, self.param_gather = Fp8Recipe(recipe), bool(param_gather)
-        self._weights: dict[tuple, tuple[Tensor, Tensor, Tensor, Tensor]] = {}  # key -> (weight, w8, w8 t, scale)
+        self._weights: dict[tuple, tuple[Tensor, ...]] = {}  # (storage, offset, shape) -> (weight, w8, w8 t, scale)
 
     @property
     def blockwise(self) -> bool:
         return self.recipe is Fp8Recipe.BLOCKWISE
 
-    def weight(self, w: Tensor, key: tuple | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """(FP8 weight, its FP8 transpose, scale-inverse) of ``w`` [N, K], cast once and reused
-        (recomputation too); ``key`` names a slice of a parameter (an expert's weight)."""
-        key = key if key is not None else (id(w),)
+    def weight(self, w: Tensor, grouped: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """(FP8 weight, its FP8 transpose, scale-inverse), cast once per step and reused (by recomputation
+        too). ``w`` is [N, K] (y = x w^T); ``grouped``: experts' [E, K, N] (y = x @ w[e]), giving
+        (w^T [E, N, K], w [E, K, N], scales) in FP8."""
+        key = (w.untyped_storage()._cdata, w.storage_offset(), tuple(w.shape), grouped)
         hit = self._weights.get(key)
         if hit is not None:
             return hit[1], hit[2], hit[3]
+        scale = w.new_empty((), dtype=torch.float32)
         if self.param_gather:  # the parameter is stored in FP8 by the optimizer: only its transpose is new
-            n, k = w.shape
-            w8 = w.new_empty((n, k), dtype=fk.E4M3)
-            scale = w.new_empty((-(-n // fk.BLOCK), -(-k // fk.BLOCK)) if self.blockwise else (), dtype=torch.float32)
-            out = (w8, fk.fp8_weight_transpose(w8), scale)
+            shape = (w.shape[0], w.shape[2], w.shape[1]) if grouped else tuple(w.shape)
+            w8 = w.new_empty(shape, dtype=fk.E4M3)
+            blocks = -(-shape[-2] // fk.BLOCK) * -(-shape[-1] // fk.BLOCK) if self.blockwise else 1
+            out = (w8, fk.fp8_weight_transpose(w8), w.new_empty((w.shape[0], blocks) if grouped else
+                                                                 ((blocks,) if self.blockwise else ()),
+                                                                 dtype=torch.float32))
+        elif grouped:
+            out = fk.fp8_grouped_weight_cast(w.detach(), scale, self.blockwise)
         else:
-            out = fk.fp8_weight_cast(w.detach(), w.new_empty((), dtype=torch.float32), self.blockwise)
-        self._weights[key] = (w, *out)  # holds w, so the id in the key stays its own
+            out = fk.fp8_weight_cast(w.detach(), scale, self.blockwise)
+        self._weights[key] = (w, *out)  # holds w, so its storage (the key) stays its own
         return out
 
     def cast(self, x2: Tensor, grad: bool, amax_group: TPGroup | None = None,
@@ -210,42 +216,42 @@ def fp8_row_linear(x, weight, group: TPGroup | None, sequence_parallel: bool, ac
 
 
 class _Fp8GroupedLinear(torch.autograd.Function):
-    """A rank's local experts' linear in FP8 (Transformer Engine's GroupedLinear): one cast of all the
-    permuted tokens (its multi-tensor cast), then one FP8 GEMM per expert on its rows; ``weight`` is
-    [experts, K, N] (x @ weight[e]). Backward: one cast-transpose of the gradient, one transpose of the
-    saved FP8 input, a dgrad and a wgrad GEMM per expert."""
+    """Local experts' linear in FP8, batched like the bf16 path's ``bmm`` (Transformer Engine's
+    GroupedLinear): ``x`` [E, rows, K] @ ``weight`` [E, K, N]. One cast of every expert's tokens (its
+    multi-tensor cast), one FP8 grouped GEMM (``torch._scaled_grouped_mm``); backward: one cast-transpose
+    of the gradient, one transpose of the saved FP8 input, a grouped dgrad and a grouped wgrad GEMM.
+    The grouped GEMMs take row-wise scale tensors whatever the recipe (what torch's grouped kernel
+    accepts); the recipe still decides the casts."""
 
     @staticmethod
-    def forward(ctx, x, weight, counts, fp8):
-        ctx.counts, ctx.fp8, ctx.wdtype = counts, fp8, weight.dtype
+    def forward(ctx, x, weight, fp8):
+        ctx.fp8, ctx.wdtype = fp8, weight.dtype
         q, _, sx, _ = fp8.cast(x, False)
-        parts, copies, start = [], [], 0
-        for e, rows in enumerate(counts):
-            w8, w8t, sw = fp8.weight(weight[e].t(), key=(id(weight), e))
-            parts.append(fp8.gemm(q[start:start + rows], w8, sx, sw, None, x.dtype, weight=True))
-            copies.append((w8t, sw))
-            start += rows
-        ctx.fp8_weights = copies
+        w_t8, w8, _ = fp8.weight(weight, grouped=True)
+        ctx.fp8_weight = w8
         ctx.save_for_backward(q, sx)
-        return kernels.assemble(parts)
+        return _grouped_gemm(q, w_t8, x.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, sx = ctx.saved_tensors
-        fp8 = ctx.fp8
-        gq, g_t, sg, sg_t = fp8.cast(grad_out.contiguous(), True, transpose=True)
-        x_t = fk.fp8_transpose(q)
-        grad_in, grad_w, start = [], [], 0
-        for e, rows in enumerate(ctx.counts):
-            w8t, sw = ctx.fp8_weights[e]
-            rs = slice(start, start + rows)
-            grad_in.append(fp8.gemm(gq[rs], w8t, sg, sw, out_dtype=grad_out.dtype, weight=True))
-            grad_w.append(fp8.gemm(x_t[:, rs], g_t[:, rs], sx, sg_t, out_dtype=ctx.wdtype))
-            start += rows
-        k, n = q.shape[-1], grad_out.shape[-1]
-        return kernels.assemble(grad_in), kernels.assemble(grad_w).view(len(ctx.counts), k, n), None, None
+        q, _ = ctx.saved_tensors
+        gq, g_t, _, _ = ctx.fp8.cast(grad_out.contiguous(), True, transpose=True)
+        # the gradient is E5M2 (HYBRID); torch's grouped FP8 kernel takes E4M3 only, so its operands are
+        # reinterpreted (a view: same bytes, no kernel) to pass torch's checks
+        gq, g_t = gq.view(fk.E4M3), g_t.view(fk.E4M3)
+        grad_in = _grouped_gemm(gq, ctx.fp8_weight, grad_out.dtype)  # g [E, r, N] @ w[e]^T
+        grad_w = _grouped_gemm(fk.fp8_transpose(q), g_t, ctx.wdtype)  # x^T [E, K, r] @ g [E, r, N]
+        return grad_in, grad_w, None
 
 
-def fp8_grouped_linear(x: Tensor, weight: Tensor, counts: tuple[int, ...], fp8: Fp8State) -> Tensor:
-    """x [rows sorted by expert, K] @ weight[e] for each local expert's ``counts[e]`` rows, in FP8."""
-    return _Fp8GroupedLinear.apply(x, weight, tuple(counts), fp8)
+def _grouped_gemm(a: Tensor, b_t: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """a [E, M, K] @ b_t[e]^T for every group, b_t [E, N, K] row-major (the column-major operand)."""
+    e, m, _ = a.shape
+    n = b_t.shape[1]
+    return torch._scaled_grouped_mm(a, b_t.transpose(-2, -1), a.new_empty((e, m), dtype=torch.float32),
+                                    a.new_empty((e, n), dtype=torch.float32), out_dtype=out_dtype)
+
+
+def fp8_grouped_linear(x: Tensor, weight: Tensor, fp8: Fp8State) -> Tensor:
+    """x [E, rows, K] @ weight[e] for each local expert (``torch.bmm``), in FP8."""
+    return _Fp8GroupedLinear.apply(x, weight, fp8)

@@ -24,16 +24,26 @@ the bandwidth-bound kernels they are. The code is ours.
 from __future__ import annotations
 
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
 Tensor = torch.Tensor
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 BLOCK = 128  # DeepSeek-V3's quantisation tile: 1 x 128 activations, 128 x 128 weights
-ONCE_PER_STEP = frozenset({"fp8_weight_cast", "fp8_weight_transpose"})
+ONCE_PER_STEP = frozenset({"fp8_weight_cast", "fp8_grouped_weight_cast", "fp8_weight_transpose"})
 
 
 def _fmt(grad: bool) -> torch.dtype:
     return E5M2 if grad else E4M3
+
+
+def _t_shape(x: Tensor) -> tuple[int, ...]:
+    """The shape with the last two dimensions swapped (a batch of matrices transposed)."""
+    return (*x.shape[:-2], x.shape[-1], x.shape[-2])
+
+
+def _t(x: Tensor) -> Tensor:
+    return x.transpose(-2, -1).contiguous()
 
 
 def _quantize(x: Tensor, scale: Tensor, grad: bool) -> Tensor:
@@ -53,14 +63,14 @@ def _cast_fake(x, scale, grad):
 
 @torch.library.custom_op("echo_plan::fp8_cast_transpose", mutates_args=())
 def fp8_cast_transpose(x: Tensor, scale: Tensor, grad: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(2-D x in fp8, its transpose in fp8, amax of x)."""
+    """(x in fp8, its transpose (last two dimensions) in fp8, amax of x)."""
     q = _quantize(x, scale, grad)
-    return q, q.t().contiguous(), x.abs().amax().float()
+    return q, _t(q), x.abs().amax().float()
 
 
 @fp8_cast_transpose.register_fake
 def _cast_transpose_fake(x, scale, grad):
-    return (x.new_empty(x.shape, dtype=_fmt(grad)), x.new_empty((x.shape[1], x.shape[0]), dtype=_fmt(grad)),
+    return (x.new_empty(x.shape, dtype=_fmt(grad)), x.new_empty(_t_shape(x), dtype=_fmt(grad)),
             x.new_empty((), dtype=torch.float32))
 
 
@@ -74,19 +84,19 @@ fp8_amax.register_fake(lambda x: x.new_empty((), dtype=torch.float32))
 
 @torch.library.custom_op("echo_plan::fp8_transpose", mutates_args=())
 def fp8_transpose(q: Tensor) -> Tensor:
-    return q.t().contiguous()
+    return _t(q)
 
 
-fp8_transpose.register_fake(lambda q: q.new_empty((q.shape[1], q.shape[0])))
+fp8_transpose.register_fake(lambda q: q.new_empty(_t_shape(q)))
 
 
 @torch.library.custom_op("echo_plan::fp8_weight_transpose", mutates_args=())
 def fp8_weight_transpose(q: Tensor) -> Tensor:
     """An FP8 weight's transpose, once per step (the weight itself is FP8: ``fp8_param_gather``)."""
-    return q.t().contiguous()
+    return _t(q)
 
 
-fp8_weight_transpose.register_fake(lambda q: q.new_empty((q.shape[1], q.shape[0])))
+fp8_weight_transpose.register_fake(lambda q: q.new_empty(_t_shape(q)))
 
 
 def _blocks(n: int) -> int:
@@ -95,13 +105,13 @@ def _blocks(n: int) -> int:
 
 
 def _tiles(x: Tensor) -> Tensor:
-    rows, cols = x.shape
-    return x.float().reshape(rows, cols // BLOCK, BLOCK)
+    return x.float().reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
 
 
 @torch.library.custom_op("echo_plan::fp8_block_cast", mutates_args=())
 def fp8_block_cast(x: Tensor, grad: bool, columnwise: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(q, scales per 1 x 128 tile, q of x^T, its scales); the last two are empty without ``columnwise``."""
+    """(q, scales per 1 x 128 tile of the last dimension, q of x transposed (last two dimensions), its
+    scales); the last two are empty without ``columnwise``."""
     fmax = torch.finfo(_fmt(grad)).max
 
     def rowwise(t: Tensor) -> tuple[Tensor, Tensor]:
@@ -112,19 +122,18 @@ def fp8_block_cast(x: Tensor, grad: bool, columnwise: bool) -> tuple[Tensor, Ten
     q, s = rowwise(x)
     if not columnwise:
         return q, s, x.new_empty((0,), dtype=_fmt(grad)), x.new_empty((0,), dtype=torch.float32)
-    qt, st = rowwise(x.t().contiguous())
+    qt, st = rowwise(_t(x))
     return q, s, qt, st
 
 
 @fp8_block_cast.register_fake
 def _block_cast_fake(x, grad, columnwise):
-    rows, cols = x.shape
     f32, fmt = torch.float32, _fmt(grad)
+    q, s = x.new_empty(x.shape, dtype=fmt), x.new_empty((*x.shape[:-1], _blocks(x.shape[-1])), dtype=f32)
     if not columnwise:
-        return (x.new_empty((rows, cols), dtype=fmt), x.new_empty((rows, _blocks(cols)), dtype=f32),
-                x.new_empty((0,), dtype=fmt), x.new_empty((0,), dtype=f32))
-    return (x.new_empty((rows, cols), dtype=fmt), x.new_empty((rows, _blocks(cols)), dtype=f32),
-            x.new_empty((cols, rows), dtype=fmt), x.new_empty((cols, _blocks(rows)), dtype=f32))
+        return q, s, x.new_empty((0,), dtype=fmt), x.new_empty((0,), dtype=f32)
+    t = _t_shape(x)
+    return q, s, x.new_empty(t, dtype=fmt), x.new_empty((*t[:-1], _blocks(t[-1])), dtype=f32)
 
 
 @torch.library.custom_op("echo_plan::fp8_weight_cast", mutates_args=())
@@ -146,3 +155,30 @@ def _weight_cast_fake(w, scale, blockwise):
     s_shape = (_blocks(n), _blocks(k)) if blockwise else ()
     return (w.new_empty((n, k), dtype=E4M3), w.new_empty((k, n), dtype=E4M3),
             w.new_empty(s_shape, dtype=torch.float32))
+
+
+@torch.library.custom_op("echo_plan::fp8_grouped_weight_cast", mutates_args=())
+def fp8_grouped_weight_cast(w: Tensor, scale: Tensor, blockwise: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Local experts' weights [E, K, N] (x @ w[e]) to FP8 once per step: (w^T [E, N, K], w [E, K, N],
+    scale-inverse per expert or per 128 x 128 block), as Transformer Engine's GroupedLinear keeps them."""
+    per = [fp8_weight_cast(e.t().contiguous(), scale, blockwise) for e in w]
+    return (torch.stack([p[0] for p in per]), torch.stack([p[1] for p in per]),
+            torch.stack([p[2].reshape(-1) for p in per]))
+
+
+@fp8_grouped_weight_cast.register_fake
+def _grouped_weight_cast_fake(w, scale, blockwise):
+    e, k, n = w.shape
+    blocks = _blocks(n) * _blocks(k) if blockwise else 1
+    return (w.new_empty((e, n, k), dtype=E4M3), w.new_empty((e, k, n), dtype=E4M3),
+            w.new_empty((e, blocks), dtype=torch.float32))
+
+
+@register_flop_formula(torch.ops.aten._scaled_grouped_mm)
+def _scaled_grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """FP8 grouped GEMM: 2 x rows x K x N over all groups (torch has no formula for it). A batched
+    (3-D) ``a`` holds its rows per group; a 2-D ``a`` holds every group's rows, split by ``offs``."""
+    rows = 1
+    for d in a_shape[:-1]:
+        rows *= d
+    return 2 * rows * a_shape[-1] * b_shape[-1]

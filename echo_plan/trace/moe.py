@@ -112,30 +112,25 @@ class Experts(nn.Module):
             return F.gelu(h, approximate="tanh")
         return torch.pow(F.relu(h), 2)
 
-    def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> torch.Tensor:
-        if self.recompute_act is None:
-            return torch.bmm(self.act(torch.bmm(x, fc1)), fc2)
-        a = self.recompute_act(self.act, torch.bmm(x, fc1))  # moe_act recompute: FC1's output is kept,
-        out = torch.bmm(a, fc2)
-        self.discard(a)  # the activation's output is freed after FC2 and recomputed in backward
-        return out
-
-    def _fp8_mlp(self, x: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
+    def _bmm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x [E, rows, K] @ w [E, K, N]: bf16, or FP8 when the plan trains in fp8 (trace/fp8.py)."""
+        if self.fp8 is None:
+            return torch.bmm(x, w)
         from echo_plan.trace.fp8 import fp8_grouped_linear
 
-        h1 = fp8_grouped_linear(x, self.fc1, counts, self.fp8)
+        return fp8_grouped_linear(x, w, self.fp8)
+
+    def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> torch.Tensor:
         if self.recompute_act is None:
-            return fp8_grouped_linear(self.act(h1), self.fc2, counts, self.fp8)
-        a = self.recompute_act(self.act, h1)
-        out = fp8_grouped_linear(a, self.fc2, counts, self.fp8)
-        self.discard(a)
+            return self._bmm(self.act(self._bmm(x, fc1)), fc2)
+        a = self.recompute_act(self.act, self._bmm(x, fc1))  # moe_act recompute: FC1's output is kept,
+        out = self._bmm(a, fc2)
+        self.discard(a)  # the activation's output is freed after FC2 and recomputed in backward
         return out
 
     def forward(self, x: torch.Tensor, hot: int, each: int) -> torch.Tensor:
         """``x``: [hot + (local - 1) x each, hidden] rows sorted by expert; the first expert is the hot one."""
         h = x.shape[-1]
-        if self.fp8 is not None:  # FP8: a GEMM per expert on its rows (trace/fp8.py), grouped or not
-            return self._fp8_mlp(x, (hot,) + (each,) * (self.local - 1))
         if not self.grouped:
             parts, start = [], 0
             for e in range(self.local):

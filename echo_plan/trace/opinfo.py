@@ -16,7 +16,8 @@ from echo_plan.trace.records import CollectiveKind, OpKind
 
 aten = torch.ops.aten
 
-_GEMM = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_scaled_mm", "convolution"}
+_GEMM = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_scaled_mm", "_scaled_grouped_mm",
+         "convolution"}
 _ATTENTION_PREFIXES = ("_scaled_dot_product_", "_flash_attention_", "_efficient_attention_", "flash_attention")
 _NORM = {"native_layer_norm", "native_layer_norm_backward", "rms_norm", "rms_norm_backward",
          "_fused_rms_norm", "_fused_rms_norm_backward", "native_group_norm", "native_group_norm_backward"}
@@ -27,7 +28,7 @@ _FUSED_ELEMENTWISE = {"bias_gelu", "bias_gelu_backward", "swiglu", "swiglu_backw
                       "dropout_backward", "rope", "rope_backward", "native_dropout", "native_dropout_backward",
                       # Transformer Engine's FP8 casts (trace/fp8_kernels.py): bandwidth-bound
                       "fp8_cast", "fp8_cast_transpose", "fp8_transpose", "fp8_block_cast", "fp8_weight_cast",
-                      "fp8_weight_transpose"}
+                      "fp8_grouped_weight_cast", "fp8_weight_transpose"}
 _EMBEDDING = {"embedding", "embedding_dense_backward", "index_select", "index_add", "index_add_",
               "gather", "scatter_add", "scatter_add_", "index", "index_put", "index_put_", "_index_put_impl_",
               "moe_permute", "moe_permute_backward", "moe_unpermute", "moe_unpermute_backward"}  # trace/moe_kernels.py

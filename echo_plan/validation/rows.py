@@ -185,7 +185,8 @@ def _preset(rec: dict[str, str], path: Path, line: int) -> Any:
 def _plan_fields(rec: dict[str, str], path: Path, line: int, model: Any = None) -> dict[str, Any]:
     """The row's plan. Rows of an MoE model without the columns run as the NeMo/Megatron-Bridge recipes do:
     sequence parallel with tp > 1 and the distributed optimizer (ASSUMPTION: recipe defaults); a pipeline
-    that does not divide the layers splits them as ``balanced_split`` does."""
+    (or, interleaved, its virtual stages) that does not divide the layers splits them as ``balanced_split``
+    does (the recipes' own pipeline layouts are not in the file)."""
     from echo_plan.specs.plan import balanced_split
 
     tp, pp, gpus = (_num(rec, c, path, line) for c in ("tp", "pp", "gpus"))
@@ -204,6 +205,8 @@ def _plan_fields(rec: dict[str, str], path: Path, line: int, model: Any = None) 
             del fields["recompute"]  # the suite's model settings may say
         if vpp == 1 and pp > 1 and model.num_layers % pp:
             fields["layer_split"] = balanced_split(model.num_layers, pp)
+        elif vpp > 1 and model.num_layers % (pp * vpp):  # ASSUMPTION: per virtual stage, as even as possible
+            fields["layer_split"] = balanced_split(model.num_layers, pp * vpp)
     for col, key in (("sequence_parallel", "sequence_parallel"), ("distributed_optimizer", "distributed_optimizer"),
                      ("overlap_grad_sync", "overlap_grad_reduce"), ("overlap_param_sync", "overlap_param_gather")):
         if rec.get(col):
