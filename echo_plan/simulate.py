@@ -288,6 +288,10 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
         out.append(f"stack {stack.name} gathers parameters after the optimizer step (no overlap)")
     if stack.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
         out.append(f"stack {stack.name}: TP communication overlap needs sequence parallelism; not used")
+    if plan.dtype is DType.FP8:
+        gather = "; weights kept and all-gathered in FP8" if stack.fp8_param_gather else ""
+        out.append(f"fp8: the layers' GEMMs in FP8 ({stack.fp8_recipe.value} scaling{gather}), bf16 elsewhere; the "
+                   "once-per-step FP8 weight casts are counted with the optimizer step (docs/fp8.md)")
     return out
 
 
