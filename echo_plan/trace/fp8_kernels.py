@@ -105,7 +105,10 @@ def _blocks(n: int) -> int:
 
 
 def _tiles(x: Tensor) -> Tensor:
-    return x.float().reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
+    """x in 1 x 128 tiles of its last dimension, a partial last tile padded with zeros."""
+    pad = -x.shape[-1] % BLOCK
+    xf = torch.nn.functional.pad(x.float(), (0, pad)) if pad else x.float()
+    return xf.reshape(*x.shape[:-1], xf.shape[-1] // BLOCK, BLOCK)
 
 
 @torch.library.custom_op("echo_plan::fp8_block_cast", mutates_args=())
@@ -117,7 +120,8 @@ def fp8_block_cast(x: Tensor, grad: bool, columnwise: bool) -> tuple[Tensor, Ten
     def rowwise(t: Tensor) -> tuple[Tensor, Tensor]:
         tiles = _tiles(t)
         scale = fmax / tiles.abs().amax(-1).clamp(min=1e-12)
-        return (tiles * scale.unsqueeze(-1)).reshape(t.shape).to(_fmt(grad)), 1.0 / scale
+        q = (tiles * scale.unsqueeze(-1)).reshape(*t.shape[:-1], -1)[..., :t.shape[-1]]
+        return q.to(_fmt(grad)).contiguous(), 1.0 / scale
 
     q, s = rowwise(x)
     if not columnwise:
@@ -143,9 +147,10 @@ def fp8_weight_cast(w: Tensor, scale: Tensor, blockwise: bool) -> tuple[Tensor, 
         q = _quantize(w, scale, False)
         return q, q.t().contiguous(), 1.0 / scale.float()
     n, k = w.shape
-    blocks = w.float().reshape(n // BLOCK, BLOCK, k // BLOCK, BLOCK)
+    padded = torch.nn.functional.pad(w.float(), (0, -k % BLOCK, 0, -n % BLOCK))
+    blocks = padded.reshape(_blocks(n), BLOCK, _blocks(k), BLOCK)
     s = torch.finfo(E4M3).max / blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12)
-    q = (blocks * s[:, None, :, None]).reshape(n, k).to(E4M3)
+    q = (blocks * s[:, None, :, None]).reshape(padded.shape)[:n, :k].to(E4M3).contiguous()
     return q, q.t().contiguous(), 1.0 / s
 
 

@@ -81,7 +81,8 @@ def test_step_time_rows_carry_the_run_settings(tmp_path):
     assert a.model.rotary_percent == 0.5 and a.model.norm.value == "layernorm1p" and not a.model.has_bias
     assert a.plan["dp"] == 2 and a.plan["virtual_stages"] == 12 and a.plan["recompute"] == "selective"
     assert dict(a.stack_overrides) == {"hidden_dropout": 0.0, "attention_dropout": 0.0, "tp_comm_overlap": False}
-    assert "FP8" in b.not_modelled and "context parallelism" in c.not_modelled and c.label != b.label
+    assert not b.not_modelled and b.plan["dtype"] == "fp8"  # FP8 rows are simulated (issue 13)
+    assert "context parallelism" in c.not_modelled and c.label != b.label
 
 
 def test_cli_unknown_suite_and_missing_dir(tmp_path, capsys):
@@ -132,7 +133,9 @@ def test_every_suite_within_its_tolerance(validated):
         # every measured run ran, so the memory model must let it fit, default headroom kept
         assert not [r["label"] for r in s["rows"] if "does not fit" in (r["detail"] or "")], name
     assert suites["megatron_weak_scaling_a100"]["rows_modelled"] == 10
-    assert suites["nemo_h100_dgxc"]["rows_modelled"] == 18  # the bf16 rows; fp8 waits for FP8 support
+    assert suites["nemo_h100_dgxc"]["rows_modelled"] == 36  # bf16 and fp8 rows
+    fp8 = suites["nemo_h100_dgxc"]["by_precision"]["fp8"]
+    assert fp8["held_out_mean_abs_error"] <= fp8["tolerance"] == 0.08  # issue 13: dense fp8 rows within 8% mean
     assert code == 0 and out["passed"]
 
 
@@ -157,3 +160,23 @@ def test_range_coverage_near_nominal_and_ranges_match_the_code(validated):
             f"{s['name']}: the shipped ranges no longer match; run python -m echo_plan.calibrate.presets --write")
     pooled = loo_coverage(residuals)
     assert abs(pooled - 0.80) <= 0.10
+
+
+def test_rows_of_a_precision_with_its_own_tolerance_are_judged_apart():
+    from echo_plan.validation.suites import RowResult, SuiteResult
+
+    rows = (RowResult("a bf16", 1.04, 1.0, True, precision="bf16"),
+            RowResult("b fp8", 1.07, 1.0, True, precision="fp8"),
+            RowResult("c fp8", 0.93, 1.0, True, precision="fp8"))
+    suite = SuiteResult("s", "training", "s.csv", "s/step", "megatron-core", "dgx-h100", 0.05, 0.10, rows,
+                        by_precision=(("fp8", 0.08, 0.15),))
+    assert suite.passed and suite.held_out_mean == pytest.approx(0.04)  # the bf16 row only
+    ((name, tol, tol_max, mean, worst),) = suite.precision_stats()
+    assert (name, tol, tol_max) == ("fp8", 0.08, 0.15) and mean == pytest.approx(0.07) and worst == pytest.approx(0.07)
+    strict = SuiteResult(*[getattr(suite, f) for f in ("name", "kind", "path", "unit", "stack", "cluster",
+                                                        "tolerance", "tolerance_max", "rows")],
+                         by_precision=(("fp8", 0.05, 0.15),))
+    assert not strict.passed  # the fp8 rows miss their own mean
+    assert SuiteResult(*[getattr(suite, f) for f in ("name", "kind", "path", "unit", "stack", "cluster",
+                                                      "tolerance", "tolerance_max", "rows")]).held_out_mean \
+        == pytest.approx(0.18 / 3)  # without a precision tolerance every row counts for the suite's
