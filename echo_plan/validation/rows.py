@@ -109,11 +109,11 @@ def _label(rec: dict[str, str]) -> str:
 
 def _why_not(rec: dict[str, str], suite_reason: str) -> str:
     reasons = [suite_reason] if suite_reason else []
-    if rec.get("kind", "step") != "step":
-        reasons.append("a TFLOP/s sweep, not a step time")
     cp = rec.get("cp", "1") or "1"
     if cp not in ("1", "-"):
         reasons.append("context parallelism (issue 13)")
+    if rec.get("kind", "step") not in ("step", "tflops"):
+        reasons.append(f"kind {rec.get('kind')!r}: neither a step time nor a TFLOP/s row")
     return "; ".join(dict.fromkeys(reasons))
 
 
@@ -140,12 +140,15 @@ def read_step_times(path: Path, not_modelled: str = "") -> tuple[TrainingRow, ..
         if why:
             rows.append(TrainingRow(label, measured, unit, not_modelled=why))
             continue
-        absent = [c for c in MODEL_COLUMNS + ("step_time_s",) if c not in header or rec.get(c, "") == ""]
-        preset = _preset(rec, path, line) if absent and "step_time_s" not in absent else None
+        absent = [c for c in MODEL_COLUMNS + (measured_col,) if c not in header or rec.get(c, "") == ""]
+        preset = _preset(rec, path, line) if absent and measured_col not in absent else None
         if preset is not None:  # the file names a model preset (its header gives the shapes) instead of columns
+            preset = _with_columns(preset, rec, path, line)
+            flops = nemo_model_flops(preset, _num(rec, "gbs", path, line), path, line) if unit == TFLOPS_UNIT else 0.0
             rows.append(TrainingRow(label, measured, unit, model=preset, gpus=_num(rec, "gpus", path, line),
                                     plan=MappingProxyType(_plan_fields(rec, path, line, preset)),
-                                    stack_overrides=MappingProxyType(_stack_fields(rec, path, line))))
+                                    stack_overrides=MappingProxyType(_stack_fields(rec, path, line)),
+                                    flops_per_step=flops))
             continue
         if absent:
             raise FileFormatError(str(path), f"row {label!r} cannot be simulated: no {', '.join(absent)}", line)
@@ -168,6 +171,27 @@ def read_step_times(path: Path, not_modelled: str = "") -> tuple[TrainingRow, ..
                                 plan=MappingProxyType(_plan_fields(rec, path, line)),
                                 stack_overrides=MappingProxyType(_stack_fields(rec, path, line))))
     return tuple(rows)
+
+
+def _with_columns(model: Any, rec: dict[str, str], path: Path, line: int) -> Any:
+    """A preset with the shape columns the row does give (a sweep's reduced layers, say) applied."""
+    changes = {c: _num(rec, c, path, line) for c in ("num_layers", "hidden_size", "ffn_hidden_size",
+                                                     "num_attention_heads", "num_kv_heads") if rec.get(c)}
+    changes = {k: v for k, v in changes.items() if getattr(model, k, v) != v}
+    return model.replace(**changes) if changes else model
+
+
+def nemo_model_flops(model: Any, gbs: int, path: Path, line: int) -> float:
+    """The model FLOPs of one step as NeMo counts them for its Llama families (NVIDIA NeMo,
+    nemo/utils/flops_formulas.py, ``llama2``/``llama3``): per sequence and layer
+    s h^2 (12 + 12 g/a + 18 f/h + 12 s/h + 6 V/(L h)), forward and backward, full (not causal) attention."""
+    if not model.activation.gated or model.is_moe:
+        raise FileFormatError(str(path), f"a TFLOP/s row of {model.name}: NeMo's Llama FLOPs formula needs a dense "
+                                         "gated-MLP model", line)
+    s, h, L = model.seq_length, model.hidden_size, model.num_layers
+    per = (12 + 12 * model.kv_heads / model.num_attention_heads + 18 * model.ffn_size / h + 12 * s / h
+           + 6 * model.vocab_size / (L * h))
+    return float(gbs) * s * L * h * h * per
 
 
 def _preset(rec: dict[str, str], path: Path, line: int) -> Any:
