@@ -73,14 +73,18 @@ class SuiteResult:
     def modelled(self) -> int:
         return sum(1 for r in self.rows if r.error is not None)
 
+    def _all_errs(self) -> list[float]:
+        return [abs(r.error) for r in self.rows if r.error is not None]
+
     @property
     def mean_abs_error(self) -> float:
-        e = self._errs()
+        """Over every predicted row (fitted, held out, any precision)."""
+        e = self._all_errs()
         return sum(e) / len(e) if e else 0.0
 
     @property
     def max_abs_error(self) -> float:
-        return max(self._errs(), default=0.0)
+        return max(self._all_errs(), default=0.0)
 
     @property
     def held_out_mean(self) -> float | None:
