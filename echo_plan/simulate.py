@@ -20,7 +20,7 @@ from echo_plan.replay.metrics import throughput
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts, build_tasks
 from echo_plan.replay.results import StepResult
 from echo_plan.replay.schedules import build_schedule
-from echo_plan.specs.cluster import ClusterSpec
+from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
@@ -104,7 +104,7 @@ class SimulationMemo:
 
         stack = stack if stack is not None else self.default_stack()
         key = (model.model_dump_json(), plan.tp, plan.sequence_parallel, plan.micro_batch_size,
-               plan.dtype, plan.recompute, stack.trace_signature(), None if cache is None else str(cache.root),
+               plan.dtype, plan.recompute, stack.trace_signature(), stack.fp8_signature(), None if cache is None else str(cache.root),
                plan.ep, plan.expert_tp, plan.expert_imbalance)
         hit = self._traces.get(key)
         if hit is None:
@@ -270,6 +270,15 @@ def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
     return PhaseCost(work, compute, tp, inter, mix_t)
 
 
+def gather_bytes(plan: PlanSpec, stack: SoftwareSpec, params: int, layer_params: int) -> tuple[float, float]:
+    """Mean bytes per parameter of a chunk's DP parameter all-gather (dense, experts): 2 (bf16), or with
+    FP8 training and ``fp8_param_gather`` 1 for the transformer layers' weights (Megatron's
+    --fp8-param-gather; norms and biases, a sliver, are counted with them) and 2 for the embeddings."""
+    if plan.dtype is not DType.FP8 or not stack.fp8_param_gather or params <= 0:
+        return 2.0, 2.0
+    return (layer_params + 2.0 * (params - layer_params)) / params, 1.0
+
+
 def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
     """What the stack changed about the plan, in words."""
     out = []
@@ -279,6 +288,10 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
         out.append(f"stack {stack.name} gathers parameters after the optimizer step (no overlap)")
     if stack.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
         out.append(f"stack {stack.name}: TP communication overlap needs sequence parallelism; not used")
+    if plan.dtype is DType.FP8:
+        gather = "; weights kept and all-gathered in FP8" if stack.fp8_param_gather else ""
+        out.append(f"fp8: the layers' GEMMs in FP8 ({stack.fp8_recipe.value} scaling{gather}), bf16 elsewhere; the "
+                   "once-per-step FP8 weight casts are counted with the optimizer step (docs/fp8.md)")
     return out
 
 
@@ -298,8 +311,8 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     overlap_grad = plan.overlap_grad_reduce and stack.overlap_grad_reduce and not plan.dp_comm.sparse
 
     def op_time(op):  # sparse exchanges' selection and feedback kernels
-        return compute.op_time(op, cluster.gpu, plan.dtype)
-    gbytes = stack.grad_bytes(plan.dtype)
+        return compute.op_time(op, cluster.gpu, plan.param_dtype)
+    gbytes = stack.grad_bytes(plan.param_dtype)
     schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
                                            else plan.schedule)
     sched = schedules(schedule, pp, plan.num_microbatches, v)
@@ -317,15 +330,19 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
         by_kind = t_r.get("blocks") or {DENSE: blk}
         fwd, bwd, labels, buckets = [], [], [], []
         rank_params = rank_experts = 0
+        once_per_step = 0.0  # FP8 weight casts: once per step, before the first micro-batch's forward
         for c in range(v):
             vs = c * pp + r
             n = layers_of[vs]
             f_parts, b_parts, params, experts = [], [], 0, 0
+            layer_params = 0  # of transformer layers (FP8-gathered with fp8_param_gather)
             for kind, count in kind_counts(model, first_layer[vs], n):
                 f_parts.append((by_kind.get(kind, blk).forward, count))
                 b_parts.append((by_kind.get(kind, blk).backward, count))
+                once_per_step += count * by_kind.get(kind, blk).per_step_s
                 dense_p, expert_p = layer_params_per_rank(model, plan, kind)
                 params += count * dense_p
+                layer_params += count * dense_p
                 experts += count * expert_p
             label = f"layers {first_layer[vs]}-{first_layer[vs] + n - 1}"
             if vs == 0:
@@ -342,6 +359,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
                     mtp = by_kind.get(model.mtp_kind, blk)
                     f_parts += [(mtp.forward, model.mtp_layers), (out.forward, model.mtp_layers)]
                     b_parts[:0] = [(out.backward, model.mtp_layers), (mtp.backward, model.mtp_layers)]
+                    once_per_step += model.mtp_layers * mtp.per_step_s
                     dense_p, expert_p = layer_params_per_rank(model, plan, model.mtp_kind)
                     params += model.mtp_layers * (dense_p + -(-2 * model.hidden_size ** 2 // plan.tp))
                     experts += model.mtp_layers * expert_p
@@ -349,11 +367,14 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
             fwd.append(_phase(f_parts))
             bwd.append(_phase(b_parts))
             labels.append(label)
-            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, op_time=op_time)
-                           + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, group=edp, op_time=op_time))
+            pb, epb = gather_bytes(plan, stack, params, layer_params)
+            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, op_time=op_time, param_bytes=pb)
+                           + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, group=edp, op_time=op_time,
+                                           param_bytes=epb))
             rank_params += params
             rank_experts += experts
-        opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.dtype)
+        opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.param_dtype)
+        opt += once_per_step  # counted with the optimizer step: the other per-step compute of the rank
         stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt))
 
     p2p_by_stage = None

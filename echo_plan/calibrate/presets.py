@@ -74,8 +74,10 @@ def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, pro
     from echo_plan.calibrate.steps import calibrate_rows, calibration_block
     from echo_plan.validation.registry import training_rows, training_suite
 
+    from echo_plan.calibrate.fp8_fit import is_fp8
+
     suite = training_suite(vdir / f"{recipe['suite']}.csv")
-    rows = training_rows(suite)
+    rows = [r for r in training_rows(suite) if not is_fp8(r)]  # fp8 rows fit their own figure (fp8_fit.py)
     fit = fit_labels(rows, recipe["fit_rows"])
     held = {r.label for r in rows if not r.not_modelled} - fit
     cal = calibrate_rows(rows, cluster, suite.stack, held, model_settings=suite.model_settings, cache=cache,
@@ -101,6 +103,11 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None) -> dict[str, dict
         first = recipe["presets"][0]
         cluster = load_cluster(first).replace(calibration=blocks.get(first, {}))
         block = compute_block(recipe, vdir, cluster, cache, progress)
+        from echo_plan.calibrate.fp8_fit import fp8_block, merge
+
+        fp8 = fp8_block(recipe, vdir, cluster.replace(calibration={**blocks.get(first, {}), **block}), cache, progress)
+        if fp8 is not None:
+            block = {**block, "compute": merge(block["compute"], fp8)}
         for preset in recipe["presets"]:
             merged = dict(blocks.get(preset, {}))
             merged["compute"], merged["ranges"] = block["compute"], block["ranges"]

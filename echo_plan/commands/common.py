@@ -24,6 +24,11 @@ ImbalanceOpt = typer.Option(1.0, "--expert-imbalance",
                             help="tokens of the busiest expert over the balanced mean (1: a balanced router)")
 DpCommOpt = typer.Option("dense", "--dp-comm", help="dense | topk | cltk | hard-threshold | exdyna "
                          "(data-parallel gradient exchange; docs/sparsification.md)")
+DTypeHelp = "bf16 | fp16 | fp8 (FP8 GEMMs in the layers' linears, bf16 elsewhere; needs FP8 tensor cores: H100/H800)"
+Fp8RecipeOpt = typer.Option(None, "--fp8-recipe", help="with --dtype fp8: delayed | current | blockwise "
+                            "(default: the stack's fp8_recipe; docs/fp8.md)")
+Fp8ParamGatherOpt = typer.Option(None, "--fp8-param-gather/--no-fp8-param-gather",
+                                 help="with --dtype fp8: keep and all-gather the weights in FP8 (default: the stack's)")
 DensityOpt = typer.Option(None, "--density", help="share of gradient elements a sparse --dp-comm exchanges, (0, 1]")
 FailRateOpt = typer.Option(None, "--failures-per-gpu-day",
                            help="interruptions per GPU-day (default 4.74e-4: Llama 3's 419 in 54 days on 16,384 GPUs)")
@@ -123,6 +128,23 @@ def data_parallel(num_gpus: int, tp: int, pp: int, dp: Optional[int]) -> int:
         raise SpecError("--dp", None, f"GPUs {num_gpus} are not a multiple of tp x pp = {tp * pp}; "
                                       "give --dp or another --tp/--pp")
     return num_gpus // (tp * pp)
+
+
+def fp8_stack(stack: SoftwareSpec, dtype: str, recipe: str | None, param_gather: bool | None) -> SoftwareSpec:
+    """The stack with the --fp8-recipe / --fp8-param-gather choices; they need --dtype fp8."""
+    from echo_plan.errors import SpecError
+
+    changes: dict = {}
+    if recipe is not None:
+        changes["fp8_recipe"] = recipe
+    if param_gather is not None:
+        changes["fp8_param_gather"] = param_gather
+    if not changes:
+        return stack
+    if str(dtype).lower() != "fp8":
+        flag = "--fp8-recipe" if recipe is not None else "--fp8-param-gather"
+        raise SpecError(flag, recipe if recipe is not None else param_gather, f"needs --dtype fp8 (not {dtype})")
+    return stack.replace(**changes)
 
 
 def expert_fields(ep: int, etp: int | None, imbalance: float) -> dict:

@@ -6,12 +6,13 @@ The report engineer's hook: ``search`` ends with ``after_search(outcome)`` and `
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, CkptBwOpt, DensityOpt, DetectOpt, FailRateOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
+    CacheDirOpt, CkptBwOpt, DensityOpt, DetectOpt, FailRateOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
     write_atomic,
 )
 
@@ -39,8 +40,9 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
             sampler: str, trials: Optional[int], seed: int, storage: Optional[str], study_name: Optional[str],
             workers: int, ray_address: Optional[str], tokens: Optional[float] = None, stack: Optional[str] = None,
             memory_headroom: Optional[str] = None, dp_comm: Optional[str] = None, density: Optional[float] = None,
+            dtype: Optional[str] = None, fp8_recipe: Optional[str] = None, fp8_param_gather: Optional[bool] = None,
             processes: Optional[int] = None):
-    from echo_plan.commands.common import parse_headroom, resolve_specs, resolve_stack
+    from echo_plan.commands.common import fp8_stack, parse_headroom, resolve_specs, resolve_stack
     from echo_plan.errors import SpecError
     from echo_plan.search.space import default_space_path_for, load_space
     from echo_plan.search.study import SamplerKind, SearchConfig
@@ -71,9 +73,15 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
 
         fields = dp_comm_fields(dp_comm or "dense", density)
         space_spec = space_spec.with_values({k: (v,) for k, v in fields.items()})
+    if dtype is not None and "," not in dtype:  # --dtype fixes the precision knob (a list: compare per dtype)
+        space_spec = space_spec.with_values({"dtype": (dtype,)})
+    from echo_plan.search.space import Knob
+
+    any_fp8 = "fp8" if "fp8" in space_spec.values(Knob.DTYPE) or "fp8" in str(dtype or "") else str(dtype or "bf16")
     return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=space_spec, sampler=kind, seed=seed,
                         n_trials=trials, storage=storage, study_name=study_name, workers=workers,
-                        ray_address=ray_address, processes=processes, tokens_budget=tokens, stack=resolve_stack(stack),
+                        ray_address=ray_address, processes=processes, tokens_budget=tokens,
+                        stack=fp8_stack(resolve_stack(stack), any_fp8, fp8_recipe, fp8_param_gather),
                         memory_headroom_bytes=parse_headroom(memory_headroom, c))
 
 
@@ -150,6 +158,35 @@ def print_search(outcome, top: int, explain: bool, pruned=None) -> None:
         typer.echo(f"note: {note}")
 
 
+def compare_dtypes(base, sizes, dtypes, run, csv, report, as_json) -> None:
+    """``compare --dtype bf16,fp8``: each size searched once per precision, the best plans side by side."""
+    from echo_plan.errors import SpecError
+    from echo_plan.search.compare_dtype import format_dtype_compare, run_dtype_compare
+
+    if csv or report:
+        raise SpecError("--csv" if csv else "--report", csv or report, "not with several --dtype values (the "
+                        "comparison prints, or gives JSON with --json); run compare per precision for those")
+    try:
+        result = run_dtype_compare(base, sizes, dtypes,
+                                   lambda config: run(config, f" {config.space.values(_dtype_knob())[0]}"))
+    except KeyboardInterrupt:
+        typer.echo("interrupted: finished trials are stored; run the same command again to resume", err=True)
+        raise typer.Exit(130) from None
+    if as_json:
+        print_json(result.as_json())
+        return
+    typer.echo(f"{base.model.name} on {base.cluster.gpu.name} ({base.cluster.name}), gbs {base.global_batch_size}: "
+               + " vs ".join(dtypes))
+    for line in format_dtype_compare(result):
+        typer.echo(line)
+
+
+def _dtype_knob():
+    from echo_plan.search.space import Knob
+
+    return Knob.DTYPE
+
+
 def register(app: typer.Typer) -> None:
     @app.command("search")
     def search(
@@ -163,6 +200,9 @@ def register(app: typer.Typer) -> None:
         dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
                                               "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
         density: Optional[float] = DensityOpt,
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="fix the precision: bf16 | fp16 | fp8 (default: "
+                                            "the space's dtype knob)"),
+        fp8_recipe: Optional[str] = Fp8RecipeOpt, fp8_param_gather: Optional[bool] = Fp8ParamGatherOpt,
         top: int = typer.Option(DEFAULT_TOP, "--top", help="plans to show"),
         as_json: bool = JsonOpt,
         csv: Optional[str] = typer.Option(None, "--csv", help="write the ranked plans to this CSV file"),
@@ -182,7 +222,12 @@ def register(app: typer.Typer) -> None:
         check_outputs(csv, report, cache_dir)
         config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
                          workers, ray_address, stack=stack, memory_headroom=memory_headroom, dp_comm=dp_comm,
-                         density=density, processes=processes)
+                         density=density, dtype=dtype, fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather,
+                         processes=processes)
+        if dtype is not None and "," in dtype:
+            from echo_plan.errors import SpecError
+
+            raise SpecError("--dtype", dtype, "one precision for search (compare takes a list: --dtype bf16,fp8)")
         pruned = prune_for(config)
         if not pruned.valid and explain:
             for line in format_knob_stats(knob_stats(pruned, ())):
@@ -219,6 +264,9 @@ def register(app: typer.Typer) -> None:
         dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
                                               "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
         density: Optional[float] = DensityOpt,
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="precision(s): bf16 | fp16 | fp8, or a list such as "
+                                            "bf16,fp8 to search each size once per precision and compare them"),
+        fp8_recipe: Optional[str] = Fp8RecipeOpt, fp8_param_gather: Optional[bool] = Fp8ParamGatherOpt,
         failures_per_gpu_day: Optional[float] = FailRateOpt, checkpoint_gbps_per_gpu: Optional[float] = CkptBwOpt,
         restart_min: Optional[float] = RestartOpt, detect_min: Optional[float] = DetectOpt,
         as_json: bool = JsonOpt,
@@ -235,13 +283,26 @@ def register(app: typer.Typer) -> None:
         sizes = parse_gpu_list(gpus)
         base = _config(model, cluster, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
                        ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom,
-                       dp_comm=dp_comm, density=density, processes=processes)
+                       dp_comm=dp_comm, density=density, dtype=dtype, fp8_recipe=fp8_recipe,
+                       fp8_param_gather=fp8_param_gather, processes=processes)
+        fm = failure_model(failures_per_gpu_day, checkpoint_gbps_per_gpu, restart_min, detect_min)
+
+        def run(config, label: str = ""):
+            return run_compare(
+                config, sizes, lambda c: SimulatorFactory(config.model, c, cache_dir, config.stack,
+                                                          config.memory_headroom_bytes),
+                price, progress_for=lambda g: _progress(progress, f"search {g} GPUs{label}"), failure_model=fm)
+
+        if dtype is not None and "," in dtype:
+            from echo_plan.search.compare_dtype import parse_dtypes
+
+            dtypes = parse_dtypes(dtype)
+            if len(dtypes) > 1:
+                compare_dtypes(base, sizes, dtypes, run, csv, report, as_json)
+                return
+            base = replace(base, space=base.space.with_values({"dtype": (dtypes[0],)}))
         try:
-            outcome = run_compare(
-                base, sizes, lambda c: SimulatorFactory(base.model, c, cache_dir, base.stack, base.memory_headroom_bytes),
-                price,
-                progress_for=lambda g: _progress(progress, f"search {g} GPUs"),
-                failure_model=failure_model(failures_per_gpu_day, checkpoint_gbps_per_gpu, restart_min, detect_min))
+            outcome = run(base)
         except KeyboardInterrupt:
             typer.echo("interrupted: finished trials are stored; run the same command again to resume", err=True)
             raise typer.Exit(130) from None

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CkptBwOpt, DetectOpt, FailRateOpt, RestartOpt, failure_model, DensityOpt, DpCommOpt, EpOpt, EtpOpt, ImbalanceOpt, dp_comm_fields, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    CkptBwOpt, DetectOpt, DTypeHelp, Fp8ParamGatherOpt, Fp8RecipeOpt, FailRateOpt, RestartOpt, failure_model, DensityOpt, DpCommOpt, EpOpt, EtpOpt, ImbalanceOpt, dp_comm_fields, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
 )
 
 
@@ -31,7 +31,9 @@ def register(app: typer.Typer) -> None:
         sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron-LM sequence parallelism"),
         distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer",
                                                    help="shard optimizer states over DP (reduce-scatter + all-gather)"),
-        dtype: str = typer.Option("bf16", "--dtype", help="bf16 | fp16"),
+        dtype: str = typer.Option("bf16", "--dtype", help=DTypeHelp),
+        fp8_recipe: Optional[str] = Fp8RecipeOpt,
+        fp8_param_gather: Optional[bool] = Fp8ParamGatherOpt,
         no_overlap_grad_reduce: bool = typer.Option(False, "--no-overlap-grad-reduce",
                                                     help="reduce gradients after the backward pass, not during it"),
         no_overlap_param_gather: bool = typer.Option(False, "--no-overlap-param-gather",
@@ -63,7 +65,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Predict the training step of one plan: time, throughput, MFU, memory per stage, breakdown."""
         from echo_plan.commands.common import (
-            check_cache_dir, check_tp_pp, data_parallel, parse_headroom, resolve_specs, resolve_stack,
+            check_cache_dir, check_tp_pp, data_parallel, fp8_stack, parse_headroom, resolve_specs, resolve_stack,
         )
         from echo_plan.errors import SpecError
         from echo_plan.output_paths import check_output_file
@@ -73,7 +75,7 @@ def register(app: typer.Typer) -> None:
         check_cache_dir(cache_dir)
         check_tp_pp(tp, pp)
         model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
-        stack_spec = resolve_stack(stack)
+        stack_spec = fp8_stack(resolve_stack(stack), dtype, fp8_recipe, fp8_param_gather)
         headroom = parse_headroom(memory_headroom, cluster_spec)
         dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp)
         if no_interference and interference_file:

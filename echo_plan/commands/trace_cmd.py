@@ -28,6 +28,7 @@ class RecomputeChoice(str, Enum):
 class DTypeChoice(str, Enum):
     BF16 = "bf16"
     FP16 = "fp16"
+    FP8 = "fp8"  # bf16 with the linears' GEMMs in FP8 (the stack's fp8_recipe)
 
 
 def _si(n: float, unit: str) -> str:
@@ -116,7 +117,7 @@ def register(app: typer.Typer) -> None:
         mbs: int = typer.Option(1, "--mbs", help="micro-batch size"),
         sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron-LM sequence parallelism"),
         recompute: RecomputeChoice = typer.Option(RecomputeChoice.NONE, "--recompute", help="activation recomputation"),
-        dtype: DTypeChoice = typer.Option(DTypeChoice.BF16, "--dtype", help="activation and weight dtype"),
+        dtype: DTypeChoice = typer.Option(DTypeChoice.BF16, "--dtype", help="activation and weight dtype; fp8: bf16 with FP8 GEMMs"),
         stage: StageChoice = typer.Option(StageChoice.ALL, "--stage", help="which stage to trace"),
         stack: Optional[str] = StackOpt,
         ep: int = EpOpt,

@@ -91,6 +91,9 @@ def print_summary(results) -> None:
         typer.echo(f"{r.name:<30} {rows:>7} {r.stack:<17} {_pct(r.mean_abs_error if r.rows else None):>6} "
                    f"{_pct(r.max_abs_error if r.rows else None):>6} {_pct(r.held_out_mean):>9} "
                    f"{_pct(r.held_out_max):>8} {tol:>9} {cover:>6}  {r.status}")
+        for precision, mean_tol, max_tol, mean, worst in (r.precision_stats() if r.kind == "training" else ()):
+            typer.echo(f"{'  ' + precision + ' rows':<30} {'':>7} {'':<17} {'':>6} {'':>6} {_pct(mean):>9} "
+                       f"{_pct(worst):>8} {f'{mean_tol * 100:.0f}/{max_tol * 100:.0f}%':>9}")
     typer.echo("rows: modelled/total; errors are |predicted - measured| / measured; held-out rows are those the "
                "preset's calibration never saw; cover: leave-one-out share of held-out rows inside their 80% range")
 
@@ -110,3 +113,5 @@ def _print_suite(r) -> None:
                    f"{row.detail}{role}{rng}")
     typer.echo(f"   mean |error| {r.mean_abs_error * 100:.1f}%, max {r.max_abs_error * 100:.1f}%, held-out mean "
                f"{_pct(r.held_out_mean)}, max {_pct(r.held_out_max)}: {r.status}")
+    for precision, _, _, mean, worst in (r.precision_stats() if r.kind == "training" else ()):
+        typer.echo(f"   {precision} rows (judged apart): held-out mean {_pct(mean)}, max {_pct(worst)}")

@@ -28,11 +28,12 @@ SECTIONS = ("compute", "nccl", "ranges")
 # field -> (lower bound, upper bound): a scale outside these is not a calibration but a mistake
 COMPUTE_FIELDS: dict[str, tuple[float, float]] = {
     "gemm_efficiency_scale": (0.2, 1.5),
+    "fp8_gemm_efficiency_scale": (0.2, 1.5),
     "attention_efficiency_scale": (0.2, 1.5),
     "memory_bandwidth_scale": (0.2, 1.2),
     "kernel_overhead_us": (0.0, 100.0),
 }
-COMPUTE_INFO = ("source", "fitted_on", "held_out", "stack", "notes", "residuals")
+COMPUTE_INFO = ("source", "fitted_on", "held_out", "stack", "notes", "residuals", "fp8_fit")
 
 
 def check_calibration(calibration: Mapping[str, Any], context: str = "calibration") -> None:
@@ -70,6 +71,7 @@ class ComputeCalibration:
     """Factors on the analytical kernel model (1.0 / None: the model as published)."""
 
     gemm_efficiency_scale: float = 1.0
+    fp8_gemm_efficiency_scale: float = 1.0  # FP8 GEMMs, on top of gemm_efficiency_scale (fitted on fp8 rows)
     attention_efficiency_scale: float = 1.0
     memory_bandwidth_scale: float = 1.0
     kernel_overhead_us: float | None = None  # None: compute.yaml's launch overhead
@@ -78,7 +80,7 @@ class ComputeCalibration:
     @property
     def is_identity(self) -> bool:
         return (self.gemm_efficiency_scale == self.attention_efficiency_scale == self.memory_bandwidth_scale == 1.0
-                and self.kernel_overhead_us is None)
+                and self.fp8_gemm_efficiency_scale == 1.0 and self.kernel_overhead_us is None)
 
     def values(self) -> dict[str, float]:
         out = {"gemm_efficiency_scale": self.gemm_efficiency_scale,
@@ -86,6 +88,8 @@ class ComputeCalibration:
                "memory_bandwidth_scale": self.memory_bandwidth_scale}
         if self.kernel_overhead_us is not None:
             out["kernel_overhead_us"] = self.kernel_overhead_us
+        if self.fp8_gemm_efficiency_scale != 1.0:
+            out["fp8_gemm_efficiency_scale"] = self.fp8_gemm_efficiency_scale
         return out
 
     @classmethod
@@ -115,8 +119,11 @@ class ComputeCalibration:
             return constants
         from echo_plan.trace.records import OpKind
 
+        fp8 = self.gemm_efficiency_scale * self.fp8_gemm_efficiency_scale
         arch = {k: replace(a, asymptotic_eff=a.asymptotic_eff * self.gemm_efficiency_scale,
                            max_eff=a.max_eff * self.gemm_efficiency_scale,
+                           fp8_asymptotic_eff=None if a.fp8_asymptotic_eff is None else a.fp8_asymptotic_eff * fp8,
+                           fp8_max_eff=None if a.fp8_max_eff is None else a.fp8_max_eff * fp8,
                            attention_forward_eff=a.attention_forward_eff * self.attention_efficiency_scale,
                            attention_backward_eff=a.attention_backward_eff * self.attention_efficiency_scale)
                 for k, a in constants.arch.items()}

@@ -1,5 +1,7 @@
 """Analytical kernel-time model: seconds one traced compute op takes on a GPU, alone.
 
+* FP8 GEMM (``_scaled_mm``): the same model at the FP8 peak with its own curve: its own best
+  measured fraction and pipeline fill (``fp8_*`` in compute.yaml), blockwise scaling at a rate of its own.
 * GEMM (mm, addmm, bmm, baddbmm): FLOPs / (peak x efficiency(M, N, K)). The efficiency is what
   cuBLAS does: the output is cut into tiles (tile quantisation), the tiles run in waves of one
   tile per SM (wave quantisation), K may be split across CTAs when there are too few tiles
@@ -72,6 +74,8 @@ class ArchParams:
     attention_forward_eff: float
     attention_backward_eff: float
     stream_k_eff: float | None = None  # Hopper+: a partial last wave can run as stream-K at this tile rate
+    fp8_asymptotic_eff: float | None = None  # FP8 GEMMs: their own curve (None: no FP8 tensor cores)
+    fp8_max_eff: float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,8 @@ class ComputeConstants:
     causal_work_fraction: float
     hbm_efficiency: Mapping[OpKind, float]
     attention_dropout_eff: float = 1.0
+    fp8_k_overhead: int = 32  # the FP8 GEMM's pipeline fill in units of K
+    fp8_blockwise_eff: float = 1.0  # blockwise-scaled FP8 GEMMs relative to per-tensor scaled ones
 
     def arch_params(self, sm_arch: int) -> ArchParams:
         """The newest generation in the table that is not newer than ``sm_arch`` (else the oldest)."""
@@ -118,12 +124,19 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
             sk = None if sk is None else float(sk)
             shape_eff = gemm_shape_efficiency(m, n, k, int(a["sm_count"]), tiles, k0,
                                               int(raw["gemm_min_split_k"]), int(raw["gemm_max_split"]), stream_k=sk)
+            fp8_asym = fp8_max = None
+            if "fp8_mamf_fraction" in a:
+                fm, fn, fk_ = (int(x) for x in a["fp8_mamf_shape"])
+                fp8_shape = gemm_shape_efficiency(fm, fn, fk_, int(a["sm_count"]), tiles, int(raw["fp8_gemm_k_overhead"]),
+                                                  int(raw["gemm_min_split_k"]), int(raw["gemm_max_split"]), stream_k=sk)
+                fp8_max = float(a["fp8_mamf_fraction"])
+                fp8_asym = min(1.0, fp8_max / fp8_shape)
             arch[int(key)] = ArchParams(
                 asymptotic_eff=min(1.0, float(a["mamf_fraction"]) / shape_eff),
                 max_eff=float(a["mamf_fraction"]),
                 attention_forward_eff=float(a["attention_forward_eff"]),
                 attention_backward_eff=float(a["attention_backward_eff"]),
-                stream_k_eff=sk,
+                stream_k_eff=sk, fp8_asymptotic_eff=fp8_asym, fp8_max_eff=fp8_max,
             )
         hbm = {OpKind(k): float(v) for k, v in raw["hbm_efficiency"].items()}
         return ComputeConstants(
@@ -138,6 +151,8 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
             causal_work_fraction=float(raw["causal_work_fraction"]),
             hbm_efficiency=MappingProxyType(hbm),
             attention_dropout_eff=float(raw.get("attention_dropout_efficiency", 1.0)),
+            fp8_k_overhead=int(raw.get("fp8_gemm_k_overhead", k0)),
+            fp8_blockwise_eff=float(raw.get("fp8_blockwise_efficiency", 1.0)),
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid compute-model constants: {exc!r}") from None
@@ -187,9 +202,17 @@ def op_dtype(op: OpRecord, default: DType) -> DType:
     return default
 
 
+def is_fp8_gemm(op: OpRecord) -> bool:
+    """An FP8 GEMM (``_scaled_mm``, ``_scaled_grouped_mm``: FP8 operands, scale tensors after them)."""
+    return "_scaled_mm" in op.name or "_scaled_grouped_mm" in op.name
+
+
 def gemm_dims(op: OpRecord) -> tuple[int, int, int, int] | None:
-    """(batch, M, N, K) of a matmul from its two matrix operands (the last two inputs of rank >= 2)."""
+    """(batch, M, N, K) of a matmul from its two matrix operands (the last two inputs of rank >= 2;
+    the first two of an FP8 GEMM, whose blockwise scales are matrices too)."""
     mats = [t for t in op.inputs if len(t.shape) >= 2]
+    if is_fp8_gemm(op):
+        mats = list(op.inputs[:2])
     if len(mats) < 2:
         return None
     a, b = mats[-2], mats[-1]
@@ -284,9 +307,23 @@ class AnalyticalComputeModel:
             return arch.max_eff, op.flops
         batch, m, n, k = dims
         flops = op.flops if op.flops > 0 else 2.0 * batch * m * n * k
+        if is_fp8_gemm(op) and arch.fp8_asymptotic_eff is not None and arch.fp8_max_eff is not None:
+            shape = gemm_shape_efficiency(m, n, k, gpu.sm_count, c.tiles, c.fp8_k_overhead, c.min_split_k,
+                                          c.max_split, batch=batch, stream_k=arch.stream_k_eff)
+            blockwise = "grouped" not in op.name and any(len(t.shape) == 2 for t in op.inputs[2:4])
+            block = c.fp8_blockwise_eff if blockwise else 1.0
+            fp8 = min(arch.fp8_max_eff, arch.fp8_asymptotic_eff * shape) * block
+            # JUDGEMENT: an FP8 GEMM never runs slower than the bf16 GEMM of its shape (same tiles, half the
+            # operand bytes); the FP8 curve's long pipeline fill would say so for short K.
+            bf16 = self._bf16_gemm_eff(arch, m, n, k, batch, gpu) * gpu.peak_bf16_tflops / gpu.peak_tflops(DType.FP8)
+            return max(fp8, bf16), flops
+        return self._bf16_gemm_eff(arch, m, n, k, batch, gpu), flops
+
+    def _bf16_gemm_eff(self, arch: ArchParams, m: int, n: int, k: int, batch: int, gpu: GPUSpec) -> float:
+        c = self.constants
         shape = gemm_shape_efficiency(m, n, k, gpu.sm_count, c.tiles, c.k_overhead, c.min_split_k,
                                       c.max_split, batch=batch, stream_k=arch.stream_k_eff)
-        return min(arch.max_eff, arch.asymptotic_eff * shape), flops
+        return min(arch.max_eff, arch.asymptotic_eff * shape)
 
     def _attention_eff(self, op: OpRecord, gpu: GPUSpec) -> tuple[float, float]:
         c = self.constants

@@ -13,6 +13,11 @@
   part of one layer, live during that layer's backward.
 * Weights, gradients (in the stack's gradient dtype, sharded too when the stack's distributed
   optimizer shards them) and optimizer states.
+* FP8 training (plan dtype fp8): each transformer layer's weights also live as an FP8 copy and its
+  FP8 transpose (1 byte each: Transformer Engine casts them on a step's first micro-batch and keeps
+  them for the others; Hopper's FP8 GEMMs need both layouts); with the stack's ``fp8_param_gather``
+  the FP8 weight replaces the bf16 one. Master weights, gradients and Adam states are unchanged.
+  FP8 activations saved for backward come with the trace's saved bytes.
 * Buffers: CUDA context, NCCL buffers per communicator, allocator fragmentation, and the loss's
   transient fp32 logits on the last stage.
 * Headroom: a plan fits when every GPU keeps ``headroom_bytes`` free below capacity
@@ -144,6 +149,22 @@ def stage_params_split(model: ModelSpec, plan: PlanSpec, stage: int,
     return n, experts
 
 
+FP8_COPY_BYTES = 2  # an FP8 weight (1 B) and its FP8 transpose (1 B) per parameter
+
+
+def fp8_weight_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, stage: int, bf16_bytes: float) -> float:
+    """What FP8 training changes in pipeline rank ``stage``'s weight memory (0 unless the plan is fp8): the
+    FP8 copies of its transformer layers' weights, less their bf16 copies with ``fp8_param_gather``."""
+    if plan.dtype is not DType.FP8:
+        return 0.0
+    from echo_plan.replay.layer_mix import layer_params_per_rank as mixed, stage_kind_counts
+
+    layer = sum(count * sum(mixed(model, plan, kind)) for kind, count in stage_kind_counts(model, plan, stage).items())
+    if stage == plan.pp - 1 and model.mtp_layers:
+        layer += model.mtp_layers * sum(mixed(model, plan, model.mtp_kind))
+    return layer * (FP8_COPY_BYTES - (bf16_bytes if stack.fp8_param_gather else 0.0))
+
+
 # -- micro-batches in flight --------------------------------------------------------------------
 
 def inflight_chunk_passes(plan: PlanSpec, stage: int) -> int:
@@ -181,7 +202,7 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     s, b, h, t = model.seq_length, plan.micro_batch_size, model.hidden_size, plan.tp
     a, f = model.num_attention_heads, model.ffn_size
     kv = model.kv_heads * model.head_dim
-    e = plan.dtype.nbytes
+    e = plan.param_dtype.nbytes
     rep = 1.0 / t if plan.sequence_parallel else 1.0  # regions outside the TP split
     sb = s * b
     if recompute is Recompute.FULL:
@@ -223,7 +244,7 @@ def moe_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute_act: bool =
     from echo_plan.trace.moe import routed_token_counts
 
     moe = model.moe
-    e, h, t = plan.dtype.nbytes, model.hidden_size, plan.tp
+    e, h, t = plan.param_dtype.nbytes, model.hidden_size, plan.tp
     tokens = model.seq_length * plan.micro_batch_size // (t if plan.sequence_parallel else 1)
     sent, hot, each = routed_token_counts(tokens, model, ExpertLayout(plan.ep, plan.expert_tp, plan.expert_imbalance))
     recv = (hot + (moe.num_experts // plan.ep - 1) * each) * plan.expert_tp
@@ -248,7 +269,7 @@ def output_activation_bytes(model: ModelSpec, plan: PlanSpec) -> int:
     """Final norm and output-linear inputs, and the fp32 softmax of the vocab-parallel loss."""
     sb = model.seq_length * plan.micro_batch_size
     rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
-    e = plan.dtype.nbytes
+    e = plan.param_dtype.nbytes
     return int(2 * e * sb * model.hidden_size * rep + 4 * sb * model.vocab_size / plan.tp)
 
 
@@ -291,10 +312,10 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
     from echo_plan.replay.layer_mix import all_stage_kind_counts
 
     c = consts or load_memory_constants()
-    w_b, _, o_b = c.bytes_per_param[plan.dtype]
+    w_b, _, o_b = c.bytes_per_param[plan.param_dtype]
     if stack.optimizer_state_bytes is not None:
         o_b = stack.optimizer_state_bytes
-    g_b = stack.grad_bytes(plan.dtype)
+    g_b = stack.grad_bytes(plan.param_dtype)
     shard = plan.dp if plan.distributed_optimizer else 1
     eshard = plan.edp if plan.distributed_optimizer else 1
     shard_grads = stack.optimizer_sharding is OptimizerSharding.STATES_AND_GRADS
@@ -328,7 +349,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
                    + c.fragmentation_fraction * act + transient)
         out.append(StageMemory(
             stage=i,
-            weights_bytes=int(params * w_b),
+            weights_bytes=int(params * w_b + fp8_weight_bytes(model, plan, stack, i, w_b)),
             gradients_bytes=int(grads),
             optimizer_bytes=int(optimizer),
             activations_bytes=int(act),

@@ -109,7 +109,7 @@ _GROUP_OF = {GroupKind.TP: GroupRef.TP, GroupKind.DP: GroupRef.DP, GroupKind.EP:
 
 def phase_template(trace: LayerTrace, phase_forward: bool, compute: Any, comm: Any, cluster: ClusterSpec,
                    plan: PlanSpec, label: str) -> tuple[_TNode, ...]:
-    ops = [op for op in trace.ops if (op.phase is Phase.FORWARD) == phase_forward]
+    ops = [op for op in trace.ops if op.phase is not Phase.STEP and (op.phase is Phase.FORWARD) == phase_forward]
     by_index = {op.index: op for op in ops}
     tasks = phase_tasks(ops, compute, comm, cluster, plan.dtype)
     is_comm = {t.id: t.kind.is_comm for t in tasks}
@@ -248,8 +248,8 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     sched = costs.schedule
     pp, nvs = sched.pp, sched.num_virtual_stages
     layers_of = list(plan.virtual_layers(model.num_layers))
-    gb = stack.grad_bytes(plan.dtype)
-    full = plan.micro_batch_size * model.seq_length * model.hidden_size * plan.dtype.nbytes
+    gb = stack.grad_bytes(plan.param_dtype)
+    full = plan.micro_batch_size * model.seq_length * model.hidden_size * plan.param_dtype.nbytes
     p2p_bytes = -(-full // plan.tp)
     gather_on_recv = plan.tp > 1 and not plan.sequence_parallel
     tied = costs.tied_allreduce_s > 0 and pp > 1

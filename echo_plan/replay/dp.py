@@ -57,10 +57,11 @@ def edp_group(plan: PlanSpec) -> CommGroup:
 
 
 def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, overlap: bool,
-                  group: CommGroup | None = None, op_time=None) -> tuple[DpBucket, ...]:
+                  group: CommGroup | None = None, op_time=None, param_bytes: float = PARAM_BYTES) -> tuple[DpBucket, ...]:
     """The DP buckets of one chunk of ``params`` parameters (of this rank), with their times;
     ``gb`` bytes per gradient element, ``overlap``: reduced during the backward pass. ``group``:
-    the group that reduces them (default the data-parallel group; MoE experts: the expert one)."""
+    the group that reduces them (default the data-parallel group; MoE experts: the expert one).
+    ``param_bytes``: mean bytes per parameter of the all-gather (under 2 when FP8 weights are gathered)."""
     group = group if group is not None else dp_group(plan)
     if group.size <= 1 or params <= 0:
         return ()
@@ -74,7 +75,7 @@ def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, ove
     for n in bucket_sizes(params, group.size, overlap):
         if plan.distributed_optimizer:
             out.append(DpBucket(n, comm_time(CollectiveKind.REDUCE_SCATTER, n * gb, group), TaskKind.REDUCE_SCATTER,
-                                comm_time(CollectiveKind.ALL_GATHER, n * PARAM_BYTES, group), expert=expert))
+                                comm_time(CollectiveKind.ALL_GATHER, int(n * param_bytes), group), expert=expert))
         else:
             out.append(DpBucket(n, comm_time(CollectiveKind.ALL_REDUCE, n * gb, group), TaskKind.ALL_REDUCE,
                                 expert=expert))

@@ -79,6 +79,7 @@ class PhaseTiming:
 class LayerTiming:
     forward: PhaseTiming
     backward: PhaseTiming  # includes the recompute ops when the trace has them
+    per_step_s: float = 0.0  # compute the layer runs once per step, not per micro-batch (FP8 weight casts)
 
     @property
     def total_s(self) -> float:
@@ -89,10 +90,13 @@ def replay_layer(trace: LayerTrace, compute: ComputeModel, comm: CollectiveModel
                  dtype: DType, interference: InterferenceModel) -> LayerTiming:
     """Forward and backward timing of one traced stage on one GPU (rules in the module docstring)."""
     fwd = [op for op in trace.ops if op.phase is Phase.FORWARD]
-    bwd = [op for op in trace.ops if op.phase is not Phase.FORWARD]
+    bwd = [op for op in trace.ops if op.phase in (Phase.BACKWARD, Phase.RECOMPUTE)]
+    once = sum(compute.op_time(op, cluster.gpu, dtype) for op in trace.ops
+               if op.phase is Phase.STEP and op.kind is not OpKind.VIEW)
     return LayerTiming(
         forward=_phase(fwd, compute, comm, cluster, dtype, interference),
         backward=_phase(bwd, compute, comm, cluster, dtype, interference),
+        per_step_s=once,
     )
 
 

@@ -43,7 +43,7 @@ def _p2p_gather_time(model: ModelSpec, plan: PlanSpec, comm_time) -> float:
 
 
 def _message_bytes(model: ModelSpec, plan: PlanSpec) -> int:
-    return plan.micro_batch_size * model.seq_length * model.hidden_size * plan.dtype.nbytes
+    return plan.micro_batch_size * model.seq_length * model.hidden_size * plan.param_dtype.nbytes
 
 
 def _tied_time(model: ModelSpec, plan: PlanSpec, comm_time, gbytes: int) -> float:

@@ -34,6 +34,7 @@ class PruneReason(str, Enum):
     INTERLEAVE_BATCH = "interleaving needs micro-batches a multiple of pp"
     SEQUENCE_PARALLEL = "sequence parallel needs seq divisible by tp"
     STACK = "the software stack lacks the feature"
+    PRECISION = "the GPU has no tensor cores for the dtype"
     DUPLICATE = "same plan as another candidate"
     OOM_ESTIMATE = "out of memory (estimate)"
     INVALID = "invalid plan (other rule)"
@@ -47,6 +48,7 @@ _FIELD_REASON = {
     "pp x virtual_stages": PruneReason.LAYERS,
     "virtual_stages": PruneReason.INTERLEAVE_BATCH,
     "sequence_parallel": PruneReason.SEQUENCE_PARALLEL,
+    "dtype": PruneReason.PRECISION,  # fp8 on a GPU without FP8 tensor cores (A100)
 }
 
 

@@ -40,6 +40,7 @@ class Knob(str, Enum):
     ETP = "etp"  # expert tensor parallel (MoE models; dense models ignore it)
     DP_COMM = "dp_comm"  # data-parallel gradient exchange (dense or a sparsifier)
     DENSITY = "density"  # a sparse dp_comm's density (dense exchanges ignore it)
+    DTYPE = "dtype"  # training precision: bf16, fp16, or fp8 (FP8 GEMMs; needs FP8 tensor cores)
 
 
 class Constraint(str, Enum):
@@ -59,10 +60,11 @@ KNOB_DEFAULTS: dict[Knob, Any] = {
     Knob.SCHEDULE: Schedule.ONE_F_ONE_B.value, Knob.RECOMPUTE: Recompute.NONE.value,
     Knob.SEQUENCE_PARALLEL: False, Knob.DISTRIBUTED_OPTIMIZER: False,
     Knob.OVERLAP_GRAD_REDUCE: True, Knob.OVERLAP_PARAM_GATHER: True, Knob.EP: 1, Knob.ETP: 1,
-    Knob.DP_COMM: DpComm.DENSE.value, Knob.DENSITY: 1.0,
+    Knob.DP_COMM: DpComm.DENSE.value, Knob.DENSITY: 1.0, Knob.DTYPE: DType.BF16.value,
 }
+TRAINING_DTYPES = (DType.BF16.value, DType.FP16.value, DType.FP8.value)
 # Settings that may only be fixed (one value for the whole search).
-FIXED_ONLY = {"dtype"}
+FIXED_ONLY: set[str] = set()
 # Names a user may reach for that the search sets itself.
 NOT_SETTABLE = {
     "dp": "dp is implied by gpus / (tp x pp); it is not a knob",
@@ -187,15 +189,7 @@ def space_from_mapping(data: dict[str, Any], source: str = "", default_name: str
 
     fixed: dict[str, Any] = {}
     for name, raw in fixed_in.items():
-        if name in FIXED_ONLY:
-            try:
-                fixed[name] = DType(str(raw)).value
-            except ValueError:
-                raise SpecError(f"fixed.{name}", raw, "one of bf16, fp16", where) from None
-            if fixed[name] not in (DType.BF16.value, DType.FP16.value):
-                raise SpecError(f"fixed.{name}", raw, "training runs in bf16 or fp16", where)
-            continue
-        knob = _knob(name, where, valid_knobs + ", " + ", ".join(sorted(FIXED_ONLY)), section="fixed")
+        knob = _knob(name, where, valid_knobs, section="fixed")
         if knob in values:
             raise SpecError(f"fixed.{name}", raw, "is also listed under knobs; give it in one place", where)
         if isinstance(raw, list):
@@ -260,6 +254,10 @@ def _knob_value(knob: Knob, raw: Any, field: str, where: str) -> Any:
         if not isinstance(raw, bool):
             raise SpecError(field, raw, "true or false", where)
         return raw
+    if knob is Knob.DTYPE:
+        if str(raw).lower() not in TRAINING_DTYPES:
+            raise SpecError(field, raw, f"one of {', '.join(TRAINING_DTYPES)}", where)
+        return str(raw).lower()
     if knob in FLOAT_KNOBS:
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0.0 < float(raw) <= 1.0:
             raise SpecError(field, raw, "numbers in (0, 1] (e.g. [0.001, 0.01, 0.1])", where)

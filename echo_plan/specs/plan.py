@@ -39,6 +39,10 @@ class DpComm(str, Enum):
         return self is not DpComm.DENSE
 
 
+TRAINING_DTYPES = (DType.BF16, DType.FP16, DType.FP8)
+FP8_MIN_SM_ARCH = 89  # FP8 tensor cores: Ada (sm89) and Hopper (sm90) onwards (NVIDIA Transformer Engine docs)
+
+
 class PlanSpec(Spec):
     tp: int = Field(default=1, gt=0, le=L.MAX_GPUS, description="tensor-parallel degree")
     pp: int = Field(default=1, gt=0, le=L.MAX_GPUS, description="pipeline-parallel degree")
@@ -68,8 +72,8 @@ class PlanSpec(Spec):
 
     @model_validator(mode="after")
     def _rules(self) -> "PlanSpec":
-        if self.dtype not in (DType.BF16, DType.FP16):
-            raise ValueError(f"dtype must be bf16 or fp16 for training, not {self.dtype.value}")
+        if self.dtype not in TRAINING_DTYPES:
+            raise ValueError(f"dtype must be bf16, fp16 or fp8 for training, not {self.dtype.value}")
         if self.virtual_stages > 1 and self.schedule is Schedule.ONE_F_ONE_B:
             object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
         if self.schedule is Schedule.INTERLEAVED and self.virtual_stages == 1 and self.pp > 1:
@@ -106,6 +110,12 @@ class PlanSpec(Spec):
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def param_dtype(self) -> DType:
+        """The dtype of weights, activations and gradients: bf16 under fp8 (FP8 is for the GEMMs only,
+        as Transformer Engine runs it: bf16 master flow, FP8 casts at each linear layer)."""
+        return DType.BF16 if self.dtype is DType.FP8 else self.dtype
 
     @property
     def expert_tp(self) -> int:
@@ -160,6 +170,8 @@ class PlanSpec(Spec):
             parts.append(f"imb{self.expert_imbalance:g}")
         if self.dp_comm.sparse:
             parts.append(f"{self.dp_comm.value}@{self.density:g}")
+        if self.dtype is DType.FP8:
+            parts.append("fp8")
         if self.sequence_parallel:
             parts.append("sp")
         if self.distributed_optimizer:
@@ -197,6 +209,7 @@ def validate_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec) -> Non
     if model.ffn_size % plan.tp:
         raise SpecError("tp", plan.tp, f"must divide ffn_hidden_size {model.ffn_size} of {model.name}")
     validate_experts(plan, model)
+    check_fp8_gpu(plan.dtype, cluster)
     if plan.pp > model.num_layers:
         raise SpecError("pp", plan.pp, f"must not exceed num_layers {model.num_layers} of {model.name}")
     if plan.sequence_parallel and model.seq_length % plan.tp:
@@ -250,3 +263,13 @@ def validate_experts(plan: PlanSpec, model: ModelSpec) -> None:
     if plan.tp > 1 and not plan.sequence_parallel:
         raise SpecError("sequence_parallel", False, "Megatron-Core runs MoE layers with tp > 1 only with sequence "
                         "parallelism; add --sp")
+
+
+def check_fp8_gpu(dtype: DType, cluster: ClusterSpec) -> None:
+    """FP8 training needs FP8 tensor cores: raise SpecError naming the GPU when it has none."""
+    if dtype is not DType.FP8:
+        return
+    gpu = cluster.gpu
+    if gpu.sm_arch < FP8_MIN_SM_ARCH or gpu.peak_fp8_tflops is None:
+        raise SpecError("dtype", "fp8", f"GPU {gpu.name} (sm{gpu.sm_arch}) has no FP8 tensor cores (they start with "
+                        f"sm{FP8_MIN_SM_ARCH}, Ada/Hopper); use bf16 or fp16 there")

@@ -51,6 +51,14 @@ class OptimizerSharding(str, Enum):
     STATES_AND_GRADS = "states_and_grads"  # the gradient buffer too (ZeRO-2, Apex DistributedFusedAdam)
 
 
+class Fp8Recipe(str, Enum):
+    """How Transformer Engine scales FP8 GEMM operands (``docs/fp8.md``)."""
+
+    DELAYED = "delayed"  # per-tensor scale from an amax history of earlier steps; amax fused into the cast
+    CURRENT = "current"  # per-tensor scale from this tensor's own amax: an amax pass before every cast
+    BLOCKWISE = "blockwise"  # DeepSeek-V3: 1x128 activation tiles, 128x128 weight blocks, a scale each
+
+
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
 
@@ -84,6 +92,10 @@ class SoftwareSpec(Spec):
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
     moe_grouped_gemm: bool = Field(default=True, description="local experts as one grouped GEMM (else a GEMM each)")
     moe_permute_fusion: bool = Field(default=True, description="TE's fused token permute/unpermute kernels")
+    fp8_recipe: Fp8Recipe = Field(default=Fp8Recipe.DELAYED,
+                                  description="FP8 scaling recipe of the GEMMs when the plan's dtype is fp8")
+    fp8_param_gather: bool = Field(
+        default=False, description="weights kept and all-gathered in FP8 (no bf16 copy; Megatron --fp8-param-gather)")
     sources: tuple[str, ...] = ()
 
     @field_validator("grad_reduce_dtype")
@@ -116,6 +128,10 @@ class SoftwareSpec(Spec):
                 f"fuse={self.fused_elementwise};gaf={self.gradient_accumulation_fusion}/{grad};"
                 f"tpov={self.tp_comm_overlap};rc={modules};moe={self.moe_dispatcher.value},"
                 f"{self.moe_grouped_gemm},{self.moe_permute_fusion}")
+
+    def fp8_signature(self) -> str:
+        """The FP8 settings that change an fp8 trace (appended to its cache key; bf16 traces ignore them)."""
+        return f"fp8={self.fp8_recipe.value},pg={self.fp8_param_gather}"
 
     def short(self) -> str:
         return self.name

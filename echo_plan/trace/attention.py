@@ -51,6 +51,7 @@ class Attention(nn.Module):
         self.fused = stack.attention is AttentionKernel.FUSED
         self.dropout_p = stack.attention_dropout
         self.checkpoint_core = checkpoint_core  # None, or a function that checkpoints a callable
+        self.fp8 = None  # an fp8.Fp8State when the linears run FP8 GEMMs (set by the block)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention on [s, b, heads, d] tensors; returns [s, b, heads * d]."""
@@ -80,7 +81,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         qkv = parallel.column_parallel_linear(x, self.qkv_weight, self.qkv_bias, self.group, self.sp,
-                                              self.accumulate_unfused, self.overlap)
+                                              self.accumulate_unfused, self.overlap, self.fp8)
         s, b = qkv.shape[0], qkv.shape[1]
         group_width = (self.heads // self.kv_heads + 2) * self.head_dim  # Megatron's grouped QKV layout
         qkv = qkv.view(s, b, self.kv_heads, group_width)
@@ -92,5 +93,5 @@ class Attention(nn.Module):
             q, k = self.rotary(q), self.rotary(k)
         ctx = self.checkpoint_core(self.core, q, k, v) if self.checkpoint_core else self.core(q, k, v)
         out = parallel.row_parallel_linear(ctx, self.proj_weight, self.group, self.sp, self.accumulate_unfused,
-                                           self.overlap)
+                                           self.overlap, self.fp8)
         return out, self.proj_bias

@@ -10,6 +10,8 @@ parallel regions. What the SoftwareSpec changes, all as module code:
 * ``hidden_dropout``: dropout before each residual add (its 1-byte mask is saved);
 * ``gradient_accumulation_fusion`` off: every weight gradient is added into an fp32 ``main_grad``;
 * ``tp_comm_overlap`` (with sequence parallelism): the pipelined TP linears of ``overlap.py``;
+* ``fp8`` (an ``fp8.Fp8State``, plan dtype fp8): the linears' GEMMs in FP8 with Transformer
+  Engine's casts (``fp8.py``), bf16 everywhere else;
 * recomputation (Korthikanti et al. 2022): ``full`` checkpoints the whole layer; ``selective``
   checkpoints the stack's ``recompute_modules``: the attention core, the MLP, and/or the two
   norms (Megatron-Core's ``layernorm`` module keeps no norm output: it is discarded after the
@@ -79,6 +81,7 @@ class MLP(nn.Module):
         self.fc1_bias = nn.Parameter(torch.empty(fc1_out, dtype=dtype)) if model.has_bias else None
         self.fc2_weight = nn.Parameter(torch.empty(model.hidden_size, ffn, dtype=dtype))
         self.fc2_bias = nn.Parameter(torch.empty(model.hidden_size, dtype=dtype)) if model.has_bias else None
+        self.fp8 = None  # an fp8.Fp8State when the linears run FP8 GEMMs (set by the block)
 
     def act(self, h: torch.Tensor) -> torch.Tensor:
         """The activation on FC1's output, with FC1's bias (Megatron-LM skips FC1's bias add and
@@ -101,10 +104,10 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         h = parallel.column_parallel_linear(x, self.fc1_weight, None, self.group, self.sp,
-                                            self.accumulate_unfused, self.overlap)
+                                            self.accumulate_unfused, self.overlap, self.fp8)
         h = self.act(h)
         out = parallel.row_parallel_linear(h, self.fc2_weight, self.group, self.sp, self.accumulate_unfused,
-                                           self.overlap)
+                                           self.overlap, self.fp8)
         return out, self.fc2_bias
 
 
@@ -116,7 +119,7 @@ class TransformerBlock(nn.Module):
                  dtype: torch.dtype, recompute: Recompute, stack: SoftwareSpec,
                  recompute_context: RecomputeContext = nullcontext,
                  discard: Callable[[torch.Tensor], None] | None = None, kind: LayerKind = DENSE,
-                 groups: TraceGroups | None = None, layout: ExpertLayout | None = None) -> None:
+                 groups: TraceGroups | None = None, layout: ExpertLayout | None = None, fp8=None) -> None:
         super().__init__()
         selective = set(stack.recompute_modules) if recompute is Recompute.SELECTIVE else set()
         overlap = bool(stack.tp_comm_overlap and sequence_parallel and group is not None)
@@ -150,6 +153,9 @@ class TransformerBlock(nn.Module):
         self.discard = discard
         self.full_recompute = recompute is Recompute.FULL
         self._ckpt = ckpt
+        for module in self.modules():  # FP8 GEMMs in every linear of the layer that has them (not the router)
+            if hasattr(module, "fp8"):
+                module.fp8 = fp8
 
     def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return self._ckpt(norm, x) if self.recompute_norms else norm(x)

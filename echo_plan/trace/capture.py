@@ -28,6 +28,8 @@ from echo_plan.trace.stages import EmbeddingStage, OutputStage
 
 TORCH_DTYPES = {DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP32: torch.float32}
 _DTYPE_OF = {v: k for k, v in TORCH_DTYPES.items()}
+# fp8 training keeps bf16 weights, activations and gradients; the linears' GEMMs run in FP8 (trace/fp8.py)
+TORCH_DTYPES_FOR = {**TORCH_DTYPES, DType.FP8: torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -69,11 +71,17 @@ class SavedBytesMeter:
 
 def _build(stage: StageKind, model: ModelSpec, groups: TraceGroups, sp: bool, dtype: torch.dtype,
            recompute: Recompute, stack: SoftwareSpec, recompute_context: Callable,
-           discard: Callable | None, kind: LayerKind = DENSE, layout: ExpertLayout | None = None) -> nn.Module:
+           discard: Callable | None, kind: LayerKind = DENSE, layout: ExpertLayout | None = None,
+           fp8: bool = False) -> nn.Module:
     group = groups.tp
-    if stage is StageKind.BLOCK:
+    if stage is StageKind.BLOCK:  # Megatron-Core keeps the embedding and output layer in bf16 under FP8
+        state = None
+        if fp8:
+            from echo_plan.trace.fp8 import Fp8State
+
+            state = Fp8State(stack.fp8_recipe, stack.fp8_param_gather)
         module: nn.Module = TransformerBlock(model, group, sp, dtype, recompute, stack, recompute_context, discard,
-                                             kind=kind, groups=groups, layout=layout)
+                                             kind=kind, groups=groups, layout=layout, fp8=state)
     elif stage is StageKind.EMBEDDING:
         module = EmbeddingStage(model, group, sp, dtype, stack)
     else:
@@ -115,7 +123,8 @@ def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: b
     """Trace one stage on TP rank 0 (a layer of ``kind``; MoE layers with ``layout``): forward then
     backward of one micro-batch."""
     layout = layout if (kind.moe and layout is not None) else ExpertLayout(etp=1)
-    tdtype = TORCH_DTYPES[dtype]
+    tdtype = TORCH_DTYPES_FOR[dtype]
+    fp8 = DType(dtype) is DType.FP8
     modes = list(Recompute) if stage is StageKind.BLOCK else [recompute]
     saved: dict[str, int] = {}  # the other modes' saved bytes, when a trace of this stage under them is known
     other_known = {k: v for k, v in (known_saved or {}).items() if k != recompute.value}
@@ -123,7 +132,7 @@ def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: b
         recorder = Recorder(tp, groups.comm)
         meter = SavedBytesMeter(set())
         module = _build(stage, model, groups, sequence_parallel, tdtype, recompute, stack, recorder.recomputing,
-                        meter.discard, kind, layout)
+                        meter.discard, kind, layout, fp8)
         inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype)
         meter.exclude |= _fixed_storages(module)
         ModuleLabeler(module, recorder)  # hooks live as long as the module
@@ -144,7 +153,7 @@ def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: b
                 continue
             other_meter = SavedBytesMeter(set())
             other = _build(stage, model, groups, sequence_parallel, tdtype, mode, stack, nullcontext,
-                           other_meter.discard, kind, layout)
+                           other_meter.discard, kind, layout, fp8)
             other_meter.exclude |= _fixed_storages(other)
             other_inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype)
             with other_meter.measuring():

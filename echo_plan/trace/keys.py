@@ -20,8 +20,9 @@ from echo_plan.trace.records import StageKind, TraceKey
 TRACED_MODULES = (
     "block.py", "attention.py", "kernels.py", "overlap.py", "layers.py", "parallel.py", "stages.py", "fake_pg.py",
     "capture.py", "recorder.py", "opinfo.py", "modtrack.py", "records.py", "moe.py", "mla.py", "moe_kernels.py",
+    "fp8.py", "fp8_kernels.py",
 )
-TRACE_DTYPES = (DType.BF16, DType.FP16)
+TRACE_DTYPES = (DType.BF16, DType.FP16, DType.FP8)
 
 
 def code_version() -> str:
@@ -89,7 +90,8 @@ def make_key(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: 
         raise SpecError("micro_batch_size", micro_batch_size, "must be a positive integer")
     dtype = DType(dtype)
     if dtype not in TRACE_DTYPES:
-        raise SpecError("dtype", dtype.value, "traces use bf16 or fp16 activations and weights")
+        raise SpecError("dtype", dtype.value, "traces use bf16 or fp16 activations and weights (fp8: bf16 with FP8 "
+                        "GEMMs)")
     sp = bool(sequence_parallel and tp > 1)  # Megatron-LM ignores sequence parallelism at tp 1
     if stage is not StageKind.BLOCK:  # Megatron-LM recomputes transformer layers only
         recompute = Recompute.NONE

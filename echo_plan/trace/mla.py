@@ -55,10 +55,11 @@ class MLAttention(nn.Module):
         self.recompute_up = RecomputeModule.MLA_UP_PROJ in selective and discard is not None
         self.recompute_core = RecomputeModule.CORE_ATTN in selective
         self.discard = discard
+        self.fp8 = None  # an fp8.Fp8State when the linears run FP8 GEMMs (set by the block)
 
     def _local(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """A linear with no communication (replicated weights, or the head shard of an up-projection)."""
-        return parallel.column_parallel_linear(x, weight, None, None, False, self.acc)
+        return parallel.column_parallel_linear(x, weight, None, None, False, self.acc, fp8=self.fp8)
 
     def _gathered(self, t: torch.Tensor) -> torch.Tensor:
         return parallel.gather_from_sp(t, self.group) if self.sp else t
@@ -101,5 +102,5 @@ class MLAttention(nn.Module):
         if self.recompute_up:
             for t in (q, k, v):
                 self.discard(t)
-        out = parallel.row_parallel_linear(ctx, self.proj_weight, self.group, self.sp, self.acc)
+        out = parallel.row_parallel_linear(ctx, self.proj_weight, self.group, self.sp, self.acc, fp8=self.fp8)
         return out, None

@@ -101,6 +101,7 @@ class Experts(nn.Module):
         fc1_out = 2 * ffn if self.gated else ffn
         self.fc1 = nn.Parameter(torch.empty(local, model.hidden_size, fc1_out, dtype=dtype))
         self.fc2 = nn.Parameter(torch.empty(local, ffn, model.hidden_size, dtype=dtype))
+        self.fp8 = None  # an fp8.Fp8State when the expert GEMMs run in FP8 (set by the block)
 
     def act(self, h: torch.Tensor) -> torch.Tensor:
         if self.activation is Activation.SWIGLU_CLAMPED:
@@ -111,11 +112,19 @@ class Experts(nn.Module):
             return F.gelu(h, approximate="tanh")
         return torch.pow(F.relu(h), 2)
 
+    def _bmm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x [E, rows, K] @ w [E, K, N]: bf16, or FP8 when the plan trains in fp8 (trace/fp8.py)."""
+        if self.fp8 is None:
+            return torch.bmm(x, w)
+        from echo_plan.trace.fp8 import fp8_grouped_linear
+
+        return fp8_grouped_linear(x, w, self.fp8)
+
     def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> torch.Tensor:
         if self.recompute_act is None:
-            return torch.bmm(self.act(torch.bmm(x, fc1)), fc2)
-        a = self.recompute_act(self.act, torch.bmm(x, fc1))  # moe_act recompute: FC1's output is kept,
-        out = torch.bmm(a, fc2)
+            return self._bmm(self.act(self._bmm(x, fc1)), fc2)
+        a = self.recompute_act(self.act, self._bmm(x, fc1))  # moe_act recompute: FC1's output is kept,
+        out = self._bmm(a, fc2)
         self.discard(a)  # the activation's output is freed after FC2 and recomputed in backward
         return out
 

@@ -200,11 +200,16 @@ def linear_backward(ctx, grad_out):
 
 
 def column_parallel_linear(x, weight, bias, group: TPGroup | None, sequence_parallel: bool,
-                           accumulate_unfused: bool = False, overlap: bool = False):
+                           accumulate_unfused: bool = False, overlap: bool = False, fp8=None):
     """Column-parallel linear: the input is replicated (or gathered from sequence shards).
 
     With ``overlap`` (Transformer Engine userbuffers, needs sequence parallelism) the gather is
-    pipelined with the GEMM as ring exchanges (``echo_plan.trace.overlap``)."""
+    pipelined with the GEMM as ring exchanges (``echo_plan.trace.overlap``). With ``fp8`` (an
+    ``fp8.Fp8State``) the GEMMs run in FP8 (``echo_plan.trace.fp8``)."""
+    if fp8 is not None:
+        from echo_plan.trace.fp8 import fp8_column_linear
+
+        return fp8_column_linear(x, weight, bias, group, sequence_parallel, accumulate_unfused, overlap, fp8)
     if group is None:
         return _ParallelLinear.apply(x, weight, bias, None, False, None, accumulate_unfused)
     if overlap and sequence_parallel:
@@ -216,10 +221,15 @@ def column_parallel_linear(x, weight, bias, group: TPGroup | None, sequence_para
 
 
 def row_parallel_linear(x, weight, group: TPGroup | None, sequence_parallel: bool,
-                        accumulate_unfused: bool = False, overlap: bool = False):
+                        accumulate_unfused: bool = False, overlap: bool = False, fp8=None):
     """Row-parallel linear without its bias: partial sums all-reduced (or reduce-scattered into
     sequence shards). The caller adds the bias, fused with what follows (Megatron-LM's
-    ``skip_bias_add``). With ``overlap`` the reduce-scatter is pipelined with the GEMM."""
+    ``skip_bias_add``). With ``overlap`` the reduce-scatter is pipelined with the GEMM; with ``fp8``
+    the GEMMs run in FP8."""
+    if fp8 is not None:
+        from echo_plan.trace.fp8 import fp8_row_linear
+
+        return fp8_row_linear(x, weight, group, sequence_parallel, accumulate_unfused, overlap, fp8)
     if overlap and sequence_parallel and group is not None:
         from echo_plan.trace.overlap import pipelined_reduce_scatter_linear
 

@@ -14,7 +14,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from echo_plan.trace.opinfo import collective_kind, op_bytes, op_flops, op_kind
+from echo_plan.trace.fp8_kernels import ONCE_PER_STEP
+from echo_plan.trace.opinfo import base_name, collective_kind, op_bytes, op_flops, op_kind
 from echo_plan.trace.records import (
     CollectiveInfo, CommGroup, CollectiveKind, GroupKind, OpKind, OpRecord, Phase, Stream, TensorMeta,
 )
@@ -81,8 +82,9 @@ class Recorder(TorchDispatchMode):
             collective = CollectiveInfo(ckind, nbytes, self._groups.get(name, self._tp_group))
         flops = 0.0 if kind is OpKind.VIEW else op_flops(func, args, kwargs, out)
         read, written = op_bytes(func, kind, inputs, outputs)
+        phase = Phase.STEP if func.namespace == "echo_plan" and base_name(func) in ONCE_PER_STEP else self.phase
         self.ops.append(OpRecord(
-            index=index, name=str(func), kind=kind, phase=self.phase, stream=stream,
+            index=index, name=str(func), kind=kind, phase=phase, stream=stream,
             inputs=tuple(_meta(t) for t in inputs), outputs=tuple(_meta(t) for t in outputs),
             flops=flops, bytes_read=read, bytes_written=written, deps=tuple(deps),
             collective=collective, module=self.module,

@@ -39,6 +39,7 @@ class Phase(str, Enum):
     FORWARD = "forward"
     BACKWARD = "backward"
     RECOMPUTE = "recompute"  # forward ops re-run during backward
+    STEP = "step"  # once per training step, not per micro-batch (FP8 weight casts on the first micro-batch)
 
 
 class CollectiveKind(str, Enum):

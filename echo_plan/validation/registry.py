@@ -39,6 +39,15 @@ class TrainingSuite:
     vocab_size: int = 51200
     dtype: str = "fp16"
     recompute: str = "full"
+    # precision -> (held-out mean, held-out max) for that precision's rows, judged apart from the others
+    by_precision: tuple[tuple[str, float, float], ...] = ()
+
+
+def _precision_tolerances(d: dict) -> tuple[tuple[str, float, float], ...]:
+    out = []
+    for precision, tol in (d.get("precision_tolerance") or {}).items():
+        out.append((str(precision), float(tol["held_out_mean"]), float(tol["held_out_max"])))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +106,7 @@ def training_suite(path: Path) -> TrainingSuite:
                              held_out_max=float(d.get("held_out_max", DEFAULT_MAX)),
                              not_modelled=str(d.get("not_modelled", "")), open_issue=str(d.get("open_issue", "")),
                              model_settings=dict(d.get("model_settings") or {}),
+                             by_precision=_precision_tolerances(d),
                              **{k: d[k] for k in ("seq_length", "vocab_size", "dtype", "recompute") if k in d})
     v = _directive(path)
 

@@ -7,7 +7,7 @@ Two formats (``docs/validation.md``):
 * ``step-times``: one run per row with the model's shape, the layout and the software settings in
   columns, and the measured ``step_time_s`` (NVIDIA's NeMo/Megatron-Core benchmark tables).
 
-A row that needs something the simulator cannot do yet (FP8, context parallelism, MoE) is kept and
+A row that needs something the simulator cannot do yet (context parallelism) is kept and
 marked ``not_modelled`` with the reason, so a suite always shows all of its rows.
 """
 
@@ -109,13 +109,11 @@ def _label(rec: dict[str, str]) -> str:
 
 def _why_not(rec: dict[str, str], suite_reason: str) -> str:
     reasons = [suite_reason] if suite_reason else []
-    if rec.get("kind", "step") != "step":
-        reasons.append("a TFLOP/s sweep, not a step time")
-    if rec.get("precision", "bf16").lower() == "fp8":
-        reasons.append("FP8 training (issue 13)")
     cp = rec.get("cp", "1") or "1"
     if cp not in ("1", "-"):
         reasons.append("context parallelism (issue 13)")
+    if rec.get("kind", "step") not in ("step", "tflops"):
+        reasons.append(f"kind {rec.get('kind')!r}: neither a step time nor a TFLOP/s row")
     return "; ".join(dict.fromkeys(reasons))
 
 
@@ -142,12 +140,15 @@ def read_step_times(path: Path, not_modelled: str = "") -> tuple[TrainingRow, ..
         if why:
             rows.append(TrainingRow(label, measured, unit, not_modelled=why))
             continue
-        absent = [c for c in MODEL_COLUMNS + ("step_time_s",) if c not in header or rec.get(c, "") == ""]
-        preset = _preset(rec, path, line) if absent and "step_time_s" not in absent else None
+        absent = [c for c in MODEL_COLUMNS + (measured_col,) if c not in header or rec.get(c, "") == ""]
+        preset = _preset(rec, path, line) if absent and measured_col not in absent else None
         if preset is not None:  # the file names a model preset (its header gives the shapes) instead of columns
+            preset = _with_columns(preset, rec, path, line)
+            flops = nemo_model_flops(preset, _num(rec, "gbs", path, line), path, line) if unit == TFLOPS_UNIT else 0.0
             rows.append(TrainingRow(label, measured, unit, model=preset, gpus=_num(rec, "gpus", path, line),
                                     plan=MappingProxyType(_plan_fields(rec, path, line, preset)),
-                                    stack_overrides=MappingProxyType(_stack_fields(rec, path, line))))
+                                    stack_overrides=MappingProxyType(_stack_fields(rec, path, line)),
+                                    flops_per_step=flops))
             continue
         if absent:
             raise FileFormatError(str(path), f"row {label!r} cannot be simulated: no {', '.join(absent)}", line)
@@ -172,6 +173,27 @@ def read_step_times(path: Path, not_modelled: str = "") -> tuple[TrainingRow, ..
     return tuple(rows)
 
 
+def _with_columns(model: Any, rec: dict[str, str], path: Path, line: int) -> Any:
+    """A preset with the shape columns the row does give (a sweep's reduced layers, say) applied."""
+    changes = {c: _num(rec, c, path, line) for c in ("num_layers", "hidden_size", "ffn_hidden_size",
+                                                     "num_attention_heads", "num_kv_heads") if rec.get(c)}
+    changes = {k: v for k, v in changes.items() if getattr(model, k, v) != v}
+    return model.replace(**changes) if changes else model
+
+
+def nemo_model_flops(model: Any, gbs: int, path: Path, line: int) -> float:
+    """The model FLOPs of one step as NeMo counts them for its Llama families (NVIDIA NeMo,
+    nemo/utils/flops_formulas.py, ``llama2``/``llama3``): per sequence and layer
+    s h^2 (12 + 12 g/a + 18 f/h + 12 s/h + 6 V/(L h)), forward and backward, full (not causal) attention."""
+    if not model.activation.gated or model.is_moe:
+        raise FileFormatError(str(path), f"a TFLOP/s row of {model.name}: NeMo's Llama FLOPs formula needs a dense "
+                                         "gated-MLP model", line)
+    s, h, L = model.seq_length, model.hidden_size, model.num_layers
+    per = (12 + 12 * model.kv_heads / model.num_attention_heads + 18 * model.ffn_size / h + 12 * s / h
+           + 6 * model.vocab_size / (L * h))
+    return float(gbs) * s * L * h * h * per
+
+
 def _preset(rec: dict[str, str], path: Path, line: int) -> Any:
     """The model preset a row names, at the row's sequence length; None when the name is no preset."""
     from echo_plan.specs import load_model, model_names
@@ -187,7 +209,8 @@ def _preset(rec: dict[str, str], path: Path, line: int) -> Any:
 def _plan_fields(rec: dict[str, str], path: Path, line: int, model: Any = None) -> dict[str, Any]:
     """The row's plan. Rows of an MoE model without the columns run as the NeMo/Megatron-Bridge recipes do:
     sequence parallel with tp > 1 and the distributed optimizer (ASSUMPTION: recipe defaults); a pipeline
-    that does not divide the layers splits them as ``balanced_split`` does."""
+    (or, interleaved, its virtual stages) that does not divide the layers splits them as ``balanced_split``
+    does (the recipes' own pipeline layouts are not in the file)."""
     from echo_plan.specs.plan import balanced_split
 
     tp, pp, gpus = (_num(rec, c, path, line) for c in ("tp", "pp", "gpus"))
@@ -206,6 +229,8 @@ def _plan_fields(rec: dict[str, str], path: Path, line: int, model: Any = None) 
             del fields["recompute"]  # the suite's model settings may say
         if vpp == 1 and pp > 1 and model.num_layers % pp:
             fields["layer_split"] = balanced_split(model.num_layers, pp)
+        elif vpp > 1 and model.num_layers % (pp * vpp):  # ASSUMPTION: per virtual stage, as even as possible
+            fields["layer_split"] = balanced_split(model.num_layers, pp * vpp)
     for col, key in (("sequence_parallel", "sequence_parallel"), ("distributed_optimizer", "distributed_optimizer"),
                      ("overlap_grad_sync", "overlap_grad_reduce"), ("overlap_param_sync", "overlap_param_gather")):
         if rec.get(col):

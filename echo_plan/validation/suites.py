@@ -32,6 +32,7 @@ class RowResult:
     detail: str = ""
     in_range: bool | None = None
     not_modelled: str = ""
+    precision: str = ""  # the row's training dtype (training suites)
 
     @property
     def error(self) -> float | None:
@@ -52,22 +53,38 @@ class SuiteResult:
     coverage: float | None = None  # leave-one-out range coverage on held-out rows (training)
     notes: tuple[str, ...] = field(default_factory=tuple)
     open_issue: str = ""  # a known gap: the suite still shows FAIL, but `validate` does not fail on it
+    by_precision: tuple[tuple[str, float, float], ...] = ()  # precision -> its own (mean, max) tolerance
 
-    def _errs(self, held: bool | None = None) -> list[float]:
-        return [abs(r.error) for r in self.rows if r.error is not None and (held is None or r.held_out == held)]
+    def _errs(self, held: bool | None = None, precision: str | None = None) -> list[float]:
+        """|errors| of the rows judged by the suite's tolerance (``precision`` None) or by a precision's own."""
+        own = {p for p, _, _ in self.by_precision}
+        return [abs(r.error) for r in self.rows if r.error is not None and (held is None or r.held_out == held)
+                and (r.precision == precision if precision is not None else r.precision not in own)]
+
+    def precision_stats(self) -> list[tuple[str, float, float, float | None, float | None]]:
+        """(precision, tolerance, tolerance max, held-out mean, held-out max) of each precision judged apart."""
+        out = []
+        for precision, mean_tol, max_tol in self.by_precision:
+            e = self._errs(True, precision)
+            out.append((precision, mean_tol, max_tol, sum(e) / len(e) if e else None, max(e, default=None)))
+        return out
 
     @property
     def modelled(self) -> int:
         return sum(1 for r in self.rows if r.error is not None)
 
+    def _all_errs(self) -> list[float]:
+        return [abs(r.error) for r in self.rows if r.error is not None]
+
     @property
     def mean_abs_error(self) -> float:
-        e = self._errs()
+        """Over every predicted row (fitted, held out, any precision)."""
+        e = self._all_errs()
         return sum(e) / len(e) if e else 0.0
 
     @property
     def max_abs_error(self) -> float:
-        return max(self._errs(), default=0.0)
+        return max(self._all_errs(), default=0.0)
 
     @property
     def held_out_mean(self) -> float | None:
@@ -84,7 +101,12 @@ class SuiteResult:
             return all(n.startswith("ok") for n in self.notes if n.startswith(("ok", "FAIL")))
         if not self.modelled:
             return True  # nothing to hold against yet (see the rows' not_modelled)
+        for _, mean_tol, max_tol, mean, worst in self.precision_stats():
+            if mean is not None and (mean > mean_tol or worst > max_tol):
+                return False
         mean, worst = self.held_out_mean, self.held_out_max
+        if mean is None and self.by_precision:
+            return True  # every modelled row is judged by its precision's tolerance
         return mean is not None and mean <= self.tolerance and worst is not None and worst <= self.tolerance_max
 
     @property
@@ -107,10 +129,12 @@ class SuiteResult:
             "passed": self.passed, "status": self.status, "open_issue": self.open_issue or None, "rows_total": len(self.rows), "rows_modelled": self.modelled,
             "mean_abs_error": self.mean_abs_error, "max_abs_error": self.max_abs_error,
             "held_out_mean_abs_error": self.held_out_mean, "held_out_max_abs_error": self.held_out_max,
+            "by_precision": {p: {"tolerance": t, "tolerance_max": tm, "held_out_mean_abs_error": m,
+                                 "held_out_max_abs_error": w} for p, t, tm, m, w in self.precision_stats()},
             "range_coverage": self.coverage, "nominal_coverage": 0.8 if self.kind == "training" else None,
             "rows": [{"label": r.label, "predicted": r.predicted, "measured": r.measured, "error": r.error,
                       "held_out": r.held_out, "in_range": r.in_range, "detail": r.detail,
-                      "not_modelled": r.not_modelled or None} for r in self.rows],
+                      "not_modelled": r.not_modelled or None, "precision": r.precision or None} for r in self.rows],
             "notes": list(self.notes),
         }
 
@@ -153,7 +177,7 @@ def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int,
     results = tuple(
         RowResult(p.row.label, p.figure, p.row.measured, p.row.label not in fit,
                   "; ".join(x for x in (p.row.detail, "" if p.fits else "does not fit", p.problem) if x),
-                  p.in_range, p.row.not_modelled)
+                  p.in_range, p.row.not_modelled, str(p.row.plan.get("dtype", "")))
         for p in preds)
     held = [p.log_residual for p in preds if p.log_residual is not None and p.row.label not in fit]
     unit = rows[0].unit if rows else ""
@@ -162,8 +186,11 @@ def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int,
     waiting = sorted({r.not_modelled for r in rows if r.not_modelled})
     if waiting:
         notes.append(f"{sum(1 for r in rows if r.not_modelled)} rows not modelled yet: " + "; ".join(waiting))
+    for precision, mean_tol, max_tol in suite.by_precision:
+        notes.append(f"{precision} rows are judged apart: held-out mean within {mean_tol:.0%}, max {max_tol:.0%}")
     return SuiteResult(suite.name, "training", str(ref.path), unit, suite.stack, suite.cluster, suite.held_out_mean,
-                       suite.held_out_max, results, loo_coverage(held), tuple(notes), suite.open_issue)
+                       suite.held_out_max, results, loo_coverage(held), tuple(notes), suite.open_issue,
+                       suite.by_precision)
 
 
 def run_collective(ref: SuiteRef) -> SuiteResult:

@@ -128,3 +128,19 @@ def test_a_verdict_without_reason_is_always_a_runnable_plan(tp, pp, mbs, vpp, sc
         assert v.plan.global_batch_size == gbs and v.plan.micro_batch_size == mbs
     else:
         assert isinstance(v.reason, PruneReason) and v.detail
+
+
+def test_precision_is_a_knob_and_fp8_is_pruned_where_the_gpu_has_no_fp8():
+    space = space_from_mapping({"knobs": {"tp": [2, 4], "dtype": ["bf16", "fp8"]},
+                                "fixed": {"sequence_parallel": True, "distributed_optimizer": True}})
+    model = load_model("llama3-8b")
+    for preset, fp8_ok in (("dgx-h100", True), ("dgx-a100", False)):
+        cluster = load_cluster(preset, gpus=16)
+        pruned = prune_space(Pruner(model, cluster, 64, space))
+        dtypes = {v.plan.dtype.value for v in pruned.valid}
+        assert dtypes == ({"bf16", "fp8"} if fp8_ok else {"bf16"})
+        reasons = {v.reason for v in pruned.verdicts if v.combo["dtype"] == "fp8"}
+        assert reasons == ({None} if fp8_ok else {PruneReason.PRECISION})
+        if not fp8_ok:
+            detail = next(v.detail for v in pruned.verdicts if v.reason is PruneReason.PRECISION)
+            assert cluster.gpu.name in detail

@@ -45,7 +45,8 @@ def test_digest_ignores_name_and_follows_content():
     ({"knobs": {"dp": [1, 2]}}, "knobs.dp", "implied"),
     ({"fixed": {"global_batch_size": 8}}, "fixed.global_batch_size", "--gbs"),
     ({"knobs": {"tp": [1]}, "fixed": {"tp": 2}}, "fixed.tp", "one place"),
-    ({"fixed": {"dtype": "fp8"}}, "fixed.dtype", "bf16 or fp16"),
+    ({"fixed": {"dtype": "fp32"}}, "fixed.dtype", "bf16, fp16, fp8"),
+    ({"knobs": {"dtype": ["bf16", "int8"]}}, "knobs.dtype", "bf16, fp16, fp8"),
     ({"constraints": {"tp_within_rack": True}}, "constraints.tp_within_rack", "tp_within_node"),
 ])
 def test_bad_spaces_name_the_knob_and_what_is_valid(data, field, words):

@@ -1,0 +1,128 @@
+"""Fitting the FP8 GEMM efficiency of a cluster preset on part of a suite's fp8 rows.
+
+    python -m echo_plan.calibrate.fp8_fit            # fit and print, per recipe with fp8 rows
+    python -m echo_plan.calibrate.fp8_fit --write    # and add the figure to the presets' calibration
+
+The bf16 compute calibration (``calibrate.presets``) is fitted on bf16 rows only and kept as it is.
+FP8 GEMMs then get one more figure, ``fp8_gemm_efficiency_scale`` (on top of the bf16 GEMM scale and
+compute.yaml's FP8 curve), fitted on the fp8 rows the recipe's rule picks (the same rule as the bf16
+fit: each model's two smallest clusters); every other fp8 row stays held out. The figure solves
+"mean log residual of the fitted rows = 0" by bisection (the predicted step falls as the scale rises).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from echo_plan.errors import EchoPlanError
+
+SCALE_RANGE = (0.5, 1.5)
+
+
+def is_fp8(row: Any) -> bool:
+    return str(row.plan.get("dtype", "bf16")).lower() == "fp8"
+
+
+def fp8_fit(rows: Sequence[Any], fit_labels: set[str], cluster: Any, stack_name: str, model_settings: Any = None,
+            cache: Any = None, progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
+    """The fitted scale and each fp8 row's residual: {scale, fitted_on, held_out, residuals}."""
+    from echo_plan.cost.calibration import ComputeCalibration
+    from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
+    from echo_plan.validation.predict import RowSimulator
+
+    fp8 = [r for r in rows if is_fp8(r) and not r.not_modelled]
+    fit = [r for r in fp8 if r.label in fit_labels]
+    if not fit:
+        raise EchoPlanError("no fp8 row to fit the FP8 GEMM efficiency on")
+    base = ComputeCalibration.of(cluster)
+    sim = RowSimulator(cluster, stack_name, cache, model_settings=model_settings)
+    consts = load_compute_constants()
+
+    def residuals(scale: float, which: Sequence[Any]) -> list[float]:
+        compute = AnalyticalComputeModel(replace(base, fp8_gemm_efficiency_scale=scale).apply(consts))
+        out = []
+        for r in which:
+            p = sim.predict(r, compute=compute)
+            if p.step_s is None:
+                raise EchoPlanError(f"row {r.label!r}: {p.problem}")
+            out.append(math.log(p.step_s / r.measured_step_s))
+        return out
+
+    lo, hi = SCALE_RANGE
+    for i in range(24):
+        mid = math.sqrt(lo * hi)
+        mean = sum(residuals(mid, fit)) / len(fit)
+        if progress is not None:
+            progress(i, f"fp8 scale {mid:.4f}: mean log residual {mean:+.4f}")
+        lo, hi = (mid, hi) if mean > 0 else (lo, mid)  # too slow: a higher scale
+    scale = round(math.sqrt(lo * hi), 4)
+    res = residuals(scale, fp8)
+    return {"scale": scale, "fitted_on": [r.label for r in fit],
+            "held_out": [r.label for r in fp8 if r.label not in fit_labels],
+            "residuals": {r.label: round(math.exp(x) - 1, 4) for r, x in zip(fp8, res)}}
+
+
+def fp8_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None) -> dict[str, Any] | None:
+    """The fp8 part of a compute recipe's calibration, or None when its suite has no fp8 row."""
+    from echo_plan.calibrate.presets import fit_labels
+    from echo_plan.validation.registry import training_rows, training_suite
+
+    suite = training_suite(vdir / f"{recipe['suite']}.csv")
+    rows = [r for r in training_rows(suite) if is_fp8(r)]
+    if not any(not r.not_modelled for r in rows):
+        return None
+    labels = fit_labels(rows, recipe["fit_rows"])
+    got = fp8_fit(rows, labels, cluster, suite.stack, suite.model_settings, cache, progress)
+    return {"suite": suite.name, "rule": recipe["fit_rows"], **got}
+
+
+def merge(compute: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
+    """A compute calibration block with the fp8 fit added (its fitted rows join ``fitted_on``)."""
+    out = dict(compute)
+    out["fp8_gemm_efficiency_scale"] = fp8["scale"]
+    fitted = {k: list(v) for k, v in (out.get("fitted_on") or {}).items()}
+    fitted[fp8["suite"]] = list(dict.fromkeys(fitted.get(fp8["suite"], []) + fp8["fitted_on"]))
+    out["fitted_on"] = fitted
+    out["fp8_fit"] = {
+        "source": f"{fp8['suite']}.csv fp8 rows by rule {fp8['rule']}; fitted by python -m echo_plan.calibrate.fp8_fit",
+        "fitted_on": fp8["fitted_on"], "held_out": fp8["held_out"], "residuals": fp8["residuals"],
+    }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from echo_plan.calibrate.presets import _recipes, write_block
+    from echo_plan.specs import load_cluster
+    from echo_plan.specs.presets import clusters_dir
+    from echo_plan.trace.cache import TraceCache
+    from echo_plan.validation.megatron import validation_dir
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="add the figure to clusters/*.yaml")
+    ap.add_argument("--validation-dir", type=Path, default=None)
+    args = ap.parse_args(argv)
+    vdir = args.validation_dir or validation_dir()
+    for name, recipe in _recipes().items():
+        if "suite" not in recipe:
+            continue
+        cluster = load_cluster(recipe["presets"][0])
+        got = fp8_block(recipe, vdir, cluster, TraceCache(None), progress=lambda i, m: print(f"  {m}", flush=True))
+        if got is None:
+            continue
+        print(f"{name}: fp8_gemm_efficiency_scale {got['scale']} fitted on {len(got['fitted_on'])} rows")
+        for label, err in got["residuals"].items():
+            print(f"  {label:34s} {err:+.1%} {'fitted' if label in got['fitted_on'] else 'held out'}")
+        if args.write:
+            for preset in recipe["presets"]:
+                block = dict(load_cluster(preset).calibration or {})
+                block["compute"] = merge(dict(block.get("compute") or {}), got)
+                write_block(clusters_dir() / f"{preset}.yaml", block)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
