@@ -51,6 +51,13 @@ class OptimizerSharding(str, Enum):
     STATES_AND_GRADS = "states_and_grads"  # the gradient buffer too (ZeRO-2, Apex DistributedFusedAdam)
 
 
+class CPComm(str, Enum):
+    """How context-parallel attention gets the other ranks' K/V (Megatron-Core's ``--cp-comm-type``)."""
+
+    P2P = "p2p"  # ring attention: K/V chunks passed round the CP ring, overlapped with attention
+    ALL_GATHER = "all_gather"  # all-gather K/V before attention, reduce-scatter dK/dV (Llama 3)
+
+
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
 
@@ -84,6 +91,7 @@ class SoftwareSpec(Spec):
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
     moe_grouped_gemm: bool = Field(default=True, description="local experts as one grouped GEMM (else a GEMM each)")
     moe_permute_fusion: bool = Field(default=True, description="TE's fused token permute/unpermute kernels")
+    cp_comm: CPComm = Field(default=CPComm.P2P, description="context-parallel attention: ring p2p or all-gather")
     sources: tuple[str, ...] = ()
 
     @field_validator("grad_reduce_dtype")
@@ -115,7 +123,8 @@ class SoftwareSpec(Spec):
         return (f"attn={self.attention.value};hdrop={self.hidden_dropout > 0};adrop={self.attention_dropout > 0};"
                 f"fuse={self.fused_elementwise};gaf={self.gradient_accumulation_fusion}/{grad};"
                 f"tpov={self.tp_comm_overlap};rc={modules};moe={self.moe_dispatcher.value},"
-                f"{self.moe_grouped_gemm},{self.moe_permute_fusion}")
+                f"{self.moe_grouped_gemm},{self.moe_permute_fusion}"
+                + ("" if self.cp_comm is CPComm.P2P else f";cp={self.cp_comm.value}"))
 
     def short(self) -> str:
         return self.name
