@@ -105,7 +105,7 @@ class SimulationMemo:
         stack = stack if stack is not None else self.default_stack()
         key = (model.model_dump_json(), plan.tp, plan.sequence_parallel, plan.micro_batch_size,
                plan.dtype, plan.recompute, stack.trace_signature(), None if cache is None else str(cache.root),
-               plan.ep, plan.expert_tp, plan.expert_imbalance)
+               plan.ep, plan.expert_tp, plan.expert_imbalance, plan.cp)
         hit = self._traces.get(key)
         if hit is None:
             hit = self._traces[key] = trace_model(model, plan, cache, stack)
@@ -273,7 +273,7 @@ def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
 def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
     """What the stack changed about the plan, in words."""
     out = []
-    if plan.overlap_grad_reduce and plan.dp > 1 and not stack.overlap_grad_reduce:
+    if plan.overlap_grad_reduce and plan.grad_dp > 1 and not stack.overlap_grad_reduce:
         out.append(f"stack {stack.name} reduces gradients after the backward pass (no overlap)")
     if plan.overlap_param_gather and plan.distributed_optimizer and not stack.overlap_param_gather:
         out.append(f"stack {stack.name} gathers parameters after the optimizer step (no overlap)")

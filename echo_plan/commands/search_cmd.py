@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, CkptBwOpt, DensityOpt, DetectOpt, FailRateOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
+    CacheDirOpt, CpOpt, SeqOpt, CkptBwOpt, DensityOpt, DetectOpt, FailRateOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
     write_atomic,
 )
 
@@ -35,7 +35,8 @@ ReportOpt = typer.Option(None, "--report", help="also write the HTML recommendat
 def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int], gbs: int, space: Optional[str],
             sampler: str, trials: Optional[int], seed: int, storage: Optional[str], study_name: Optional[str],
             workers: int, ray_address: Optional[str], tokens: Optional[float] = None, stack: Optional[str] = None,
-            memory_headroom: Optional[str] = None, dp_comm: Optional[str] = None, density: Optional[float] = None):
+            memory_headroom: Optional[str] = None, dp_comm: Optional[str] = None, density: Optional[float] = None,
+            seq_length: Optional[int] = None, cp: Optional[int] = None):
     from echo_plan.commands.common import parse_headroom, resolve_specs, resolve_stack
     from echo_plan.errors import SpecError
     from echo_plan.search.space import default_space_path_for, load_space
@@ -55,8 +56,11 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
     from echo_plan.search.storage import check_storage
 
     check_storage(storage)
-    m, c = resolve_specs(model, cluster, nodes, gpus)
+    m, c = resolve_specs(model, cluster, nodes, gpus, seq_length)
     space_spec = load_space(space if space is not None else default_space_path_for(m))
+    if cp is not None:  # --cp fixes the cp knob
+        L.check_int("--cp", cp, 1, L.MAX_GPUS, "the context-parallel degree")
+        space_spec = space_spec.with_values({"cp": (cp,)})
     if dp_comm is not None or density is not None:  # --dp-comm / --density fix those knobs
         from echo_plan.commands.common import dp_comm_fields
 
@@ -147,6 +151,9 @@ def register(app: typer.Typer) -> None:
         model: str = ModelOpt, cluster: str = ClusterOpt, nodes: Optional[int] = NodesOpt,
         gpus: Optional[int] = typer.Option(None, "--gpus", help="resize the cluster to G GPUs (default: the preset's size)"),
         gbs: int = GbsOpt, space: Optional[str] = SpaceOpt, sampler: str = SamplerOpt,
+        seq_length: Optional[int] = SeqOpt,
+        cp: Optional[int] = typer.Option(None, "--cp", help="fix the context-parallel degree (default: the space's "
+                                         "cp knob; the default space varies it above 16K tokens)"),
         stack: Optional[str] = StackOpt, memory_headroom: Optional[str] = HeadroomOpt,
         trials: Optional[int] = TrialsOpt, seed: int = SeedOpt, storage: Optional[str] = StorageOpt,
         study_name: Optional[str] = StudyOpt, workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt,
@@ -173,7 +180,7 @@ def register(app: typer.Typer) -> None:
         check_outputs(csv, report, cache_dir)
         config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
                          workers, ray_address, stack=stack, memory_headroom=memory_headroom, dp_comm=dp_comm,
-                         density=density)
+                         density=density, seq_length=seq_length, cp=cp)
         pruned = prune_for(config)
         if not pruned.valid and explain:
             for line in format_knob_stats(knob_stats(pruned, ())):
@@ -200,6 +207,9 @@ def register(app: typer.Typer) -> None:
         model: str = ModelOpt, cluster: str = ClusterOpt,
         gpus: str = typer.Option("64,96,128,256,512", "--gpus", help="cluster sizes to compare, comma-separated"),
         gbs: int = GbsOpt, space: Optional[str] = SpaceOpt, sampler: str = SamplerOpt,
+        seq_length: Optional[int] = SeqOpt,
+        cp: Optional[int] = typer.Option(None, "--cp", help="fix the context-parallel degree (default: the space's "
+                                         "cp knob; the default space varies it above 16K tokens)"),
         stack: Optional[str] = StackOpt, memory_headroom: Optional[str] = HeadroomOpt,
         trials: Optional[int] = TrialsOpt, seed: int = SeedOpt, storage: Optional[str] = StorageOpt,
         tokens: str = typer.Option("300B", "--tokens",
@@ -225,7 +235,7 @@ def register(app: typer.Typer) -> None:
         sizes = parse_gpu_list(gpus)
         base = _config(model, cluster, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
                        ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom,
-                       dp_comm=dp_comm, density=density)
+                       dp_comm=dp_comm, density=density, seq_length=seq_length, cp=cp)
         try:
             outcome = run_compare(
                 base, sizes, lambda c: SimulatorFactory(base.model, c, cache_dir, base.stack, base.memory_headroom_bytes),

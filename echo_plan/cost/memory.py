@@ -298,7 +298,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
     capacity = int(cluster.gpu.hbm_GiB * GiB)
     headroom = default_headroom_bytes(cluster, c) if headroom_bytes is None else headroom_bytes
     v = plan.virtual_stages
-    comms = sum(1 for n in (plan.tp, plan.dp) if n > 1) + (2 if plan.pp > 1 else 0)  # PP: two neighbours
+    comms = sum(1 for n in (plan.tp, plan.cp, plan.grad_dp) if n > 1) + (2 if plan.pp > 1 else 0)  # PP: two neighbours
     comms += sum(1 for n in (plan.ep, plan.edp) if n > 1) if model.is_moe else 0
     first = next(iter(saved.values()))
     out: list[StageMemory] = []
