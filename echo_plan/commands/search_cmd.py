@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, CpOpt, SeqOpt, CkptBwOpt, DensityOpt, DetectOpt, FailRateOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
+    CacheDirOpt, SeqOpt, CkptBwOpt, DensityOpt, DetectOpt, FailRateOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
     write_atomic,
 )
 
@@ -123,6 +123,13 @@ def print_search(outcome, top: int, explain: bool, pruned=None) -> None:
     typer.echo("")
     for line in explain_top(outcome.ranked):
         typer.echo(line)
+    if outcome.best is not None:
+        from echo_plan.search.explain_cp import cp_choice
+
+        why_cp = cp_choice(outcome.best, outcome.ranked, int(outcome.model["seq_length"]),
+                           int(outcome.cluster["gpus_per_node"]), outcome.pruned_counts)
+        if why_cp:
+            typer.echo(why_cp)
     pruned_total = sum(outcome.pruned_counts.values())
     from echo_plan.search.results import simulated_this_study
 

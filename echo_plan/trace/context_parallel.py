@@ -145,7 +145,7 @@ class _AllGatherAttention(torch.autograd.Function):
     def backward(ctx, grad):
         q, kv, out, lse = ctx.saved_tensors
         group, p = ctx.group, ctx.p
-        cp, s, c = group.size, q.shape[0], q.shape[0] // 2
+        cp, c = group.size, q.shape[0] // 2
         full = _sequence_order(parallel.all_gather(kv, group), cp)
         kb, vb = _kv_views(full)
         qb, gb = _bhsd(q), _bhsd(grad.reshape(q.shape[0], q.shape[1], q.shape[2], -1))
