@@ -107,10 +107,21 @@ def _label(rec: dict[str, str]) -> str:
     return f"{rec.get('model', '?')} {rec.get('precision', '')} {rec.get('gpus', '?')} GPUs".replace("  ", " ")
 
 
+def nemo_llama_flops(rec: dict[str, str], path: Path, line: int) -> float:
+    """Model FLOPs of one step as NeMo counts them for its Llama TFLOP/s figures (NeMo's
+    ``flops_formulas.llama2``, the form without a causal factor, as its long-sequence performance
+    tables of 2024 used; JUDGEMENT: the file does not say which revision): gbs x s x layers x h^2 x
+    (12 + 12 kv/heads + 18 ffn/h + 12 s/h + 6 vocab/(layers h))."""
+    gbs, s, n, h = (_num(rec, c, path, line) for c in ("gbs", "seq_length", "num_layers", "hidden_size"))
+    ffn, heads, kv, vocab = (_num(rec, c, path, line) for c in ("ffn_hidden_size", "num_attention_heads",
+                                                                 "num_kv_heads", "vocab_size"))
+    return float(gbs) * s * n * h * h * (12 + 12 * kv / heads + 18 * ffn / h + 12 * s / h + 6 * vocab / (n * h))
+
+
 def _why_not(rec: dict[str, str], suite_reason: str) -> str:
     reasons = [suite_reason] if suite_reason else []
-    if rec.get("kind", "step") != "step":
-        reasons.append("a TFLOP/s sweep, not a step time")
+    if rec.get("kind", "step") not in ("step", "tflops"):
+        reasons.append(f"a row of kind {rec.get('kind')!r} (step or tflops are known)")
     if rec.get("precision", "bf16").lower() == "fp8":
         reasons.append("FP8 training (issue 13)")
     return "; ".join(dict.fromkeys(reasons))
@@ -148,8 +159,8 @@ def read_step_times(path: Path, not_modelled: str = "",
         if why:
             rows.append(TrainingRow(label, measured, unit, not_modelled=why))
             continue
-        absent = [c for c in MODEL_COLUMNS + ("step_time_s",) if c not in header or rec.get(c, "") == ""]
-        preset = _preset(rec, path, line) if absent and "step_time_s" not in absent else None
+        absent = [c for c in MODEL_COLUMNS + (measured_col,) if c not in header or rec.get(c, "") == ""]
+        preset = _preset(rec, path, line) if absent and unit == STEP_UNIT and measured_col not in absent else None
         if preset is not None:  # the file names a model preset (its header gives the shapes) instead of columns
             rows.append(TrainingRow(label, measured, unit, model=preset, gpus=_num(rec, "gpus", path, line),
                                     plan=MappingProxyType(_plan_fields(rec, path, line, preset)),
@@ -172,9 +183,11 @@ def read_step_times(path: Path, not_modelled: str = "",
             }, context=f"{path.name}, line {line}")
         except EchoPlanError as exc:
             raise FileFormatError(str(path), str(exc), line) from None
+        flops = nemo_llama_flops(rec, path, line) if unit == TFLOPS_UNIT else 0.0
         rows.append(TrainingRow(label, measured, unit, model=model, gpus=_num(rec, "gpus", path, line),
                                 plan=MappingProxyType(_plan_fields(rec, path, line)),
-                                stack_overrides=MappingProxyType(_stack_fields(rec, path, line))))
+                                stack_overrides=MappingProxyType(_stack_fields(rec, path, line)),
+                                flops_per_step=flops))
     return tuple(rows)
 
 
