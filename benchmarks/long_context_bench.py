@@ -65,6 +65,68 @@ def suite_rows() -> None:
         print(f"   {waiting} rows not modelled yet (fp8 and the FP8 Llama 2 sweep)")
 
 
+def sweep_crossover() -> None:
+    """The Llama 2 7B sweep's CP side, as a bf16 what-if (its rows are FP8, which is not modelled on this
+    branch): TFLOP/s of the published CP plan, and of the best fitting plan without CP among tp 1-8,
+    pp 1-4, recompute none/full (NeMo's count of model FLOPs). Not a validation: the measured figures
+    are FP8 runs."""
+    from pathlib import Path
+
+    from echo_plan.errors import EchoPlanError
+    from echo_plan.simulate import simulate
+    from echo_plan.specs import PlanSpec
+    from echo_plan.trace.cache import TraceCache
+    from echo_plan.validation.megatron import validation_dir
+    from echo_plan.validation.predict import RowSimulator
+    from echo_plan.validation.registry import training_suite
+    from echo_plan.validation.rows import read_step_times
+
+    src = Path(validation_dir()) / "long_context_h100.csv"
+    suite = training_suite(src)
+    print("\n3. Llama 2 7B sweep, bf16 what-if (the rows are FP8): model TFLOP/s per GPU, with the published CP plan "
+          "and the best plan without CP")
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / src.name
+        copy.write_text(src.read_text().replace(",fp8,", ",bf16,"))
+        rows = [r for r in read_step_times(copy, "", suite.row_defaults) if r.unit.startswith("TFLOP")]
+        sim = RowSimulator(suite.cluster, suite.stack, TraceCache(tmp), model_settings=suite.model_settings)
+        print(f"   {'seq':>8} {'cp':>3} {'measured fp8 cp / no-cp':>24} {'bf16 cp':>8} {'bf16 no-cp':>11}")
+        for row in rows:
+            p = sim.predict(row)
+            model, cluster, stack = sim.model_for(row), sim.cluster_for(row), sim.stack_for(row)
+            best = None
+            for tp in (1, 2, 4, 8):
+                for pp in (1, 2, 4):
+                    for rc in ("none", "full"):
+                        gpus = row.gpus
+                        if gpus % (tp * pp) or row.plan["global_batch_size"] % (gpus // (tp * pp)):
+                            continue
+                        try:
+                            plan = PlanSpec(tp=tp, pp=pp, dp=gpus // (tp * pp), micro_batch_size=1,
+                                            global_batch_size=row.plan["global_batch_size"], recompute=rc,
+                                            sequence_parallel=tp > 1, distributed_optimizer=True)
+                            r = simulate(model, cluster, plan, stack=stack, cache=sim.cache, memo=sim.memo)
+                        except EchoPlanError:
+                            continue
+                        if r.fits and (best is None or r.step_time_s < best.step_time_s):
+                            best = r
+            no_cp = "-" if best is None else f"{row.figure(best.step_time_s):.0f}"
+            cp_fig = "-" if p.step_s is None else f"{p.figure:.0f}" + ("" if p.fits else "*")
+            print(f"   {model.seq_length:>8} {row.plan.get('cp', 1):>3} {row.measured:>12.0f} / "
+                  f"{_measured_without(src, model.seq_length):>9} {cp_fig:>8} {no_cp:>11}")
+        print("   (* predicted not to fit)")
+
+
+def _measured_without(src, seq: int) -> str:
+    from echo_plan.validation.rows import csv_records
+
+    for _, rec in csv_records(src)[1]:
+        if rec.get("kind") == "tflops" and rec.get("seq_length") == str(seq):
+            return rec.get("tflops_per_gpu_without_cp") or "-"
+    return "?"
+
+
 if __name__ == "__main__":
     cold_search()
     suite_rows()
+    sweep_crossover()
