@@ -167,7 +167,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     stack = stack if stack is not None else memo.default_stack()
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
-                         selective_recompute=plan.recompute is Recompute.SELECTIVE)
+                         selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
     compute = compute if compute is not None else memo.default_compute(cluster)
     comm = comm if comm is not None else memo.default_comm(cluster)
     if interference is None:

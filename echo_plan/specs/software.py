@@ -131,8 +131,11 @@ class SoftwareSpec(Spec):
 
 
 def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,
-                         selective_recompute: bool, context: str = "plan") -> None:
+                         selective_recompute: bool, context: str = "plan", cp: int = 1) -> None:
     """Raise SpecError when a plan asks for a feature the stack does not have."""
+    if cp > 1 and stack.attention is not AttentionKernel.FUSED:
+        raise SpecError("cp", cp, f"context parallelism needs the fused attention kernel; stack {stack.name} runs "
+                        f"{stack.attention.value} attention", context)
     if sequence_parallel and not stack.sequence_parallel:
         raise SpecError("sequence_parallel", True, f"stack {stack.name} has no sequence parallelism", context)
     if distributed_optimizer and stack.optimizer_sharding is OptimizerSharding.NONE:

@@ -26,3 +26,14 @@ def test_cp_rules_name_what_is_wrong():
     with pytest.raises(SpecError, match="tp x cp x pp x dp"):
         validate_plan(PlanSpec(cp=2, dp=8, global_batch_size=8), model, cluster)
     validate_plan(PlanSpec(cp=3, dp=8, global_batch_size=8), model.replace(seq_length=6144), cluster)
+
+
+def test_a_stack_without_fused_attention_cannot_run_cp():
+    from echo_plan.specs import load_stack
+    from echo_plan.specs.software import check_stack_supports
+
+    stack = load_stack("megatron-lm-2021")
+    check_stack_supports(stack, sequence_parallel=False, distributed_optimizer=False, selective_recompute=False)
+    with pytest.raises(SpecError, match="fused attention"):
+        check_stack_supports(stack, sequence_parallel=False, distributed_optimizer=False, selective_recompute=False,
+                             cp=2)
