@@ -64,7 +64,13 @@ def test_activations_split_by_cp(llama_small):
 
 
 def test_cp1_trace_is_todays(llama_small):
+    from echo_plan.trace.keys import make_key
+
     a = _block(llama_small, cp=1)
+    common = dict(tp=1, sequence_parallel=False, micro_batch_size=1, dtype=DType.BF16, recompute=Recompute.NONE,
+                  version="v", software="s")
+    assert make_key(llama_small, StageKind.BLOCK, cp=1, **common) == make_key(llama_small, StageKind.BLOCK, **common)
+    assert make_key(llama_small, StageKind.BLOCK, cp=2, **common) != make_key(llama_small, StageKind.BLOCK, **common)
     assert a.key.variant == ""
     assert not any(op.stream is Stream.CP_COMM for op in a.ops)
     assert [op.name for op in a.ops if op.kind is OpKind.ATTENTION] == [
