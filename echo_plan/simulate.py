@@ -105,7 +105,7 @@ class SimulationMemo:
         stack = stack if stack is not None else self.default_stack()
         key = (model.model_dump_json(), plan.tp, plan.sequence_parallel, plan.micro_batch_size,
                plan.dtype, plan.recompute, stack.trace_signature(), stack.fp8_signature(), None if cache is None else str(cache.root),
-               plan.ep, plan.expert_tp, plan.expert_imbalance)
+               plan.ep, plan.expert_tp, plan.expert_imbalance, plan.cp)
         hit = self._traces.get(key)
         if hit is None:
             hit = self._traces[key] = trace_model(model, plan, cache, stack)
@@ -167,7 +167,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     stack = stack if stack is not None else memo.default_stack()
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
-                         selective_recompute=plan.recompute is Recompute.SELECTIVE)
+                         selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
     compute = compute if compute is not None else memo.default_compute(cluster)
     comm = comm if comm is not None else memo.default_comm(cluster)
     if interference is None:
@@ -282,7 +282,7 @@ def gather_bytes(plan: PlanSpec, stack: SoftwareSpec, params: int, layer_params:
 def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
     """What the stack changed about the plan, in words."""
     out = []
-    if plan.overlap_grad_reduce and plan.dp > 1 and not stack.overlap_grad_reduce:
+    if plan.overlap_grad_reduce and plan.grad_dp > 1 and not stack.overlap_grad_reduce:
         out.append(f"stack {stack.name} reduces gradients after the backward pass (no overlap)")
     if plan.overlap_param_gather and plan.distributed_optimizer and not stack.overlap_param_gather:
         out.append(f"stack {stack.name} gathers parameters after the optimizer step (no overlap)")

@@ -54,8 +54,20 @@ def test_table_shows_memory_and_overflow(capsys, cache_args):
     ["--layer-split", "20,x"],
     ["--schedule", "sideways"],
     ["--interference", "no-such-file.yaml"],
+    ["--cp", "0"],
+    ["--cp", "3"],  # 32 GPUs are not a multiple of 8 x 3 x 2
+    ["--cp", "2", "--seq-length", "2050"],  # 2050 tokens do not split into 4 equal chunks
+    ["--seq-length", "0"],
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, extra, cache_args):
     assert main(BASE + extra + cache_args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
+
+
+def test_cp_plan_reports_its_layout(capsys, cache_args):
+    args = ["simulate", "--model", "llama3-8b", "--cluster", "h800", "--gpus", "8", "--tp", "2", "--cp", "2",
+            "--seq-length", "4096", "--gbs", "4", "--sequence-parallel", "--json"]
+    assert main(args + cache_args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["cp"] == 2 and out["plan"]["dp"] == 2 and out["step_time_s"] > 0

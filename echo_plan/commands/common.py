@@ -19,6 +19,9 @@ ClusterOpt = typer.Option(DEFAULT_CLUSTER, "--cluster", "-c", help="cluster pres
 NodesOpt = typer.Option(None, "--nodes", help="resize the cluster to N servers")
 GpusOpt = typer.Option(None, "--gpus", help="resize the cluster to G GPUs (whole servers)")
 EpOpt = typer.Option(1, "--ep", help="expert-parallel degree (MoE models)")
+CpOpt = typer.Option(1, "--cp", help="context-parallel degree: the sequence in 2 x cp chunks, two per GPU "
+                                     "(ring attention; docs/long-context.md)")
+SeqOpt = typer.Option(None, "--seq-length", help="train at this sequence length (default: the model's)")
 EtpOpt = typer.Option(None, "--etp", help="expert tensor-parallel degree (default: tp, as Megatron-Core)")
 ImbalanceOpt = typer.Option(1.0, "--expert-imbalance",
                             help="tokens of the busiest expert over the balanced mean (1: a balanced router)")
@@ -49,8 +52,16 @@ CacheDirOpt = typer.Option(
 )
 
 
-def resolve_specs(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int]) -> tuple[ModelSpec, ClusterSpec]:
-    return load_model(model), load_cluster(cluster, nodes=nodes, gpus=gpus)
+def resolve_specs(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
+                  seq_length: Optional[int] = None) -> tuple[ModelSpec, ClusterSpec]:
+    """The model (at ``--seq-length`` when given) and the cluster (resized)."""
+    spec = load_model(model)
+    if seq_length is not None:
+        from echo_plan.limits import MAX_SEQUENCE, check_int
+
+        check_int("--seq-length", seq_length, 1, MAX_SEQUENCE, "tokens per sequence")
+        spec = spec.replace(seq_length=seq_length)
+    return spec, load_cluster(cluster, nodes=nodes, gpus=gpus)
 
 
 def resolve_stack(stack: Optional[str]) -> SoftwareSpec:
@@ -118,16 +129,19 @@ def check_tp_pp(tp: int, pp: int) -> None:
     check_int("--pp", pp, 1, MAX_GPUS, "the pipeline-parallel degree")
 
 
-def data_parallel(num_gpus: int, tp: int, pp: int, dp: Optional[int]) -> int:
-    """--dp, or by default the GPUs left over by tp x pp."""
+def data_parallel(num_gpus: int, tp: int, pp: int, dp: Optional[int], cp: int = 1) -> int:
+    """--dp, or by default the GPUs left over by tp x cp x pp."""
     from echo_plan.errors import SpecError
+    from echo_plan.limits import MAX_GPUS, check_int
 
+    check_int("--cp", cp, 1, MAX_GPUS, "the context-parallel degree")
     if dp is not None:
         return dp
-    if num_gpus % (tp * pp):
-        raise SpecError("--dp", None, f"GPUs {num_gpus} are not a multiple of tp x pp = {tp * pp}; "
-                                      "give --dp or another --tp/--pp")
-    return num_gpus // (tp * pp)
+    if num_gpus % (tp * cp * pp):
+        what = f"tp x cp x pp = {tp * cp * pp}" if cp > 1 else f"tp x pp = {tp * pp}"
+        raise SpecError("--dp", None, f"GPUs {num_gpus} are not a multiple of {what}; "
+                                      "give --dp or another --tp/--pp" + ("/--cp" if cp > 1 else ""))
+    return num_gpus // (tp * cp * pp)
 
 
 def fp8_stack(stack: SoftwareSpec, dtype: str, recipe: str | None, param_gather: bool | None) -> SoftwareSpec:

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    EpOpt, EtpOpt, ImbalanceOpt, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    CpOpt, SeqOpt, EpOpt, EtpOpt, ImbalanceOpt, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
 )
 
 
@@ -27,7 +27,9 @@ def register(app: typer.Typer) -> None:
         gpus: Optional[int] = GpusOpt,
         tp: int = typer.Option(1, "--tp"),
         pp: int = typer.Option(1, "--pp"),
-        dp: Optional[int] = typer.Option(None, "--dp", help="default: GPUs / (tp x pp)"),
+        cp: int = CpOpt,
+        seq_length: Optional[int] = SeqOpt,
+        dp: Optional[int] = typer.Option(None, "--dp", help="default: GPUs / (tp x cp x pp)"),
         mbs: int = typer.Option(1, "--mbs"),
         gbs: Optional[int] = typer.Option(None, "--gbs", help="default: mbs x dp"),
         vpp: int = typer.Option(1, "--vpp"),
@@ -56,9 +58,9 @@ def register(app: typer.Typer) -> None:
         check_output_prefix(out, "--output")
         check_cache_dir(cache_dir)
         check_tp_pp(tp, pp)
-        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
-        dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp)
-        fields = dict(tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs if gbs else mbs * dp,
+        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, seq_length)
+        dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp, cp)
+        fields = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs if gbs else mbs * dp,
                       virtual_stages=vpp, recompute=recompute, sequence_parallel=sequence_parallel,
                       distributed_optimizer=distributed_optimizer, dtype=dtype)
         if schedule is not None:

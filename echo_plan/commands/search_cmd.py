@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, CkptBwOpt, DensityOpt, DetectOpt, FailRateOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
+    CacheDirOpt, SeqOpt, CkptBwOpt, DensityOpt, DetectOpt, FailRateOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
     write_atomic,
 )
 
@@ -41,7 +41,7 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
             workers: int, ray_address: Optional[str], tokens: Optional[float] = None, stack: Optional[str] = None,
             memory_headroom: Optional[str] = None, dp_comm: Optional[str] = None, density: Optional[float] = None,
             dtype: Optional[str] = None, fp8_recipe: Optional[str] = None, fp8_param_gather: Optional[bool] = None,
-            processes: Optional[int] = None):
+            processes: Optional[int] = None, seq_length: Optional[int] = None, cp: Optional[int] = None):
     from echo_plan.commands.common import fp8_stack, parse_headroom, resolve_specs, resolve_stack
     from echo_plan.errors import SpecError
     from echo_plan.search.space import default_space_path_for, load_space
@@ -66,8 +66,11 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
     from echo_plan.search.storage import check_storage
 
     check_storage(storage)
-    m, c = resolve_specs(model, cluster, nodes, gpus)
+    m, c = resolve_specs(model, cluster, nodes, gpus, seq_length)
     space_spec = load_space(space if space is not None else default_space_path_for(m))
+    if cp is not None:  # --cp fixes the cp knob
+        L.check_int("--cp", cp, 1, L.MAX_GPUS, "the context-parallel degree")
+        space_spec = space_spec.with_values({"cp": (cp,)})
     if dp_comm is not None or density is not None:  # --dp-comm / --density fix those knobs
         from echo_plan.commands.common import dp_comm_fields
 
@@ -136,6 +139,13 @@ def print_search(outcome, top: int, explain: bool, pruned=None) -> None:
     typer.echo("")
     for line in explain_top(outcome.ranked):
         typer.echo(line)
+    if outcome.best is not None:
+        from echo_plan.search.explain_cp import cp_choice
+
+        why_cp = cp_choice(outcome.best, outcome.ranked, int(outcome.model["seq_length"]),
+                           int(outcome.cluster["gpus_per_node"]), outcome.pruned_counts)
+        if why_cp:
+            typer.echo(why_cp)
     pruned_total = sum(outcome.pruned_counts.values())
     from echo_plan.search.results import simulated_this_study
 
@@ -193,6 +203,9 @@ def register(app: typer.Typer) -> None:
         model: str = ModelOpt, cluster: str = ClusterOpt, nodes: Optional[int] = NodesOpt,
         gpus: Optional[int] = typer.Option(None, "--gpus", help="resize the cluster to G GPUs (default: the preset's size)"),
         gbs: int = GbsOpt, space: Optional[str] = SpaceOpt, sampler: str = SamplerOpt,
+        seq_length: Optional[int] = SeqOpt,
+        cp: Optional[int] = typer.Option(None, "--cp", help="fix the context-parallel degree (default: the space's "
+                                         "cp knob; the default space varies it above 16K tokens)"),
         stack: Optional[str] = StackOpt, memory_headroom: Optional[str] = HeadroomOpt,
         trials: Optional[int] = TrialsOpt, seed: int = SeedOpt, storage: Optional[str] = StorageOpt,
         study_name: Optional[str] = StudyOpt, workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt,
@@ -223,7 +236,7 @@ def register(app: typer.Typer) -> None:
         config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
                          workers, ray_address, stack=stack, memory_headroom=memory_headroom, dp_comm=dp_comm,
                          density=density, dtype=dtype, fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather,
-                         processes=processes)
+                         processes=processes, seq_length=seq_length, cp=cp)
         if dtype is not None and "," in dtype:
             from echo_plan.errors import SpecError
 
@@ -254,6 +267,9 @@ def register(app: typer.Typer) -> None:
         model: str = ModelOpt, cluster: str = ClusterOpt,
         gpus: str = typer.Option("64,96,128,256,512", "--gpus", help="cluster sizes to compare, comma-separated"),
         gbs: int = GbsOpt, space: Optional[str] = SpaceOpt, sampler: str = SamplerOpt,
+        seq_length: Optional[int] = SeqOpt,
+        cp: Optional[int] = typer.Option(None, "--cp", help="fix the context-parallel degree (default: the space's "
+                                         "cp knob; the default space varies it above 16K tokens)"),
         stack: Optional[str] = StackOpt, memory_headroom: Optional[str] = HeadroomOpt,
         trials: Optional[int] = TrialsOpt, seed: int = SeedOpt, storage: Optional[str] = StorageOpt,
         tokens: str = typer.Option("300B", "--tokens",
@@ -284,7 +300,8 @@ def register(app: typer.Typer) -> None:
         base = _config(model, cluster, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
                        ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom,
                        dp_comm=dp_comm, density=density, dtype=dtype, fp8_recipe=fp8_recipe,
-                       fp8_param_gather=fp8_param_gather, processes=processes)
+                       fp8_param_gather=fp8_param_gather, processes=processes,
+                       seq_length=seq_length, cp=cp)
         fm = failure_model(failures_per_gpu_day, checkpoint_gbps_per_gpu, restart_min, detect_min)
 
         def run(config, label: str = ""):

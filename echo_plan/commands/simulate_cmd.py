@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CkptBwOpt, DetectOpt, DTypeHelp, Fp8ParamGatherOpt, Fp8RecipeOpt, FailRateOpt, RestartOpt, failure_model, DensityOpt, DpCommOpt, EpOpt, EtpOpt, ImbalanceOpt, dp_comm_fields, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    CkptBwOpt, DetectOpt, DTypeHelp, Fp8ParamGatherOpt, Fp8RecipeOpt, FailRateOpt, RestartOpt, failure_model, DensityOpt, DpCommOpt, EpOpt, CpOpt, SeqOpt, EtpOpt, ImbalanceOpt, dp_comm_fields, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
 )
 
 
@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
         memory_headroom: Optional[str] = HeadroomOpt,
         tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
         pp: int = typer.Option(1, "--pp", help="pipeline-parallel degree"),
-        dp: Optional[int] = typer.Option(None, "--dp", help="data-parallel degree (default: GPUs / (tp x pp))"),
+        cp: int = CpOpt,
+        seq_length: Optional[int] = SeqOpt,
+        dp: Optional[int] = typer.Option(None, "--dp", help="data-parallel degree (default: GPUs / (tp x cp x pp))"),
         mbs: int = typer.Option(1, "--mbs", help="micro-batch size"),
         gbs: Optional[int] = typer.Option(None, "--gbs", help="global batch size (default: mbs x dp)"),
         vpp: int = typer.Option(1, "--vpp", help="virtual pipeline stages per rank; above 1 implies interleaved"),
@@ -74,14 +76,14 @@ def register(app: typer.Typer) -> None:
         check_output_file(trace, "--trace", (".json",))
         check_cache_dir(cache_dir)
         check_tp_pp(tp, pp)
-        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
+        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, seq_length)
         stack_spec = fp8_stack(resolve_stack(stack), dtype, fp8_recipe, fp8_param_gather)
         headroom = parse_headroom(memory_headroom, cluster_spec)
-        dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp)
+        dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp, cp)
         if no_interference and interference_file:
             raise SpecError("--interference", interference_file, "not together with --no-interference")
         fields = dict(
-            tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs if gbs is not None else mbs * dp,
+            tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs if gbs is not None else mbs * dp,
             virtual_stages=vpp, recompute=recompute, sequence_parallel=sequence_parallel,
             distributed_optimizer=distributed_optimizer, dtype=dtype,
             overlap_grad_reduce=not no_overlap_grad_reduce, overlap_param_gather=not no_overlap_param_gather,

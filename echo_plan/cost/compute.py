@@ -9,8 +9,11 @@
   generation asymptote fitted to a published maximum-achievable-matmul measurement. The best tile
   configuration wins, as cuBLAS' heuristics pick one. Then the max with the memory-bound time.
 * Fused attention (flash / SDPA forward and backward): FLOPs at an attention efficiency per GPU
-  generation, lower for backward, with the causal work fraction, wave quantisation over
-  (batch x heads x query blocks) and a short-sequence penalty.
+  generation, lower for backward, with the causal work fraction (the whole counted work for the
+  unmasked kernels of a context-parallel ring step; for a causal kernel whose queries are a late
+  chunk of its keys, 1 - (1 - f) s_q / s_k), wave quantisation over (batch x heads x query
+  blocks), a short-sequence penalty on the key length (a CP chunk is short) and the head
+  dimension's (``attention_head_dim_half``).
 * Everything else: bytes moved / (HBM bandwidth x an achievable fraction per kind).
 * VIEW ops are free; every real kernel adds a launch overhead.
 
@@ -93,6 +96,7 @@ class ComputeConstants:
     attention_dropout_eff: float = 1.0
     fp8_k_overhead: int = 32  # the FP8 GEMM's pipeline fill in units of K
     fp8_blockwise_eff: float = 1.0  # blockwise-scaled FP8 GEMMs relative to per-tensor scaled ones
+    attention_head_dim_half: float = 0.0  # 0: no head-dim dependence
 
     def arch_params(self, sm_arch: int) -> ArchParams:
         """The newest generation in the table that is not newer than ``sm_arch`` (else the oldest)."""
@@ -153,6 +157,7 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
             attention_dropout_eff=float(raw.get("attention_dropout_efficiency", 1.0)),
             fp8_k_overhead=int(raw.get("fp8_gemm_k_overhead", k0)),
             fp8_blockwise_eff=float(raw.get("fp8_blockwise_efficiency", 1.0)),
+            attention_head_dim_half=float(raw.get("attention_head_dim_half", 0.0)),
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid compute-model constants: {exc!r}") from None
@@ -331,11 +336,14 @@ class AnalyticalComputeModel:
         base = arch.attention_backward_eff if _is_backward(op) else arch.attention_forward_eff
         if "dropout" in op.name:  # the fused kernel with dropout (trace/kernels.py)
             base *= c.attention_dropout_eff
-        work = c.causal_work_fraction if self.causal_attention else 1.0
+        causal = self.causal_attention and not is_noncausal(op)
+        work = c.causal_work_fraction if causal else 1.0
         dims = attention_dims(op)
         if dims is None:
             return base, op.flops * work
         b, heads, s_q, s_k = dims
+        if causal and s_q < s_k:  # bottom-right aligned mask (a late query chunk over all earlier keys)
+            work = 1.0 - (1.0 - c.causal_work_fraction) * s_q / s_k
         head_dim = [t for t in op.inputs if len(t.shape) == 4][0].shape[-1]
         flops = op.flops if op.flops > 0 else 4.0 * b * heads * s_q * s_k * head_dim
         if _is_backward(op) and op.flops <= 0:
@@ -344,7 +352,34 @@ class AnalyticalComputeModel:
         waves = math.ceil(ctas / gpu.sm_count)
         wave_q = ctas / (waves * gpu.sm_count)
         seq = s_k / (s_k + c.attention_seq_half)
-        return base * wave_q * seq, flops * work
+        return base * wave_q * seq * self._head_dim_factor(head_dim), flops * work
+
+    def _head_dim_factor(self, head_dim: int) -> float:
+        """Efficiency relative to head dim 128 (where the per-generation figures were measured): a
+        narrower head does less matmul work per loaded tile, d / (d + d_half), never above 1."""
+        h0 = self.constants.attention_head_dim_half
+        if h0 <= 0 or head_dim <= 0:
+            return 1.0
+        return min(1.0, (head_dim / (head_dim + h0)) / (128.0 / (128.0 + h0)))
+
+
+def is_noncausal(op: OpRecord) -> bool:
+    """An attention kernel launched without the causal mask (a context-parallel ring step whose keys
+    all precede its queries, ``trace/kernels.py``): all of its counted work is done."""
+    return "noncausal" in op.name
+
+
+def attention_work_flops(op: OpRecord, causal_work_fraction: float = 0.5) -> float:
+    """The FLOPs an attention kernel really does: the counted (full-matrix) FLOPs times the share the
+    causal mask leaves (all of it for an unmasked kernel; 1 - (1 - f) s_q / s_k for a causal one)."""
+    if op.kind is not OpKind.ATTENTION:
+        return 0.0
+    if is_noncausal(op):
+        return op.flops
+    dims = attention_dims(op)
+    if dims is None or dims[2] >= dims[3]:
+        return op.flops * causal_work_fraction
+    return op.flops * (1.0 - (1.0 - causal_work_fraction) * dims[2] / dims[3])
 
 
 def _is_backward(op: OpRecord) -> bool:

@@ -199,7 +199,7 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     is exactly their s*b*h*(10 + 24/t + 5*a*s/(h*t)) (34 + 5as/h with sequence parallelism, divided
     by t); the traced layer of those stacks saves the same bytes (tests/trace/test_stack_trace.py).
     """
-    s, b, h, t = model.seq_length, plan.micro_batch_size, model.hidden_size, plan.tp
+    s, b, h, t = model.seq_length // plan.cp, plan.micro_batch_size, model.hidden_size, plan.tp  # CP: s/cp tokens
     a, f = model.num_attention_heads, model.ffn_size
     kv = model.kv_heads * model.head_dim
     e = plan.param_dtype.nbytes
@@ -245,7 +245,7 @@ def moe_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute_act: bool =
 
     moe = model.moe
     e, h, t = plan.param_dtype.nbytes, model.hidden_size, plan.tp
-    tokens = model.seq_length * plan.micro_batch_size // (t if plan.sequence_parallel else 1)
+    tokens = model.seq_length // plan.cp * plan.micro_batch_size // (t if plan.sequence_parallel else 1)
     sent, hot, each = routed_token_counts(tokens, model, ExpertLayout(plan.ep, plan.expert_tp, plan.expert_imbalance))
     recv = (hot + (moe.num_experts // plan.ep - 1) * each) * plan.expert_tp
     f = moe.expert_ffn_hidden_size // plan.expert_tp
@@ -254,20 +254,20 @@ def moe_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute_act: bool =
     act_out = 0 if recompute_act else f
     routed = (e * recv * (h + (2 * f if gated else f) + act_out) + e * sent * h * (1 if fused else 2)
               + 4 * tokens * moe.num_experts)
-    shared = (4 if gated else 2) * e * model.seq_length * plan.micro_batch_size * moe.shared_ffn / t
+    shared = (4 if gated else 2) * e * model.seq_length // plan.cp * plan.micro_batch_size * moe.shared_ffn / t
     return routed + shared
 
 
 def embedding_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> int:
     """Token ids (int64) kept for the embedding's backward, plus its dropout mask."""
-    sb = model.seq_length * plan.micro_batch_size
+    sb = model.seq_length // plan.cp * plan.micro_batch_size  # each CP rank holds seq / cp tokens
     rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
     return int(8 * sb + (sb * model.hidden_size * rep if stack.hidden_dropout > 0 else 0))
 
 
 def output_activation_bytes(model: ModelSpec, plan: PlanSpec) -> int:
     """Final norm and output-linear inputs, and the fp32 softmax of the vocab-parallel loss."""
-    sb = model.seq_length * plan.micro_batch_size
+    sb = model.seq_length // plan.cp * plan.micro_batch_size  # each CP rank holds seq / cp tokens
     rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
     e = plan.param_dtype.nbytes
     return int(2 * e * sb * model.hidden_size * rep + 4 * sb * model.vocab_size / plan.tp)
@@ -316,13 +316,13 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
     if stack.optimizer_state_bytes is not None:
         o_b = stack.optimizer_state_bytes
     g_b = stack.grad_bytes(plan.param_dtype)
-    shard = plan.dp if plan.distributed_optimizer else 1
+    shard = plan.grad_dp if plan.distributed_optimizer else 1  # dp x cp: CP ranks shard the optimizer too
     eshard = plan.edp if plan.distributed_optimizer else 1
     shard_grads = stack.optimizer_sharding is OptimizerSharding.STATES_AND_GRADS
     capacity = int(cluster.gpu.hbm_GiB * GiB)
     headroom = default_headroom_bytes(cluster, c) if headroom_bytes is None else headroom_bytes
     v = plan.virtual_stages
-    comms = sum(1 for n in (plan.tp, plan.dp) if n > 1) + (2 if plan.pp > 1 else 0)  # PP: two neighbours
+    comms = sum(1 for n in (plan.tp, plan.cp, plan.grad_dp) if n > 1) + (2 if plan.pp > 1 else 0)  # PP: two neighbours
     comms += sum(1 for n in (plan.ep, plan.edp) if n > 1) if model.is_moe else 0
     first = next(iter(saved.values()))
     out: list[StageMemory] = []
@@ -343,7 +343,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
         if i == plan.pp - 1:
             mtp = model.mtp_layers * (saved.get(model.mtp_kind, first)[0] + output_saved) if model.mtp_layers else 0
             act += (output_saved + mtp) * inflight_on_chunk(plan, i, v - 1)
-            transient = (c.logits_transient_bytes_per_element * model.seq_length * plan.micro_batch_size
+            transient = (c.logits_transient_bytes_per_element * (model.seq_length // plan.cp) * plan.micro_batch_size
                          * model.vocab_size / plan.tp)
         buffers = (c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes
                    + c.fragmentation_fraction * act + transient)

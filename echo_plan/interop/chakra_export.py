@@ -38,23 +38,28 @@ class RankCoords:
 
 
 def coords(rank: int, plan: PlanSpec) -> RankCoords:
-    per_stage = plan.tp * plan.dp
+    """``d`` counts the data-and-context-parallel ranks (dp x cp; Megatron-Core's order tp-cp-dp-pp:
+    d = dp index x cp + cp index)."""
+    per_stage = plan.stage_ranks
     stage, rest = divmod(rank, per_stage)
     d, t = divmod(rest, plan.tp)
     return RankCoords(stage, d, t)
 
 
 def rank_of(c: RankCoords, plan: PlanSpec) -> int:
-    return c.stage * plan.tp * plan.dp + c.d * plan.tp + c.t
+    return c.stage * plan.stage_ranks + c.d * plan.tp + c.t
 
 
 def group_of(ref: GroupRef, c: RankCoords, plan: PlanSpec) -> tuple[str, tuple[int, ...]]:
-    tp, dp, pp = plan.tp, plan.dp, plan.pp
+    tp, dp, pp = plan.tp, plan.grad_dp, plan.pp
     base = c.stage * tp * dp
     if ref is GroupRef.TP:
         return f"tp_s{c.stage}_d{c.d}", tuple(base + c.d * tp + i for i in range(tp))
-    if ref is GroupRef.DP:
+    if ref is GroupRef.DP:  # the gradient group: data- and context-parallel ranks
         return f"dp_s{c.stage}_t{c.t}", tuple(base + j * tp + c.t for j in range(dp))
+    if ref is GroupRef.CP:
+        first = c.d - c.d % plan.cp
+        return f"cp_s{c.stage}_d{first}_t{c.t}", tuple(base + (first + i) * tp + c.t for i in range(plan.cp))
     if ref in (GroupRef.EP, GroupRef.ETP, GroupRef.EDP):  # Megatron-Core's expert order: etp, ep, edp
         etp, ep = plan.expert_tp, plan.ep
         local = c.d * tp + c.t
@@ -103,7 +108,10 @@ def _node_msg(n: GNode, rank: int, c: RankCoords, plan: PlanSpec) -> Any:
         a.append(cio.attr("comm_size", int(n.nbytes)))
         a.append(cio.attr("pg_name", name))
     else:
-        if n.ring:  # TP ring exchange: the next (send) or previous (receive) rank of the TP group
+        if n.ring and n.group is GroupRef.CP:  # CP ring attention: the next / previous rank of the CP group
+            first = c.d - c.d % plan.cp
+            peer = rank_of(RankCoords(c.stage, first + (c.d - first + n.ring) % plan.cp, c.t), plan)
+        elif n.ring:  # TP ring exchange: the next (send) or previous (receive) rank of the TP group
             peer = rank_of(RankCoords(c.stage, c.d, (c.t + n.ring) % plan.tp), plan)
         else:
             peer = rank_of(RankCoords(n.peer_stage, c.d, c.t), plan)

@@ -51,6 +51,7 @@ class GroupRef(str, Enum):
     EP = "ep"  # expert parallel (MoE dispatch and combine)
     ETP = "etp"  # expert tensor parallel
     EDP = "edp"  # expert data parallel (the experts' gradient buckets)
+    CP = "cp"  # context parallel (ring attention's K/V exchanges, or its all-gather)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,7 @@ def _bucket_group(bucket) -> "GroupRef":
 
 
 _GROUP_OF = {GroupKind.TP: GroupRef.TP, GroupKind.DP: GroupRef.DP, GroupKind.EP: GroupRef.EP,
-             GroupKind.ETP: GroupRef.ETP, GroupKind.EDP: GroupRef.EDP}
+             GroupKind.ETP: GroupRef.ETP, GroupKind.EDP: GroupRef.EDP, GroupKind.CP: GroupRef.CP}
 
 
 def phase_template(trace: LayerTrace, phase_forward: bool, compute: Any, comm: Any, cluster: ClusterSpec,
@@ -155,9 +156,11 @@ def phase_template(trace: LayerTrace, phase_forward: bool, compute: Any, comm: A
             group = _GROUP_OF.get(info.group.kind, GroupRef.TP)
             if info.kind is CollectiveKind.SEND_RECV:  # userbuffers' ring exchange: send next, receive previous
                 nodes.append(_TNode(NodeKind.SEND, f"{label} ring send ({by_index[t.id].name})", t.stream,
-                                    tuple(sorted(deps)), nbytes=info.nbytes, ring=1))
+                                    tuple(sorted(deps)), nbytes=info.nbytes, ring=1,
+                                    group=group if group is GroupRef.CP else None))
                 nodes.append(_TNode(NodeKind.RECV, f"{label} ring recv ({by_index[t.id].name})", t.stream,
-                                    tuple(sorted(deps)), nbytes=info.nbytes, ring=-1))
+                                    tuple(sorted(deps)), nbytes=info.nbytes, ring=-1,
+                                    group=group if group is GroupRef.CP else None))
             else:
                 nodes.append(_TNode(NodeKind.COLL, f"{label} {info.kind.value} ({by_index[t.id].name})", t.stream,
                                     tuple(sorted(deps)), coll=info.kind, group=group, nbytes=info.nbytes))
@@ -224,7 +227,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     stack = stack if stack is not None else memo.default_stack()
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
-                         selective_recompute=plan.recompute is Recompute.SELECTIVE)
+                         selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
     compute = memo.default_compute(cluster)
     comm = comm if comm is not None else memo.default_comm(cluster)
     interference = interference if interference is not None else memo.default_interference()
@@ -249,7 +252,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     pp, nvs = sched.pp, sched.num_virtual_stages
     layers_of = list(plan.virtual_layers(model.num_layers))
     gb = stack.grad_bytes(plan.param_dtype)
-    full = plan.micro_batch_size * model.seq_length * model.hidden_size * plan.param_dtype.nbytes
+    full = plan.micro_batch_size * (model.seq_length // plan.cp) * model.hidden_size * plan.param_dtype.nbytes
     p2p_bytes = -(-full // plan.tp)
     gather_on_recv = plan.tp > 1 and not plan.sequence_parallel
     tied = costs.tied_allreduce_s > 0 and pp > 1
@@ -283,7 +286,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
         for a in acts:
             if a.kind is Pass.FORWARD:
                 first_f.setdefault(a.chunk, a.microbatch)
-        overlapped_gather = costs.overlap_param_gather and plan.distributed_optimizer and plan.dp > 1
+        overlapped_gather = costs.overlap_param_gather and plan.distributed_optimizer and plan.grad_dp > 1
         if overlapped_gather:
             for c in sorted(first_f, key=lambda c: acts.index(next(x for x in acts if x.kind is Pass.FORWARD and x.chunk == c))):
                 for k in reversed(range(len(st.buckets[c]))):
@@ -319,7 +322,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
                 total_t = sum(durations) or 1.0
                 ends = [sum(durations[:i + 1]) / total_t for i in range(len(seq))]
                 total_p = sum(x.params for x in buckets) or 1
-                if not fwd and costs.overlap_grad_reduce and last_b[a.chunk] == a.microbatch and plan.dp > 1:
+                if not fwd and costs.overlap_grad_reduce and last_b[a.chunk] == a.microbatch and plan.grad_dp > 1:
                     cum = 0.0
                     for k, bk in enumerate(buckets):
                         cum += bk.params / total_p
@@ -352,7 +355,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
                                    stream="pp_fwd" if fwd else "pp_bwd", nbytes=p2p_bytes, peer_stage=peer,
                                    tag=tag(a.microbatch, vs, fwd), deps=cur))
             prev_sends = tuple(sends)
-        if plan.dp > 1 and not costs.overlap_grad_reduce:
+        if plan.grad_dp > 1 and not costs.overlap_grad_reduce:
             order = sorted(last_b, key=lambda c: acts.index(next(x for x in acts if x.kind is Pass.BACKWARD and x.chunk == c and x.microbatch == last_b[c])))
             for c in order:
                 for k, bk in enumerate(st.buckets[c]):
@@ -368,7 +371,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
             opt_deps += (t_id,)
         opt = b.add(kind=NodeKind.COMP, name="optimizer", stream="compute", deps=opt_deps,
                     duration_s=st.optimizer_s, mix=((TaskKind.MEMORY, st.optimizer_s),))
-        if plan.distributed_optimizer and plan.dp > 1 and not overlapped_gather:
+        if plan.distributed_optimizer and plan.grad_dp > 1 and not overlapped_gather:
             for c, bs in enumerate(st.buckets):
                 for k, bk in enumerate(bs):
                     b.add(kind=NodeKind.COLL, name=f"DP param all-gather chunk{c} bucket {k}", stream="dp_comm",

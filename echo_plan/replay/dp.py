@@ -14,7 +14,7 @@ The optimizer is Adam as Megatron-LM's fused multi-tensor kernels run it: memory
 parameter it reads the fp32 gradient, master weight and two moments (16 B) plus the gradient
 again for the global norm (4 B), and writes the master weight and moments (12 B) and the 2-byte
 model copy: 20 B read, 14 B written. With the distributed optimizer each rank updates 1/dp of
-its parameters.
+its parameters (1/(dp x cp) with context parallelism).
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ def bucket_sizes(params: int, dp: int, overlap: bool) -> tuple[int, ...]:
 
 
 def dp_group(plan: PlanSpec) -> CommGroup:
-    """Megatron-LM's rank order is tp fastest, then dp: a DP group has stride tp."""
-    return CommGroup(GroupKind.DP, size=plan.dp, stride=plan.tp, start=0)
+    """Megatron-LM's rank order is tp fastest, then cp, then dp: the gradient group is the
+    data-and-context-parallel one (dp x cp ranks, stride tp), as CP ranks hold the same weights."""
+    return CommGroup(GroupKind.DP, size=plan.grad_dp, stride=plan.tp, start=0)
 
 
 def edp_group(plan: PlanSpec) -> CommGroup:
@@ -86,7 +87,7 @@ def optimizer_op(params: int, plan: PlanSpec, expert_params: int = 0) -> OpRecor
     """The Adam step of ``params`` dense and ``expert_params`` expert parameters of this rank as one
     memory-bound op for the compute model (sharded over dp and expert dp with the distributed optimizer)."""
     if plan.distributed_optimizer:
-        n = -(-params // plan.dp) + -(-expert_params // plan.edp)
+        n = -(-params // plan.grad_dp) + -(-expert_params // plan.edp)
     else:
         n = params + expert_params
     return OpRecord(

@@ -25,12 +25,12 @@ def _params(model: ModelSpec, plan: PlanSpec) -> tuple[int, int, int]:
 
 
 def _p2p_time(model: ModelSpec, plan: PlanSpec, comm_time) -> float:
-    """One activation (or gradient) between adjacent stages: [mbs, seq, hidden] in the plan dtype.
+    """One activation (or gradient) between adjacent stages: [mbs, seq / cp, hidden] in the plan dtype.
 
     With sequence parallelism each TP rank holds and sends 1/tp of it. Without it, Megatron-LM's
     scatter/gather optimisation (Narayanan et al. 2021, section 4.1) sends 1/tp per rank over the
     inter-stage link and all-gathers it over NVLink on the receiving stage."""
-    group = CommGroup(GroupKind.PP, size=2, stride=plan.tp * plan.dp)
+    group = CommGroup(GroupKind.PP, size=2, stride=plan.stage_ranks)
     return comm_time(CollectiveKind.SEND_RECV, -(-_message_bytes(model, plan) // plan.tp), group)
 
 
@@ -43,7 +43,7 @@ def _p2p_gather_time(model: ModelSpec, plan: PlanSpec, comm_time) -> float:
 
 
 def _message_bytes(model: ModelSpec, plan: PlanSpec) -> int:
-    return plan.micro_batch_size * model.seq_length * model.hidden_size * plan.param_dtype.nbytes
+    return plan.micro_batch_size * (model.seq_length // plan.cp) * model.hidden_size * plan.param_dtype.nbytes
 
 
 def _tied_time(model: ModelSpec, plan: PlanSpec, comm_time, gbytes: int) -> float:
@@ -51,5 +51,5 @@ def _tied_time(model: ModelSpec, plan: PlanSpec, comm_time, gbytes: int) -> floa
     if not model.tied_embeddings or plan.pp == 1:
         return 0.0
     nbytes = -(-model.vocab_size * model.hidden_size // plan.tp) * gbytes
-    group = CommGroup(GroupKind.PP, size=2, stride=(plan.pp - 1) * plan.tp * plan.dp)
+    group = CommGroup(GroupKind.PP, size=2, stride=(plan.pp - 1) * plan.stage_ranks)
     return comm_time(CollectiveKind.ALL_REDUCE, nbytes, group)

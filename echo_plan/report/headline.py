@@ -119,6 +119,12 @@ def search_headline(outcome: SearchOutcome) -> Headline:
     experts = _expert_choice(best, [r for r in points if r.fits])
     if experts:
         reasons.append(experts)
+    from echo_plan.search.explain_cp import cp_choice
+
+    why_cp = cp_choice(best, [r for r in points if r.fits], int(outcome.model.get("seq_length") or 0),
+                       int(outcome.cluster.get("gpus_per_node") or 8), outcome.pruned_counts)
+    if why_cp:
+        reasons.append(why_cp)
     if cap:
         room = best.memory[0].headroom_bytes / 2**30 if best.memory else 0.0
         reasons.append(f"Peak memory {best.memory_peak_gib:.1f} GiB leaves {cap - best.memory_peak_gib:.1f} GiB "

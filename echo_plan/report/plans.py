@@ -36,6 +36,7 @@ def _plain(v: Any) -> str:
 
 KNOBS: tuple[Knob, ...] = (
     Knob("tp", "TP", _plain, "tensor-parallel degree"),
+    Knob("cp", "CP", _plain, "context-parallel degree (sequence chunks over GPUs)"),
     Knob("pp", "PP", _plain, "pipeline stages"),
     Knob("dp", "DP", _plain, "data-parallel degree"),
     Knob("micro_batch_size", "mbs", _plain, "micro-batch size"),
@@ -78,8 +79,9 @@ def constant_knobs(plans: Sequence[dict[str, Any]]) -> list[tuple[Knob, str]]:
 
 def short_label(plan: dict[str, Any]) -> str:
     """A compact label like ``tp8 pp4 dp3 mbs1 vpp2 sel-recompute sp dist-opt`` (as PlanSpec.short)."""
-    parts = [f"tp{plan.get('tp', 1)}", f"pp{plan.get('pp', 1)}", f"dp{plan.get('dp', 1)}",
-             f"mbs{plan.get('micro_batch_size', 1)}"]
+    cp = int(plan.get("cp") or 1)
+    parts = [f"tp{plan.get('tp', 1)}"] + ([f"cp{cp}"] if cp > 1 else []) + [
+        f"pp{plan.get('pp', 1)}", f"dp{plan.get('dp', 1)}", f"mbs{plan.get('micro_batch_size', 1)}"]
     if int(plan.get("virtual_stages") or 1) > 1:
         parts.append(f"vpp{plan['virtual_stages']}")
     if plan.get("schedule") == "gpipe":
@@ -113,6 +115,9 @@ def plan_in_words(plan: dict[str, Any]) -> str:
     tp, pp, dp = int(plan.get("tp", 1)), int(plan.get("pp", 1)), int(plan.get("dp", 1))
     layout = []
     layout.append(f"{tp}-way tensor parallel" if tp > 1 else "no tensor parallelism")
+    cp = int(plan.get("cp") or 1)
+    if cp > 1:
+        layout.append(f"{cp}-way context parallel")
     if pp > 1:
         vpp = int(plan.get("virtual_stages") or 1)
         sched = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}.get(

@@ -144,7 +144,7 @@ class StageEffect:
 
 def stage_of(rank: int, plan: PlanSpec) -> int:
     """Megatron's rank order: tp fastest, then dp, then pp."""
-    return rank // (plan.tp * plan.dp)
+    return rank // plan.stage_ranks
 
 
 def stage_effects(faults: tuple[Fault, ...], plan: PlanSpec, cluster: ClusterSpec) -> tuple[StageEffect, ...]:

@@ -83,7 +83,7 @@ def checkpoint_bytes(memory, plan) -> float:
     per_replica = 0.0
     for m in memory:  # one GPU of each stage; tp ranks hold disjoint shards
         weights = m.weights_bytes * plan.tp
-        optim = m.optimizer_bytes * plan.tp * (plan.dp if plan.distributed_optimizer else 1)
+        optim = m.optimizer_bytes * plan.tp * (plan.grad_dp if plan.distributed_optimizer else 1)
         per_replica += weights + optim
     return per_replica
 

@@ -49,7 +49,7 @@ def placements(pp: int) -> tuple[int, ...]:
 
 
 def fault_at(kind: FaultKind, severity: float, stage: int, plan, cluster) -> Fault:
-    rank = stage * plan.tp * plan.dp
+    rank = stage * plan.stage_ranks
     node, local = divmod(rank, cluster.gpus_per_node)
     key = "bw" if kind in (FaultKind.LINK, FaultKind.NVLINK) else "compute"
     data: dict[str, Any] = {"kind": kind.value, key: severity}

@@ -103,14 +103,14 @@ class SimulatorEvaluator:
     def evaluate(self, plan: PlanSpec) -> StepResult:
         from echo_plan.simulate import simulate
 
-        key = (plan.tp, plan.sequence_parallel, plan.micro_batch_size, plan.dtype.value, plan.recompute.value)
+        key = (plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size, plan.dtype.value, plan.recompute.value)
         if key not in self._ready:
             from filelock import FileLock
 
             self.cache.root.mkdir(parents=True, exist_ok=True)
             # The embedding and output traces are shared by plans that differ in recompute or sequence
             # parallelism, so the lock covers every plan that can share a trace: same tp, mbs, dtype.
-            lock = self.cache.root / f".lock-{self.model.name}-tp{plan.tp}-mbs{plan.micro_batch_size}-{plan.dtype.value}"
+            lock = self.cache.root / f".lock-{self.model.name}-tp{plan.tp}-cp{plan.cp}-mbs{plan.micro_batch_size}-{plan.dtype.value}"
             with FileLock(str(lock)):
                 self.memo.traces(self.model, plan, self.cache, self.stack)  # kept in the memo for later plans
             self._ready.add(key)

@@ -25,7 +25,7 @@ MemoryEstimator = Callable[[ModelSpec, PlanSpec, ClusterSpec], tuple[StageMemory
 class PruneReason(str, Enum):
     """Stable categories; the value is what users see (and what is stored with pruned trials)."""
 
-    GPUS = "tp x pp does not divide the GPUs"
+    GPUS = "tp x cp x pp does not divide the GPUs"
     BATCH = "global batch not divisible by dp x micro-batch"
     TP_MODEL = "tp does not divide the model's heads or FFN"
     TP_NODE = "tp exceeds a node"
@@ -33,6 +33,8 @@ class PruneReason(str, Enum):
     SCHEDULE = "schedule does not fit the virtual stages"
     INTERLEAVE_BATCH = "interleaving needs micro-batches a multiple of pp"
     SEQUENCE_PARALLEL = "sequence parallel needs seq divisible by tp"
+    CP_SEQUENCE = "cp does not split the sequence into 2 x cp chunks"
+    NEEDS_CP = "out of memory at this sequence length without context parallelism (estimate)"
     STACK = "the software stack lacks the feature"
     PRECISION = "the GPU has no tensor cores for the dtype"
     DUPLICATE = "same plan as another candidate"
@@ -43,6 +45,8 @@ class PruneReason(str, Enum):
 # validate_plan names the field it rejects; this maps that field to a category.
 _FIELD_REASON = {
     "tp x pp x dp": PruneReason.GPUS,
+    "tp x cp x pp x dp": PruneReason.GPUS,
+    "cp": PruneReason.CP_SEQUENCE,
     "tp": PruneReason.TP_MODEL,
     "pp": PruneReason.LAYERS,
     "pp x virtual_stages": PruneReason.LAYERS,
@@ -121,10 +125,12 @@ class Pruner:
         c = canonical(combo)
         gpus = self.cluster.num_gpus
         tp, pp, vpp, mbs = c["tp"], c["pp"], c["virtual_stages"], c["micro_batch_size"]
-        if gpus % (tp * pp):
-            return Verdict(combo, None, PruneReason.GPUS, f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
-        dp = gpus // (tp * pp)
-        if dp == 1:
+        cp = c.get("cp", 1)
+        if gpus % (tp * cp * pp):
+            what = f"tp x cp x pp = {tp * cp * pp}" if cp > 1 else f"tp x pp = {tp * pp}"
+            return Verdict(combo, None, PruneReason.GPUS, f"{what} does not divide {gpus} GPUs")
+        dp = gpus // (tp * cp * pp)
+        if dp * cp == 1:
             c = canonical(combo, dp)
         if self.gbs % (dp * mbs):
             return Verdict(combo, None, PruneReason.BATCH,
@@ -160,10 +166,13 @@ class Pruner:
         try:
             check_stack_supports(self.stack, sequence_parallel=plan.sequence_parallel,
                                  distributed_optimizer=plan.distributed_optimizer,
-                                 selective_recompute=plan.recompute is Recompute.SELECTIVE)
+                                 selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
         except SpecError as exc:
             return Verdict(combo, None, PruneReason.STACK, str(exc).split(": ", 1)[-1])
         return Verdict(combo, plan, None)
+
+    def _activations_decide(self, worst: StageMemory) -> bool:
+        return _long_sequence_oom(self.model, worst)
 
     def check_memory(self, verdict: Verdict) -> Verdict:
         """The memory estimate of a plan that passed the arithmetic rules."""
@@ -178,8 +187,21 @@ class Pruner:
             worst = max(over, key=lambda m: m.overflow_bytes)
             detail = (f"stage {worst.stage} needs {worst.total_bytes / 2**30:.1f} GiB of "
                       f"{worst.capacity_bytes / 2**30:.1f} GiB")
+            if verdict.plan.cp == 1 and self._activations_decide(worst):
+                detail += (f", {worst.activations_bytes / 2**30:.1f} GiB of it activations of {self.model.seq_length:,}"
+                           "-token sequences: context parallelism would split them")
+                return Verdict(verdict.combo, verdict.plan, PruneReason.NEEDS_CP, detail, memory)
             return Verdict(verdict.combo, verdict.plan, PruneReason.OOM_ESTIMATE, detail, memory)
         return Verdict(verdict.combo, verdict.plan, None, "", memory)
+
+
+LONG_SEQUENCE = 16384  # tokens: the sequence lengths at which context parallelism is the usual answer
+
+
+def _long_sequence_oom(model: ModelSpec, worst: StageMemory) -> bool:
+    """A plan without CP is out of memory because of its long sequence: the sequence is long and its
+    activations, which context parallelism divides, are more than the overflow."""
+    return model.seq_length > LONG_SEQUENCE and worst.activations_bytes >= worst.overflow_bytes
 
 
 def closed_form_memory(stack: SoftwareSpec | None = None, memory_headroom_bytes: int | None = None) -> MemoryEstimator:

@@ -2,7 +2,7 @@
 
 The file format is documented in ``search_spaces/README.md``. A space has ``knobs`` (a list of
 values per knob), ``fixed`` settings (one value, applied to every candidate) and ``constraints``.
-The data-parallel degree is never a knob: it is implied by ``gpus / (tp x pp)``; the global batch
+The data-parallel degree is never a knob: it is implied by ``gpus / (tp x cp x pp)``; the global batch
 comes from the command line (``--gbs``).
 """
 
@@ -41,13 +41,14 @@ class Knob(str, Enum):
     DP_COMM = "dp_comm"  # data-parallel gradient exchange (dense or a sparsifier)
     DENSITY = "density"  # a sparse dp_comm's density (dense exchanges ignore it)
     DTYPE = "dtype"  # training precision: bf16, fp16, or fp8 (FP8 GEMMs; needs FP8 tensor cores)
+    CP = "cp"  # context parallel: the sequence in 2 x cp chunks, two per rank (docs/long-context.md)
 
 
 class Constraint(str, Enum):
     TP_WITHIN_NODE = "tp_within_node"  # a tensor-parallel group never spans servers
 
 
-INT_KNOBS = (Knob.TP, Knob.PP, Knob.MICRO_BATCH_SIZE, Knob.VIRTUAL_STAGES, Knob.EP, Knob.ETP)
+INT_KNOBS = (Knob.TP, Knob.PP, Knob.MICRO_BATCH_SIZE, Knob.VIRTUAL_STAGES, Knob.EP, Knob.ETP, Knob.CP)
 EXPERT_KNOBS = (Knob.EP, Knob.ETP)
 BOOL_KNOBS = (Knob.SEQUENCE_PARALLEL, Knob.DISTRIBUTED_OPTIMIZER, Knob.OVERLAP_GRAD_REDUCE,
               Knob.OVERLAP_PARAM_GATHER)
@@ -60,14 +61,14 @@ KNOB_DEFAULTS: dict[Knob, Any] = {
     Knob.SCHEDULE: Schedule.ONE_F_ONE_B.value, Knob.RECOMPUTE: Recompute.NONE.value,
     Knob.SEQUENCE_PARALLEL: False, Knob.DISTRIBUTED_OPTIMIZER: False,
     Knob.OVERLAP_GRAD_REDUCE: True, Knob.OVERLAP_PARAM_GATHER: True, Knob.EP: 1, Knob.ETP: 1,
-    Knob.DP_COMM: DpComm.DENSE.value, Knob.DENSITY: 1.0, Knob.DTYPE: DType.BF16.value,
+    Knob.DP_COMM: DpComm.DENSE.value, Knob.DENSITY: 1.0, Knob.DTYPE: DType.BF16.value, Knob.CP: 1,
 }
 TRAINING_DTYPES = (DType.BF16.value, DType.FP16.value, DType.FP8.value)
 # Settings that may only be fixed (one value for the whole search).
 FIXED_ONLY: set[str] = set()
 # Names a user may reach for that the search sets itself.
 NOT_SETTABLE = {
-    "dp": "dp is implied by gpus / (tp x pp); it is not a knob",
+    "dp": "dp is implied by gpus / (tp x cp x pp); it is not a knob",
     "global_batch_size": "the global batch comes from --gbs",
     "layer_split": "the search uses an even split of layers over pipeline stages",
 }
@@ -133,6 +134,8 @@ class SearchSpace:
         """A short content hash: equal for spaces that would enumerate the same candidates."""
         body = self.as_json()
         body.pop("file"), body.pop("name"), body.pop("description")
+        if body["knobs"].get(Knob.CP.value) == [1]:  # no context parallelism: the digest spaces had before cp
+            del body["knobs"][Knob.CP.value]
         text = json.dumps(body, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:10]
 
@@ -151,9 +154,18 @@ def default_space_path() -> Path:
     return spaces_dir() / "default.yaml"
 
 
+LONG_CONTEXT_SEQ = 16384  # above this sequence length a dense model's default space varies cp
+
+
 def default_space_path_for(model: Any) -> Path:
-    """The default space for ``model``: ``moe.yaml`` for a mixture of experts, else ``default.yaml``."""
-    return spaces_dir() / ("moe.yaml" if getattr(model, "is_moe", False) else "default.yaml")
+    """The default space for ``model``: ``moe.yaml`` for a mixture of experts, ``long-context.yaml``
+    for a dense model whose sequence is longer than 16K tokens (context parallelism as a knob), else
+    ``default.yaml``."""
+    if getattr(model, "is_moe", False):
+        return spaces_dir() / "moe.yaml"
+    if getattr(model, "seq_length", 0) > LONG_CONTEXT_SEQ:
+        return spaces_dir() / "long-context.yaml"
+    return spaces_dir() / "default.yaml"
 
 
 def load_space(path: str | Path | None = None) -> SearchSpace:

@@ -47,6 +47,8 @@ class PlanSpec(Spec):
     tp: int = Field(default=1, gt=0, le=L.MAX_GPUS, description="tensor-parallel degree")
     pp: int = Field(default=1, gt=0, le=L.MAX_GPUS, description="pipeline-parallel degree")
     dp: int = Field(default=1, gt=0, le=L.MAX_GPUS, description="data-parallel degree")
+    cp: int = Field(default=1, gt=0, le=L.MAX_GPUS,
+                    description="context-parallel degree: each rank holds 2 of the sequence's 2 x cp chunks")
     micro_batch_size: int = Field(default=1, gt=0, le=L.MAX_GLOBAL_BATCH)
     global_batch_size: int = Field(default=1, gt=0, le=L.MAX_GLOBAL_BATCH)
     virtual_stages: int = Field(default=1, gt=0, le=L.MAX_LAYERS,
@@ -99,17 +101,28 @@ class PlanSpec(Spec):
             raise ValueError(f"dp_comm {self.dp_comm.value} exchanges sparse whole-gradient values, which the "
                              "distributed optimizer's reduce-scatter into dense shards cannot take: use dp_comm "
                              "dense with the distributed optimizer, or no distributed optimizer")
-        if (self.tp * self.dp) % (self.ep * self.expert_tp):
+        if (self.tp * self.cp * self.dp) % (self.ep * self.expert_tp):
             raise ValueError(
-                f"ep x etp = {self.ep} x {self.expert_tp} must divide tp x dp = {self.tp} x {self.dp} (the GPUs of "
+                f"ep x etp = {self.ep} x {self.expert_tp} must divide tp x cp x dp = {self.tp} x {self.cp} x {self.dp} (the GPUs of "
                 f"one pipeline stage; Megatron-Core's expert data-parallel size is their quotient)")
         if self.world_size > L.MAX_GPUS:
-            raise ValueError(f"tp x pp x dp = {self.world_size:,} GPUs; at most {L.MAX_GPUS:,}")
+            raise ValueError(f"tp x cp x pp x dp = {self.world_size:,} GPUs; at most {L.MAX_GPUS:,}")
         return self
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def grad_dp(self) -> int:
+        """The data-parallel gradient group: dp x cp (Megatron-Core reduces gradients over the
+        data-and-context-parallel group, as CP ranks hold the same weights)."""
+        return self.dp * self.cp
+
+    @property
+    def stage_ranks(self) -> int:
+        """GPUs of one pipeline stage: tp x cp x dp (Megatron-Core's rank order tp-cp-dp-pp)."""
+        return self.tp * self.cp * self.dp
 
     @property
     def param_dtype(self) -> DType:
@@ -124,7 +137,7 @@ class PlanSpec(Spec):
     @property
     def edp(self) -> int:
         """Expert data-parallel degree: the GPUs of a pipeline stage over ep x etp (Megatron-Core)."""
-        return self.tp * self.dp // (self.ep * self.expert_tp)
+        return self.tp * self.cp * self.dp // (self.ep * self.expert_tp)
 
     @property
     def is_expert_parallel(self) -> bool:
@@ -157,7 +170,8 @@ class PlanSpec(Spec):
 
     def short(self) -> str:
         """A compact human label, e.g. ``tp8 pp8 dp16 mbs1 vpp2 sel sp dopt``."""
-        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"mbs{self.micro_batch_size}"]
+        parts = [f"tp{self.tp}"] + ([f"cp{self.cp}"] if self.cp > 1 else []) + [
+            f"pp{self.pp}", f"dp{self.dp}", f"mbs{self.micro_batch_size}"]
         if self.virtual_stages > 1:
             parts.append(f"vpp{self.virtual_stages}")
         if self.schedule is Schedule.GPIPE:
@@ -197,11 +211,18 @@ def balanced_split(num_layers: int, pp: int) -> tuple[int, ...]:
 def validate_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec) -> None:
     """Check that ``plan`` can run ``model`` on ``cluster``; raise SpecError naming what cannot."""
     if plan.world_size != cluster.num_gpus:
+        if plan.cp > 1:
+            raise SpecError(
+                "tp x cp x pp x dp", f"{plan.tp} x {plan.cp} x {plan.pp} x {plan.dp} = {plan.world_size}",
+                f"must equal the cluster's {cluster.num_gpus} GPUs "
+                f"({cluster.num_nodes} nodes x {cluster.gpus_per_node})",
+            )
         raise SpecError(
             "tp x pp x dp", f"{plan.tp} x {plan.pp} x {plan.dp} = {plan.world_size}",
             f"must equal the cluster's {cluster.num_gpus} GPUs "
             f"({cluster.num_nodes} nodes x {cluster.gpus_per_node})",
         )
+    validate_cp(plan.cp, plan.tp, plan.sequence_parallel, model)
     if model.num_attention_heads % plan.tp:
         raise SpecError("tp", plan.tp, f"must divide num_attention_heads {model.num_attention_heads} of {model.name}")
     if model.kv_heads % plan.tp:
@@ -273,3 +294,21 @@ def check_fp8_gpu(dtype: DType, cluster: ClusterSpec) -> None:
     if gpu.sm_arch < FP8_MIN_SM_ARCH or gpu.peak_fp8_tflops is None:
         raise SpecError("dtype", "fp8", f"GPU {gpu.name} (sm{gpu.sm_arch}) has no FP8 tensor cores (they start with "
                         f"sm{FP8_MIN_SM_ARCH}, Ada/Hopper); use bf16 or fp16 there")
+
+
+def validate_cp(cp: int, tp: int, sequence_parallel: bool, model: ModelSpec) -> None:
+    """Megatron-Core's context-parallel rules: raise SpecError naming the one broken."""
+    if cp == 1:
+        return
+    if model.seq_length % (2 * cp):
+        raise SpecError("cp", cp, f"seq_length {model.seq_length} of {model.name} must divide into 2 x cp = {2 * cp} "
+                        "equal chunks (causal load balancing gives each CP rank two)")
+    if sequence_parallel and (model.seq_length // cp) % tp:
+        raise SpecError("cp", cp, f"each CP rank's {model.seq_length // cp} tokens must divide by tp {tp} for "
+                        "sequence parallelism")
+    if model.mla is not None:
+        raise SpecError("cp", cp, f"context parallelism is modelled for standard attention; {model.name} uses "
+                        "multi-head latent attention (use cp 1)")
+    if any(kind.window for kind in model.distinct_kinds()):
+        raise SpecError("cp", cp, f"context parallelism is modelled for full causal attention; {model.name} has "
+                        "sliding-window layers (use cp 1)")

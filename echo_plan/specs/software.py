@@ -59,6 +59,13 @@ class Fp8Recipe(str, Enum):
     BLOCKWISE = "blockwise"  # DeepSeek-V3: 1x128 activation tiles, 128x128 weight blocks, a scale each
 
 
+class CPComm(str, Enum):
+    """How context-parallel attention gets the other ranks' K/V (Megatron-Core's ``--cp-comm-type``)."""
+
+    P2P = "p2p"  # ring attention: K/V chunks passed round the CP ring, overlapped with attention
+    ALL_GATHER = "all_gather"  # all-gather K/V before attention, reduce-scatter dK/dV (Llama 3)
+
+
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
 
@@ -96,6 +103,7 @@ class SoftwareSpec(Spec):
                                   description="FP8 scaling recipe of the GEMMs when the plan's dtype is fp8")
     fp8_param_gather: bool = Field(
         default=False, description="weights kept and all-gathered in FP8 (no bf16 copy; Megatron --fp8-param-gather)")
+    cp_comm: CPComm = Field(default=CPComm.P2P, description="context-parallel attention: ring p2p or all-gather")
     sources: tuple[str, ...] = ()
 
     @field_validator("grad_reduce_dtype")
@@ -127,7 +135,8 @@ class SoftwareSpec(Spec):
         return (f"attn={self.attention.value};hdrop={self.hidden_dropout > 0};adrop={self.attention_dropout > 0};"
                 f"fuse={self.fused_elementwise};gaf={self.gradient_accumulation_fusion}/{grad};"
                 f"tpov={self.tp_comm_overlap};rc={modules};moe={self.moe_dispatcher.value},"
-                f"{self.moe_grouped_gemm},{self.moe_permute_fusion}")
+                f"{self.moe_grouped_gemm},{self.moe_permute_fusion}"
+                + ("" if self.cp_comm is CPComm.P2P else f";cp={self.cp_comm.value}"))
 
     def fp8_signature(self) -> str:
         """The FP8 settings that change an fp8 trace (appended to its cache key; bf16 traces ignore them)."""
@@ -138,8 +147,11 @@ class SoftwareSpec(Spec):
 
 
 def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,
-                         selective_recompute: bool, context: str = "plan") -> None:
+                         selective_recompute: bool, context: str = "plan", cp: int = 1) -> None:
     """Raise SpecError when a plan asks for a feature the stack does not have."""
+    if cp > 1 and stack.attention is not AttentionKernel.FUSED:
+        raise SpecError("cp", cp, f"context parallelism needs the fused attention kernel; stack {stack.name} runs "
+                        f"{stack.attention.value} attention", context)
     if sequence_parallel and not stack.sequence_parallel:
         raise SpecError("sequence_parallel", True, f"stack {stack.name} has no sequence parallelism", context)
     if distributed_optimizer and stack.optimizer_sharding is OptimizerSharding.NONE:

@@ -7,6 +7,8 @@ projection, whose bias is returned to the caller to be fused with dropout and th
 The core (tensors [s, b, heads, d], Megatron's layout):
 * ``fused``: one flash-attention kernel forward and one backward (``kernels.attention``); with
   attention dropout the kernel draws its mask from a seed, so nothing s x s is stored;
+  With context parallelism (a CP group) the fused core is ``context_parallel.py``'s ring (or
+  all-gather) attention over the rank's two sequence chunks;
 * ``unfused``: Megatron-LM's ``CoreAttention`` before FlashAttention: ``baddbmm`` of Q and K^T into
   a preallocated buffer, the fused causal scale-mask-softmax kernel, dropout on the probabilities
   (a 1-byte mask), ``bmm`` with V, and the permute back to [s, b, heads * d] (a copy). Its saved
@@ -23,15 +25,22 @@ from torch import nn
 from echo_plan.errors import SpecError
 from echo_plan.specs import AttentionKernel, ModelSpec, Norm, PositionEmbedding, SoftwareSpec
 from echo_plan.trace import kernels, parallel
+from echo_plan.trace.context_parallel import context_parallel_attention
 from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.layers import Rotary, make_norm
 
 
 class Attention(nn.Module):
     def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype,
-                 stack: SoftwareSpec, checkpoint_core, accumulate_unfused: bool, overlap: bool, window: int = 0) -> None:
+                 stack: SoftwareSpec, checkpoint_core, accumulate_unfused: bool, overlap: bool, window: int = 0,
+                 cp_group: TPGroup | None = None) -> None:
         super().__init__()
         self.window = window
+        self.cp_group, self.cp_comm = cp_group, stack.cp_comm  # context parallelism (``context_parallel.py``)
+        cp = cp_group.size if cp_group is not None else 1
+        if cp > 1 and (window or stack.attention is not AttentionKernel.FUSED):
+            raise SpecError("cp", cp, f"context parallelism needs full causal attention with the fused kernel "
+                            f"(stack {stack.name}: {stack.attention.value} attention{', windowed' if window else ''})")
         if window and stack.attention is not AttentionKernel.FUSED:
             raise SpecError("attention", stack.attention.value, f"sliding-window layers of {model.name} need the "
                             f"fused attention kernel (stack {stack.name} runs unfused attention)")
@@ -46,7 +55,7 @@ class Attention(nn.Module):
         self.qkv_bias = nn.Parameter(torch.empty(qkv_out, dtype=dtype)) if model.has_bias else None
         self.proj_weight = nn.Parameter(torch.empty(model.hidden_size, self.heads * self.head_dim, dtype=dtype))
         self.proj_bias = nn.Parameter(torch.empty(model.hidden_size, dtype=dtype)) if model.has_bias else None
-        self.rotary = (Rotary(model.seq_length, model.rotary_dims, dtype, fused=stack.fused_elementwise)
+        self.rotary = (Rotary(model.seq_length // cp, model.rotary_dims, dtype, fused=stack.fused_elementwise)
                        if model.position_embedding is PositionEmbedding.ROTARY else None)
         self.fused = stack.attention is AttentionKernel.FUSED
         self.dropout_p = stack.attention_dropout
@@ -59,6 +68,8 @@ class Attention(nn.Module):
 
     def _fused(self, q, k, v):
         s, b = q.shape[0], q.shape[1]
+        if self.cp_group is not None:
+            return context_parallel_attention(q, k, v, self.cp_group, self.cp_comm, self.dropout_p)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d] views of the sbhd layout
         ctx = kernels.attention(q, k, v, causal=True, dropout_p=self.dropout_p, window=self.window)
         return ctx.permute(2, 0, 1, 3).reshape(s, b, self.heads * ctx.shape[-1])

@@ -136,7 +136,7 @@ class TransformerBlock(nn.Module):
         else:
             self.attention = Attention(model, group, sequence_parallel, dtype, stack,
                                        ckpt if RecomputeModule.CORE_ATTN in selective else None, unfused_acc, overlap,
-                                       window=kind.window)
+                                       window=kind.window, cp_group=groups.cp if groups is not None else None)
         self.mlp_norm = make_norm(model.norm, model.hidden_size, dtype)
         if kind.moe and model.moe is not None:
             shared = (MLP(model, group, sequence_parallel, dtype, stack, unfused_acc, overlap, model.moe.shared_ffn)

@@ -94,11 +94,13 @@ def _build(stage: StageKind, model: ModelSpec, groups: TraceGroups, sp: bool, dt
     return module
 
 
-def _inputs(stage: StageKind, model: ModelSpec, tp: int, sp: bool, mbs: int, dtype: torch.dtype) -> tuple:
-    seq = model.seq_length // tp if sp else model.seq_length
+def _inputs(stage: StageKind, model: ModelSpec, tp: int, sp: bool, mbs: int, dtype: torch.dtype,
+            cp: int = 1) -> tuple:
+    local = model.seq_length // cp  # a CP rank's two chunks
+    seq = local // tp if sp else local
     if stage is StageKind.BLOCK:
         return (torch.empty(seq, mbs, model.hidden_size, dtype=dtype, requires_grad=True),)
-    ids = torch.empty(mbs, model.seq_length, dtype=torch.long)
+    ids = torch.empty(mbs, local, dtype=torch.long)
     if stage is StageKind.EMBEDDING:
         return (ids,)
     return (torch.empty(seq, mbs, model.hidden_size, dtype=dtype, requires_grad=True), ids)
@@ -119,21 +121,21 @@ def _param_count(module: nn.Module) -> int:
 def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
             micro_batch_size: int, dtype: DType, recompute: Recompute, stack: SoftwareSpec,
             kind: LayerKind = DENSE, layout: ExpertLayout | None = None,
-            known_saved: dict[str, int] | None = None) -> Captured:
-    """Trace one stage on TP rank 0 (a layer of ``kind``; MoE layers with ``layout``): forward then
-    backward of one micro-batch."""
+            known_saved: dict[str, int] | None = None, cp: int = 1) -> Captured:
+    """Trace one stage on TP rank 0 (a layer of ``kind``; MoE layers with ``layout``) and CP rank 0
+    of ``cp`` (its seq / cp tokens): forward then backward of one micro-batch."""
     layout = layout if (kind.moe and layout is not None) else ExpertLayout(etp=1)
     tdtype = TORCH_DTYPES_FOR[dtype]
     fp8 = DType(dtype) is DType.FP8
     modes = list(Recompute) if stage is StageKind.BLOCK else [recompute]
     saved: dict[str, int] = {}  # the other modes' saved bytes, when a trace of this stage under them is known
     other_known = {k: v for k, v in (known_saved or {}).items() if k != recompute.value}
-    with FakeTensorMode(), fake_groups(tp, layout.ep, layout.etp) as groups:
+    with FakeTensorMode(), fake_groups(tp, layout.ep, layout.etp, cp) as groups:
         recorder = Recorder(tp, groups.comm)
         meter = SavedBytesMeter(set())
         module = _build(stage, model, groups, sequence_parallel, tdtype, recompute, stack, recorder.recomputing,
                         meter.discard, kind, layout, fp8)
-        inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype)
+        inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype, cp)
         meter.exclude |= _fixed_storages(module)
         ModuleLabeler(module, recorder)  # hooks live as long as the module
         with meter.measuring(), recorder:
@@ -155,7 +157,7 @@ def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: b
             other = _build(stage, model, groups, sequence_parallel, tdtype, mode, stack, nullcontext,
                            other_meter.discard, kind, layout, fp8)
             other_meter.exclude |= _fixed_storages(other)
-            other_inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype)
+            other_inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype, cp)
             with other_meter.measuring():
                 other(*other_inputs)
             saved[mode.value] = other_meter.total

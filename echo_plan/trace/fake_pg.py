@@ -33,18 +33,21 @@ class TraceGroups:
     ep: TPGroup | None = None
     etp: TPGroup | None = None
     comm: dict[str, Any] = field(default_factory=dict)
+    cp: TPGroup | None = None  # the context-parallel ring (stride tp)
 
 
 @contextmanager
-def fake_groups(tp: int, ep: int = 1, etp: int = 1) -> Iterator[TraceGroups]:
-    """Fake TP, expert-parallel and expert-TP groups (each of ranks 0..n-1; this process is rank 0).
+def fake_groups(tp: int, ep: int = 1, etp: int = 1, cp: int = 1) -> Iterator[TraceGroups]:
+    """Fake TP, expert-parallel, expert-TP and context-parallel groups (each of ranks 0..n-1; this
+    process is rank 0).
 
-    Strides follow Megatron-Core's rank order: tp fastest for dense layers; for expert layers etp
-    fastest, then ep (so an EP group has stride etp). A group of one is None (no collectives).
+    Strides follow Megatron-Core's rank order: tp fastest, then cp, for dense layers (a CP group
+    has stride tp); for expert layers etp fastest, then ep (so an EP group has stride etp). A group
+    of one is None (no collectives).
     """
     from echo_plan.trace.records import CommGroup, GroupKind
 
-    world = max(tp, ep, etp)
+    world = max(tp, ep, etp, cp)
     if world <= 1:
         yield TraceGroups(None)
         return
@@ -58,11 +61,13 @@ def fake_groups(tp: int, ep: int = 1, etp: int = 1) -> Iterator[TraceGroups]:
             return TPGroup(size=n, name=handle.group_name, handle=handle)
 
         tp_g, ep_g, etp_g = group(tp), group(ep), group(etp)
+        cp_g = group(cp) if cp > 1 else None  # created last: the other groups keep their c10d names
         comm: dict[str, Any] = {}
-        for g, kind, stride in ((tp_g, GroupKind.TP, 1), (ep_g, GroupKind.EP, etp), (etp_g, GroupKind.ETP, 1)):
+        for g, kind, stride in ((tp_g, GroupKind.TP, 1), (ep_g, GroupKind.EP, etp), (etp_g, GroupKind.ETP, 1),
+                                (cp_g, GroupKind.CP, tp)):
             if g is not None:
                 comm[g.name] = CommGroup(kind, size=g.size, stride=stride)
-        yield TraceGroups(tp_g, ep_g, etp_g, comm)
+        yield TraceGroups(tp_g, ep_g, etp_g, comm, cp_g)
 
 
 @contextmanager

@@ -21,6 +21,10 @@ Kernels and their sources (the code is ours):
 * ``ring_exchange``: one step of Transformer Engine's userbuffers ring exchange (send the chunk in
   hand to the next TP rank, receive the previous rank's): a point-to-point collective.
 * ``assemble``: chunks written by several kernels into one buffer (no kernel of its own).
+* ``cp_exchange``: one step of context-parallel ring attention (send to the next CP rank, receive
+  from the previous one), and ``attn_out_correction``: Transformer Engine's fused merge of a ring
+  step's partial output by log-sum-exp. The ``*_noncausal`` attention kernels are the unmasked
+  launches of a ring step whose keys all precede its queries.
 """
 
 from __future__ import annotations
@@ -158,13 +162,52 @@ def _attention_ops(name: str):
 
 flash_attention, flash_attention_backward = _attention_ops("flash_attention")
 flash_attention_dropout, flash_attention_dropout_backward = _attention_ops("flash_attention_dropout")
+# The same kernels launched without the causal mask: a context-parallel ring step whose keys all
+# precede its queries (``trace/context_parallel.py``). Their names tell the compute model to count
+# all of the counted work, not the causal share.
+flash_attention_noncausal, flash_attention_noncausal_backward = _attention_ops("flash_attention_noncausal")
+flash_attention_dropout_noncausal, flash_attention_dropout_noncausal_backward = _attention_ops(
+    "flash_attention_dropout_noncausal")
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, dropout_p: float = 0.0, window: int = 0) -> Tensor:
     """Fused attention on [b, heads, s, d] tensors (k, v may have fewer heads: GQA; v may be narrower:
     MLA); ``window`` > 0: sliding-window attention over that many recent keys."""
-    op = flash_attention_dropout if dropout_p > 0 else flash_attention
-    return op(q, k, v, causal, float(dropout_p), 0, int(window))[0]
+    return attention_with_lse(q, k, v, causal, dropout_p, window)[0]
+
+
+def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, dropout_p: float = 0.0,
+                       window: int = 0) -> tuple[Tensor, Tensor]:
+    """:func:`attention` and its fp32 log-sum-exp ([b, heads, s_q]); ``causal`` False runs the
+    unmasked kernel (every key visible)."""
+    if causal:
+        op = flash_attention_dropout if dropout_p > 0 else flash_attention
+    else:
+        op = flash_attention_dropout_noncausal if dropout_p > 0 else flash_attention_noncausal
+    return op(q, k, v, causal, float(dropout_p), 0, int(window))
+
+
+def attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
+                       dropout_p: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+    """The fused backward kernel of :func:`attention_with_lse` (dq, dk, dv), called directly by code
+    that runs its own autograd (context-parallel ring attention)."""
+    if causal:
+        op = flash_attention_dropout_backward if dropout_p > 0 else flash_attention_backward
+    else:
+        op = flash_attention_dropout_noncausal_backward if dropout_p > 0 else flash_attention_noncausal_backward
+    return op(grad, q, k, v, out, lse, causal, float(dropout_p), 0, 0)
+
+
+@torch.library.custom_op("echo_plan::attn_out_correction", mutates_args=())
+def attn_out_correction(out: Tensor, lse: Tensor, part: Tensor, part_lse: Tensor) -> tuple[Tensor, Tensor]:
+    """Merge a partial attention result into the running one by their log-sum-exps (Transformer
+    Engine's ``flash_attn_fwd_out_correction`` in context-parallel attention: one fused kernel)."""
+    new = torch.logaddexp(lse, part_lse)
+    merged = out.float() * torch.exp(lse - new).unsqueeze(-1) + part.float() * torch.exp(part_lse - new).unsqueeze(-1)
+    return merged.to(out.dtype), new
+
+
+attn_out_correction.register_fake(lambda out, lse, part, part_lse: (torch.empty_like(out), torch.empty_like(lse)))
 
 
 # -- Megatron-LM's fused causal softmax (unfused attention) --------------------------------------
@@ -321,6 +364,18 @@ def ring_exchange(x: Tensor, group_size: int) -> Tensor:
 
 
 ring_exchange.register_fake(lambda x, group_size: torch.empty_like(x))
+
+
+@torch.library.custom_op("echo_plan::cp_exchange", mutates_args=())
+def cp_exchange(x: Tensor, group_name: str) -> Tensor:
+    """One step of context-parallel ring attention: send ``x`` (a K/V chunk, or the dK/dV being
+    accumulated) to the next rank of the CP group named ``group_name`` and receive the previous
+    rank's (Megatron-Core / Transformer Engine's batched isend/irecv pair). Here: a copy, as on a
+    ring of identical ranks."""
+    return x.clone()
+
+
+cp_exchange.register_fake(lambda x, group_name: torch.empty_like(x))
 
 
 @torch.library.custom_op("echo_plan::assemble", mutates_args=())

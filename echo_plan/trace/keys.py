@@ -21,6 +21,7 @@ TRACED_MODULES = (
     "block.py", "attention.py", "kernels.py", "overlap.py", "layers.py", "parallel.py", "stages.py", "fake_pg.py",
     "capture.py", "recorder.py", "opinfo.py", "modtrack.py", "records.py", "moe.py", "mla.py", "moe_kernels.py",
     "fp8.py", "fp8_kernels.py",
+    "context_parallel.py",
 )
 TRACE_DTYPES = (DType.BF16, DType.FP16, DType.FP8)
 
@@ -74,11 +75,27 @@ def check_tp(model: ModelSpec, tp: int, sequence_parallel: bool) -> None:
                         f"needs seq_length {model.seq_length} divisible by tp {tp}")
 
 
+def check_cp(model: ModelSpec, cp: int, tp: int, sequence_parallel: bool) -> None:
+    """Raise SpecError unless ``cp`` can split ``model``'s sequence (with ``tp``'s sharding)."""
+    if cp < 1:
+        raise SpecError("cp", cp, "must be a positive integer")
+    if cp == 1:
+        return
+    from echo_plan.specs.plan import validate_cp
+
+    validate_cp(cp, tp, sequence_parallel, model)
+    check_tp(model, tp, False)
+
+
 def make_key(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
              micro_batch_size: int, dtype: DType, recompute: Recompute, version: str | None = None,
-             software: str = "", kind: LayerKind = DENSE, layout: ExpertLayout | None = None) -> TraceKey:
-    """The cache key of a trace; validates the arguments first."""
-    check_tp(model, tp, sequence_parallel)
+             software: str = "", kind: LayerKind = DENSE, layout: ExpertLayout | None = None,
+             cp: int = 1) -> TraceKey:
+    """The cache key of a trace; validates the arguments first. ``cp`` > 1: the rank holds seq / cp
+    tokens (two of 2 x cp chunks); its traces are told apart by ``variant`` (cp 1 keys are unchanged)."""
+    check_cp(model, cp, tp, sequence_parallel)
+    if cp == 1:
+        check_tp(model, tp, sequence_parallel)
     variant = ""
     if stage is StageKind.BLOCK and kind != DENSE:
         variant = kind.label()
@@ -86,6 +103,8 @@ def make_key(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: 
             layout = layout or ExpertLayout(etp=tp)
             check_layout(model, layout)
             variant += ";" + layout.label()
+    if cp > 1:
+        variant += f";cp{cp}"
     if micro_batch_size < 1:
         raise SpecError("micro_batch_size", micro_batch_size, "must be a positive integer")
     dtype = DType(dtype)

@@ -25,7 +25,7 @@ _SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_
             "scaled_masked_softmax", "scaled_masked_softmax_backward"}
 # echo_plan's fused elementwise kernels (trace/kernels.py) and torch's dropout kernels
 _FUSED_ELEMENTWISE = {"bias_gelu", "bias_gelu_backward", "swiglu", "swiglu_backward", "bias_dropout_add",
-                      "dropout_backward", "rope", "rope_backward", "native_dropout", "native_dropout_backward",
+                      "attn_out_correction", "dropout_backward", "rope", "rope_backward", "native_dropout", "native_dropout_backward",
                       # Transformer Engine's FP8 casts (trace/fp8_kernels.py): bandwidth-bound
                       "fp8_cast", "fp8_cast_transpose", "fp8_transpose", "fp8_block_cast", "fp8_weight_cast",
                       "fp8_grouped_weight_cast", "fp8_weight_transpose"}
@@ -64,7 +64,7 @@ def base_name(func: Any) -> str:
 
 def collective_kind(func: Any) -> CollectiveKind | None:
     if func.namespace == "echo_plan":  # userbuffers' ring exchange: point-to-point
-        return CollectiveKind.SEND_RECV if base_name(func) == "ring_exchange" else None
+        return CollectiveKind.SEND_RECV if base_name(func) in ("ring_exchange", "cp_exchange") else None
     if func.namespace not in ("_c10d_functional", "c10d", "c10d_functional"):
         return None
     return _COLLECTIVES.get(base_name(func))

@@ -80,6 +80,8 @@ class Recorder(TorchDispatchMode):
                 nbytes = max(nbytes, sum(t.numel() * t.element_size() for t in outputs))
             name = next((a for a in reversed(args) if isinstance(a, str)), "")
             collective = CollectiveInfo(ckind, nbytes, self._groups.get(name, self._tp_group))
+            if collective.group.kind is GroupKind.CP:  # Megatron-Core / TE run the CP ring on a stream of its own
+                stream = Stream.CP_COMM
         flops = 0.0 if kind is OpKind.VIEW else op_flops(func, args, kwargs, out)
         read, written = op_bytes(func, kind, inputs, outputs)
         phase = Phase.STEP if func.namespace == "echo_plan" and base_name(func) in ONCE_PER_STEP else self.phase

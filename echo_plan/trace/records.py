@@ -17,6 +17,7 @@ class Stream(str, Enum):
     TP_COMM = "tp_comm"  # tensor/sequence-parallel collectives (on the critical path in Megatron-LM)
     DP_COMM = "dp_comm"  # data-parallel gradient reduction / parameter gathering
     PP_COMM = "pp_comm"  # pipeline point-to-point
+    CP_COMM = "cp_comm"  # context-parallel ring exchanges of K/V chunks (their own stream, beside attention)
 
 
 class OpKind(str, Enum):
@@ -58,6 +59,7 @@ class GroupKind(str, Enum):
     EP = "ep"  # expert parallel: the MoE token dispatch and combine
     ETP = "etp"  # expert tensor parallel
     EDP = "edp"  # expert data parallel: the experts' gradient reduction
+    CP = "cp"  # context parallel: the ring that passes K/V chunks (stride tp, Megatron-Core's tp-cp-dp-pp order)
     WORLD = "world"
 
 

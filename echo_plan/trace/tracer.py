@@ -39,10 +39,11 @@ def expert_layout(plan: PlanSpec) -> ExpertLayout:
 def trace_stage(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
                 micro_batch_size: int, dtype: DType, recompute: Recompute,
                 cache: TraceCache | None = None, stack: SoftwareSpec | None = None,
-                kind: LayerKind = DENSE, layout: ExpertLayout | None = None) -> LayerTrace:
+                kind: LayerKind = DENSE, layout: ExpertLayout | None = None, cp: int = 1) -> LayerTrace:
     """Trace one stage on TP rank 0 for one micro-batch (from ``cache`` when it holds it), running
     the kernels of ``stack`` (default: the megatron-core preset); a block stage traces a layer of
-    ``kind`` (MoE layers with the expert ``layout``; default: no expert parallelism, etp = tp).
+    ``kind`` (MoE layers with the expert ``layout``; default: no expert parallelism, etp = tp), on
+    CP rank 0 of ``cp`` (its s / cp tokens, attention over the whole sequence).
 
     Raises SpecError when ``tp`` cannot shard the model, or for a bad micro-batch or dtype.
     """
@@ -54,7 +55,7 @@ def trace_stage(model: ModelSpec, stage: StageKind, *, tp: int, sequence_paralle
         software += ";" + stack.fp8_signature()
     key = make_key(model, StageKind(stage), tp=tp, sequence_parallel=sequence_parallel,
                    micro_batch_size=micro_batch_size, dtype=dtype, recompute=recompute,
-                   version=code_version(), software=software, kind=kind, layout=layout)
+                   version=code_version(), software=software, kind=kind, layout=layout, cp=cp)
     if cache is not None:
         hit = cache.get(key)
         if hit is not None:
@@ -71,7 +72,7 @@ def trace_stage(model: ModelSpec, stage: StageKind, *, tp: int, sequence_paralle
                     break
     got = capture(model, key.stage, tp=key.tp, sequence_parallel=key.sequence_parallel,
                   micro_batch_size=key.micro_batch_size, dtype=DType(dtype),
-                  recompute=Recompute(key.recompute), stack=stack, kind=kind, layout=layout, known_saved=known)
+                  recompute=Recompute(key.recompute), stack=stack, kind=kind, layout=layout, known_saved=known, cp=cp)
     trace = LayerTrace(
         key=key, ops=got.ops, saved_bytes=got.saved_bytes_by_mode[key.recompute],
         saved_bytes_by_mode=dict(got.saved_bytes_by_mode), param_count=got.param_count,
@@ -87,7 +88,7 @@ def trace_model(model: ModelSpec, plan: PlanSpec, cache: TraceCache | None = Non
     dtype and recompute mode, with ``stack``'s kernels."""
     common = dict(tp=plan.tp, sequence_parallel=plan.sequence_parallel,
                   micro_batch_size=plan.micro_batch_size, dtype=plan.dtype, recompute=plan.recompute, cache=cache,
-                  stack=stack if stack is not None else load_stack())
+                  stack=stack if stack is not None else load_stack(), cp=plan.cp)
     layout = expert_layout(plan)
     blocks = tuple((kind, trace_stage(model, StageKind.BLOCK, kind=kind, layout=layout if kind.moe else None,
                                       **common))

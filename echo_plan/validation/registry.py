@@ -35,6 +35,7 @@ class TrainingSuite:
     not_modelled: str = ""  # the whole suite waits for a capability
     open_issue: str = ""  # modelled, but known to miss its target: shown as FAIL, not counted against `validate`
     model_settings: Any = None  # model name -> stack settings from the run's config that the file lacks
+    row_defaults: Any = None  # model name -> CSV column values the file's header states for every row
     seq_length: int = 2048  # tflops-table only
     vocab_size: int = 51200
     dtype: str = "fp16"
@@ -107,6 +108,8 @@ def training_suite(path: Path) -> TrainingSuite:
                              not_modelled=str(d.get("not_modelled", "")), open_issue=str(d.get("open_issue", "")),
                              model_settings=dict(d.get("model_settings") or {}),
                              by_precision=_precision_tolerances(d),
+                             row_defaults={str(k): {str(c): str(x) for c, x in dict(v).items()}
+                                           for k, v in dict(d.get("row_defaults") or {}).items()},
                              **{k: d[k] for k in ("seq_length", "vocab_size", "dtype", "recompute") if k in d})
     v = _directive(path)
 
@@ -150,4 +153,4 @@ def training_rows(suite: TrainingSuite):
                                                            suite.recompute))
     from echo_plan.validation.rows import read_step_times
 
-    return read_step_times(suite.path, suite.not_modelled)
+    return read_step_times(suite.path, suite.not_modelled, suite.row_defaults)

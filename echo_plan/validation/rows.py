@@ -7,7 +7,7 @@ Two formats (``docs/validation.md``):
 * ``step-times``: one run per row with the model's shape, the layout and the software settings in
   columns, and the measured ``step_time_s`` (NVIDIA's NeMo/Megatron-Core benchmark tables).
 
-A row that needs something the simulator cannot do yet (context parallelism) is kept and
+A row that needs something the simulator cannot do yet (a kind of row it does not know) is kept and
 marked ``not_modelled`` with the reason, so a suite always shows all of its rows.
 """
 
@@ -109,19 +109,25 @@ def _label(rec: dict[str, str]) -> str:
 
 def _why_not(rec: dict[str, str], suite_reason: str) -> str:
     reasons = [suite_reason] if suite_reason else []
-    cp = rec.get("cp", "1") or "1"
-    if cp not in ("1", "-"):
-        reasons.append("context parallelism (issue 13)")
     if rec.get("kind", "step") not in ("step", "tflops"):
-        reasons.append(f"kind {rec.get('kind')!r}: neither a step time nor a TFLOP/s row")
+        reasons.append(f"a row of kind {rec.get('kind')!r} (step or tflops are known)")
     return "; ".join(dict.fromkeys(reasons))
 
 
-def read_step_times(path: Path, not_modelled: str = "") -> tuple[TrainingRow, ...]:
-    """Rows of a ``step-times`` suite (see the module docstring); labels are unique in the file."""
+def read_step_times(path: Path, not_modelled: str = "",
+                    row_defaults: Mapping[str, Mapping[str, str]] | None = None) -> tuple[TrainingRow, ...]:
+    """Rows of a ``step-times`` suite (see the module docstring); labels are unique in the file.
+    ``row_defaults``: per model name, values of columns the file leaves out (its header states them)."""
     from echo_plan.specs import ModelSpec
 
     header, records = csv_records(path)
+    if row_defaults:
+        extra = [c for d in row_defaults.values() for c in d if c not in header]
+        header = header + list(dict.fromkeys(extra))
+        for _, rec in records:
+            for col, value in (row_defaults.get(rec.get("model", ""), {})).items():
+                if rec.get(col, "") == "":
+                    rec[col] = value
     missing = [c for c in ("model",) + PLAN_COLUMNS if c not in header]
     if missing:
         raise FileFormatError(str(path), f"not a step-times suite: missing columns {', '.join(missing)}")
@@ -167,9 +173,11 @@ def read_step_times(path: Path, not_modelled: str = "") -> tuple[TrainingRow, ..
             }, context=f"{path.name}, line {line}")
         except EchoPlanError as exc:
             raise FileFormatError(str(path), str(exc), line) from None
+        flops = nemo_model_flops(model, _num(rec, "gbs", path, line), path, line) if unit == TFLOPS_UNIT else 0.0
         rows.append(TrainingRow(label, measured, unit, model=model, gpus=_num(rec, "gpus", path, line),
                                 plan=MappingProxyType(_plan_fields(rec, path, line)),
-                                stack_overrides=MappingProxyType(_stack_fields(rec, path, line))))
+                                stack_overrides=MappingProxyType(_stack_fields(rec, path, line)),
+                                flops_per_step=flops))
     return tuple(rows)
 
 
@@ -215,12 +223,13 @@ def _plan_fields(rec: dict[str, str], path: Path, line: int, model: Any = None) 
 
     tp, pp, gpus = (_num(rec, c, path, line) for c in ("tp", "pp", "gpus"))
     vpp = _num(rec, "vpp", path, line) if rec.get("vpp") else 1
+    cp = _num(rec, "cp", path, line) if rec.get("cp") else 1
     fields: dict[str, Any] = {
-        "tp": tp, "pp": pp, "dp": gpus // (tp * pp) if tp * pp else 0, "micro_batch_size": _num(rec, "mbs", path, line),
+        "tp": tp, "pp": pp, "dp": gpus // (tp * pp * cp) if tp * pp * cp else 0, "micro_batch_size": _num(rec, "mbs", path, line),
         "global_batch_size": _num(rec, "gbs", path, line), "virtual_stages": vpp,
         "recompute": rec.get("recompute") or "none", "dtype": rec.get("precision") or "bf16",
     }
-    for col in ("ep", "etp"):
+    for col in ("ep", "etp", "cp"):
         if rec.get(col):
             fields[col] = _num(rec, col, path, line)
     if model is not None and model.is_moe:

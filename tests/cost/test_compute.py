@@ -183,3 +183,28 @@ def test_results_cached_and_pure():
 def test_corrupt_constants_raise_file_format_error():
     with pytest.raises(FileFormatError):
         load_compute_constants("gemm_tiles: [1, 2]", "bad.yaml")
+
+
+def test_unmasked_ring_step_costs_more_than_its_causal_twin():
+    """A context-parallel ring step's unmasked kernel does all its counted work; a causal one half."""
+    from dataclasses import replace as _replace
+
+    from echo_plan.cost.compute import AnalyticalComputeModel, attention_work_flops
+    from echo_plan.specs import DType, load_cluster
+    from echo_plan.trace.records import OpKind, OpRecord, Phase, Stream, TensorMeta
+
+    t = TensorMeta((1, 32, 4096, 128), "bfloat16")
+    causal = OpRecord(0, "echo_plan.flash_attention.default", OpKind.ATTENTION, Phase.FORWARD, Stream.COMPUTE,
+                      (t, t, t), (t,), 4.0 * 32 * 4096 * 4096 * 128, 0, 0, ())
+    full = _replace(causal, name="echo_plan.flash_attention_noncausal.default")
+    assert attention_work_flops(full) == 2 * attention_work_flops(causal)
+    model, gpu = AnalyticalComputeModel(), load_cluster("dgx-h100").gpu
+    assert model.op_time(full, gpu, DType.BF16) > 1.9 * model.op_time(causal, gpu, DType.BF16) - 1e-5
+
+
+def test_narrow_heads_never_run_faster_per_flop():
+    from echo_plan.cost.compute import AnalyticalComputeModel
+
+    m = AnalyticalComputeModel()
+    assert m._head_dim_factor(128) == 1.0 and m._head_dim_factor(256) == 1.0
+    assert m._head_dim_factor(64) < m._head_dim_factor(96) < 1.0

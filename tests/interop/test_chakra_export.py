@@ -23,6 +23,8 @@ PLANS = {
     "sp-distopt": PlanSpec(tp=2, pp=2, dp=2, global_batch_size=8, sequence_parallel=True, distributed_optimizer=True),
     "pp4": PlanSpec(tp=1, pp=4, dp=2, global_batch_size=16),
     "tp-gather": PlanSpec(tp=2, pp=2, dp=2, global_batch_size=8),
+    "cp2": PlanSpec(tp=2, cp=2, pp=2, dp=1, global_batch_size=4, sequence_parallel=True,
+                    distributed_optimizer=True),
 }
 
 
@@ -207,3 +209,12 @@ def test_moe_collectives_name_their_expert_groups(tmp_path):
     assert groups["edp_s0_e1_t0"] == [1, 5]
     refs = {n.group.value for n in graph.stages[0] if n.group is not None}
     assert {"ep", "edp", "dp"} <= refs
+
+
+def test_cp_ring_peers_are_the_cp_group_neighbours(exported):
+    graph, prefix = exported["cp2"]
+    groups = json.loads((prefix.parent / "step.comm_groups.json").read_text())
+    assert groups["cp_s0_d0_t0"] == [0, 2] and groups["dp_s0_t0"] == [0, 2]  # dp x cp gradient group
+    peers = {(n.attrs["comm_src"], n.attrs["comm_dst"]) for n in cio.read_et(prefix.parent / "step.0.et").nodes
+             if n.type == cs.COMM_SEND_NODE and "cp_exchange" in n.name}
+    assert peers == {(0, 2)}

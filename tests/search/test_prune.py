@@ -144,3 +144,23 @@ def test_precision_is_a_knob_and_fp8_is_pruned_where_the_gpu_has_no_fp8():
         if not fp8_ok:
             detail = next(v.detail for v in pruned.verdicts if v.reason is PruneReason.PRECISION)
             assert cluster.gpu.name in detail
+
+
+def test_long_sequences_that_do_not_fit_without_cp_are_pruned_with_that_reason():
+    model = load_model("llama3-70b").replace(seq_length=131072)
+    space = space_from_mapping({"knobs": {"tp": [8], "cp": [1, 16], "pp": [2], "recompute": ["none"]},
+                                "fixed": {"sequence_parallel": True, "distributed_optimizer": True}})
+    cluster = load_cluster("h800", gpus=256)
+    pruned = prune_space(Pruner(model, cluster, 16, space))
+    by_cp = {v.combo["cp"]: v for v in pruned.verdicts}
+    assert by_cp[1].reason is PruneReason.NEEDS_CP
+    assert "context parallelism" in by_cp[1].detail
+    assert by_cp[16].reason is None and by_cp[16].plan.cp == 16 and by_cp[16].plan.dp == 1
+
+
+def test_cp_that_does_not_split_the_sequence_is_pruned_with_its_reason():
+    model = load_model("llama3-8b").replace(seq_length=8188)  # 8188 / 6 is not whole for cp 3
+    space = space_from_mapping({"knobs": {"tp": [1], "cp": [3]}})
+    cluster = load_cluster("h800", gpus=24)
+    pruned = prune_space(Pruner(model, cluster, 24, space))
+    assert pruned.verdicts[0].reason is PruneReason.CP_SEQUENCE

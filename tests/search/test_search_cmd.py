@@ -84,7 +84,7 @@ def test_a_space_no_plan_can_take_says_why(tmp_path, capsys):
     space.write_text("knobs:\n  tp: [3]\n")
     assert main(["search", "--gpus", "8", "--space", str(space), "--storage", "memory", "--explain"]) == 2
     captured = capsys.readouterr()
-    assert "tp x pp does not divide the GPUs" in captured.err
+    assert "tp x cp x pp does not divide the GPUs" in captured.err
 
 
 def test_an_unreachable_ray_address_fails_fast(common, capsys):

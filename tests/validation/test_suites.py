@@ -82,7 +82,8 @@ def test_step_time_rows_carry_the_run_settings(tmp_path):
     assert a.plan["dp"] == 2 and a.plan["virtual_stages"] == 12 and a.plan["recompute"] == "selective"
     assert dict(a.stack_overrides) == {"hidden_dropout": 0.0, "attention_dropout": 0.0, "tp_comm_overlap": False}
     assert not b.not_modelled and b.plan["dtype"] == "fp8"  # FP8 rows are simulated (issue 13)
-    assert "context parallelism" in c.not_modelled and c.label != b.label
+    assert not c.not_modelled and c.plan["cp"] == 2 and c.plan["dp"] == 128 // (4 * 8 * 2)  # CP rows are modelled
+    assert c.label != b.label
 
 
 def test_cli_unknown_suite_and_missing_dir(tmp_path, capsys):
