@@ -185,14 +185,15 @@ def test_rows_of_a_precision_with_its_own_tolerance_are_judged_apart():
         == pytest.approx(0.18 / 3)  # without a precision tolerance every row counts for the suite's
 
 
-def test_tflops_rows_without_cp_are_predicted_with_nemos_flops(tmp_path):
+def test_tflops_rows_are_predicted_with_nemos_flops_with_and_without_cp(tmp_path):
     p = tmp_path / "sweep.csv"
     p.write_text("kind,model,num_layers,hidden_size,ffn_hidden_size,num_attention_heads,num_kv_heads,seq_length,"
                  "precision,gpus,tp,pp,vpp,cp,dp,mbs,gbs,step_time_s,tflops_per_gpu,tflops_per_gpu_without_cp\n"
                  "tflops,llama2-7b,32,4096,11008,32,32,4096,fp8,4,1,1,1,1,4,1,1024,,768,768\n"
                  "tflops,llama2-7b,32,4096,11008,32,32,32768,fp8,32,2,1,1,2,8,1,128,,610,595\n")
     a, b = read_step_times(p)
-    assert not a.not_modelled and "context parallelism" in b.not_modelled
+    assert not a.not_modelled and not b.not_modelled  # FP8 and CP are both simulated (issue 13)
+    assert (a.plan["cp"], b.plan["cp"]) == (1, 2) and b.plan["dtype"] == "fp8"
     s, h, layers = 4096, 4096, 32  # NeMo's llama2 formula, by hand
     per = 12 + 12 * 32 / 32 + 18 * 11008 / h + 12 * s / h + 6 * 32000 / (layers * h)
     assert a.flops_per_step == pytest.approx(1024 * s * layers * h * h * per)
