@@ -39,13 +39,22 @@ StackOpt = typer.Option(
 HeadroomOpt = typer.Option(
     None, "--memory-headroom",
     help="memory every GPU must keep free for a plan to fit: a share (10%) or a size (6GiB); default 10%")
+RoutingOpt = typer.Option(
+    None, "--routing",
+    help="cross-leaf flows: ecmp (hashed onto uplinks, collisions share them) | planned (disjoint uplinks, as "
+         "C4P) | none (the leaf/spine layer not modelled; the cluster file's default); docs/traffic.md")
+FlowsOpt = typer.Option(None, "--flows-per-connection",
+                        help="flows (queue pairs) between two NICs under --routing ecmp (default 1, NCCL's)")
 CacheDirOpt = typer.Option(
     None, "--cache-dir", help="trace cache folder (default: $ECHO_PLAN_CACHE_DIR or the user cache dir)"
 )
 
 
-def resolve_specs(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int]) -> tuple[ModelSpec, ClusterSpec]:
-    return load_model(model), load_cluster(cluster, nodes=nodes, gpus=gpus)
+def resolve_specs(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int], routing: Optional[str] = None,
+                  flows_per_connection: Optional[int] = None) -> tuple[ModelSpec, ClusterSpec]:
+    """The model and the cluster (resized; with --routing / --flows-per-connection applied)."""
+    spec = load_cluster(cluster, nodes=nodes, gpus=gpus).with_routing(routing, flows_per_connection)
+    return load_model(model), spec
 
 
 def resolve_stack(stack: Optional[str]) -> SoftwareSpec:

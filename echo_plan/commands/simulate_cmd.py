@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CkptBwOpt, DetectOpt, FailRateOpt, RestartOpt, failure_model, DensityOpt, DpCommOpt, EpOpt, EtpOpt, ImbalanceOpt, dp_comm_fields, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    CkptBwOpt, DetectOpt, FlowsOpt, RoutingOpt, FailRateOpt, RestartOpt, failure_model, DensityOpt, DpCommOpt, EpOpt, EtpOpt, ImbalanceOpt, dp_comm_fields, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
 )
 
 
@@ -38,8 +38,10 @@ def register(app: typer.Typer) -> None:
                                                      help="gather parameters after the optimizer, not during the forward"),
         fault: Optional[list[str]] = typer.Option(
             None, "--fault", help="a fault, repeatable: straggler:rank=R,compute=F | link:node=N,nic=I,bw=F | "
-                                  "nvlink:node=N,bw=F | node:node=N,compute=F"),
+                                  "nvlink:node=N,bw=F | node:node=N,compute=F | uplink:leaf=L,down=C"),
         fault_file: Optional[str] = typer.Option(None, "--fault-file", help="YAML list of faults (kind + keys)"),
+        routing: Optional[str] = RoutingOpt,
+        flows_per_connection: Optional[int] = FlowsOpt,
         failures_per_gpu_day: Optional[float] = FailRateOpt,
         checkpoint_gbps_per_gpu: Optional[float] = CkptBwOpt,
         restart_min: Optional[float] = RestartOpt,
@@ -72,7 +74,7 @@ def register(app: typer.Typer) -> None:
         check_output_file(trace, "--trace", (".json",))
         check_cache_dir(cache_dir)
         check_tp_pp(tp, pp)
-        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
+        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, routing, flows_per_connection)
         stack_spec = resolve_stack(stack)
         headroom = parse_headroom(memory_headroom, cluster_spec)
         dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp)
@@ -120,7 +122,7 @@ def register(app: typer.Typer) -> None:
         result = simulate(model_spec, cluster_spec, plan, stack=stack_spec, cache=TraceCache(cache_dir), faults=faults,
                           failure_model=fm,
                           interference=interference, timeline=trace is not None, comm=comm,
-                          memory_headroom_bytes=headroom)
+                          memory_headroom_bytes=headroom, traffic=True)
         if trace is not None:
             from echo_plan.replay.timeline import write_chrome_trace
 
