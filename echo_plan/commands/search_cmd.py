@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, CkptBwOpt, DensityOpt, DetectOpt, FailRateOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
+    CacheDirOpt, CkptBwOpt, DensityOpt, DetectOpt, FlowsOpt, RoutingOpt, FailRateOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
     write_atomic,
 )
 
@@ -35,7 +35,8 @@ ReportOpt = typer.Option(None, "--report", help="also write the HTML recommendat
 def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int], gbs: int, space: Optional[str],
             sampler: str, trials: Optional[int], seed: int, storage: Optional[str], study_name: Optional[str],
             workers: int, ray_address: Optional[str], tokens: Optional[float] = None, stack: Optional[str] = None,
-            memory_headroom: Optional[str] = None, dp_comm: Optional[str] = None, density: Optional[float] = None):
+            memory_headroom: Optional[str] = None, dp_comm: Optional[str] = None, density: Optional[float] = None,
+            routing: Optional[str] = None, flows_per_connection: Optional[int] = None):
     from echo_plan.commands.common import parse_headroom, resolve_specs, resolve_stack
     from echo_plan.errors import SpecError
     from echo_plan.search.space import default_space_path_for, load_space
@@ -55,7 +56,7 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
     from echo_plan.search.storage import check_storage
 
     check_storage(storage)
-    m, c = resolve_specs(model, cluster, nodes, gpus)
+    m, c = resolve_specs(model, cluster, nodes, gpus, routing, flows_per_connection)
     space_spec = load_space(space if space is not None else default_space_path_for(m))
     if dp_comm is not None or density is not None:  # --dp-comm / --density fix those knobs
         from echo_plan.commands.common import dp_comm_fields
@@ -154,6 +155,7 @@ def register(app: typer.Typer) -> None:
         dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
                                               "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
         density: Optional[float] = DensityOpt,
+        routing: Optional[str] = RoutingOpt, flows_per_connection: Optional[int] = FlowsOpt,
         top: int = typer.Option(DEFAULT_TOP, "--top", help="plans to show"),
         as_json: bool = JsonOpt,
         csv: Optional[str] = typer.Option(None, "--csv", help="write the ranked plans to this CSV file"),
@@ -173,7 +175,7 @@ def register(app: typer.Typer) -> None:
         check_outputs(csv, report, cache_dir)
         config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
                          workers, ray_address, stack=stack, memory_headroom=memory_headroom, dp_comm=dp_comm,
-                         density=density)
+                         density=density, routing=routing, flows_per_connection=flows_per_connection)
         pruned = prune_for(config)
         if not pruned.valid and explain:
             for line in format_knob_stats(knob_stats(pruned, ())):
@@ -209,6 +211,7 @@ def register(app: typer.Typer) -> None:
         dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
                                               "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
         density: Optional[float] = DensityOpt,
+        routing: Optional[str] = RoutingOpt, flows_per_connection: Optional[int] = FlowsOpt,
         failures_per_gpu_day: Optional[float] = FailRateOpt, checkpoint_gbps_per_gpu: Optional[float] = CkptBwOpt,
         restart_min: Optional[float] = RestartOpt, detect_min: Optional[float] = DetectOpt,
         as_json: bool = JsonOpt,
@@ -225,7 +228,7 @@ def register(app: typer.Typer) -> None:
         sizes = parse_gpu_list(gpus)
         base = _config(model, cluster, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
                        ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom,
-                       dp_comm=dp_comm, density=density)
+                       dp_comm=dp_comm, density=density, routing=routing, flows_per_connection=flows_per_connection)
         try:
             outcome = run_compare(
                 base, sizes, lambda c: SimulatorFactory(base.model, c, cache_dir, base.stack, base.memory_headroom_bytes),

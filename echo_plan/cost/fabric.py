@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from echo_plan.cost.ecmp import NO_SLOWDOWN, BinSet, Slowdown, slowdown
+from echo_plan.cost.ecmp import NO_SLOWDOWN, BinSet, Slowdown, planned_load, slowdown
 from echo_plan.specs.cluster import ClusterSpec, Fabric, Routing
 from echo_plan.trace.records import CollectiveKind, CommGroup
 
@@ -159,5 +159,7 @@ def routing_factor(kind: CollectiveKind, group: CommGroup, cluster: ClusterSpec,
     routing = cluster.network.routing
     if routing is Routing.NONE:
         return 1.0
-    s = group_slowdown(kind, group, cluster, tree)
-    return s.planned if routing is Routing.PLANNED else s.expected
+    if routing is Routing.PLANNED:  # the bound alone: no distribution needed
+        sets = bin_sets(kind, group, cluster, tree)
+        return max([1.0] + [planned_load(s) for s in sets if s.count])
+    return group_slowdown(kind, group, cluster, tree).expected
