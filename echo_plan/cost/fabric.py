@@ -18,7 +18,8 @@ in the same phase of the step, not at the same instant). The traffic of one copy
 * send/recv: the pair.
 
 Connections between two servers on one rail add up (several ranks share a NIC), each asks its NIC's
-rate split among that NIC's connections, and opens ``flows_per_connection`` flows that split it.
+rate split among that NIC's connections (the sender's or the receiver's, whichever has more), and
+opens ``flows_per_connection`` flows that split it.
 Every leaf's uplinks (flows that leave it) and downlinks (flows that enter it) are one bin set of
 ``ecmp.slowdown``; a leaf of ``failed_uplinks`` (plane 0) has fewer live links. A group inside one
 leaf has no cross-leaf flow and no slowdown under any routing.
@@ -124,8 +125,10 @@ def bin_sets(kind: CollectiveKind, group: CommGroup, cluster: ClusterSpec, tree:
         return []
     conns = connections(kind, group, cluster, tree)
     out_weight: Counter = Counter()
-    for (src, _dst, rail), w in conns.items():
+    in_weight: Counter = Counter()
+    for (src, dst, rail), w in conns.items():
         out_weight[(src, rail)] += w
+        in_weight[(dst, rail)] += w
     cap = (net.uplink_bw_Gbps or net.nic_bw_Gbps) / net.nic_bw_Gbps
     k = net.flows_per_connection
     flows: dict[tuple, Counter] = defaultdict(Counter)
@@ -133,7 +136,7 @@ def bin_sets(kind: CollectiveKind, group: CommGroup, cluster: ClusterSpec, tree:
         ls, ld = src // per_leaf, dst // per_leaf
         if ls == ld:
             continue
-        demand = round(w / out_weight[(src, rail)] / k / cap, 12)
+        demand = round(w / max(out_weight[(src, rail)], in_weight[(dst, rail)]) / k / cap, 12)
         flows[(rail, ls, "up")][demand] += k
         flows[(rail, ld, "down")][demand] += k
     failed = dict(net.failed_uplinks)

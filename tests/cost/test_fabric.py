@@ -59,6 +59,14 @@ def test_a_failed_uplink_never_speeds_a_collective(kind, group):
                 assert _time(hurt, kind, group, n) >= _time(healthy, kind, group, n) * (1 - 1e-12)
 
 
+@pytest.mark.parametrize("kind,group", GROUPS, ids=lambda x: getattr(x, "value", None) or f"{x.size}x{x.stride}")
+def test_planned_routing_on_a_non_blocking_fabric_is_the_collision_free_bound(kind, group):
+    assert H800.network.leaf_uplinks == H800.network.leaf_downlinks
+    assert group_slowdown(kind, group, H800.with_routing("planned")).planned == 1.0
+    for n in SIZES:
+        assert _time(H800.with_routing("planned"), kind, group, n) == _time(H800, kind, group, n)
+
+
 def test_single_leaf_groups_are_unaffected_by_routing():
     groups = [(K.ALL_REDUCE, CommGroup(G.TP, 8, 1)), (K.ALL_REDUCE, CommGroup(G.DP, 16, 8)),
               (K.ALL_TO_ALL, CommGroup(G.EP, 32, 1)), (K.ALL_GATHER, CommGroup(G.DP, 32, 8))]
