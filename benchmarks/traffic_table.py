@@ -81,8 +81,8 @@ def main() -> None:
         if not any(g["crosses_leaves"] for g in by_k[flows[0]].values()):
             group_rows.append(f"| {label} | (every group stays inside one leaf) | | | | | |")
 
-    print(f"Step time (s) on the h800 preset's fabric (64-port leaves, 32 servers per leaf and rail plane, "
-          f"32 uplinks); ECMP expected over hash draws\n")
+    print("Step time (s) on the h800 preset's fabric (64-port leaves, 32 servers per leaf and rail plane, "
+          "32 uplinks); ECMP expected over hash draws\n")
     print("| case | leaves per plane | none | planned (C4P) | " + " | ".join(f"ECMP, {k} flow(s)" for k in flows)
           + f" | ECMP {flows[0]} vs planned |")
     print("|---|---|---|---|" + "---|" * len(flows) + "---|")

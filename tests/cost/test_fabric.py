@@ -121,7 +121,9 @@ def test_fabric_spec_errors_are_one_line():
     with pytest.raises(SpecError, match="uplinks_per_leaf"):
         H800.replace(network=net.replace(uplinks_per_leaf=64).model_dump())
     with pytest.raises(SpecError, match="oversubscription"):
-        H800.replace(network=net.replace(oversubscription=3.0).model_dump())
+        H800.replace(network=net.replace(oversubscription=3.0, uplinks_per_leaf=32).model_dump())
+    derived = H800.replace(network=net.replace(oversubscription=3.0).model_dump()).network  # uplinks follow
+    assert (derived.leaf_uplinks, derived.leaf_downlinks) == (16, 48)
     with pytest.raises(SpecError, match="leaf 9 does not exist"):
         H800.replace(network=net.replace(failed_uplinks=((9, 1),)).model_dump())
     with pytest.raises(SpecError, match="valid 1 to 31"):
