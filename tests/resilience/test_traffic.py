@@ -105,3 +105,22 @@ def test_cli_simulate_prints_the_traffic_table(capsys, tmp_path):
     assert data["traffic"]["flows_per_connection"] == 2
     assert main(args[:-4] + ["--json"]) == 0  # routing none: no traffic section
     assert "traffic" not in json.loads(capsys.readouterr().out)
+
+
+def test_whatif_sensitivity_adds_uplink_failures_under_a_routing(memo):
+    from echo_plan.resilience.faults import FaultKind
+    from echo_plan.resilience.sensitivity import sensitivity
+
+    plan = PLANS[0]
+    for routing, expect in (("none", False), ("ecmp", True)):
+        cluster = SMALL_LEAVES.with_routing(routing)
+
+        def run(faults, cluster=cluster):
+            return simulate(MODEL, cluster, plan, memo=memo, faults=faults).step_time_s
+
+        _, rows = sensitivity(plan, cluster, run, kinds=None,
+                              severities={FaultKind.UPLINK: (1, 8), FaultKind.STRAGGLER: (1.1,)})
+        uplink = [r for r in rows if r.kind is FaultKind.UPLINK]
+        assert bool(uplink) is expect
+        assert all(r.worst_loss >= -1e-9 for r in uplink)  # a failed uplink never speeds the step
+        assert [r.severity for r in uplink] == ([1] if expect else [])  # clamped below the leaf's 2 uplinks
