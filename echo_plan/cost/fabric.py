@@ -29,13 +29,14 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+import numpy as np
+
 from echo_plan.cost.ecmp import NO_SLOWDOWN, BinSet, Slowdown, planned_load, slowdown
 from echo_plan.specs.cluster import ClusterSpec, Fabric, Routing
 from echo_plan.trace.records import CollectiveKind, CommGroup
 
 RING_KINDS = (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER,
               CollectiveKind.BROADCAST)
-MAX_COPY_RANKS = 1 << 17  # ranks enumerated per group; beyond this the copies are sampled by stride
 
 
 def group_copies(group: CommGroup, num_gpus: int, pairwise: bool) -> list[tuple[int, ...]]:
@@ -71,47 +72,59 @@ def _tree_edges(nodes: list[int]) -> list[tuple[int, int]]:
     return edges
 
 
-def connections(kind: CollectiveKind, group: CommGroup, cluster: ClusterSpec, tree: bool = False) -> Counter:
-    """(source server, destination server, rail) -> weight, for all copies of the group."""
+Conns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # source server, destination server, rail, weight
+
+
+def connections(kind: CollectiveKind, group: CommGroup, cluster: ClusterSpec, tree: bool = False) -> Conns:
+    """Server-to-server connections of all copies of the group, one entry per (source, destination,
+    rail) with its weight (how many rank pairs share it)."""
     gpn = cluster.gpus_per_node
     nics = cluster.network.nics_per_node
-    rail_optimised = cluster.network.fabric is Fabric.RAIL_OPTIMIZED
+    planes = nics if cluster.network.fabric is Fabric.RAIL_OPTIMIZED else 1
 
-    def rail(rank: int) -> int:
-        return (rank % gpn) * nics // gpn if rail_optimised else 0
+    def rail(rank):
+        return (rank % gpn) * nics // gpn if planes > 1 else rank * 0
 
-    out: Counter = Counter()
+    parts: list[tuple] = []
     pairwise = kind is CollectiveKind.SEND_RECV and group.size == 2
-    for ranks in group_copies(group, cluster.num_gpus, pairwise):
-        if pairwise:
-            a, b = ranks
-            if a // gpn != b // gpn:
-                out[(a // gpn, b // gpn, rail(b))] += 1
-                out[(b // gpn, a // gpn, rail(a))] += 1
-        elif kind is CollectiveKind.ALL_TO_ALL:
-            by_node: dict[int, list[int]] = defaultdict(list)
-            for r in ranks:
-                by_node[r // gpn].append(r)
-            for src, mine in by_node.items():
-                for dst, theirs in by_node.items():
-                    if src != dst:
-                        for r in theirs:
-                            out[(src, dst, rail(r))] += len(mine)
-        elif tree:
-            nodes = sorted({r // gpn for r in ranks})
-            first = {}
+    copies = group_copies(group, cluster.num_gpus, pairwise)
+    if pairwise or not (tree or kind is CollectiveKind.ALL_TO_ALL):  # pairs both ways, or rings
+        arr = np.array(copies, dtype=np.int64).reshape(len(copies), -1)
+        a = arr.ravel()
+        b = (np.stack([arr[:, 1], arr[:, 0]], axis=1) if pairwise else np.roll(arr, -1, axis=1)).ravel()
+        parts.append((a // gpn, b // gpn, rail(b), np.ones(a.size)))
+    elif kind is CollectiveKind.ALL_TO_ALL:  # every rank to every rank of another server, on the receiver's rail
+        for ranks in copies:
+            r = np.array(ranks, dtype=np.int64)
+            nodes, idx = np.unique(r // gpn, return_inverse=True)
+            per = np.zeros((nodes.size, planes))
+            np.add.at(per, (idx, rail(r)), 1.0)
+            size = per.sum(axis=1)
+            w = size[:, None, None] * per[None, :, :]  # [source, destination, rail]
+            w[np.arange(nodes.size), np.arange(nodes.size), :] = 0.0
+            si, di, ri = np.nonzero(w)
+            parts.append((nodes[si], nodes[di], ri, w[si, di, ri]))
+    else:  # tree all-reduce: a binary tree over the copy's servers and its shifted mirror, both ways
+        src, dst, rl = [], [], []
+        for ranks in copies:
+            first: dict[int, int] = {}
             for r in ranks:
                 first.setdefault(r // gpn, r)
-            for order in (nodes, nodes[1:] + nodes[:1]):  # the double binary tree: a tree and a shifted one
-                for a, b in _tree_edges(order):
-                    out[(a, b, rail(first[a]))] += 1
-                    out[(b, a, rail(first[b]))] += 1
-        else:  # a ring (also a send/recv chain)
-            for i, a in enumerate(ranks):
-                b = ranks[(i + 1) % len(ranks)]
-                if a // gpn != b // gpn:
-                    out[(a // gpn, b // gpn, rail(b))] += 1
-    return out
+            nodes = sorted(first)
+            for order in (nodes, nodes[1:] + nodes[:1]):
+                for x, y in _tree_edges(order):
+                    src += [x, y]
+                    dst += [y, x]
+                    rl += [int(rail(first[y])), int(rail(first[x]))]
+        parts.append((np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64), np.array(rl, dtype=np.int64),
+                      np.ones(len(src))))
+    src, dst, rl, w = (np.concatenate([p[i] for p in parts]) if parts else np.zeros(0) for i in range(4))
+    keep = src != dst
+    src, dst, rl, w = src[keep].astype(np.int64), dst[keep].astype(np.int64), rl[keep].astype(np.int64), w[keep]
+    key = (src * cluster.num_nodes + dst) * planes + rl
+    uniq, inv = np.unique(key, return_inverse=True)
+    weight = np.bincount(inv, weights=w, minlength=uniq.size)
+    return uniq // planes // cluster.num_nodes, uniq // planes % cluster.num_nodes, uniq % planes, weight
 
 
 def bin_sets(kind: CollectiveKind, group: CommGroup, cluster: ClusterSpec, tree: bool = False) -> list[BinSet]:
@@ -120,29 +133,34 @@ def bin_sets(kind: CollectiveKind, group: CommGroup, cluster: ClusterSpec, tree:
     if group.size <= 1 or cluster.num_leaves <= 1:
         return []
     per_leaf = net.servers_per_leaf
-    nodes_spanned = group.placement(cluster.gpus_per_node)[1]
-    if nodes_spanned <= 1 and kind is not CollectiveKind.SEND_RECV:
+    if group.placement(cluster.gpus_per_node)[1] <= 1 and kind is not CollectiveKind.SEND_RECV:
         return []
-    conns = connections(kind, group, cluster, tree)
-    out_weight: Counter = Counter()
-    in_weight: Counter = Counter()
-    for (src, dst, rail), w in conns.items():
-        out_weight[(src, rail)] += w
-        in_weight[(dst, rail)] += w
+    src, dst, rail, w = connections(kind, group, cluster, tree)
+    if src.size == 0:
+        return []
+    planes = int(rail.max()) + 1
+    out_w = np.bincount(src * planes + rail, weights=w)
+    in_w = np.bincount(dst * planes + rail, weights=w)
     cap = (net.uplink_bw_Gbps or net.nic_bw_Gbps) / net.nic_bw_Gbps
     k = net.flows_per_connection
-    flows: dict[tuple, Counter] = defaultdict(Counter)
-    for (src, dst, rail), w in conns.items():
-        ls, ld = src // per_leaf, dst // per_leaf
-        if ls == ld:
-            continue
-        demand = round(w / max(out_weight[(src, rail)], in_weight[(dst, rail)]) / k / cap, 12)
-        flows[(rail, ls, "up")][demand] += k
-        flows[(rail, ld, "down")][demand] += k
+    ls, ld = src // per_leaf, dst // per_leaf
+    cross = ls != ld
+    if not cross.any():
+        return []
+    demand = np.round(w / np.maximum(out_w[src * planes + rail], in_w[dst * planes + rail]) / k / cap, 12)[cross]
+    leaves = cluster.num_leaves
+    sets: dict[int, Counter] = defaultdict(Counter)  # set id: (direction, rail, leaf)
+    levels, level = np.unique(demand, return_inverse=True)
+    for direction, leaf in ((0, ls[cross]), (1, ld[cross])):
+        ids = (direction * planes + rail[cross]) * leaves + leaf
+        keys, counts = np.unique(ids * levels.size + level, return_counts=True)
+        for key, n in zip(keys.tolist(), counts.tolist()):
+            sets[key // levels.size][float(levels[key % levels.size])] += n * k
     failed = dict(net.failed_uplinks)
     shapes: Counter = Counter()
-    for (rail, leaf, _dir), c in flows.items():
-        down = failed.get(leaf, 0) if rail == 0 else 0
+    for sid, c in sets.items():
+        leaf, plane = sid % leaves, (sid // leaves) % planes
+        down = failed.get(leaf, 0) if plane == 0 else 0
         shapes[(tuple(sorted(c.items())), down)] += 1
     up = net.leaf_uplinks
     return [BinSet(up, fl, down, copies) for (fl, down), copies in sorted(shapes.items())]
