@@ -43,14 +43,13 @@ def group_label(kind: CollectiveKind, group: CommGroup) -> str:
 def traffic_report(cluster: ClusterSpec, collectives: dict) -> dict[str, Any]:
     """The routing and, per collective group, its slowdowns and times (JSON-ready)."""
     net = cluster.network
-    planned = collective_model_for(cluster.with_routing(Routing.PLANNED.value))
-    ecmp = collective_model_for(cluster.with_routing(Routing.ECMP.value))
+    pc, ec = cluster.with_routing(Routing.PLANNED.value), cluster.with_routing(Routing.ECMP.value)
+    planned, ecmp = collective_model_for(pc), collective_model_for(ec)
     rows = []
     for (kind, group), nbytes in sorted(collectives.items(), key=lambda kv: (kv[0][1].kind.value, kv[0][0].value,
                                                                               kv[0][1].size, kv[0][1].stride)):
-        ec = cluster.with_routing(Routing.ECMP.value)
         est_e = ecmp.time(kind, nbytes, group, ec)
-        est_p = planned.time(kind, nbytes, group, cluster.with_routing(Routing.PLANNED.value))
+        est_p = planned.time(kind, nbytes, group, pc)
         s = group_slowdown(kind, group, ec, tree=est_e.algorithm is Algorithm.TREE)
         rows.append({"group": group_label(kind, group), "group_kind": group.kind.value, "collective": kind.value,
                      "ranks": group.size, "stride": group.stride, "bytes": nbytes,
