@@ -250,7 +250,12 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     if traffic and cluster.network.routing.value != "none":
         from echo_plan.resilience.traffic import step_collectives, traffic_report
 
-        traffic_json = traffic_report(cluster, step_collectives(traces, memo.timed_collectives(cluster_key)))
+        fabric = cluster  # with an uplink fault, the fabric as the faulty step sees it
+        if effects is not None and effects and effects[0].failed_uplinks:
+            from echo_plan.resilience.faults import StageEffect, slowed_cluster
+
+            fabric = slowed_cluster(cluster, StageEffect(failed_uplinks=effects[0].failed_uplinks))
+        traffic_json = traffic_report(fabric, step_collectives(traces, memo.timed_collectives(cluster_key)))
         crossing = [g for g in traffic_json["groups"] if g["slowdown"]["cross_leaf_flows"]]
         worst = max(crossing, key=lambda g: g["slowdown"]["expected"], default=None)
         notes.append(f"routing {cluster.network.routing.value}: {len(crossing)} collective group(s) cross leaves"
