@@ -35,9 +35,6 @@ from echo_plan.cost.ecmp import NO_SLOWDOWN, BinSet, Slowdown, planned_load, slo
 from echo_plan.specs.cluster import ClusterSpec, Fabric, Routing
 from echo_plan.trace.records import CollectiveKind, CommGroup
 
-RING_KINDS = (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER,
-              CollectiveKind.BROADCAST)
-
 
 def group_copies(group: CommGroup, num_gpus: int, pairwise: bool) -> list[tuple[int, ...]]:
     """Every copy of ``group`` in a cluster of ``num_gpus`` GPUs (ranks of each)."""
