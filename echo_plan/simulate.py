@@ -248,19 +248,10 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                      f"(+{step_s / healthy.step_time_s - 1:.1%})")
     traffic_json = None
     if traffic and cluster.network.routing.value != "none":
-        from echo_plan.resilience.traffic import step_collectives, traffic_report
+        from echo_plan.resilience.traffic import step_traffic
 
-        fabric = cluster  # with an uplink fault, the fabric as the faulty step sees it
-        if effects is not None and effects and effects[0].failed_uplinks:
-            from echo_plan.resilience.faults import StageEffect, slowed_cluster
-
-            fabric = slowed_cluster(cluster, StageEffect(failed_uplinks=effects[0].failed_uplinks))
-        traffic_json = traffic_report(fabric, step_collectives(traces, memo.timed_collectives(cluster_key)))
-        crossing = [g for g in traffic_json["groups"] if g["slowdown"]["cross_leaf_flows"]]
-        worst = max(crossing, key=lambda g: g["slowdown"]["expected"], default=None)
-        notes.append(f"routing {cluster.network.routing.value}: {len(crossing)} collective group(s) cross leaves"
-                     + (f"; worst under ECMP {worst['group']} x{worst['slowdown']['expected']:.2f} expected, "
-                        f"x{worst['slowdown']['p99']:.2f} at p99" if worst else ""))
+        traffic_json, note = step_traffic(cluster, effects, traces, memo.timed_collectives(cluster_key))
+        notes.append(note)
     if exchange is not None:
         notes.append(f"{plan.dp_comm.value} at density {plan.density:g}: the sparse exchange runs after the "
                      "backward pass (as the reference sparsifiers do); convergence per step is not modelled")

@@ -61,6 +61,24 @@ def traffic_report(cluster: ClusterSpec, collectives: dict) -> dict[str, Any]:
             "failed_uplinks": [list(p) for p in net.failed_uplinks], "groups": rows}
 
 
+def step_traffic(cluster: ClusterSpec, effects, traces, timed) -> tuple[dict[str, Any], str]:
+    """``simulate``'s traffic section and its note; ``effects`` (the faults' stage effects, or None)
+    carry failed uplinks, so the section shows the fabric the faulty step sees."""
+    fabric = cluster
+    if effects and effects[0].failed_uplinks:
+        from echo_plan.resilience.faults import StageEffect, slowed_cluster
+
+        fabric = slowed_cluster(cluster, StageEffect(failed_uplinks=effects[0].failed_uplinks))
+    report = traffic_report(fabric, step_collectives(traces, timed))
+    crossing = [g for g in report["groups"] if g["crosses_leaves"]]
+    worst = max(crossing, key=lambda g: g["slowdown"]["expected"], default=None)
+    note = f"routing {cluster.network.routing.value}: {len(crossing)} collective group(s) cross leaves"
+    if worst:
+        note += (f"; worst under ECMP {worst['group']} x{worst['slowdown']['expected']:.2f} expected, "
+                 f"x{worst['slowdown']['p99']:.2f} at p99")
+    return report, note
+
+
 def traffic_table(report: dict[str, Any]):
     """The report as a rich table (``simulate`` without --json)."""
     from rich.table import Table
