@@ -3,7 +3,8 @@
     PYTHONPATH=. .venv/bin/python benchmarks/traffic_table.py [--flows 1,4,16] [--quick]
 
 For GPT-3 175B and DeepSeek-V3 plans on the h800 preset (32 servers per leaf and rail plane, 32
-uplinks per leaf; DeepSeek's H800 multi-plane fat-tree) at several sizes, prints two Markdown
+uplinks per leaf; DeepSeek's H800 multi-plane fat-tree) at several sizes, servers filling leaves in
+order (and once scattered round-robin over the leaves, as a busy scheduler may), prints two Markdown
 tables: the step time under each routing (none, planned, ECMP with N flows per connection), and for
 every collective group whose flows cross leaves, its time at its largest message under planned
 routing and under ECMP (expected over hash draws, and the 99th percentile, which is what one job in
@@ -15,13 +16,14 @@ from __future__ import annotations
 import argparse
 import time
 
-CASES = [  # (label, model, GPUs, plan fields, extra)
+GPT3_1024 = dict(tp=8, pp=8, dp=16, global_batch_size=1536, sequence_parallel=True, recompute="selective",
+                 distributed_optimizer=True)
+CASES = [  # (label, model, GPUs, plan fields[, server placement over leaves])
     ("GPT-3 175B, 96 GPUs (Echo's 12 servers)", "gpt3-175b", 96,
      dict(tp=8, pp=12, dp=1, global_batch_size=1536, sequence_parallel=True, recompute="selective",
           distributed_optimizer=True)),
-    ("GPT-3 175B, 1,024 GPUs", "gpt3-175b", 1024,
-     dict(tp=8, pp=8, dp=16, global_batch_size=1536, sequence_parallel=True, recompute="selective",
-          distributed_optimizer=True)),
+    ("GPT-3 175B, 1,024 GPUs", "gpt3-175b", 1024, GPT3_1024),
+    ("GPT-3 175B, 1,024 GPUs, servers round-robin over leaves", "gpt3-175b", 1024, GPT3_1024, "round-robin"),
     ("GPT-3 175B, 4,096 GPUs", "gpt3-175b", 4096,
      dict(tp=8, pp=8, dp=64, global_batch_size=1536, sequence_parallel=True, recompute="selective",
           distributed_optimizer=True)),
@@ -43,7 +45,7 @@ def plan_for(model, fields):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--flows", default="1,4,16", help="flows per connection under ECMP")
-    ap.add_argument("--quick", action="store_true", help="GPT-3 at 1,024 GPUs only")
+    ap.add_argument("--quick", action="store_true", help="GPT-3 at 1,024 GPUs only (both placements)")
     args = ap.parse_args()
     flows = [int(x) for x in args.flows.split(",")]
 
@@ -52,12 +54,14 @@ def main() -> None:
     from echo_plan.trace.cache import TraceCache
 
     cache, memo = TraceCache(None), SimulationMemo()
-    cases = [c for c in CASES if not args.quick or c[2] == 1024 and c[1] == "gpt3-175b"]
+    cases = [c for c in CASES if not args.quick or c[2] == 1024]
     step_rows, group_rows = [], []
     t0 = time.perf_counter()
-    for label, model_name, gpus, fields in cases:
+    for label, model_name, gpus, fields, *placement in cases:
         model = load_model(model_name)
         base = load_cluster("h800", gpus=gpus)
+        if placement:
+            base = base.replace(network=base.network.replace(placement=placement[0]).model_dump())
         plan = plan_for(model, fields)
 
         def run(routing, k=1, traffic=False):

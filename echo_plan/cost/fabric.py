@@ -1,8 +1,9 @@
 """Which flows of a collective cross leaf switches, and the slowdown routing gives them.
 
 The fabric is two tiers (``NetworkSpec``: leaf radix, uplinks per leaf, rail-optimised or not):
-servers fill leaves in order (``servers_per_leaf``), on a rail-optimised fabric one leaf per rail
-plane (NIC ``i`` of every server on plane ``i``), on a fat-tree one leaf for all a server's NICs.
+servers fill leaves in order (``servers_per_leaf``; or round-robin, ``network.placement``), on a
+rail-optimised fabric one leaf per rail plane (NIC ``i`` of every server on plane ``i``), on a
+fat-tree one leaf for all a server's NICs.
 
 A group stands for all its copies in the plan (``CommGroup`` is the copy at rank 0; the replay
 times every copy alike), so the flows counted are those of every copy that tiles the cluster
@@ -129,7 +130,6 @@ def bin_sets(kind: CollectiveKind, group: CommGroup, cluster: ClusterSpec, tree:
     net = cluster.network
     if group.size <= 1 or cluster.num_leaves <= 1:
         return []
-    per_leaf = net.servers_per_leaf
     if group.placement(cluster.gpus_per_node)[1] <= 1 and kind is not CollectiveKind.SEND_RECV:
         return []
     src, dst, rail, w = connections(kind, group, cluster, tree)
@@ -140,7 +140,7 @@ def bin_sets(kind: CollectiveKind, group: CommGroup, cluster: ClusterSpec, tree:
     in_w = np.bincount(dst * planes + rail, weights=w)
     cap = (net.uplink_bw_Gbps or net.nic_bw_Gbps) / net.nic_bw_Gbps
     k = net.flows_per_connection
-    ls, ld = src // per_leaf, dst // per_leaf
+    ls, ld = cluster.leaf_of(src), cluster.leaf_of(dst)
     cross = ls != ld
     if not cross.any():
         return []

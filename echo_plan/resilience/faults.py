@@ -195,8 +195,7 @@ def stage_effects(faults: tuple[Fault, ...], plan: PlanSpec, cluster: ClusterSpe
         if f.kind is FaultKind.UPLINK:  # the fabric is shared: every stage's collectives see it, and
             leaf = int(f.get("leaf"))   # the stages whose servers sit under the leaf are named
             uplinks[leaf] = min(cluster.network.leaf_uplinks - 1, uplinks.get(leaf, 0) + int(f.get("down")))
-            per_leaf = cluster.network.servers_per_leaf
-            for node in range(leaf * per_leaf, min(cluster.num_nodes, (leaf + 1) * per_leaf)):
+            for node in cluster.servers_under(leaf):
                 for r in range(node * gpn, (node + 1) * gpn):
                     hit(r, f)
             continue

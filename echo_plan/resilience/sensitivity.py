@@ -54,7 +54,7 @@ def fault_at(kind: FaultKind, severity: float, stage: int, plan, cluster) -> Fau
     rank = stage * plan.tp * plan.dp
     node, local = divmod(rank, cluster.gpus_per_node)
     if kind is FaultKind.UPLINK:  # the leaf above the stage's first server
-        leaf = node // cluster.network.servers_per_leaf
+        leaf = int(cluster.leaf_of(node))
         return fault_from_mapping({"kind": kind.value, "leaf": leaf, "down": int(severity)}, "sensitivity")
     key = "bw" if kind in (FaultKind.LINK, FaultKind.NVLINK) else "compute"
     data: dict[str, Any] = {"kind": kind.value, key: severity}

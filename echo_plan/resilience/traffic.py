@@ -58,6 +58,7 @@ def traffic_report(cluster: ClusterSpec, collectives: dict) -> dict[str, Any]:
     return {"routing": net.routing.value, "flows_per_connection": net.flows_per_connection,
             "leaf_radix": net.leaf_radix, "uplinks_per_leaf": net.leaf_uplinks,
             "servers_per_leaf": net.servers_per_leaf, "leaves_per_plane": cluster.num_leaves,
+            "placement": net.placement.value,
             "failed_uplinks": [list(p) for p in net.failed_uplinks], "groups": rows}
 
 
@@ -86,7 +87,8 @@ def traffic_table(report: dict[str, Any]):
     crossing = [r for r in report["groups"] if r["slowdown"]["cross_leaf_flows"]]
     inside = len(report["groups"]) - len(crossing)
     t = Table(title=f"Cross-leaf traffic, routing {report['routing']}, {report['flows_per_connection']} flow(s) per "
-                    f"connection; {report['leaves_per_plane']} leaf switch(es) per plane, {report['servers_per_leaf']} "
+                    f"connection; {report['leaves_per_plane']} leaf switch(es) per plane ({report['placement']}), "
+                    f"{report['servers_per_leaf']} "
                     f"servers and {report['uplinks_per_leaf']} uplinks each. The slowest flow's slowdown under ECMP "
                     "(expected over hash draws, 99th percentile, worst case) and planned routing (C4P); "
                     f"{inside} other group(s) stay inside one leaf (n ranks, stride s)", title_justify="left")

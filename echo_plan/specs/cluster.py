@@ -45,6 +45,15 @@ class Routing(str, Enum):
     PLANNED = "planned"
 
 
+class Placement(str, Enum):
+    """Which leaf a job's servers sit under: ``in-order`` fills each leaf before the next (what a
+    topology-aware scheduler gives); ``round-robin`` puts server i under leaf i mod leaves, a
+    deterministic stand-in for a job scattered over leaves by a busy scheduler (C4's setting)."""
+
+    IN_ORDER = "in-order"
+    ROUND_ROBIN = "round-robin"
+
+
 DEFAULT_LEAF_RADIX = 64  # judgement: today's 400G InfiniBand/Ethernet leaves (NVIDIA QM9700, 64 ports)
 
 
@@ -98,6 +107,7 @@ class NetworkSpec(Spec):
     uplink_bw_Gbps: float | None = Field(default=None, gt=0, le=1e7,
                                          description="rate of one uplink (default: the NIC's rate)")
     routing: Routing = Routing.NONE
+    placement: Placement = Placement.IN_ORDER
     flows_per_connection: int = Field(default=1, ge=1, le=1024,
                                       description="flows (queue pairs) between two NICs; NCCL's default is 1")
     ecmp_seed: int = Field(default=0, ge=0, le=2**31 - 1, description="seed of the Monte Carlo ECMP estimate")
@@ -185,8 +195,20 @@ class ClusterSpec(Spec):
 
     @property
     def num_leaves(self) -> int:
-        """Leaf switches per plane (per rail on a rail-optimised fabric) that the servers fill in order."""
+        """Leaf switches per plane (per rail on a rail-optimised fabric) that the job's servers use."""
         return -(-self.num_nodes // max(1, self.network.servers_per_leaf))
+
+    def leaf_of(self, node):
+        """The leaf above server ``node`` (an int or a numpy array of them), by ``network.placement``."""
+        if self.network.placement is Placement.ROUND_ROBIN:
+            return node % self.num_leaves
+        return node // self.network.servers_per_leaf
+
+    def servers_under(self, leaf: int) -> range:
+        if self.network.placement is Placement.ROUND_ROBIN:
+            return range(leaf, self.num_nodes, self.num_leaves)
+        per = self.network.servers_per_leaf
+        return range(leaf * per, min(self.num_nodes, (leaf + 1) * per))
 
     def with_routing(self, routing: str | None = None, flows_per_connection: int | None = None) -> "ClusterSpec":
         """The same cluster with another routing of cross-leaf flows (--routing, --flows-per-connection)."""

@@ -131,3 +131,12 @@ def test_fabric_spec_errors_are_one_line():
     with pytest.raises(SpecError, match="--routing"):
         H800.with_routing("hashed")
     assert H800.with_routing("ECMP").network.routing is Routing.ECMP
+
+
+def test_scattered_servers_put_data_parallel_rings_across_leaves():
+    rr = H800.replace(network=H800.network.replace(placement="round-robin").model_dump())
+    dp = CommGroup(G.DP, 16, 8)
+    assert not bin_sets(K.REDUCE_SCATTER, dp, H800.with_routing("ecmp"))  # in order: one leaf
+    s = group_slowdown(K.REDUCE_SCATTER, dp, rr.with_routing("ecmp"))
+    assert s.planned == 1.0 < s.expected and s.method == "exact"
+    assert list(rr.servers_under(1))[:3] == [1, 5, 9] and int(rr.leaf_of(9)) == 1
