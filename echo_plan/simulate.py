@@ -133,6 +133,10 @@ class SimulationMemo:
                          for kind, t in traces.blocks}
         return out
 
+    def timed_collectives(self, cluster_key: str) -> list[tuple[CollectiveKind, int, CommGroup]]:
+        """(kind, nbytes, group) of every collective timed through ``comm_time`` on that cluster."""
+        return [(k[2], k[3], k[4]) for k in self._comm if k[1] == cluster_key]
+
     def comm_time(self, comm, cluster_key: str, cluster: ClusterSpec, kind: CollectiveKind, nbytes: int,
                   group: CommGroup) -> float:
         key = (comm, cluster_key, kind, nbytes, group)
@@ -147,14 +151,16 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
              compute: "ComputeModel | None" = None, comm: "CollectiveModel | None" = None,
              interference: "InterferenceModel | None" = None, timeline: bool = False,
              memo: SimulationMemo | None = None, work_scale: tuple[float, ...] | None = None,
-             memory_headroom_bytes: int | None = None, faults: tuple = (), failure_model=None) -> StepResult:
+             memory_headroom_bytes: int | None = None, faults: tuple = (), failure_model=None,
+             traffic: bool = False) -> StepResult:
     """Predict one training step of ``plan`` run with ``stack`` (default: the megatron-core preset).
     A plan fits when every GPU keeps ``memory_headroom_bytes`` free (default: memory.yaml's share).
     ``interference=None`` uses the default factors (data file); pass ``InterferenceModel.none()`` to
     switch interference off. ``work_scale`` (one factor per pipeline stage, > 0) slows that stage's
     GPUs for a what-if; ``faults`` (resilience/faults.py) slow the stages that hold the GPUs and links
-    they hit, and the result carries the healthy step beside it. Raises SpecError for a bad plan, or
-    one the stack cannot run."""
+    they hit, and the result carries the healthy step beside it. ``traffic`` adds, under a cluster
+    routing other than none, each collective group's ECMP and planned slowdowns (docs/traffic.md).
+    Raises SpecError for a bad plan, or one the stack cannot run."""
     from echo_plan.cost.memory import stage_memory
     from echo_plan.errors import SpecError
     from echo_plan.replay.no_gc import paused_gc
@@ -240,6 +246,12 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         fault_report = fault_summary(faults, effects, base, step_s, healthy, plan)
         notes.append(f"faults: step {step_s:.3f} s against {healthy.step_time_s:.3f} s healthy "
                      f"(+{step_s / healthy.step_time_s - 1:.1%})")
+    traffic_json = None
+    if traffic and cluster.network.routing.value != "none":
+        from echo_plan.resilience.traffic import step_traffic
+
+        traffic_json, note = step_traffic(cluster, effects, traces, memo.timed_collectives(cluster_key))
+        notes.append(note)
     if exchange is not None:
         notes.append(f"{plan.dp_comm.value} at density {plan.density:g}: the sparse exchange runs after the "
                      "backward pass (as the reference sparsifiers do); convergence per step is not modelled")
@@ -249,7 +261,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         hardware_tflops_per_gpu=thr.hardware_tflops_per_gpu, mfu=thr.mfu, memory=tuple(memory),
         breakdown=breakdown, timeline=events, notes=tuple(notes), stack=stack.name,
         step_time_range_s=rng.apply(step_s), range_coverage=rng.coverage, range_basis=rng.basis,
-        dp_exchange=exchange, faults=fault_report,
+        dp_exchange=exchange, faults=fault_report, traffic=traffic_json,
     ).with_goodput(plan, failure_model)
 
 

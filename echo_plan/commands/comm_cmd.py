@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from echo_plan.commands.common import ClusterOpt, JsonOpt, print_json
+from echo_plan.commands.common import ClusterOpt, FlowsOpt, JsonOpt, RoutingOpt, print_json
 
 
 def _estimate_dict(est, nbytes: int) -> dict:
@@ -30,6 +30,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
         algorithm: str = typer.Option(None, "--algorithm",
                                       help="an MSCCL-IR XML algorithm to predict beside NCCL's ring and tree"),
+        routing: str = RoutingOpt,
+        flows_per_connection: int = FlowsOpt,
     ) -> None:
         """Time, algorithm, protocol, algbw and busbw (nccl-tests sense) of one collective."""
         from echo_plan.cost.collectives import collective_model_for
@@ -49,9 +51,16 @@ def register(app: typer.Typer) -> None:
         nodes = -(-gpus // spec.gpus_per_node)
         if nodes > spec.num_nodes:
             spec = spec.replace(num_nodes=nodes)
+        spec = spec.with_routing(routing, flows_per_connection)
         group = CommGroup(GroupKind.WORLD, gpus)
         model = collective_model_for(spec)
         est = model.time(kind, nbytes, group, spec)
+        fabric = None
+        if spec.network.routing.value != "none":
+            from echo_plan.cost.base import Algorithm
+            from echo_plan.cost.fabric import group_slowdown
+
+            fabric = group_slowdown(kind, group, spec, tree=est.algorithm is Algorithm.TREE).as_json()
         cands = model.candidates(kind, nbytes, group, spec) if show_all else []
         per_node, spanned = group.placement(spec.gpus_per_node)
         calibrated = "nccl" in spec.calibration
@@ -73,6 +82,9 @@ def register(app: typer.Typer) -> None:
                    "nodes": spanned, "calibrated": calibrated, **_estimate_dict(est, nbytes)}
             if show_all:
                 out["candidates"] = [_estimate_dict(c, nbytes) for c in cands]
+            if fabric is not None:
+                out["routing"] = spec.network.routing.value
+                out["ecmp_slowdown"] = fabric
             print_json(out)
             return
         typer.echo(f"{kind.value} of {nbytes} B on {gpus} GPUs of {spec.name} ({per_node} per server, {spanned} "
@@ -81,6 +93,10 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"  choice {est.algorithm.value}/{est.protocol.value}")
         typer.echo(f"  algbw  {est.algbw_GBps:12.2f} GB/s")
         typer.echo(f"  busbw  {est.busbw_GBps:12.2f} GB/s")
+        if fabric is not None:
+            typer.echo(f"  routing {spec.network.routing.value}: {fabric['cross_leaf_flows']:,} cross-leaf flows; ECMP "
+                       f"slowdown x{fabric['expected']:.3f} expected, x{fabric['p99']:.2f} p99, x{fabric['worst']:.1f} "
+                       f"worst; planned x{fabric['planned']:.2f}")
         if show_all:
             typer.echo("  candidates (fastest first):")
             for c in cands:

@@ -47,21 +47,29 @@ StackOpt = typer.Option(
 HeadroomOpt = typer.Option(
     None, "--memory-headroom",
     help="memory every GPU must keep free for a plan to fit: a share (10%) or a size (6GiB); default 10%")
+RoutingOpt = typer.Option(
+    None, "--routing",
+    help="cross-leaf flows: ecmp (hashed onto uplinks, collisions share them) | planned (disjoint uplinks, as "
+         "C4P) | none (the leaf/spine layer not modelled; the cluster file's default); docs/traffic.md")
+FlowsOpt = typer.Option(None, "--flows-per-connection",
+                        help="flows (queue pairs) between two NICs under --routing ecmp (default 1, NCCL's)")
 CacheDirOpt = typer.Option(
     None, "--cache-dir", help="trace cache folder (default: $ECHO_PLAN_CACHE_DIR or the user cache dir)"
 )
 
 
-def resolve_specs(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
-                  seq_length: Optional[int] = None) -> tuple[ModelSpec, ClusterSpec]:
-    """The model (at ``--seq-length`` when given) and the cluster (resized)."""
+def resolve_specs(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int], *,
+                  seq_length: Optional[int] = None, routing: Optional[str] = None,
+                  flows_per_connection: Optional[int] = None) -> tuple[ModelSpec, ClusterSpec]:
+    """The model (at ``--seq-length`` when given) and the cluster (resized; with --routing /
+    --flows-per-connection applied)."""
     spec = load_model(model)
     if seq_length is not None:
         from echo_plan.limits import MAX_SEQUENCE, check_int
 
         check_int("--seq-length", seq_length, 1, MAX_SEQUENCE, "tokens per sequence")
         spec = spec.replace(seq_length=seq_length)
-    return spec, load_cluster(cluster, nodes=nodes, gpus=gpus)
+    return spec, load_cluster(cluster, nodes=nodes, gpus=gpus).with_routing(routing, flows_per_connection)
 
 
 def resolve_stack(stack: Optional[str]) -> SoftwareSpec:

@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         check_output_prefix(out, "--output")
         check_cache_dir(cache_dir)
         check_tp_pp(tp, pp)
-        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, seq_length)
+        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, seq_length=seq_length)
         dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp, cp)
         fields = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs if gbs else mbs * dp,
                       virtual_stages=vpp, recompute=recompute, sequence_parallel=sequence_parallel,

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, SeqOpt, CkptBwOpt, DensityOpt, DetectOpt, FailRateOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
+    CacheDirOpt, SeqOpt, CkptBwOpt, DensityOpt, DetectOpt, FlowsOpt, RoutingOpt, FailRateOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
     write_atomic,
 )
 
@@ -41,7 +41,8 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
             workers: int, ray_address: Optional[str], tokens: Optional[float] = None, stack: Optional[str] = None,
             memory_headroom: Optional[str] = None, dp_comm: Optional[str] = None, density: Optional[float] = None,
             dtype: Optional[str] = None, fp8_recipe: Optional[str] = None, fp8_param_gather: Optional[bool] = None,
-            processes: Optional[int] = None, seq_length: Optional[int] = None, cp: Optional[int] = None):
+            processes: Optional[int] = None, seq_length: Optional[int] = None, cp: Optional[int] = None,
+            routing: Optional[str] = None, flows_per_connection: Optional[int] = None):
     from echo_plan.commands.common import fp8_stack, parse_headroom, resolve_specs, resolve_stack
     from echo_plan.errors import SpecError
     from echo_plan.search.space import default_space_path_for, load_space
@@ -66,7 +67,8 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
     from echo_plan.search.storage import check_storage
 
     check_storage(storage)
-    m, c = resolve_specs(model, cluster, nodes, gpus, seq_length)
+    m, c = resolve_specs(model, cluster, nodes, gpus, seq_length=seq_length, routing=routing,
+                         flows_per_connection=flows_per_connection)
     space_spec = load_space(space if space is not None else default_space_path_for(m))
     if cp is not None:  # --cp fixes the cp knob
         L.check_int("--cp", cp, 1, L.MAX_GPUS, "the context-parallel degree")
@@ -216,6 +218,7 @@ def register(app: typer.Typer) -> None:
         dtype: Optional[str] = typer.Option(None, "--dtype", help="fix the precision: bf16 | fp16 | fp8 (default: "
                                             "the space's dtype knob)"),
         fp8_recipe: Optional[str] = Fp8RecipeOpt, fp8_param_gather: Optional[bool] = Fp8ParamGatherOpt,
+        routing: Optional[str] = RoutingOpt, flows_per_connection: Optional[int] = FlowsOpt,
         top: int = typer.Option(DEFAULT_TOP, "--top", help="plans to show"),
         as_json: bool = JsonOpt,
         csv: Optional[str] = typer.Option(None, "--csv", help="write the ranked plans to this CSV file"),
@@ -236,7 +239,8 @@ def register(app: typer.Typer) -> None:
         config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
                          workers, ray_address, stack=stack, memory_headroom=memory_headroom, dp_comm=dp_comm,
                          density=density, dtype=dtype, fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather,
-                         processes=processes, seq_length=seq_length, cp=cp)
+                         processes=processes, seq_length=seq_length, cp=cp,
+                         routing=routing, flows_per_connection=flows_per_connection)
         if dtype is not None and "," in dtype:
             from echo_plan.errors import SpecError
 
@@ -283,6 +287,7 @@ def register(app: typer.Typer) -> None:
         dtype: Optional[str] = typer.Option(None, "--dtype", help="precision(s): bf16 | fp16 | fp8, or a list such as "
                                             "bf16,fp8 to search each size once per precision and compare them"),
         fp8_recipe: Optional[str] = Fp8RecipeOpt, fp8_param_gather: Optional[bool] = Fp8ParamGatherOpt,
+        routing: Optional[str] = RoutingOpt, flows_per_connection: Optional[int] = FlowsOpt,
         failures_per_gpu_day: Optional[float] = FailRateOpt, checkpoint_gbps_per_gpu: Optional[float] = CkptBwOpt,
         restart_min: Optional[float] = RestartOpt, detect_min: Optional[float] = DetectOpt,
         as_json: bool = JsonOpt,
@@ -301,7 +306,8 @@ def register(app: typer.Typer) -> None:
                        ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom,
                        dp_comm=dp_comm, density=density, dtype=dtype, fp8_recipe=fp8_recipe,
                        fp8_param_gather=fp8_param_gather, processes=processes,
-                       seq_length=seq_length, cp=cp)
+                       seq_length=seq_length, cp=cp, routing=routing,
+                       flows_per_connection=flows_per_connection)
         fm = failure_model(failures_per_gpu_day, checkpoint_gbps_per_gpu, restart_min, detect_min)
 
         def run(config, label: str = ""):

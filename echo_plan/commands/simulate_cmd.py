@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CkptBwOpt, DetectOpt, DTypeHelp, Fp8ParamGatherOpt, Fp8RecipeOpt, FailRateOpt, RestartOpt, failure_model, DensityOpt, DpCommOpt, EpOpt, CpOpt, SeqOpt, EtpOpt, ImbalanceOpt, dp_comm_fields, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    CkptBwOpt, DetectOpt, FlowsOpt, RoutingOpt, DTypeHelp, Fp8ParamGatherOpt, Fp8RecipeOpt, FailRateOpt, RestartOpt, failure_model, DensityOpt, DpCommOpt, EpOpt, CpOpt, SeqOpt, EtpOpt, ImbalanceOpt, dp_comm_fields, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
 )
 
 
@@ -42,8 +42,10 @@ def register(app: typer.Typer) -> None:
                                                      help="gather parameters after the optimizer, not during the forward"),
         fault: Optional[list[str]] = typer.Option(
             None, "--fault", help="a fault, repeatable: straggler:rank=R,compute=F | link:node=N,nic=I,bw=F | "
-                                  "nvlink:node=N,bw=F | node:node=N,compute=F"),
+                                  "nvlink:node=N,bw=F | node:node=N,compute=F | uplink:leaf=L,down=C"),
         fault_file: Optional[str] = typer.Option(None, "--fault-file", help="YAML list of faults (kind + keys)"),
+        routing: Optional[str] = RoutingOpt,
+        flows_per_connection: Optional[int] = FlowsOpt,
         failures_per_gpu_day: Optional[float] = FailRateOpt,
         checkpoint_gbps_per_gpu: Optional[float] = CkptBwOpt,
         restart_min: Optional[float] = RestartOpt,
@@ -76,7 +78,8 @@ def register(app: typer.Typer) -> None:
         check_output_file(trace, "--trace", (".json",))
         check_cache_dir(cache_dir)
         check_tp_pp(tp, pp)
-        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, seq_length)
+        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, seq_length=seq_length, routing=routing,
+                                                 flows_per_connection=flows_per_connection)
         stack_spec = fp8_stack(resolve_stack(stack), dtype, fp8_recipe, fp8_param_gather)
         headroom = parse_headroom(memory_headroom, cluster_spec)
         dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp, cp)
@@ -124,7 +127,7 @@ def register(app: typer.Typer) -> None:
         result = simulate(model_spec, cluster_spec, plan, stack=stack_spec, cache=TraceCache(cache_dir), faults=faults,
                           failure_model=fm,
                           interference=interference, timeline=trace is not None, comm=comm,
-                          memory_headroom_bytes=headroom)
+                          memory_headroom_bytes=headroom, traffic=True)
         if trace is not None:
             from echo_plan.replay.timeline import write_chrome_trace
 

@@ -82,6 +82,11 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
             if f["note"]:
                 console.print(f"note: fault {f['kind']} {f['note']}")
 
+    if result.traffic:
+        from echo_plan.resilience.traffic import traffic_table
+
+        console.print(traffic_table(result.traffic))
+
     mem = Table(title="Memory per pipeline stage (GiB)", title_justify="left")
     for col in ("stage", "weights", "grads", "optimizer", "activations", "buffers", "total", "usable", "fits"):
         mem.add_column(col, justify="right")

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    CacheDirOpt, ClusterOpt, FlowsOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, RoutingOpt, StackOpt, print_json,
 )
 
 
@@ -31,6 +31,8 @@ def register(app: typer.Typer) -> None:
         recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
         sequence_parallel: bool = typer.Option(False, "--sequence-parallel"),
         distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer"),
+        routing: Optional[str] = RoutingOpt,
+        flows_per_connection: Optional[int] = FlowsOpt,
         as_json: bool = JsonOpt,
         cache_dir: Optional[str] = CacheDirOpt,
     ) -> None:
@@ -43,7 +45,8 @@ def register(app: typer.Typer) -> None:
 
         check_cache_dir(cache_dir)
         check_tp_pp(tp, pp)
-        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
+        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, routing=routing,
+                                                 flows_per_connection=flows_per_connection)
         stack_spec = resolve_stack(stack)
         dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp)
         plan = PlanSpec.build(dict(tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs or mbs * dp,

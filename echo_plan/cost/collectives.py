@@ -22,7 +22,7 @@ from echo_plan.cost.base import Algorithm, CollectiveEstimate, Protocol_
 from echo_plan.cost.nccl_algos import Line, Topo, bus_factor
 from echo_plan.cost.nccl_params import PROTOCOLS, NcclParams, load_default_params
 from echo_plan.errors import SpecError
-from echo_plan.specs.cluster import ClusterSpec, Fabric
+from echo_plan.specs.cluster import ClusterSpec, Fabric, Routing
 from echo_plan.trace.records import CollectiveKind, CommGroup
 
 _ZERO = CollectiveEstimate(0.0, Algorithm.LOCAL, Protocol_.SIMPLE, 0.0, 0.0)
@@ -35,22 +35,31 @@ def net_rank_GBps(cluster: ClusterSpec, efficiency: float = 1.0) -> float:
 
     The server's usable NIC bandwidth shared by its GPUs. A rail-optimised fabric keeps NCCL's
     traffic on one rail (same-index NICs under the same rail switches), so its spine's
-    oversubscription is not charged; a fat-tree's is.
+    oversubscription is not charged; a fat-tree's is. Under ``--routing ecmp|planned`` the leaf/spine
+    layer is modelled instead (``make_topo``), so no flat oversubscription is charged.
     """
     net = cluster.network
     node = net.nics_per_node * net.nic_GBps * net.nic_efficiency * efficiency
-    if net.fabric is Fabric.FAT_TREE:
+    if net.fabric is Fabric.FAT_TREE and net.routing is Routing.NONE:
         node /= net.oversubscription
     return node / cluster.gpus_per_node
 
 
-def make_topo(group: CommGroup, cluster: ClusterSpec, params: NcclParams) -> Topo:
+def make_topo(group: CommGroup, cluster: ClusterSpec, params: NcclParams, kind: CollectiveKind | None = None,
+              tree: bool = False) -> Topo:
+    """The group's tiers on the cluster. With ``kind`` and a cluster routing other than ``none``, the
+    network side is slowed by the leaf/spine crossing of the group's flows (``cost/fabric.py``: the
+    slowest flow paces the ring or tree; ``tree`` picks the tree's flows)."""
     gpn = cluster.gpus_per_node
     ppn, nodes = group.placement(gpn)
     nvl = cluster.gpu.nvlink_uni_GBps * params.nvlink_bw_efficiency
     if ppn >= 2:
         nvl *= 1.0 - params.nvlink_group_loss / ppn
     rank_net = net_rank_GBps(cluster, params.net_bw_efficiency)
+    if kind is not None and cluster.network.routing is not Routing.NONE:
+        from echo_plan.cost.fabric import routing_factor
+
+        rank_net /= routing_factor(kind, group, cluster, tree)
     if nodes == 1:
         bus = nvl
     elif ppn == 1:
@@ -136,7 +145,7 @@ class NcclModel:
             return entry[1], entry[2]
         if group.size > cluster.num_gpus:
             raise SpecError("group.size", group.size, f"at most the cluster's {cluster.num_gpus} GPUs", cluster.name)
-        topo = make_topo(group, cluster, self.params)
+        topo = make_topo(group, cluster, self.params, kind)
         p = self.params
         if kind is CollectiveKind.SEND_RECV:
             lines = [algos.send_recv(topo, p, proto) for proto in (algos.LL, algos.SIMPLE)]
@@ -145,7 +154,8 @@ class NcclModel:
         else:
             lines = algos.ring(kind, topo, p)
             if kind is CollectiveKind.ALL_REDUCE:
-                lines += algos.tree(topo, p)
+                crossed = cluster.network.routing is not Routing.NONE and topo.nodes > 1
+                lines += algos.tree(make_topo(group, cluster, p, kind, tree=True) if crossed else topo, p)
             if topo.nvls:
                 lines += algos.nvls(kind, topo, p)
         if len(self._lines) >= self.max_cache:

@@ -118,6 +118,7 @@ class StepResult:
     dp_exchange: dict[str, Any] | None = None  # a sparse dp_comm's parts per step (simulate.dp_exchange_summary)
     faults: dict[str, Any] | None = None  # faults applied, the healthy step and waits (resilience/apply.py)
     goodput: dict[str, Any] | None = None  # under failures: ETTR and goodput (resilience/goodput.py)
+    traffic: dict[str, Any] | None = None  # routing and per-group ECMP slowdowns (resilience/traffic.py)
 
     def with_goodput(self, plan: Any, failure_model: Any = None) -> "StepResult":
         """This result with its goodput under ``failure_model`` (default: resilience/goodput.py's)."""
@@ -183,6 +184,7 @@ class StepResult:
             "goodput_tokens_per_s": self.goodput_tokens_per_s,
             "effective_training_time_ratio": None if self.goodput is None else self.goodput["effective_training_time_ratio"],
             "goodput": self.goodput,
+            **({"traffic": self.traffic} if self.traffic else {}),
             **({"healthy_step_time_s": self.faults["healthy_step_time_s"], "faults": self.faults["applied"],
                 "fault_waits": self.faults["stages"]} if self.faults else {}),
         }

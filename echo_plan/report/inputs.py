@@ -78,6 +78,9 @@ def cluster_rows(cluster: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("network", f"{net.get('nics_per_node', '?')} x {net.get('nic_bw_Gbps', '?')} Gb/s NICs "
                                 f"per server, {net.get('fabric', '?')}, oversubscription "
                                 f"{net.get('oversubscription', '?')}"))
+        if net.get("routing", "none") != "none":
+            rows.append(("routing", f"{net['routing']} across leaves ({net.get('flows_per_connection', 1)} flow(s) "
+                                    f"per connection; {net.get('leaf_radix', '?')}-port leaves): docs/traffic.md"))
     if cluster.get("calibration"):
         rows.append(("calibration", _value(cluster["calibration"])))
     return rows

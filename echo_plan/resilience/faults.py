@@ -7,6 +7,8 @@ with ``kind`` and the same keys):
 * ``link:node=N,nic=I,bw=F``: NIC ``I`` of server ``N`` runs at F x its rate (the GPU of that rail).
 * ``nvlink:node=N,bw=F``: NVLink inside server ``N`` runs at F x its rate.
 * ``node:node=N,compute=F``: every GPU of server ``N`` computes F times slower.
+* ``uplink:leaf=L,down=C``: C of the spine uplinks of leaf switch ``L`` (on one rail plane) are down;
+  their flows move to the leaf's remaining uplinks (needs ``--routing ecmp|planned``; docs/traffic.md).
 
 Effects on the replay, which simulates one rank per pipeline stage: a fault slows the stage that
 holds the affected GPUs, because everything such a GPU synchronises with waits for it: its tensor-
@@ -36,6 +38,7 @@ class FaultKind(str, Enum):
     LINK = "link"
     NVLINK = "nvlink"
     NODE = "node"
+    UPLINK = "uplink"
 
 
 _KEYS = {
@@ -43,6 +46,7 @@ _KEYS = {
     FaultKind.LINK: {"node": int, "nic": int, "bw": float},
     FaultKind.NVLINK: {"node": int, "bw": float},
     FaultKind.NODE: {"node": int, "compute": float},
+    FaultKind.UPLINK: {"leaf": int, "down": int},
 }
 
 
@@ -119,6 +123,8 @@ def check_faults(faults: tuple[Fault, ...], plan: PlanSpec, cluster: ClusterSpec
             raise SpecError("straggler.rank", int(f.get("rank")), f"a rank below {plan.world_size} (the plan's GPUs)")
         if f.kind in (FaultKind.LINK, FaultKind.NVLINK, FaultKind.NODE) and not f.get("node") < cluster.num_nodes:
             raise SpecError(f"{f.kind.value}.node", int(f.get("node")), f"a server below {cluster.num_nodes}")
+        if f.kind is FaultKind.UPLINK:
+            _check_uplink(f, cluster)
         if f.kind is FaultKind.LINK:
             if cluster.num_nodes == 1:
                 raise SpecError("link", f.label(), f"{cluster.name} resized to one server has no network links; "
@@ -126,6 +132,21 @@ def check_faults(faults: tuple[Fault, ...], plan: PlanSpec, cluster: ClusterSpec
             if not f.get("nic") < cluster.network.nics_per_node:
                 raise SpecError("link.nic", int(f.get("nic")), f"a NIC below {cluster.network.nics_per_node} "
                                 "(NICs per server)")
+
+
+def _check_uplink(f: Fault, cluster: ClusterSpec) -> None:
+    from echo_plan.specs.cluster import Routing
+
+    net = cluster.network
+    if net.routing is Routing.NONE:
+        raise SpecError("uplink", f.label(), "uplink faults need the leaf/spine model: add --routing ecmp or "
+                        "--routing planned")
+    if not f.get("leaf") < cluster.num_leaves:
+        raise SpecError("uplink.leaf", int(f.get("leaf")), f"a leaf below {cluster.num_leaves} ({cluster.name}: "
+                        f"{net.servers_per_leaf} servers per leaf)")
+    if not 1 <= f.get("down") < net.leaf_uplinks:
+        raise SpecError("uplink.down", int(f.get("down")), f"1 to {net.leaf_uplinks - 1} (the leaf has "
+                        f"{net.leaf_uplinks} uplinks; one must stay up)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,10 +157,11 @@ class StageEffect:
     net_bw: float = 1.0  # its collectives and transfers see the network at this fraction
     nvlink_bw: float = 1.0  # ... and NVLink at this fraction
     causes: tuple[str, ...] = ()
+    failed_uplinks: tuple[tuple[int, int], ...] = ()  # (leaf, uplinks down): the fabric every stage sees
 
     @property
     def healthy(self) -> bool:
-        return self.compute_scale == 1.0 and self.net_bw == 1.0 and self.nvlink_bw == 1.0
+        return self.compute_scale == 1.0 and self.net_bw == 1.0 and self.nvlink_bw == 1.0 and not self.failed_uplinks
 
 
 def stage_of(rank: int, plan: PlanSpec) -> int:
@@ -165,9 +187,17 @@ def stage_effects(faults: tuple[Fault, ...], plan: PlanSpec, cluster: ClusterSpe
         if f.label() not in e["causes"]:
             e["causes"].append(f.label())
 
+    uplinks: dict[int, int] = {}
     for f in faults:
         if f.kind is FaultKind.STRAGGLER:
             hit(int(f.get("rank")), f, compute=f.get("compute"))
+            continue
+        if f.kind is FaultKind.UPLINK:  # the fabric is shared: every stage's collectives see it, and
+            leaf = int(f.get("leaf"))   # the stages whose servers sit under the leaf are named
+            uplinks[leaf] = min(cluster.network.leaf_uplinks - 1, uplinks.get(leaf, 0) + int(f.get("down")))
+            for node in cluster.servers_under(leaf):
+                for r in range(node * gpn, (node + 1) * gpn):
+                    hit(r, f)
             continue
         node = int(f.get("node"))
         ranks = range(node * gpn, (node + 1) * gpn)
@@ -182,14 +212,24 @@ def stage_effects(faults: tuple[Fault, ...], plan: PlanSpec, cluster: ClusterSpe
             nic = int(f.get("nic"))
             for r in range(node * gpn + nic * per_nic, node * gpn + (nic + 1) * per_nic):
                 hit(r, f, net=f.get("bw"))
-    return tuple(StageEffect(e["compute"], e["net"], e["nvl"], tuple(e["causes"])) for e in effects)
+    failed = tuple(sorted(uplinks.items()))
+    return tuple(StageEffect(e["compute"], e["net"], e["nvl"], tuple(e["causes"]), failed) for e in effects)
 
 
 def slowed_cluster(cluster: ClusterSpec, effect: StageEffect) -> ClusterSpec:
     """The cluster as the affected stage's collectives see it (its slow link on every hop it uses)."""
-    if effect.net_bw == 1.0 and effect.nvlink_bw == 1.0:
+    if effect.net_bw == 1.0 and effect.nvlink_bw == 1.0 and not effect.failed_uplinks:
         return cluster
     gpu = cluster.gpu.replace(nvlink_link_bw_GBps=cluster.gpu.nvlink_link_bw_GBps * effect.nvlink_bw,
                               nvlink_bw_GBps=cluster.gpu.nvlink_bw_GBps * effect.nvlink_bw)
-    net = cluster.network.replace(nic_bw_Gbps=cluster.network.nic_bw_Gbps * effect.net_bw)
+    net = cluster.network
+    changes: dict = {"nic_bw_Gbps": net.nic_bw_Gbps * effect.net_bw}
+    if net.uplink_bw_Gbps is None and effect.net_bw != 1.0:  # a slow NIC does not slow the leaf's uplinks
+        changes["uplink_bw_Gbps"] = net.nic_bw_Gbps
+    if effect.failed_uplinks:
+        merged = dict(net.failed_uplinks)
+        for leaf, down in effect.failed_uplinks:
+            merged[leaf] = min(net.leaf_uplinks - 1, merged.get(leaf, 0) + down)
+        changes["failed_uplinks"] = tuple(sorted(merged.items()))
+    net = net.replace(**changes)
     return cluster.replace(gpu=gpu.model_dump(), network=net.model_dump())

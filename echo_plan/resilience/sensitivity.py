@@ -18,11 +18,13 @@ SEVERITIES: dict[FaultKind, tuple[float, ...]] = {
     FaultKind.LINK: (0.75, 0.5, 0.25),  # NIC at this fraction of its rate
     FaultKind.NVLINK: (0.75, 0.5, 0.25),
     FaultKind.NODE: (1.1, 1.25, 1.5),
+    FaultKind.UPLINK: (1, 8, 16),  # uplinks of one leaf down (under --routing ecmp|planned only)
 }
 HEADLINE_SEVERITY: dict[FaultKind, float] = {FaultKind.STRAGGLER: 1.25, FaultKind.LINK: 0.5, FaultKind.NVLINK: 0.5,
-                                             FaultKind.NODE: 1.25}
+                                             FaultKind.NODE: 1.25, FaultKind.UPLINK: 8}
 WHAT = {FaultKind.STRAGGLER: "one GPU {v:g}x slower", FaultKind.LINK: "one NIC at {v:.0%} rate",
-        FaultKind.NVLINK: "one server's NVLink at {v:.0%}", FaultKind.NODE: "one server {v:g}x slower"}
+        FaultKind.NVLINK: "one server's NVLink at {v:.0%}", FaultKind.NODE: "one server {v:g}x slower",
+        FaultKind.UPLINK: "{v:g} uplink(s) of one leaf down"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,9 @@ def placements(pp: int) -> tuple[int, ...]:
 def fault_at(kind: FaultKind, severity: float, stage: int, plan, cluster) -> Fault:
     rank = stage * plan.stage_ranks
     node, local = divmod(rank, cluster.gpus_per_node)
+    if kind is FaultKind.UPLINK:  # the leaf above the stage's first server
+        leaf = int(cluster.leaf_of(node))
+        return fault_from_mapping({"kind": kind.value, "leaf": leaf, "down": int(severity)}, "sensitivity")
     key = "bw" if kind in (FaultKind.LINK, FaultKind.NVLINK) else "compute"
     data: dict[str, Any] = {"kind": kind.value, key: severity}
     if kind is FaultKind.STRAGGLER:
@@ -62,15 +67,26 @@ def fault_at(kind: FaultKind, severity: float, stage: int, plan, cluster) -> Fau
     return fault_from_mapping(data, "sensitivity")
 
 
+def applies(kind: FaultKind, cluster) -> bool:
+    """A NIC fault needs several servers; an uplink fault the leaf/spine model and several leaves."""
+    if kind is FaultKind.LINK:
+        return cluster.num_nodes > 1
+    if kind is FaultKind.UPLINK:
+        return cluster.network.routing.value != "none" and cluster.num_leaves > 1 and cluster.network.leaf_uplinks > 1
+    return True
+
+
 def sensitivity(plan, cluster, step: Callable[[tuple[Fault, ...]], float],
                 kinds: tuple[FaultKind, ...] | None = None, severities: dict | None = None,
                 progress: Callable[[int, int, str], None] | None = None) -> tuple[float, tuple[SensitivityRow, ...]]:
     """(healthy step, rows); ``step(faults)`` is the simulated step time with those faults."""
-    kinds = kinds or tuple(k for k in FaultKind if k is not FaultKind.LINK or cluster.num_nodes > 1)
+    kinds = kinds or tuple(k for k in SEVERITIES if applies(k, cluster))
     severities = severities or SEVERITIES
     healthy = step(())
     rows = []
-    todo = [(k, s) for k in kinds for s in severities[k]]
+    up = cluster.network.leaf_uplinks
+    todo = [(k, s) for k in kinds if k in severities
+            for s in (sorted({min(v, up - 1) for v in severities[k]}) if k is FaultKind.UPLINK else severities[k])]
     for i, (kind, sev) in enumerate(todo):
         if progress is not None:
             progress(i, len(todo), WHAT[kind].format(v=sev))

@@ -31,6 +31,32 @@ class Fabric(str, Enum):
     FAT_TREE = "fat-tree"
 
 
+class Routing(str, Enum):
+    """How flows that cross leaves pick a spine uplink (docs/traffic.md).
+
+    ``none``: the leaf/spine layer is not modelled (every flow at its NIC's rate; a fat-tree's
+    oversubscription charged on every inter-server hop), the model before fabric layers existed.
+    ``ecmp``: each flow is hashed onto one of its leaf's uplinks; collisions share a link.
+    ``planned``: flows are placed on disjoint uplinks, as C4P does (the collision-free bound).
+    """
+
+    NONE = "none"
+    ECMP = "ecmp"
+    PLANNED = "planned"
+
+
+class Placement(str, Enum):
+    """Which leaf a job's servers sit under: ``in-order`` fills each leaf before the next (what a
+    topology-aware scheduler gives); ``round-robin`` puts server i under leaf i mod leaves, a
+    deterministic stand-in for a job scattered over leaves by a busy scheduler (C4's setting)."""
+
+    IN_ORDER = "in-order"
+    ROUND_ROBIN = "round-robin"
+
+
+DEFAULT_LEAF_RADIX = 64  # judgement: today's 400G InfiniBand/Ethernet leaves (NVIDIA QM9700, 64 ports)
+
+
 class GPUSpec(Spec):
     name: str
     # ceilings ~1000x above today's parts (H100: ~2,000 TFLOP/s FP8, 80 GiB, 3.35 TB/s, 18 links)
@@ -73,6 +99,60 @@ class NetworkSpec(Spec):
     oversubscription: float = Field(default=1.0, ge=1.0, le=1e3,
                                     description="fabric oversubscription ratio, 1 = non-blocking")
     latency_us: float = Field(default=5.0, ge=0, le=1e6, description="one network hop's latency")
+    # -- the leaf/spine layers (two tiers); only --routing ecmp|planned reads them (docs/traffic.md) --
+    leaf_radix: int = Field(default=DEFAULT_LEAF_RADIX, ge=2, le=4096, description="ports of one leaf switch")
+    uplinks_per_leaf: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="leaf ports to the spines (default: radix / (1 + oversubscription)); the rest face NICs")
+    uplink_bw_Gbps: float | None = Field(default=None, gt=0, le=1e7,
+                                         description="rate of one uplink (default: the NIC's rate)")
+    routing: Routing = Routing.NONE
+    placement: Placement = Placement.IN_ORDER
+    flows_per_connection: int = Field(default=1, ge=1, le=1024,
+                                      description="flows (queue pairs) between two NICs; NCCL's default is 1")
+    ecmp_seed: int = Field(default=0, ge=0, le=2**31 - 1, description="seed of the Monte Carlo ECMP estimate")
+    failed_uplinks: tuple[tuple[int, int], ...] = Field(
+        default=(), description="(leaf, uplinks down) pairs: flows move to the leaf's remaining uplinks")
+
+    @model_validator(mode="after")
+    def _leaf(self) -> "NetworkSpec":
+        up = self.leaf_uplinks
+        if up >= self.leaf_radix:
+            raise ValueError(f"uplinks_per_leaf={up} leaves no port of the {self.leaf_radix}-port leaf for NICs")
+        if self.uplinks_per_leaf is not None and self.oversubscription != 1.0:
+            derived = (self.leaf_radix - up) / up
+            if abs(derived - self.oversubscription) > 0.05 * self.oversubscription:
+                raise ValueError(f"oversubscription={self.oversubscription:g} disagrees with the leaf's "
+                                 f"{self.leaf_radix - up} down / {up} up ports ({derived:.3g}); give one of them")
+        if self.fabric is Fabric.FAT_TREE and self.leaf_downlinks < self.nics_per_node:
+            raise ValueError(f"a fat-tree leaf with {self.leaf_downlinks} NIC ports cannot hold one server's "
+                             f"{self.nics_per_node} NICs; raise leaf_radix or lower uplinks_per_leaf")
+        seen = set()
+        for leaf, down in self.failed_uplinks:
+            if leaf < 0 or leaf in seen:
+                raise ValueError(f"failed_uplinks: leaf {leaf} must be a non-negative index given once")
+            if not 1 <= down < up:
+                raise ValueError(f"failed_uplinks: leaf {leaf} with {down} uplinks down; valid 1 to {up - 1} "
+                                 f"(of its {up})")
+            seen.add(leaf)
+        return self
+
+    @property
+    def leaf_uplinks(self) -> int:
+        if self.uplinks_per_leaf is not None:
+            return self.uplinks_per_leaf
+        return max(1, int(round(self.leaf_radix / (1.0 + self.oversubscription))))
+
+    @property
+    def leaf_downlinks(self) -> int:
+        return self.leaf_radix - self.leaf_uplinks
+
+    @property
+    def servers_per_leaf(self) -> int:
+        """Servers under one leaf: one NIC each per rail plane (rail-optimised), all their NICs (fat-tree)."""
+        if self.fabric is Fabric.RAIL_OPTIMIZED:
+            return self.leaf_downlinks
+        return self.leaf_downlinks // self.nics_per_node
 
     @property
     def nic_GBps(self) -> float:
@@ -107,7 +187,43 @@ class ClusterSpec(Spec):
             from echo_plan.cost.calibration import check_calibration
 
             check_calibration(self.calibration, self.name)
+        for leaf, _ in self.network.failed_uplinks:
+            if leaf >= self.num_leaves:
+                raise ValueError(f"failed_uplinks: leaf {leaf} does not exist; {self.name} has {self.num_leaves} "
+                                 f"leaf switch(es) per plane (0 to {self.num_leaves - 1})")
         return self
+
+    @property
+    def num_leaves(self) -> int:
+        """Leaf switches per plane (per rail on a rail-optimised fabric) that the job's servers use."""
+        return -(-self.num_nodes // max(1, self.network.servers_per_leaf))
+
+    def leaf_of(self, node):
+        """The leaf above server ``node`` (an int or a numpy array of them), by ``network.placement``."""
+        if self.network.placement is Placement.ROUND_ROBIN:
+            return node % self.num_leaves
+        return node // self.network.servers_per_leaf
+
+    def servers_under(self, leaf: int) -> range:
+        if self.network.placement is Placement.ROUND_ROBIN:
+            return range(leaf, self.num_nodes, self.num_leaves)
+        per = self.network.servers_per_leaf
+        return range(leaf * per, min(self.num_nodes, (leaf + 1) * per))
+
+    def with_routing(self, routing: str | None = None, flows_per_connection: int | None = None) -> "ClusterSpec":
+        """The same cluster with another routing of cross-leaf flows (--routing, --flows-per-connection)."""
+        changes: dict = {}
+        if routing is not None:
+            try:
+                changes["routing"] = Routing(str(routing).lower())
+            except ValueError:
+                raise SpecError("--routing", routing, "one of " + ", ".join(r.value for r in Routing)) from None
+        if flows_per_connection is not None:
+            L.check_int("--flows-per-connection", flows_per_connection, 1, 1024, "flows between two NICs")
+            changes["flows_per_connection"] = flows_per_connection
+        if not changes:
+            return self
+        return self.replace(network=self.network.replace(**changes).model_dump())
 
     @property
     def num_gpus(self) -> int:
