@@ -133,6 +133,22 @@ class SimulationMemo:
                          for kind, t in traces.blocks}
         return out
 
+    def split_timings(self, traces, timing: dict, compute, comm, cluster: ClusterSpec, cluster_key: str,
+                      plan: PlanSpec, interference) -> dict:
+        """Level 1 of the schedules that split the backward (replay/split.py), per traced stage."""
+        from echo_plan.replay.split import replay_split
+
+        def one(trace, lt):
+            key = ("split", trace.key.digest(), compute, comm, cluster_key, plan.dtype, interference)
+            hit = self._layers.get(key)
+            if hit is None:
+                hit = self._layers[key] = replay_split(trace, compute, comm, cluster, plan.dtype, interference,
+                                                       lt.forward, lt.backward)
+            return hit
+        out = {name: one(getattr(traces, name), timing[name]) for name in ("block", "embedding", "output")}
+        out["blocks"] = {kind: one(t, timing["blocks"][kind]) for kind, t in traces.blocks}
+        return out
+
     def comm_time(self, comm, cluster_key: str, cluster: ClusterSpec, kind: CollectiveKind, nbytes: int,
                   group: CommGroup) -> float:
         key = (comm, cluster_key, kind, nbytes, group)
@@ -176,6 +192,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     traces = memo.traces(model, plan, cache, stack)
     cluster_key = cluster.model_dump_json()
     timing = memo.timings(traces, compute, comm, cluster, cluster_key, plan, interference)
+    if plan.schedule.split_backward:
+        timing = dict(timing, split=memo.split_timings(traces, timing, compute, comm, cluster, cluster_key, plan,
+                                                       interference))
 
     def comm_time(kind: CollectiveKind, nbytes: int, group: CommGroup) -> float:
         return memo.comm_time(comm, cluster_key, cluster, kind, nbytes, group)
@@ -191,7 +210,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
 
     def replay_at(m: int) -> StepReplay:  # the stage costs do not depend on the micro-batch count
         costs = base if m == plan.num_microbatches else replace(
-            base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, base.schedule.virtual_stages))
+            base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, plan.virtual_stages))
         steps = build_tasks(costs)
         result = steps.replay(interference)
         rank = critical_rank(result, plan.pp)
@@ -270,6 +289,17 @@ def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
     return PhaseCost(work, compute, tp, inter, mix_t)
 
 
+def _pair_saving(f_kinds, b_kinds, split) -> float:
+    """DualPipe: what overlapping a chunk's forward with another chunk's backward saves, layer by
+    layer (the k-th layer of one beside the k-th of the other; a pair of two kinds saves the lesser)."""
+    def flat(kinds):
+        return [k for k, n in kinds for _ in range(n)]
+
+    def saving(k):
+        return split["blocks"].get(k, split["block"]).pair_saving_s
+    return sum(min(saving(a), saving(b)) for a, b in zip(flat(f_kinds), flat(b_kinds)))
+
+
 def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
     """What the stack changed about the plan, in words."""
     out = []
@@ -303,7 +333,15 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
                                            else plan.schedule)
     sched = schedules(schedule, pp, plan.num_microbatches, v)
-    nvs = pp * v
+    nvs, chunks = sched.num_virtual_stages, sched.virtual_stages
+    split = timing.get("split") if schedule.split_backward else None
+    if schedule.split_backward and split is None:
+        raise ValueError(f"the {schedule.value} schedule needs the level-1 split timings (timing['split'])")
+    dual_group = None
+    if schedule is Schedule.DUALPIPE:  # the two copies of a stage reduce their gradients together
+        from echo_plan.trace.records import GroupKind
+
+        dual_group = CommGroup(GroupKind.DP, size=2 * plan.dp, stride=plan.tp)
     layers_of = list(plan.virtual_layers(model.num_layers))
     first_layer = [sum(layers_of[:vs]) for vs in range(nvs)]
     _, emb_params, out_params = _params(model, plan)
@@ -315,46 +353,76 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
         ct = stage_comm(r) if stage_comm is not None else comm_time
         blk, emb, out = t_r["block"], t_r["embedding"], t_r["output"]
         by_kind = t_r.get("blocks") or {DENSE: blk}
-        fwd, bwd, labels, buckets = [], [], [], []
+        fwd, bwd, labels, buckets, bin_, wgt, kinds_of = [], [], [], [], [], [], []
         rank_params = rank_experts = 0
-        for c in range(v):
-            vs = c * pp + r
+        for c in range(chunks):
+            vs = sched.virtual_stage(r, c)
             n = layers_of[vs]
             f_parts, b_parts, params, experts = [], [], 0, 0
-            for kind, count in kind_counts(model, first_layer[vs], n):
+            i_parts, w_parts = [], []
+            kinds = kind_counts(model, first_layer[vs], n)
+            kinds_of.append(kinds)
+            for kind, count in kinds:
                 f_parts.append((by_kind.get(kind, blk).forward, count))
                 b_parts.append((by_kind.get(kind, blk).backward, count))
+                if split is not None:
+                    sp = split["blocks"].get(kind, split["block"])
+                    i_parts.append((sp.input_grad, count))
+                    w_parts.append((sp.weight_grad, count))
                 dense_p, expert_p = layer_params_per_rank(model, plan, kind)
                 params += count * dense_p
                 experts += count * expert_p
             label = f"layers {first_layer[vs]}-{first_layer[vs] + n - 1}"
+            if schedule is Schedule.DUALPIPE and c == 1:
+                label = "reverse copy: " + label
             if vs == 0:
                 f_parts.insert(0, (emb.forward, 1))
                 b_parts.append((emb.backward, 1))
+                if split is not None:
+                    i_parts.append((split["embedding"].input_grad, 1))
+                    w_parts.append((split["embedding"].weight_grad, 1))
                 params += emb_params
                 label += " +embedding"
             if vs == nvs - 1:
                 f_parts.append((out.forward, 1))
                 b_parts.insert(0, (out.backward, 1))
+                if split is not None:
+                    i_parts.insert(0, (split["output"].input_grad, 1))
+                    w_parts.insert(0, (split["output"].weight_grad, 1))
                 params += out_params
                 label += " +output"
                 if model.mtp_layers:  # multi-token prediction: a layer and a loss head per module
                     mtp = by_kind.get(model.mtp_kind, blk)
                     f_parts += [(mtp.forward, model.mtp_layers), (out.forward, model.mtp_layers)]
                     b_parts[:0] = [(out.backward, model.mtp_layers), (mtp.backward, model.mtp_layers)]
+                    if split is not None:
+                        msp = split["blocks"].get(model.mtp_kind, split["block"])
+                        i_parts[:0] = [(split["output"].input_grad, model.mtp_layers),
+                                       (msp.input_grad, model.mtp_layers)]
+                        w_parts[:0] = [(split["output"].weight_grad, model.mtp_layers),
+                                       (msp.weight_grad, model.mtp_layers)]
                     dense_p, expert_p = layer_params_per_rank(model, plan, model.mtp_kind)
                     params += model.mtp_layers * (dense_p + -(-2 * model.hidden_size ** 2 // plan.tp))
                     experts += model.mtp_layers * expert_p
                     label += f" +{model.mtp_layers} mtp"
             fwd.append(_phase(f_parts))
             bwd.append(_phase(b_parts))
+            if split is not None:
+                bin_.append(_phase(i_parts))
+                wgt.append(_phase(w_parts))
             labels.append(label)
-            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, op_time=op_time)
+            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, group=dual_group, op_time=op_time)
                            + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, group=edp, op_time=op_time))
             rank_params += params
             rank_experts += experts
         opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.dtype)
-        stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt))
+        pair = None
+        if schedule is Schedule.DUALPIPE:
+            pair = tuple(tuple(_pair_saving(kinds_of[cf], kinds_of[cb], split) for cb in range(chunks))
+                         for cf in range(chunks))
+        stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt,
+                                 tuple(bin_) if split is not None else None,
+                                 tuple(wgt) if split is not None else None, pair))
 
     p2p_by_stage = None
     if stage_comm is not None and nvs > 1:  # a transfer is as slow as the slower end's link
