@@ -52,12 +52,12 @@ class SimulationMemo:
         self.layer_hits = 0
         self.layer_misses = 0
 
-    def schedule(self, schedule: Schedule, pp: int, microbatches: int, virtual_stages: int):
+    def schedule(self, schedule: Schedule, pp: int, microbatches: int, virtual_stages: int, times=None):
         """The (pure, immutable) action lists, shared by every plan and steady-state sample with them."""
-        key = (schedule, pp, microbatches, virtual_stages)
+        key = (schedule, pp, microbatches, virtual_stages, times)
         sched = self._schedules.get(key)
         if sched is None:
-            sched = self._schedules[key] = build_schedule(schedule, pp, microbatches, virtual_stages)
+            sched = self._schedules[key] = build_schedule(schedule, pp, microbatches, virtual_stages, times)
         return sched
 
     def default_stack(self) -> SoftwareSpec:
@@ -210,7 +210,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
 
     def replay_at(m: int) -> StepReplay:  # the stage costs do not depend on the micro-batch count
         costs = base if m == plan.num_microbatches else replace(
-            base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, plan.virtual_stages))
+            base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, plan.virtual_stages,
+                                       base.schedule.times))
         steps = build_tasks(costs)
         result = steps.replay(interference)
         rank = critical_rank(result, plan.pp)
@@ -332,11 +333,17 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     gbytes = stack.grad_bytes(plan.dtype)
     schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
                                            else plan.schedule)
-    sched = schedules(schedule, pp, plan.num_microbatches, v)
-    nvs, chunks = sched.num_virtual_stages, sched.virtual_stages
     split = timing.get("split") if schedule.split_backward else None
     if schedule.split_backward and split is None:
         raise ValueError(f"the {schedule.value} schedule needs the level-1 split timings (timing['split'])")
+    if schedule is Schedule.ZB_V:  # its order is list-scheduled with the layer's F : Bi : W times
+        sp, lt = split["block"], timing["block"]
+        f_s = max(lt.forward.duration_s, 1e-12)  # as ratios to 1 decimal: plans with close ratios share an order
+        times = (1.0, round(sp.input_grad.duration_s / f_s, 1) or 0.1, round(sp.weight_grad.duration_s / f_s, 1) or 0.1)
+        sched = schedules(schedule, pp, plan.num_microbatches, v, times)
+    else:
+        sched = schedules(schedule, pp, plan.num_microbatches, v)
+    nvs, chunks = sched.num_virtual_stages, sched.virtual_stages
     dual_group = None
     if schedule is Schedule.DUALPIPE:  # the two copies of a stage reduce their gradients together
         from echo_plan.trace.records import GroupKind

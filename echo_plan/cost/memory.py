@@ -23,6 +23,14 @@ GPipe runs all m forwards first (m in flight); 1F1B (Narayanan et al. 2021) lets
 p - i - 1 warm-up forwards and one more before its first backward, so min(p - i, m); Megatron-LM's
 interleaved schedule gives rank i (p - i - 1) x 2 + (v - 1) x p warm-up model-chunk forwards,
 plus one, each chunk holding layers / v (capped at m x v chunk passes).
+
+The schedules that split the backward (ZB-H1, ZB-V, DualPipe) are walked pass by pass over the
+rank's action list (``replay/schedules_zb.py``): a forward adds its chunk's saved bytes; a whole
+backward frees them; an input-gradient pass frees them but keeps what the deferred weight-gradient
+pass reads (``retained``: the linears' inputs and the gradients of their outputs, measured from the
+trace by ``replay/split.py``) until that W runs. The peak of that walk is the rank's activations.
+DualPipe's ranks hold two copies' stages (s and pp - 1 - s): twice the parameters, gradients and
+optimizer states of a one-copy stage, as DeepSeek-V3's report states (section 3.2.1).
 """
 
 from __future__ import annotations
@@ -143,6 +151,69 @@ def stage_params_split(model: ModelSpec, plan: PlanSpec, stage: int) -> tuple[in
 
 # -- micro-batches in flight --------------------------------------------------------------------
 
+def walk_peak(actions, held: list[float], retained: list[float]) -> float:
+    """Peak bytes over one rank's action list: ``held[c]`` per forward of chunk c until its backward
+    (or its input-gradient pass), ``retained[c]`` from an input-gradient pass until its W."""
+    from echo_plan.replay.schedules import Pass
+
+    live = peak = 0.0
+    for a in actions:
+        c = a.chunk
+        if a.kind is Pass.FORWARD:
+            live += held[c]
+        elif a.kind is Pass.BACKWARD:
+            live -= held[c]
+        elif a.kind is Pass.INPUT_GRAD:
+            live += retained[c] - held[c]
+        else:
+            live -= retained[c]
+        peak = max(peak, live)
+    return peak
+
+
+@lru_cache(maxsize=256)
+def held_profile(schedule: Schedule, pp: int, m: int, v: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Per rank, the distinct maximal (forwards held per chunk..., W pending per chunk...) counts over
+    its action list: the peak of any ``walk_peak`` is the largest of these dotted with (held, retained),
+    so the search's memory estimate walks each schedule shape once, not once per candidate."""
+    from echo_plan.replay.schedules import Pass, build_schedule
+
+    sched = build_schedule(schedule, pp, m, v)
+    chunks = sched.virtual_stages
+    out = []
+    for acts in sched.actions:
+        counts = [0] * (2 * chunks)
+        seen = set()
+        for k, a in enumerate(acts):
+            c = a.chunk
+            if a.kind is Pass.FORWARD:
+                counts[c] += 1
+            elif a.kind is Pass.INPUT_GRAD:
+                counts[c] -= 1
+                counts[chunks + c] += 1
+            elif a.kind is Pass.BACKWARD:
+                counts[c] -= 1
+            else:
+                counts[chunks + c] -= 1
+            if a.kind is not Pass.BACKWARD and a.kind is not Pass.WEIGHT_GRAD and (
+                    k + 1 == len(acts) or acts[k + 1].kind is not Pass.FORWARD):
+                seen.add(tuple(counts))  # a forward only adds: the state after the next one dominates this
+        out.append(tuple(x for x in seen if not any(y != x and all(p >= q for p, q in zip(y, x)) for y in seen)))
+    return tuple(out)
+
+
+def profile_microbatches(schedule: Schedule, pp: int, m: int) -> int:
+    """The micro-batch count whose action lists show the peak of ``m``: warm-up and a steady state
+    are enough (4 x pp; tests/cost/test_schedule_memory.py checks it), so the search's estimate
+    builds one order per pipeline depth instead of one per micro-batch count."""
+    return min(m, 4 * pp)
+
+
+def profile_peak(profile: tuple[tuple[int, ...], ...], held: list[float], retained: list[float]) -> float:
+    weights = list(held) + list(retained)
+    return max((sum(n * w for n, w in zip(p, weights)) for p in profile), default=0.0)
+
+
 def inflight_chunk_passes(plan: PlanSpec, stage: int) -> int:
     """Forward passes (of one model chunk each) held on ``stage`` at its activation peak."""
     p, m, v = plan.pp, plan.num_microbatches, plan.virtual_stages
@@ -254,6 +325,14 @@ def output_activation_bytes(model: ModelSpec, plan: PlanSpec) -> int:
 def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces: ModelTracesLike,
                  stack: SoftwareSpec, headroom_bytes: int | None = None) -> tuple[StageMemory, ...]:
     """Per-stage peak memory with activations from the traces' saved bytes (one micro-batch each)."""
+    retained = None
+    if plan.schedule.split_backward:
+        from echo_plan.replay.split import retained_bytes, split_backward
+
+        def keep(trace) -> int:
+            return retained_bytes(trace, split_backward(trace)[1])
+        blocks = getattr(traces, "blocks", ()) or ((DENSE, traces.block),)
+        retained = ({kind: keep(t) for kind, t in blocks}, keep(traces.embedding), keep(traces.output))
     saved: dict[LayerKind, tuple[int, int]] = {}
     for kind, block in (getattr(traces, "blocks", ()) or ((DENSE, traces.block),)):
         full_layer = block.saved_bytes_by_mode.get(Recompute.NONE.value)
@@ -261,7 +340,8 @@ def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces:
             full_layer = layer_activation_bytes(model, plan, Recompute.NONE, stack, kind)
         saved[kind] = (block.saved_bytes, full_layer)
     return _assemble(model, plan, cluster, stack, saved,
-                     traces.embedding.saved_bytes, traces.output.saved_bytes, headroom_bytes=headroom_bytes)
+                     traces.embedding.saved_bytes, traces.output.saved_bytes, headroom_bytes=headroom_bytes,
+                     retained=retained)
 
 
 def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec,
@@ -270,9 +350,46 @@ def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stac
     saved = {kind: (layer_activation_bytes(model, plan, plan.recompute, stack, kind),
                     layer_activation_bytes(model, plan, Recompute.NONE, stack, kind))
              for kind in model.distinct_kinds()}
+    retained = None
+    if plan.schedule.split_backward:
+        # Judgement for the estimate: W reads every linear's input and its output's gradient, about
+        # what a layer saves without recomputation (the traced llama3-8b and mixtral-8x7b layers:
+        # 0.98-1.02 of it); the embedding keeps its output gradient, the output stage half its saved bytes.
+        e = plan.dtype.nbytes
+        rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
+        retained = ({k: full for k, (_, full) in saved.items()},
+                    int(e * model.seq_length * plan.micro_batch_size * model.hidden_size * rep),
+                    output_activation_bytes(model, plan) // 2)
     return _assemble(model, plan, cluster, stack, saved,
                      embedding_activation_bytes(model, plan, stack),
-                     output_activation_bytes(model, plan), consts=consts, headroom_bytes=headroom_bytes)
+                     output_activation_bytes(model, plan), consts=consts, headroom_bytes=headroom_bytes,
+                     retained=retained)
+
+
+def _walk_stage(model: ModelSpec, plan: PlanSpec, sched, profile, rank: int, saved, first, retained,
+                embed_saved: int, output_saved: int) -> float:
+    """Activations of one rank of a schedule that splits the backward: the peak of its action list."""
+    from echo_plan.replay.layer_mix import kind_counts
+
+    per_vs = plan.virtual_layers(model.num_layers)
+    by_kind, emb_keep, out_keep = retained
+    held, kept = [], []
+    for c in range(sched.virtual_stages):
+        vs = sched.virtual_stage(rank, c)
+        start = sum(per_vs[:vs])
+        h = k = 0.0
+        for kind, n in kind_counts(model, start, per_vs[vs]):
+            h += saved.get(kind, first)[0] * n
+            k += by_kind.get(kind, next(iter(by_kind.values()))) * n
+        if vs == 0:
+            h, k = h + embed_saved, k + emb_keep
+        if vs == sched.num_virtual_stages - 1:
+            mtp = model.mtp_layers
+            h += output_saved * (1 + mtp) + (saved.get(model.mtp_kind, first)[0] * mtp if mtp else 0)
+            k += out_keep * (1 + mtp) + (by_kind.get(model.mtp_kind, 0) * mtp if mtp else 0)
+        held.append(h)
+        kept.append(k)
+    return profile_peak(profile, held, kept)
 
 
 def default_headroom_bytes(cluster: ClusterSpec, consts: MemoryConstants | None = None) -> int:
@@ -283,8 +400,11 @@ def default_headroom_bytes(cluster: ClusterSpec, consts: MemoryConstants | None 
 
 def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec,
               saved: Mapping[LayerKind, tuple[int, int]], embed_saved: int, output_saved: int,
-              consts: MemoryConstants | None = None, headroom_bytes: int | None = None) -> tuple[StageMemory, ...]:
-    """``saved``: per layer kind, (bytes one layer saves under the plan's recompute, without recompute)."""
+              consts: MemoryConstants | None = None, headroom_bytes: int | None = None,
+              retained=None) -> tuple[StageMemory, ...]:
+    """``saved``: per layer kind, (bytes one layer saves under the plan's recompute, without recompute);
+    ``retained``: for schedules that split the backward, (per kind, embedding, output) bytes kept
+    from an input-gradient pass until its weight-gradient pass."""
     from echo_plan.replay.layer_mix import stage_kind_counts
 
     c = consts or load_memory_constants()
@@ -302,22 +422,37 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
     comms += sum(1 for n in (plan.ep, plan.edp) if n > 1) if model.is_moe else 0
     first = next(iter(saved.values()))
     out: list[StageMemory] = []
+    dual = plan.schedule is Schedule.DUALPIPE
+    sched = None
+    if plan.schedule.split_backward:
+        from echo_plan.replay.schedules_zb import split_layout
+
+        sched = split_layout(plan.schedule, plan.pp, plan.virtual_stages)
+        profile = held_profile(plan.schedule, plan.pp, profile_microbatches(plan.schedule, plan.pp,
+                                                                           plan.num_microbatches), plan.virtual_stages)
     for i in range(plan.pp):
         dense, experts = stage_params_split(model, plan, i)
+        if dual:  # the reverse direction's copy of stage pp - 1 - i
+            d2, e2 = stage_params_split(model, plan, plan.pp - 1 - i)
+            dense, experts = dense + d2, experts + e2
         params = dense + experts
         optimizer = dense * o_b / shard + experts * o_b / eshard
         grads = (dense * g_b / shard + experts * g_b / eshard) if shard_grads else params * g_b
-        chunks_held = inflight_chunk_passes(plan, i)
         counts = stage_kind_counts(model, plan, i)
-        act = sum(saved.get(k, first)[0] * n for k, n in counts.items()) / v * chunks_held
+        if sched is not None:
+            act = _walk_stage(model, plan, sched, profile[i], i, saved, first, retained, embed_saved, output_saved)
+        else:
+            chunks_held = inflight_chunk_passes(plan, i)
+            act = sum(saved.get(k, first)[0] * n for k, n in counts.items()) / v * chunks_held
         if plan.recompute is not Recompute.NONE:  # one layer's recomputed part, live during its backward
             act += max(max(0, full - part) for part, full in saved.values())
-        if i == 0:
+        if i == 0 and sched is None:
             act += embed_saved * inflight_on_chunk(plan, i, 0)
         transient = 0.0
-        if i == plan.pp - 1:
+        if i == plan.pp - 1 or (dual and i == 0):
             mtp = model.mtp_layers * (saved.get(model.mtp_kind, first)[0] + output_saved) if model.mtp_layers else 0
-            act += (output_saved + mtp) * inflight_on_chunk(plan, i, v - 1)
+            if sched is None:
+                act += (output_saved + mtp) * inflight_on_chunk(plan, i, v - 1)
             transient = (c.logits_transient_bytes_per_element * model.seq_length * plan.micro_batch_size
                          * model.vocab_size / plan.tp)
         buffers = (c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes

@@ -78,6 +78,7 @@ class PipelineSchedule:
     num_microbatches: int
     actions: tuple[tuple[Action, ...], ...]  # actions[s] = rank s's list, in execution order
     layout: Layout = Layout.INTERLEAVED
+    times: tuple[float, float, float] | None = None  # ZB-V: the (F, Bi, W) times its order was built for
 
     def virtual_stage(self, rank: int, chunk: int) -> int:
         """The model stage (in its direction's order) that ``chunk`` of ``rank`` holds."""
@@ -116,14 +117,16 @@ class PipelineSchedule:
         return self.rank_chunk(k, self.direction(chunk))
 
 
-def build_schedule(schedule: Schedule, pp: int, num_microbatches: int, virtual_stages: int = 1) -> PipelineSchedule:
-    """Per-rank action lists for ``schedule``; raises SpecError when the shape cannot run it."""
+def build_schedule(schedule: Schedule, pp: int, num_microbatches: int, virtual_stages: int = 1,
+                   times: tuple[float, float, float] | None = None) -> PipelineSchedule:
+    """Per-rank action lists for ``schedule``; raises SpecError when the shape cannot run it.
+    ``times``: ZB-V's (forward, input-gradient, weight-gradient) chunk times (schedules_zb.py)."""
     if pp < 1 or num_microbatches < 1 or virtual_stages < 1:
         raise SpecError("pp/microbatches/virtual_stages", (pp, num_microbatches, virtual_stages), "positive integers")
     if schedule in (Schedule.ZB_H1, Schedule.ZB_V, Schedule.DUALPIPE):
         from echo_plan.replay.schedules_zb import build_split_schedule
 
-        return build_split_schedule(schedule, pp, num_microbatches, virtual_stages)
+        return build_split_schedule(schedule, pp, num_microbatches, virtual_stages, times)
     if schedule is Schedule.INTERLEAVED and virtual_stages > 1:
         if num_microbatches % pp:
             raise SpecError("num_microbatches", num_microbatches,

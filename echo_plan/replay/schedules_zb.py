@@ -6,10 +6,13 @@
   most s of them pending; they fill the tail of the step, where 1F1B's later ranks idle). Every
   rank then holds at most pp micro-batches between their forward and their W: 1F1B's peak (rank 0's).
 * **ZB-V** (same paper, its V schedule): two chunks per rank, rank s holding stages s and
-  2 pp - 1 - s. The order comes from list-scheduling the passes at equal unit times, as the
-  paper's analysis assumes: at each step a rank runs the oldest ready ``Bi``, else a forward
-  (latest stage first) while fewer than 2 x pp chunk passes are held (1F1B's peak memory: pp
-  micro-batches of a whole stage), else a pending W. The order is then replayed with real times.
+  2 pp - 1 - s. The order comes from list-scheduling the passes with the plan's own forward,
+  input-gradient and weight-gradient times (equal when not given, as the paper's analysis
+  assumes; the paper's automatic scheduler likewise uses profiled times): whenever a rank is free
+  it runs the oldest ready ``Bi``, else a forward (latest stage first) while fewer than 2 x pp
+  chunk passes are held (1F1B's peak memory: pp micro-batches of a whole stage; the last place is
+  kept for the V's second arm, so the first arm cannot fill it and starve the loss), else a
+  pending W, else it waits. The order is then replayed with every real cost (p2p, DP, interference).
 * **DualPipe** (DeepSeek-V3, arXiv 2412.19437 section 3.2.1; the order of DeepSeek's reference
   implementation ``dualpipe.py``, its eight steps): each direction gets half of the micro-batches;
   rank s's chunk 0 is stage s of direction 0, chunk 1 stage pp - 1 - s of direction 1 (for ranks
@@ -21,6 +24,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 from echo_plan.errors import SpecError
@@ -30,15 +34,27 @@ from echo_plan.specs.plan import Schedule, schedule_rule
 F, B, BI, W = Pass.FORWARD, Pass.BACKWARD, Pass.INPUT_GRAD, Pass.WEIGHT_GRAD
 
 
-def build_split_schedule(schedule: Schedule, pp: int, m: int, virtual_stages: int) -> PipelineSchedule:
+def build_split_schedule(schedule: Schedule, pp: int, m: int, virtual_stages: int,
+                         times: tuple[float, float, float] | None = None) -> PipelineSchedule:
+    """``times``: ZB-V's (forward, input-gradient, weight-gradient) chunk times to list-schedule with
+    (default equal, as the paper's analysis assumes)."""
     why = schedule_rule(schedule, pp, virtual_stages, m)
     if why is not None:
         raise SpecError("schedule", schedule.value, why)
     if schedule is Schedule.ZB_H1:
         return PipelineSchedule(schedule, pp, 1, m, tuple(_zb_h1(s, pp, m) for s in range(pp)))
     if schedule is Schedule.ZB_V:
-        return PipelineSchedule(schedule, pp, 2, m, _zb_v(pp, m), Layout.V)
+        return PipelineSchedule(schedule, pp, 2, m, _zb_v(pp, m, times or (1.0, 1.0, 1.0)), Layout.V, times)
     return PipelineSchedule(schedule, pp, 2, m, tuple(_dualpipe(s, pp, m) for s in range(pp)), Layout.DUAL)
+
+
+def split_layout(schedule: Schedule, pp: int, virtual_stages: int) -> PipelineSchedule:
+    """The schedule's layout (which stage each rank's chunks hold) without its action lists."""
+    if schedule is Schedule.ZB_V:
+        return PipelineSchedule(schedule, pp, 2, 0, (), Layout.V)
+    if schedule is Schedule.DUALPIPE:
+        return PipelineSchedule(schedule, pp, 2, 0, (), Layout.DUAL)
+    return PipelineSchedule(schedule, pp, virtual_stages, 0, ())
 
 
 def _zb_h1(s: int, pp: int, m: int) -> tuple[Action, ...]:
@@ -62,66 +78,92 @@ def _zb_h1(s: int, pp: int, m: int) -> tuple[Action, ...]:
     return tuple(out)
 
 
-def _zb_v(pp: int, m: int) -> tuple[tuple[Action, ...], ...]:
-    """List scheduling at unit times (see the module docstring); stages 0 .. 2pp-1 along the V."""
+def _zb_v(pp: int, m: int, times: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> tuple[tuple[Action, ...], ...]:
+    """List scheduling along the V (see the module docstring): stages 0 .. 2pp-1, ``times`` the
+    (forward, input-gradient, weight-gradient) time of one chunk. Event-driven: the rank that is
+    free first picks; a rank with nothing ready but a pending W runs it, else it waits for the next
+    event (a dependency ending, or another rank's pick at the same time)."""
     nst = 2 * pp
-    holder = [(k, 0) if k < pp else (nst - 1 - k, 1) for k in range(nst)]
-    stage_of = {hc: k for k, hc in enumerate(holder)}
-    f_done = [[-1] * m for _ in range(nst)]  # time step a forward of (stage, mb) ended (exclusive)
-    b_done = [[-1] * m for _ in range(nst)]
+    tf, tb, tw = times
+    inf = float("inf")
+    f_end = [[inf] * m for _ in range(nst)]
+    b_end = [[inf] * m for _ in range(nst)]
+    stages = [(r, nst - 1 - r) for r in range(pp)]  # the stage each chunk of rank r holds
     next_f = [[0, 0] for _ in range(pp)]
     next_b = [[0, 0] for _ in range(pp)]
     held = [0] * pp
     pend: list[deque] = [deque() for _ in range(pp)]
     out: list[list[Action]] = [[] for _ in range(pp)]
-    cap = 2 * pp
-    total = 3 * nst * m
-    done, t = 0, 0
-    while done < total:
-        if t > 10 * total + 10 * nst:
-            raise ValueError("internal: the zb-v list schedule did not finish")
-        picks = []
-        for r in range(pp):
-            pick = None
-            cands = []
-            for c in (0, 1):
-                i = next_b[r][c]
-                k = stage_of[(r, c)]
-                if i < m and 0 <= f_done[k][i] <= t and (k == nst - 1 or 0 <= b_done[k + 1][i] <= t):
-                    cands.append((i, -k, c))
-            if cands:
-                i, _, c = min(cands)
-                pick = (BI, i, c)
-            elif held[r] < cap:
-                fc = []
-                for c in (1, 0):
-                    i = next_f[r][c]
-                    k = stage_of[(r, c)]
-                    if i < m and (k == 0 or 0 <= f_done[k - 1][i] <= t):
-                        fc.append((i, -k, c))
-                if fc:
-                    i, _, c = min(fc)
-                    pick = (F, i, c)
-            if pick is None and pend[r]:
-                i, c = pend[r].popleft()
-                pick = (W, i, c)
-            if pick is not None:
-                picks.append((r, pick))
-        for r, (kind, i, c) in picks:  # all ranks decide before any result of this step is visible
-            k = stage_of[(r, c)]
-            out[r].append(Action(kind, i, c))
-            done += 1
-            if kind is F:
-                f_done[k][i] = t + 1
-                next_f[r][c] += 1
-                held[r] += 1
-            elif kind is BI:
-                b_done[k][i] = t + 1
+    left = [6 * m] * pp
+    cap = 2 * pp  # chunk passes held: 1F1B's peak (pp micro-batches of a whole stage)
+    heap = [(0.0, 0, r) for r in range(pp)]  # (free at, waiting, rank): waiting ranks yield to others at that time
+    blocked: set[int] = set()  # waiting for a pass its neighbours have not picked yet
+    spins = 0
+    while heap:
+        now, was_waiting, r = heapq.heappop(heap)
+        best = None  # (priority, kind, mb, chunk)
+        soon = inf
+        for c in (0, 1):
+            k = stages[r][c]
+            i = next_b[r][c]
+            if i < m:
+                ready = f_end[k][i]
+                if k < nst - 1 and b_end[k + 1][i] > ready:
+                    ready = b_end[k + 1][i]
+                if ready <= now:
+                    cand = (0, i, -k, c)
+                    if best is None or cand < best:
+                        best = cand
+                elif ready < soon:
+                    soon = ready
+            i = next_f[r][c]
+            if i < m and held[r] < cap - (1 - c):  # one place kept for the V's second arm: no deadlock
+                ready = f_end[k - 1][i] if k > 0 else 0.0
+                if ready <= now:
+                    cand = (1, i, -k, c)
+                    if best is None or cand < best:
+                        best = cand
+                elif ready < soon:
+                    soon = ready
+        if best is not None:
+            prio, i, nk, c = best
+            if prio == 0:
+                out[r].append(Action(BI, i, c))
+                b_end[-nk][i] = now + tb
                 next_b[r][c] += 1
                 pend[r].append((i, c))
+                end = now + tb
             else:
-                held[r] -= 1
-        t += 1
+                out[r].append(Action(F, i, c))
+                f_end[-nk][i] = now + tf
+                next_f[r][c] += 1
+                held[r] += 1
+                end = now + tf
+        elif pend[r]:
+            i, c = pend[r].popleft()
+            out[r].append(Action(W, i, c))
+            held[r] -= 1
+            end = now + tw
+        else:  # nothing to run: wait for the next event
+            spins += 1
+            if spins > 64 * (6 * m * pp + pp):
+                raise ValueError("internal: the zb-v list schedule is stuck")
+            if soon < inf:
+                heapq.heappush(heap, (soon, 0, r))
+            else:  # only a neighbour's pick can give it work (the V links rank r to r - 1 and r + 1)
+                blocked.add(r)
+                if not heap:
+                    raise ValueError("internal: the zb-v list schedule is stuck")
+            continue
+        for x in (r - 1, r + 1):
+            if x in blocked:
+                blocked.discard(x)
+                heapq.heappush(heap, (now, 1, x))
+        left[r] -= 1
+        if left[r]:
+            heapq.heappush(heap, (end, 0, r))
+    if any(left):
+        raise ValueError("internal: the zb-v list schedule did not finish")
     return tuple(tuple(a) for a in out)
 
 
