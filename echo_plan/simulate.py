@@ -290,6 +290,15 @@ def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
     return PhaseCost(work, compute, tp, inter, mix_t)
 
 
+def zb_v_times(f_s: float, b_s: float, w_s: float) -> tuple[float, float, float]:
+    """The F : Bi : W ratios ZB-V's order is list-scheduled with, rounded to halves of F: on a coarse
+    grid the order settles into a short period, so the step is affine in the micro-batch count and the
+    steady state extrapolates exactly (replay/steady.py); finer ratios gave orders without a period
+    (full replays of ~300k tasks) for a few per cent of step time. Plans with close ratios share an order."""
+    f_s = max(f_s, 1e-12)
+    return (1.0, max(0.5, round(2 * b_s / f_s) / 2), max(0.5, round(2 * w_s / f_s) / 2))
+
+
 def _pair_saving(f_kinds, b_kinds, split) -> float:
     """DualPipe: what overlapping a chunk's forward with another chunk's backward saves, layer by
     layer (the k-th layer of one beside the k-th of the other; a pair of two kinds saves the lesser)."""
@@ -338,8 +347,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
         raise ValueError(f"the {schedule.value} schedule needs the level-1 split timings (timing['split'])")
     if schedule is Schedule.ZB_V:  # its order is list-scheduled with the layer's F : Bi : W times
         sp, lt = split["block"], timing["block"]
-        f_s = max(lt.forward.duration_s, 1e-12)  # as ratios to 1 decimal: plans with close ratios share an order
-        times = (1.0, round(sp.input_grad.duration_s / f_s, 1) or 0.1, round(sp.weight_grad.duration_s / f_s, 1) or 0.1)
+        times = zb_v_times(lt.forward.duration_s, sp.input_grad.duration_s, sp.weight_grad.duration_s)
         sched = schedules(schedule, pp, plan.num_microbatches, v, times)
     else:
         sched = schedules(schedule, pp, plan.num_microbatches, v)

@@ -12,6 +12,7 @@ from echo_plan.replay.interference import InterferenceModel, load_interference
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.pipeline import DpBucket, PhaseCost, StageCosts, StepCosts, build_tasks
 from echo_plan.replay.schedules import build_schedule
+from echo_plan.simulate import zb_v_times
 from echo_plan.specs.plan import Schedule
 
 MIX = ((TaskKind.GEMM, 0.8), (TaskKind.MEMORY, 0.2))
@@ -20,7 +21,7 @@ MIX = ((TaskKind.GEMM, 0.8), (TaskKind.MEMORY, 0.2))
 def make_costs(pp=4, m=8, v=1, schedule=Schedule.ONE_F_ONE_B, f=1.0, b=2.0, p2p=0.05, buckets=2,
                reduce_s=0.3, gather_s=0.0, overlap_grad=True, overlap_gather=True, tied=0.0, scale=None,
                tp_frac=0.1, w_frac=0.5, pair_saving=0.0):
-    times = (f / v, b * (1 - w_frac) / v, b * w_frac / v) if schedule is Schedule.ZB_V else None
+    times = zb_v_times(f, b * (1 - w_frac), b * w_frac) if schedule is Schedule.ZB_V else None
     sched = build_schedule(schedule, pp, m, v, times)
     split_v = v  # chunk costs: a stage's share; DualPipe's two chunks are two whole-stage copies
     v = sched.virtual_stages
