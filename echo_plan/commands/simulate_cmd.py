@@ -91,7 +91,8 @@ def register(app: typer.Typer) -> None:
         if layer_split == "auto":
             from echo_plan.specs.plan import balanced_split
 
-            fields["layer_split"] = balanced_split(model_spec.num_layers, pp * vpp)  # per virtual stage
+            chunks = 2 if schedule == "zb-v" and vpp == 1 else vpp  # ZB-V is two chunks per rank
+            fields["layer_split"] = balanced_split(model_spec.num_layers, pp * chunks)  # per virtual stage
         elif layer_split:
             try:
                 fields["layer_split"] = tuple(int(x) for x in layer_split.split(","))
