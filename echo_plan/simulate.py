@@ -219,7 +219,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                           steps, result)
 
     with paused_gc():  # level 2 allocates many long-lived small objects and no cycles
-        step = steady_state_step(plan.pp, plan.virtual_stages, plan.num_microbatches, replay_at, exact=timeline)
+        step = steady_state_step(plan.pp, plan.virtual_stages, plan.num_microbatches, replay_at, exact=timeline,
+                                 period=2 * plan.pp if plan.schedule is Schedule.ZB_V else None)
     rank, breakdown, step_s = step.rank, step.breakdown, step.step_s
     thr = throughput(model, plan, cluster.num_gpus, cluster.gpu.peak_tflops(plan.dtype), step_s)
     memory = stage_memory(model, plan, cluster, traces, stack, memory_headroom_bytes)
