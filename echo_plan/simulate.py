@@ -20,6 +20,7 @@ from echo_plan.replay.metrics import throughput
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts, build_tasks
 from echo_plan.replay.results import StepResult
 from echo_plan.replay.schedules import build_schedule
+from echo_plan.replay.split import pair_saving_of, zb_v_times
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE
@@ -136,18 +137,10 @@ class SimulationMemo:
     def split_timings(self, traces, timing: dict, compute, comm, cluster: ClusterSpec, cluster_key: str,
                       plan: PlanSpec, interference) -> dict:
         """Level 1 of the schedules that split the backward (replay/split.py), per traced stage."""
-        from echo_plan.replay.split import replay_split
+        from echo_plan.replay.split import split_timings
 
-        def one(trace, lt):
-            key = ("split", trace.key.digest(), compute, comm, cluster_key, plan.dtype, interference)
-            hit = self._layers.get(key)
-            if hit is None:
-                hit = self._layers[key] = replay_split(trace, compute, comm, cluster, plan.dtype, interference,
-                                                       lt.forward, lt.backward)
-            return hit
-        out = {name: one(getattr(traces, name), timing[name]) for name in ("block", "embedding", "output")}
-        out["blocks"] = {kind: one(t, timing["blocks"][kind]) for kind, t in traces.blocks}
-        return out
+        return split_timings(self._layers, traces, timing, compute, comm, cluster, cluster_key, plan.dtype,
+                             interference)
 
     def comm_time(self, comm, cluster_key: str, cluster: ClusterSpec, kind: CollectiveKind, nbytes: int,
                   group: CommGroup) -> float:
@@ -291,26 +284,6 @@ def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
     return PhaseCost(work, compute, tp, inter, mix_t)
 
 
-def zb_v_times(f_s: float, b_s: float, w_s: float) -> tuple[float, float, float]:
-    """The F : Bi : W ratios ZB-V's order is list-scheduled with, rounded to halves of F: on a coarse
-    grid the order settles into a short period, so the step is affine in the micro-batch count and the
-    steady state extrapolates exactly (replay/steady.py); finer ratios gave orders without a period
-    (full replays of ~300k tasks) for a few per cent of step time. Plans with close ratios share an order."""
-    f_s = max(f_s, 1e-12)
-    return (1.0, max(0.5, round(2 * b_s / f_s) / 2), max(0.5, round(2 * w_s / f_s) / 2))
-
-
-def _pair_saving(f_kinds, b_kinds, split) -> float:
-    """DualPipe: what overlapping a chunk's forward with another chunk's backward saves, layer by
-    layer (the k-th layer of one beside the k-th of the other; a pair of two kinds saves the lesser)."""
-    def flat(kinds):
-        return [k for k, n in kinds for _ in range(n)]
-
-    def saving(k):
-        return split["blocks"].get(k, split["block"]).pair_saving_s
-    return sum(min(saving(a), saving(b)) for a, b in zip(flat(f_kinds), flat(b_kinds)))
-
-
 def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
     """What the stack changed about the plan, in words."""
     out = []
@@ -434,7 +407,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
         opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.dtype)
         pair = None
         if schedule is Schedule.DUALPIPE:
-            pair = tuple(tuple(_pair_saving(kinds_of[cf], kinds_of[cb], split) for cb in range(chunks))
+            pair = tuple(tuple(pair_saving_of(kinds_of[cf], kinds_of[cb], split) for cb in range(chunks))
                          for cf in range(chunks))
         stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt,
                                  tuple(bin_) if split is not None else None,

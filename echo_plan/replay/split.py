@@ -36,7 +36,8 @@ from echo_plan.replay.interference import InterferenceModel
 from echo_plan.replay.layer import PhaseTiming, _phase, phase_tasks
 from echo_plan.trace.records import LayerTrace, OpKind, OpRecord, Phase, StageKind
 
-__all__ = ["SplitTiming", "split_backward", "replay_split", "pair_saving", "retained_bytes"]
+__all__ = ["SplitTiming", "split_backward", "replay_split", "split_timings", "pair_saving", "retained_bytes",
+           "pair_saving_of", "zb_v_times"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,3 +154,39 @@ def _segments(tasks: list) -> list[list]:
         if t.kind.is_comm:
             out.append([])
     return [s for s in out if s]
+
+
+def split_timings(cache: dict, traces, timing: dict, compute, comm, cluster, cluster_key: str, dtype,
+                  interference: InterferenceModel) -> dict:
+    """:func:`replay_split` of every traced stage of a plan (block, embedding, output, each layer kind),
+    kept in ``cache`` (the caller's memo) by trace and models."""
+    def one(trace, lt):
+        key = ("split", trace.key.digest(), compute, comm, cluster_key, dtype, interference)
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = replay_split(trace, compute, comm, cluster, dtype, interference, lt.forward,
+                                            lt.backward)
+        return hit
+    out = {name: one(getattr(traces, name), timing[name]) for name in ("block", "embedding", "output")}
+    out["blocks"] = {kind: one(t, timing["blocks"][kind]) for kind, t in traces.blocks}
+    return out
+
+
+def zb_v_times(f_s: float, b_s: float, w_s: float) -> tuple[float, float, float]:
+    """The F : Bi : W ratios ZB-V's order is list-scheduled with, rounded to halves of F: on a coarse
+    grid the order settles into a short period, so the step is affine in the micro-batch count and the
+    steady state extrapolates exactly (replay/steady.py); finer ratios gave orders without a period
+    (full replays of ~300k tasks) for a few per cent of step time. Plans with close ratios share an order."""
+    f_s = max(f_s, 1e-12)
+    return (1.0, max(0.5, round(2 * b_s / f_s) / 2), max(0.5, round(2 * w_s / f_s) / 2))
+
+
+def pair_saving_of(f_kinds, b_kinds, split) -> float:
+    """DualPipe: what overlapping a chunk's forward with another chunk's backward saves, layer by
+    layer (the k-th layer of one beside the k-th of the other; a pair of two kinds saves the lesser)."""
+    def flat(kinds):
+        return [k for k, n in kinds for _ in range(n)]
+
+    def saving(k):
+        return split["blocks"].get(k, split["block"]).pair_saving_s
+    return sum(min(saving(a), saving(b)) for a, b in zip(flat(f_kinds), flat(b_kinds)))

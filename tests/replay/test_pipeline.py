@@ -12,7 +12,7 @@ from echo_plan.replay.interference import InterferenceModel, load_interference
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.pipeline import DpBucket, PhaseCost, StageCosts, StepCosts, build_tasks
 from echo_plan.replay.schedules import build_schedule
-from echo_plan.simulate import zb_v_times
+from echo_plan.replay.split import zb_v_times
 from echo_plan.specs.plan import Schedule
 
 MIX = ((TaskKind.GEMM, 0.8), (TaskKind.MEMORY, 0.2))
