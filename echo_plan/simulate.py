@@ -20,6 +20,7 @@ from echo_plan.replay.metrics import throughput
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts, build_tasks
 from echo_plan.replay.results import StepResult
 from echo_plan.replay.schedules import build_schedule
+from echo_plan.replay.split import pair_saving_of, zb_v_times
 from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE
@@ -52,12 +53,12 @@ class SimulationMemo:
         self.layer_hits = 0
         self.layer_misses = 0
 
-    def schedule(self, schedule: Schedule, pp: int, microbatches: int, virtual_stages: int):
+    def schedule(self, schedule: Schedule, pp: int, microbatches: int, virtual_stages: int, times=None):
         """The (pure, immutable) action lists, shared by every plan and steady-state sample with them."""
-        key = (schedule, pp, microbatches, virtual_stages)
+        key = (schedule, pp, microbatches, virtual_stages, times)
         sched = self._schedules.get(key)
         if sched is None:
-            sched = self._schedules[key] = build_schedule(schedule, pp, microbatches, virtual_stages)
+            sched = self._schedules[key] = build_schedule(schedule, pp, microbatches, virtual_stages, times)
         return sched
 
     def default_stack(self) -> SoftwareSpec:
@@ -137,6 +138,14 @@ class SimulationMemo:
         """(kind, nbytes, group) of every collective timed through ``comm_time`` on that cluster."""
         return [(k[2], k[3], k[4]) for k in self._comm if k[1] == cluster_key]
 
+    def split_timings(self, traces, timing: dict, compute, comm, cluster: ClusterSpec, cluster_key: str,
+                      plan: PlanSpec, interference) -> dict:
+        """Level 1 of the schedules that split the backward (replay/split.py), per traced stage."""
+        from echo_plan.replay.split import split_timings
+
+        return split_timings(self._layers, traces, timing, compute, comm, cluster, cluster_key, plan.dtype,
+                             interference)
+
     def comm_time(self, comm, cluster_key: str, cluster: ClusterSpec, kind: CollectiveKind, nbytes: int,
                   group: CommGroup) -> float:
         key = (comm, cluster_key, kind, nbytes, group)
@@ -182,6 +191,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     traces = memo.traces(model, plan, cache, stack)
     cluster_key = cluster.model_dump_json()
     timing = memo.timings(traces, compute, comm, cluster, cluster_key, plan, interference)
+    if plan.schedule.split_backward:
+        timing = dict(timing, split=memo.split_timings(traces, timing, compute, comm, cluster, cluster_key, plan,
+                                                       interference))
 
     def comm_time(kind: CollectiveKind, nbytes: int, group: CommGroup) -> float:
         return memo.comm_time(comm, cluster_key, cluster, kind, nbytes, group)
@@ -197,7 +209,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
 
     def replay_at(m: int) -> StepReplay:  # the stage costs do not depend on the micro-batch count
         costs = base if m == plan.num_microbatches else replace(
-            base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, base.schedule.virtual_stages))
+            base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, plan.virtual_stages,
+                                       base.schedule.times))
         steps = build_tasks(costs)
         result = steps.replay(interference)
         rank = critical_rank(result, plan.pp)
@@ -205,7 +218,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                           steps, result)
 
     with paused_gc():  # level 2 allocates many long-lived small objects and no cycles
-        step = steady_state_step(plan.pp, plan.virtual_stages, plan.num_microbatches, replay_at, exact=timeline)
+        step = steady_state_step(plan.pp, plan.virtual_stages, plan.num_microbatches, replay_at, exact=timeline,
+                                 period=2 * plan.pp if plan.schedule is Schedule.ZB_V else None)
     rank, breakdown, step_s = step.rank, step.breakdown, step.step_s
     thr = throughput(model, plan, cluster.num_gpus, cluster.gpu.peak_tflops(plan.dtype), step_s)
     memory = stage_memory(model, plan, cluster, traces, stack, memory_headroom_bytes)
@@ -327,8 +341,21 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     gbytes = stack.grad_bytes(plan.param_dtype)
     schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
                                            else plan.schedule)
-    sched = schedules(schedule, pp, plan.num_microbatches, v)
-    nvs = pp * v
+    split = timing.get("split") if schedule.split_backward else None
+    if schedule.split_backward and split is None:
+        raise ValueError(f"the {schedule.value} schedule needs the level-1 split timings (timing['split'])")
+    if schedule is Schedule.ZB_V:  # its order is list-scheduled with the layer's F : Bi : W times
+        sp, lt = split["block"], timing["block"]
+        times = zb_v_times(lt.forward.duration_s, sp.input_grad.duration_s, sp.weight_grad.duration_s)
+        sched = schedules(schedule, pp, plan.num_microbatches, v, times)
+    else:
+        sched = schedules(schedule, pp, plan.num_microbatches, v)
+    nvs, chunks = sched.num_virtual_stages, sched.virtual_stages
+    dual_group = None
+    if schedule is Schedule.DUALPIPE:  # the two copies of a stage reduce their gradients together
+        from echo_plan.trace.records import GroupKind
+
+        dual_group = CommGroup(GroupKind.DP, size=2 * plan.dp, stride=plan.tp)
     layers_of = list(plan.virtual_layers(model.num_layers))
     first_layer = [sum(layers_of[:vs]) for vs in range(nvs)]
     _, emb_params, out_params = _params(model, plan)
@@ -340,31 +367,46 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
         ct = stage_comm(r) if stage_comm is not None else comm_time
         blk, emb, out = t_r["block"], t_r["embedding"], t_r["output"]
         by_kind = t_r.get("blocks") or {DENSE: blk}
-        fwd, bwd, labels, buckets = [], [], [], []
+        fwd, bwd, labels, buckets, bin_, wgt, kinds_of = [], [], [], [], [], [], []
         rank_params = rank_experts = 0
         once_per_step = 0.0  # FP8 weight casts: once per step, before the first micro-batch's forward
-        for c in range(v):
-            vs = c * pp + r
+        for c in range(chunks):
+            vs = sched.virtual_stage(r, c)
             n = layers_of[vs]
             f_parts, b_parts, params, experts = [], [], 0, 0
             layer_params = 0  # of transformer layers (FP8-gathered with fp8_param_gather)
-            for kind, count in kind_counts(model, first_layer[vs], n):
+            i_parts, w_parts = [], []
+            kinds = kind_counts(model, first_layer[vs], n)
+            kinds_of.append(kinds)
+            for kind, count in kinds:
                 f_parts.append((by_kind.get(kind, blk).forward, count))
                 b_parts.append((by_kind.get(kind, blk).backward, count))
                 once_per_step += count * by_kind.get(kind, blk).per_step_s
+                if split is not None:
+                    sp = split["blocks"].get(kind, split["block"])
+                    i_parts.append((sp.input_grad, count))
+                    w_parts.append((sp.weight_grad, count))
                 dense_p, expert_p = layer_params_per_rank(model, plan, kind)
                 params += count * dense_p
                 layer_params += count * dense_p
                 experts += count * expert_p
             label = f"layers {first_layer[vs]}-{first_layer[vs] + n - 1}"
+            if schedule is Schedule.DUALPIPE and c == 1:
+                label = "reverse copy: " + label
             if vs == 0:
                 f_parts.insert(0, (emb.forward, 1))
                 b_parts.append((emb.backward, 1))
+                if split is not None:
+                    i_parts.append((split["embedding"].input_grad, 1))
+                    w_parts.append((split["embedding"].weight_grad, 1))
                 params += emb_params
                 label += " +embedding"
             if vs == nvs - 1:
                 f_parts.append((out.forward, 1))
                 b_parts.insert(0, (out.backward, 1))
+                if split is not None:
+                    i_parts.insert(0, (split["output"].input_grad, 1))
+                    w_parts.insert(0, (split["output"].weight_grad, 1))
                 params += out_params
                 label += " +output"
                 if model.mtp_layers:  # multi-token prediction: a layer and a loss head per module
@@ -372,22 +414,38 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
                     f_parts += [(mtp.forward, model.mtp_layers), (out.forward, model.mtp_layers)]
                     b_parts[:0] = [(out.backward, model.mtp_layers), (mtp.backward, model.mtp_layers)]
                     once_per_step += model.mtp_layers * mtp.per_step_s
+                    if split is not None:
+                        msp = split["blocks"].get(model.mtp_kind, split["block"])
+                        i_parts[:0] = [(split["output"].input_grad, model.mtp_layers),
+                                       (msp.input_grad, model.mtp_layers)]
+                        w_parts[:0] = [(split["output"].weight_grad, model.mtp_layers),
+                                       (msp.weight_grad, model.mtp_layers)]
                     dense_p, expert_p = layer_params_per_rank(model, plan, model.mtp_kind)
                     params += model.mtp_layers * (dense_p + -(-2 * model.hidden_size ** 2 // plan.tp))
                     experts += model.mtp_layers * expert_p
                     label += f" +{model.mtp_layers} mtp"
             fwd.append(_phase(f_parts))
             bwd.append(_phase(b_parts))
+            if split is not None:
+                bin_.append(_phase(i_parts))
+                wgt.append(_phase(w_parts))
             labels.append(label)
             pb, epb = gather_bytes(plan, stack, params, layer_params)
-            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, op_time=op_time, param_bytes=pb)
+            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, group=dual_group, op_time=op_time,
+                                         param_bytes=pb)
                            + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, group=edp, op_time=op_time,
                                            param_bytes=epb))
             rank_params += params
             rank_experts += experts
         opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.param_dtype)
         opt += once_per_step  # counted with the optimizer step: the other per-step compute of the rank
-        stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt))
+        pair = None
+        if schedule is Schedule.DUALPIPE:
+            pair = tuple(tuple(pair_saving_of(kinds_of[cf], kinds_of[cb], split) for cb in range(chunks))
+                         for cf in range(chunks))
+        stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt,
+                                 tuple(bin_) if split is not None else None,
+                                 tuple(wgt) if split is not None else None, pair))
 
     p2p_by_stage = None
     if stage_comm is not None and nvs > 1:  # a transfer is as slow as the slower end's link

@@ -37,6 +37,9 @@ PLANS = [
     {"distributed_optimizer": True, "sequence_parallel": True, "recompute": "selective"},
     {"distributed_optimizer": True, "overlap_grad_reduce": False, "overlap_param_gather": False},
     {"pp": 4, "layer_split": (11, 9, 10, 10)},
+    {"schedule": "zb-h1"},
+    {"schedule": "zb-v"},
+    {"schedule": "dualpipe", "sequence_parallel": True},
 ]
 
 

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         mbs: int = typer.Option(1, "--mbs", help="micro-batch size"),
         gbs: Optional[int] = typer.Option(None, "--gbs", help="global batch size (default: mbs x dp)"),
         vpp: int = typer.Option(1, "--vpp", help="virtual pipeline stages per rank; above 1 implies interleaved"),
-        schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe | 1f1b | interleaved"),
+        schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe | 1f1b | interleaved | zb-h1 | zb-v | dualpipe (docs/schedules.md)"),
         recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
         sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron-LM sequence parallelism"),
         distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer",
@@ -98,7 +98,8 @@ def register(app: typer.Typer) -> None:
         if layer_split == "auto":
             from echo_plan.specs.plan import balanced_split
 
-            fields["layer_split"] = balanced_split(model_spec.num_layers, pp * vpp)  # per virtual stage
+            chunks = 2 if schedule == "zb-v" and vpp == 1 else vpp  # ZB-V is two chunks per rank
+            fields["layer_split"] = balanced_split(model_spec.num_layers, pp * chunks)  # per virtual stage
         elif layer_split:
             try:
                 fields["layer_split"] = tuple(int(x) for x in layer_split.split(","))

@@ -28,6 +28,14 @@ GPipe runs all m forwards first (m in flight); 1F1B (Narayanan et al. 2021) lets
 p - i - 1 warm-up forwards and one more before its first backward, so min(p - i, m); Megatron-LM's
 interleaved schedule gives rank i (p - i - 1) x 2 + (v - 1) x p warm-up model-chunk forwards,
 plus one, each chunk holding layers / v (capped at m x v chunk passes).
+
+The schedules that split the backward (ZB-H1, ZB-V, DualPipe) are walked pass by pass over the
+rank's action list (``replay/schedules_zb.py``): a forward adds its chunk's saved bytes; a whole
+backward frees them; an input-gradient pass frees them but keeps what the deferred weight-gradient
+pass reads (``retained``: the linears' inputs and the gradients of their outputs, measured from the
+trace by ``replay/split.py``) until that W runs. The peak of that walk is the rank's activations.
+DualPipe's ranks hold two copies' stages (s and pp - 1 - s): twice the parameters, gradients and
+optimizer states of a one-copy stage, as DeepSeek-V3's report states (section 3.2.1).
 """
 
 from __future__ import annotations
@@ -278,6 +286,14 @@ def output_activation_bytes(model: ModelSpec, plan: PlanSpec) -> int:
 def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces: ModelTracesLike,
                  stack: SoftwareSpec, headroom_bytes: int | None = None) -> tuple[StageMemory, ...]:
     """Per-stage peak memory with activations from the traces' saved bytes (one micro-batch each)."""
+    retained = None
+    if plan.schedule.split_backward:
+        from echo_plan.replay.split import retained_bytes, split_backward
+
+        def keep(trace) -> int:
+            return retained_bytes(trace, split_backward(trace)[1])
+        blocks = getattr(traces, "blocks", ()) or ((DENSE, traces.block),)
+        retained = ({kind: keep(t) for kind, t in blocks}, keep(traces.embedding), keep(traces.output))
     saved: dict[LayerKind, tuple[int, int]] = {}
     for kind, block in (getattr(traces, "blocks", ()) or ((DENSE, traces.block),)):
         full_layer = block.saved_bytes_by_mode.get(Recompute.NONE.value)
@@ -285,7 +301,8 @@ def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces:
             full_layer = layer_activation_bytes(model, plan, Recompute.NONE, stack, kind)
         saved[kind] = (block.saved_bytes, full_layer)
     return _assemble(model, plan, cluster, stack, saved,
-                     traces.embedding.saved_bytes, traces.output.saved_bytes, headroom_bytes=headroom_bytes)
+                     traces.embedding.saved_bytes, traces.output.saved_bytes, headroom_bytes=headroom_bytes,
+                     retained=retained)
 
 
 def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec,
@@ -294,9 +311,20 @@ def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stac
     saved = {kind: (layer_activation_bytes(model, plan, plan.recompute, stack, kind),
                     layer_activation_bytes(model, plan, Recompute.NONE, stack, kind))
              for kind in model.distinct_kinds()}
+    retained = None
+    if plan.schedule.split_backward:
+        # Judgement for the estimate: W reads every linear's input and its output's gradient, about
+        # what a layer saves without recomputation (the traced llama3-8b and mixtral-8x7b layers:
+        # 0.98-1.02 of it); the embedding keeps its output gradient, the output stage half its saved bytes.
+        e = plan.dtype.nbytes
+        rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
+        retained = ({k: full for k, (_, full) in saved.items()},
+                    int(e * model.seq_length * plan.micro_batch_size * model.hidden_size * rep),
+                    output_activation_bytes(model, plan) // 2)
     return _assemble(model, plan, cluster, stack, saved,
                      embedding_activation_bytes(model, plan, stack),
-                     output_activation_bytes(model, plan), consts=consts, headroom_bytes=headroom_bytes)
+                     output_activation_bytes(model, plan), consts=consts, headroom_bytes=headroom_bytes,
+                     retained=retained)
 
 
 def default_headroom_bytes(cluster: ClusterSpec, consts: MemoryConstants | None = None) -> int:
@@ -307,8 +335,11 @@ def default_headroom_bytes(cluster: ClusterSpec, consts: MemoryConstants | None 
 
 def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec,
               saved: Mapping[LayerKind, tuple[int, int]], embed_saved: int, output_saved: int,
-              consts: MemoryConstants | None = None, headroom_bytes: int | None = None) -> tuple[StageMemory, ...]:
-    """``saved``: per layer kind, (bytes one layer saves under the plan's recompute, without recompute)."""
+              consts: MemoryConstants | None = None, headroom_bytes: int | None = None,
+              retained=None) -> tuple[StageMemory, ...]:
+    """``saved``: per layer kind, (bytes one layer saves under the plan's recompute, without recompute);
+    ``retained``: for schedules that split the backward, (per kind, embedding, output) bytes kept
+    from an input-gradient pass until its weight-gradient pass."""
     from echo_plan.replay.layer_mix import all_stage_kind_counts
 
     c = consts or load_memory_constants()
@@ -326,23 +357,39 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
     comms += sum(1 for n in (plan.ep, plan.edp) if n > 1) if model.is_moe else 0
     first = next(iter(saved.values()))
     out: list[StageMemory] = []
+    dual = plan.schedule is Schedule.DUALPIPE
+    sched = None
+    if plan.schedule.split_backward:
+        from echo_plan.cost.schedule_memory import held_profile, profile_microbatches, walk_stage
+        from echo_plan.replay.schedules_zb import split_layout
+
+        sched = split_layout(plan.schedule, plan.pp, plan.virtual_stages)
+        profile = held_profile(plan.schedule, plan.pp, profile_microbatches(plan.schedule, plan.pp,
+                                                                           plan.num_microbatches), plan.virtual_stages)
     stage_counts = all_stage_kind_counts(model, plan)
     for i in range(plan.pp):
         counts = stage_counts[i]
         dense, experts = stage_params_split(model, plan, i, counts)
+        if dual:  # the reverse direction's copy of stage pp - 1 - i
+            d2, e2 = stage_params_split(model, plan, plan.pp - 1 - i, stage_counts[plan.pp - 1 - i])
+            dense, experts = dense + d2, experts + e2
         params = dense + experts
         optimizer = dense * o_b / shard + experts * o_b / eshard
         grads = (dense * g_b / shard + experts * g_b / eshard) if shard_grads else params * g_b
-        chunks_held = inflight_chunk_passes(plan, i)
-        act = sum(saved.get(k, first)[0] * n for k, n in counts.items()) / v * chunks_held
+        if sched is not None:
+            act = walk_stage(model, plan, sched, profile[i], i, saved, first, retained, embed_saved, output_saved)
+        else:
+            chunks_held = inflight_chunk_passes(plan, i)
+            act = sum(saved.get(k, first)[0] * n for k, n in counts.items()) / v * chunks_held
         if plan.recompute is not Recompute.NONE:  # one layer's recomputed part, live during its backward
             act += max(max(0, full - part) for part, full in saved.values())
-        if i == 0:
+        if i == 0 and sched is None:
             act += embed_saved * inflight_on_chunk(plan, i, 0)
         transient = 0.0
-        if i == plan.pp - 1:
+        if i == plan.pp - 1 or (dual and i == 0):
             mtp = model.mtp_layers * (saved.get(model.mtp_kind, first)[0] + output_saved) if model.mtp_layers else 0
-            act += (output_saved + mtp) * inflight_on_chunk(plan, i, v - 1)
+            if sched is None:
+                act += (output_saved + mtp) * inflight_on_chunk(plan, i, v - 1)
             transient = (c.logits_transient_bytes_per_element * (model.seq_length // plan.cp) * plan.micro_batch_size
                          * model.vocab_size / plan.tp)
         buffers = (c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes

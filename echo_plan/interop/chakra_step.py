@@ -223,6 +223,12 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     from echo_plan.specs.software import check_stack_supports
 
     validate_plan(plan, model, cluster)
+    if plan.schedule.split_backward:
+        from echo_plan.errors import SpecError
+
+        raise SpecError("schedule", plan.schedule.value, "the Chakra export writes whole backward passes: "
+                        "export a plan with gpipe, 1f1b or interleaved (zero-bubble and DualPipe graphs are not "
+                        "written yet)")
     memo = SimulationMemo()
     stack = stack if stack is not None else memo.default_stack()
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,

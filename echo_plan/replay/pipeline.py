@@ -37,7 +37,7 @@ from enum import Enum
 from echo_plan.replay.engine import ReplayResult, Task, replay_columns
 from echo_plan.replay.interference import InterferenceModel, Mix
 from echo_plan.replay.kinds import TaskKind
-from echo_plan.replay.schedules import Action, Pass, PipelineSchedule
+from echo_plan.replay.schedules import Pass, PipelineSchedule
 
 COMPUTE, PP_FWD, PP_BWD, DP = "compute", "pp_fwd", "pp_bwd", "dp_comm"
 PP_GATHER = "pp_gather"  # the receiving stage's TP all-gather of a message sent scattered over TP
@@ -46,6 +46,8 @@ PP_GATHER = "pp_gather"  # the receiving stage's TP all-gather of a message sent
 class Category(str, Enum):
     FORWARD = "forward"
     BACKWARD = "backward"
+    INPUT_GRAD = "backward-input"  # zero-bubble B: the input gradient
+    WEIGHT_GRAD = "backward-weight"  # zero-bubble W: the weight gradients
     P2P = "p2p"
     DP = "dp"
     OPTIMIZER = "optimizer"
@@ -84,6 +86,9 @@ class StageCosts:
     chunk_labels: tuple[str, ...]  # e.g. "layers 12-23" (+ "+embedding" / "+output")
     buckets: tuple[tuple[DpBucket, ...], ...]  # per chunk, in the order gradients become ready
     optimizer_s: float
+    input_grad: tuple[PhaseCost, ...] | None = None  # per chunk, schedules that split the backward
+    weight_grad: tuple[PhaseCost, ...] | None = None
+    pair_saving_s: tuple[tuple[float, ...], ...] | None = None  # DualPipe: [forward chunk][backward chunk]
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +165,10 @@ def build_tasks(costs: StepCosts) -> StepTasks:
     if len(costs.stages) != pp:
         raise ValueError(f"need costs for {pp} pipeline ranks, got {len(costs.stages)}")
     v, m = sched.virtual_stages, sched.num_microbatches
-    last_vs = sched.num_virtual_stages - 1
-    FWD = Pass.FORWARD
+    FWD, WGT = Pass.FORWARD, Pass.WEIGHT_GRAD
+    # per (rank, chunk): the (rank, chunk) a forward receives from / sends to (None at an end)
+    prev_of = [[sched.neighbour(r, c, -1) for c in range(v)] for r in range(pp)]
+    next_of = [[sched.neighbour(r, c, +1) for c in range(v)] for r in range(pp)]
     tied_on = costs.tied_allreduce_s > 0 and pp > 1
     overlap_grad, overlap_gather, sync = costs.overlap_grad_reduce, costs.overlap_param_gather, costs.sync_p2p
     recv_s = costs.p2p_recv_s
@@ -173,29 +180,28 @@ def build_tasks(costs: StepCosts) -> StepTasks:
     for r in range(pp):
         st = costs.stages[r]
         acts = sched.actions[r]
-        first_f: dict[int, int] = {}
-        last_b: dict[int, int] = {}
-        for a in acts:
+        first_f: dict[int, int] = {}  # chunk -> position of its first forward in the rank's list
+        last_b: dict[int, int] = {}  # chunk -> position of the pass that completes its weight gradients
+        for k, a in enumerate(acts):
             if a.kind is FWD:
-                first_f.setdefault(a.chunk, a.microbatch)
-            else:
-                last_b[a.chunk] = a.microbatch
+                first_f.setdefault(a.chunk, k)
+            elif a.kind.grads_ready:
+                last_b[a.chunk] = k
         go = overlap_gather and any(b.gather_s > 0 for bs in st.buckets for b in bs)
         firsts.append(first_f)
         lasts.append(last_b)
         overlapped.append(go)
         nb = [len(bs) for bs in st.buckets]
-        for a in acts:
+        for k, a in enumerate(acts):
             fwd = a.kind is FWD
             c, mb = a.chunk, a.microbatch
-            vs = c * pp + r
-            if recv_s > 0 and ((vs > 0) if fwd else (vs < last_vs)):
+            if a.kind is not WGT and recv_s > 0 and (prev_of if fwd else next_of)[r][c] is not None:
                 pos += 1  # the TP all-gather of the received message
             if fwd:
-                pos += nb[c] if go and first_f[c] == mb else 1
+                pos += nb[c] if go and first_f[c] == k else 1
             else:
-                pos += nb[c] if overlap_grad and nb[c] and last_b[c] == mb else 1
-            if (vs < last_vs) if fwd else (vs > 0):
+                pos += nb[c] if overlap_grad and nb[c] and last_b.get(c) == k else 1
+            if a.kind is not WGT and (next_of if fwd else prev_of)[r][c] is not None:
                 send_at[((r * v + c) * 2 + fwd) * m + mb] = pos
                 pos += 1
         ndp.append((sum(nb[c] for c in first_f) if go else 0) + sum(nb[c] for c in last_b)
@@ -246,32 +252,48 @@ def build_tasks(costs: StepCosts) -> StepTasks:
         first_f, last_b, go = firsts[r], lasts[r], overlapped[r]
         gather_at: dict[tuple[int, int], int] = {}
         if go:  # in order of first use: chunks in forward order, each from its first layers
-            for c in sorted(first_f, key=lambda c: _position(acts, Action(FWD, first_f[c], c))):
+            for c in sorted(first_f, key=first_f.__getitem__):
                 for b in reversed(range(len(st.buckets[c]))):
                     gather_at[(c, b)] = gather_task(r, c, b, st.buckets[c][b])
         # per (pass, chunk): what every action of that kind needs, computed once
         per = {}
-        for fwd in (True, False):
+        for kind_ in Pass:
+            if kind_.split and st.input_grad is None:
+                continue
+            fwd = kind_ is FWD
             for c in range(v):
-                phase = st.forward[c] if fwd else st.backward[c]
-                cat = Category.FORWARD if fwd else Category.BACKWARD
-                vs = sched.virtual_stage(r, c)
-                if fwd:
-                    src = ((vs - 1) % pp * v + (vs - 1) // pp) * 2 + 1 if vs > 0 else -1
-                    dst = (vs + 1) % pp if vs < last_vs else -1
-                else:
-                    src = ((vs + 1) % pp * v + (vs + 1) // pp) * 2 if vs < last_vs else -1
-                    dst = (vs - 1) % pp if vs > 0 else -1
-                per[(fwd, c)] = (phase, phase.work_s * scale, _compute_kind(phase), cat, cat.value,
-                                 TaskInfo(cat, r, phase, scale), src, dst, (FWD if fwd else Pass.BACKWARD).value,
-                                 st.chunk_labels[c], phase.mix)
+                phase = {FWD: st.forward, Pass.BACKWARD: st.backward, Pass.INPUT_GRAD: st.input_grad,
+                         WGT: st.weight_grad}[kind_][c]
+                cat = _CATEGORY[kind_]
+                src_rc = (prev_of if fwd else next_of)[r][c]
+                dst_rc = (next_of if fwd else prev_of)[r][c]
+                if kind_ is WGT:
+                    src_rc = dst_rc = None
+                src = (src_rc[0] * v + src_rc[1]) * 2 + fwd if src_rc is not None else -1
+                dst = dst_rc[0] if dst_rc is not None else -1
+                per[(kind_, c)] = (phase, phase.work_s * scale, _compute_kind(phase), cat, cat.value,
+                                   TaskInfo(cat, r, phase, scale), src, dst, kind_.value,
+                                   st.chunk_labels[c], phase.mix)
         p2p_info = TaskInfo(Category.P2P, r)
         prev_sends: tuple[int, ...] = ()
-        for a in acts:
+        pair_rest: PhaseCost | None = None  # DualPipe: the paired backward's cost, set by its forward
+        for k_a, a in enumerate(acts):
             fwd = a.kind is FWD
             c, mb = a.chunk, a.microbatch
-            phase, work, kind, cat, cat_value, whole_info, src, dst, kv, label, mix = per[(fwd, c)]
+            phase, work, kind, cat, cat_value, whole_info, src, dst, kv, label, mix = per[(a.kind, c)]
             deps: tuple[int, ...] = prev_sends if sync else ()
+            if a.paired and k_a + 1 < len(acts):  # DualPipe: this forward runs overlapped with the next backward
+                nxt = acts[k_a + 1]
+                other = per[(nxt.kind, nxt.chunk)][0]
+                saved = st.pair_saving_s[c][nxt.chunk] if st.pair_saving_s else 0.0
+                phase, pair_rest = _overlapped(phase, other, saved)
+                work, whole_info = phase.work_s * scale, TaskInfo(cat, r, phase, scale)
+                b_src = per[(nxt.kind, nxt.chunk)][6]
+                if b_src >= 0:  # the pair starts when both inputs are in
+                    deps = (*deps, send_at[b_src * m + nxt.microbatch])
+            elif pair_rest is not None:
+                phase, pair_rest = pair_rest, None
+                work, whole_info = phase.work_s * scale, TaskInfo(cat, r, phase, scale)
             if src >= 0:
                 got = send_at[src * m + mb]
                 if recv_s > 0:  # Megatron-LM's scatter/gather: all-gather on the receiver, after the recv
@@ -282,9 +304,9 @@ def build_tasks(costs: StepCosts) -> StepTasks:
                     got = g
                 deps = (*deps, got)
             buckets = st.buckets[c]
-            if fwd and go and first_f[c] == mb:
+            if fwd and go and first_f[c] == k_a:
                 pieces = [(b.params, (gather_at[(c, b_i)],)) for b_i, b in reversed(list(enumerate(buckets)))]
-            elif not fwd and overlap_grad and buckets and last_b[c] == mb:
+            elif not fwd and overlap_grad and buckets and last_b.get(c) == k_a:
                 pieces = [(b.params, ()) for b in buckets]
             else:
                 pieces = None
@@ -303,7 +325,7 @@ def build_tasks(costs: StepCosts) -> StepTasks:
                     add_info(TaskInfo(cat, r, phase, share * scale))
                     deps = (last,)
                     piece_ids.append(last)
-                if not fwd:
+                if not fwd and a.kind.grads_ready:
                     for b_i, (b, pid) in enumerate(zip(buckets, piece_ids)):
                         reduce_task(r, c, b_i, b, (pid,))
             last_compute[r] = last
@@ -316,7 +338,7 @@ def build_tasks(costs: StepCosts) -> StepTasks:
             else:
                 prev_sends = ()
         if not overlap_grad:
-            for c in sorted(last_b, key=lambda c: _position(acts, Action(Pass.BACKWARD, last_b[c], c))):
+            for c in sorted(last_b, key=last_b.__getitem__):
                 for b_i, b in enumerate(st.buckets[c]):
                     reduce_task(r, c, b_i, b, (last_compute[r],))
 
@@ -351,8 +373,25 @@ def build_tasks(costs: StepCosts) -> StepTasks:
     return StepTasks(device, stream, work_l, kind_l, mix_l, deps_l, cat_l, names, info, tuple(opt_ids))
 
 
-def _position(acts: tuple[Action, ...], a: Action) -> int:
-    return acts.index(a)
+_CATEGORY = {Pass.FORWARD: Category.FORWARD, Pass.BACKWARD: Category.BACKWARD, Pass.INPUT_GRAD: Category.INPUT_GRAD,
+             Pass.WEIGHT_GRAD: Category.WEIGHT_GRAD}
+
+
+def _overlapped(first: PhaseCost, second: PhaseCost, saved_s: float) -> tuple[PhaseCost, PhaseCost]:
+    """Two passes run as one overlapped pair ``saved_s`` shorter than apart: the saving comes out of
+    what each exposed (TP/EP communication, then interference), in proportion to it."""
+    exp1 = first.tp_comm_exposed_s + first.interference_s
+    exp2 = second.tp_comm_exposed_s + second.interference_s
+    saved_s = min(max(0.0, saved_s), exp1 + exp2)
+    if saved_s <= 0.0:
+        return first, second
+    return _hide(first, saved_s * exp1 / (exp1 + exp2)), _hide(second, saved_s * exp2 / (exp1 + exp2))
+
+
+def _hide(p: PhaseCost, s: float) -> PhaseCost:
+    tp = min(p.tp_comm_exposed_s, s)
+    inter = min(p.interference_s, s - tp)
+    return PhaseCost(p.work_s - tp - inter, p.compute_s, p.tp_comm_exposed_s - tp, p.interference_s - inter, p.mix)
 
 
 def _compute_kind(phase: PhaseCost) -> TaskKind:

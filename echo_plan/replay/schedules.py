@@ -1,10 +1,17 @@
-"""Pipeline schedules as per-rank action lists (GPipe, 1F1B, interleaved 1F1B).
+"""Pipeline schedules as per-rank action lists (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V, DualPipe).
 
 An :class:`Action` is "forward (or backward) of micro-batch ``m`` on model chunk ``c`` of pipeline
-rank ``s``". Model chunk ``c`` of rank ``s`` holds virtual stage ``c * pp + s`` (Megatron-LM's
-interleaved layout: rank 0 holds layers of virtual stages 0, pp, 2pp, ...). Each rank runs its
-list in order on its compute stream; cross-rank dependencies (activations forward, gradients
-backward) are given by :func:`action_deps`.
+rank ``s``". Which model stage a chunk holds is the schedule's :class:`Layout`: interleaved, chunk
+``c`` of rank ``s`` holds virtual stage ``c * pp + s`` (Megatron-LM: rank 0 holds virtual stages
+0, pp, 2pp, ...); in a V (ZB-V) rank ``s`` holds stages ``s`` and ``2 pp - 1 - s``; DualPipe's
+two chunks are two copies of the model in opposite directions (rank ``s`` holds stage ``s`` of
+one and stage ``pp - 1 - s`` of the other; micro-batches of direction ``d`` run on chunk ``d``).
+Each rank runs its list in order on its compute stream; cross-rank dependencies (activations
+forward, gradients backward) are given by :func:`action_deps`.
+
+Backward passes are whole (``B``: input and weight gradients), or, in the zero-bubble schedules
+and part of DualPipe, split into ``Bi`` (the input gradient, what the previous stage waits for)
+and ``W`` (the weight gradients, deferred to fill bubbles); ``schedules_zb.py`` builds those.
 
 The orders follow Megatron-LM's ``megatron/core/pipeline_parallel/schedules.py``:
 - 1F1B (``forward_backward_pipelining_without_interleaving``): ``pp - s - 1`` warm-up forwards,
@@ -18,7 +25,7 @@ The orders follow Megatron-LM's ``megatron/core/pipeline_parallel/schedules.py``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from echo_plan.errors import SpecError
@@ -27,14 +34,38 @@ from echo_plan.specs.plan import Schedule
 
 class Pass(str, Enum):
     FORWARD = "F"
-    BACKWARD = "B"
+    BACKWARD = "B"  # the whole backward: input and weight gradients
+    INPUT_GRAD = "Bi"  # zero-bubble "B": the input gradient only
+    WEIGHT_GRAD = "W"  # zero-bubble "W": the weight gradients of an earlier Bi
+
+    @property
+    def sends_gradient(self) -> bool:
+        return self is Pass.BACKWARD or self is Pass.INPUT_GRAD
+
+    @property
+    def split(self) -> bool:
+        return self is Pass.INPUT_GRAD or self is Pass.WEIGHT_GRAD
+
+    @property
+    def grads_ready(self) -> bool:
+        """After this pass the chunk's weight gradients of that micro-batch are complete."""
+        return self is Pass.BACKWARD or self is Pass.WEIGHT_GRAD
+
+
+class Layout(str, Enum):
+    """Which model stage each (rank, chunk) holds."""
+
+    INTERLEAVED = "interleaved"  # chunk c of rank s: stage c * pp + s (one chunk: plain pipeline)
+    V = "v"  # ZB-V: chunk 0 of rank s is stage s, chunk 1 is stage 2 pp - 1 - s
+    DUAL = "dual"  # DualPipe: chunk d is direction d's copy; stage s (d = 0) or pp - 1 - s (d = 1)
 
 
 @dataclass(frozen=True, slots=True)
 class Action:
     kind: Pass
-    microbatch: int
-    chunk: int  # model chunk on this rank (0 .. virtual_stages-1)
+    microbatch: int  # within the chunk's direction (DualPipe: each direction numbers its own)
+    chunk: int  # model chunk on this rank (0 .. chunks-1)
+    paired: bool = field(default=False, compare=False)  # DualPipe: overlapped with the next action
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,26 +74,59 @@ class PipelineSchedule:
 
     schedule: Schedule
     pp: int
-    virtual_stages: int
+    virtual_stages: int  # model chunks per rank
     num_microbatches: int
     actions: tuple[tuple[Action, ...], ...]  # actions[s] = rank s's list, in execution order
+    layout: Layout = Layout.INTERLEAVED
+    times: tuple[float, float, float] | None = None  # ZB-V: the (F, Bi, W) times its order was built for
 
     def virtual_stage(self, rank: int, chunk: int) -> int:
+        """The model stage (in its direction's order) that ``chunk`` of ``rank`` holds."""
+        if self.layout is Layout.V:
+            return rank if chunk == 0 else 2 * self.pp - 1 - rank
+        if self.layout is Layout.DUAL:
+            return rank if chunk == 0 else self.pp - 1 - rank
         return chunk * self.pp + rank
 
-    def rank_chunk(self, virtual_stage: int) -> tuple[int, int]:
-        """(pipeline rank, chunk) that holds a virtual stage."""
+    def rank_chunk(self, virtual_stage: int, direction: int = 0) -> tuple[int, int]:
+        """(pipeline rank, chunk) that holds a model stage (of a direction, for DualPipe)."""
+        if self.layout is Layout.V:
+            k = virtual_stage
+            return (k, 0) if k < self.pp else (2 * self.pp - 1 - k, 1)
+        if self.layout is Layout.DUAL:
+            return (virtual_stage, 0) if direction == 0 else (self.pp - 1 - virtual_stage, 1)
         return virtual_stage % self.pp, virtual_stage // self.pp
+
+    def direction(self, chunk: int) -> int:
+        return chunk if self.layout is Layout.DUAL else 0
 
     @property
     def num_virtual_stages(self) -> int:
-        return self.pp * self.virtual_stages
+        """Model stages a micro-batch passes through (DualPipe: pp, each rank holding two copies' stages)."""
+        return self.pp if self.layout is Layout.DUAL else self.pp * self.virtual_stages
+
+    @property
+    def split_backward(self) -> bool:
+        return any(a.kind is Pass.WEIGHT_GRAD for acts in self.actions for a in acts)
+
+    def neighbour(self, rank: int, chunk: int, step: int) -> tuple[int, int] | None:
+        """(rank, chunk) of the model stage ``step`` (+1 or -1) away in the chunk's direction; None past an end."""
+        k = self.virtual_stage(rank, chunk) + step
+        if k < 0 or k >= self.num_virtual_stages:
+            return None
+        return self.rank_chunk(k, self.direction(chunk))
 
 
-def build_schedule(schedule: Schedule, pp: int, num_microbatches: int, virtual_stages: int = 1) -> PipelineSchedule:
-    """Per-rank action lists for ``schedule``; raises SpecError when the shape cannot run it."""
+def build_schedule(schedule: Schedule, pp: int, num_microbatches: int, virtual_stages: int = 1,
+                   times: tuple[float, float, float] | None = None) -> PipelineSchedule:
+    """Per-rank action lists for ``schedule``; raises SpecError when the shape cannot run it.
+    ``times``: ZB-V's (forward, input-gradient, weight-gradient) chunk times (schedules_zb.py)."""
     if pp < 1 or num_microbatches < 1 or virtual_stages < 1:
         raise SpecError("pp/microbatches/virtual_stages", (pp, num_microbatches, virtual_stages), "positive integers")
+    if schedule in (Schedule.ZB_H1, Schedule.ZB_V, Schedule.DUALPIPE):
+        from echo_plan.replay.schedules_zb import build_split_schedule
+
+        return build_split_schedule(schedule, pp, num_microbatches, virtual_stages, times)
     if schedule is Schedule.INTERLEAVED and virtual_stages > 1:
         if num_microbatches % pp:
             raise SpecError("num_microbatches", num_microbatches,
@@ -128,18 +192,20 @@ def action_deps(sched: PipelineSchedule, rank: int, action: Action) -> tuple[tup
     """Actions on other ranks (or other chunks) whose output this action needs, as (rank, action).
 
     Forward of virtual stage ``vs`` needs the forward of ``vs - 1`` (its activations); backward of
-    ``vs`` needs the backward of ``vs + 1`` (the gradient of its output) and its own forward. The
+    ``vs`` (whole, or its input-gradient part) needs the one of ``vs + 1`` that sent the gradient of
+    its output, and its own forward; a weight-gradient pass needs its own input-gradient pass. The
     rank's own order is not listed here: each rank's list is sequential.
     """
-    vs = sched.virtual_stage(rank, action.chunk)
-    last = sched.num_virtual_stages - 1
+    mb, c = action.microbatch, action.chunk
     if action.kind is Pass.FORWARD:
-        if vs == 0:
-            return ()
-        r, c = sched.rank_chunk(vs - 1)
-        return ((r, Action(Pass.FORWARD, action.microbatch, c)),)
-    own = (rank, Action(Pass.FORWARD, action.microbatch, action.chunk))
-    if vs == last:
+        prev = sched.neighbour(rank, c, -1)
+        return () if prev is None else ((prev[0], Action(Pass.FORWARD, mb, prev[1])),)
+    if action.kind is Pass.WEIGHT_GRAD:
+        return ((rank, Action(Pass.INPUT_GRAD, mb, c)),)
+    own = (rank, Action(Pass.FORWARD, mb, c))
+    nxt = sched.neighbour(rank, c, +1)
+    if nxt is None:
         return (own,)
-    r, c = sched.rank_chunk(vs + 1)
-    return (own, (r, Action(Pass.BACKWARD, action.microbatch, c)))
+    kind = next((a.kind for a in sched.actions[nxt[0]] if a.microbatch == mb and a.chunk == nxt[1]
+                 and a.kind.sends_gradient), Pass.BACKWARD)
+    return (own, (nxt[0], Action(kind, mb, nxt[1])))

@@ -59,9 +59,12 @@ def _figures(r: StepReplay) -> list[float]:
     return [r.step_s] + [getattr(r.breakdown, f.name) for f in fields(Breakdown)]
 
 
-def sample_counts(pp: int, virtual_stages: int, m: int, start: int | None = None) -> tuple[int, int, int] | None:
-    """Three micro-batch counts to replay, or None when replaying all ``m`` costs no more."""
-    d = pp
+def sample_counts(pp: int, virtual_stages: int, m: int, start: int | None = None,
+                  period: int | None = None) -> tuple[int, int, int] | None:
+    """Three micro-batch counts to replay, or None when replaying all ``m`` costs no more. ``period``:
+    micro-batches after which the schedule's steady state repeats (default pp; ZB-V's order repeats
+    every 2 pp, one micro-batch per stage of its V)."""
+    d = period or pp
     a = start if start is not None else 2 * pp  # the check rejects a warm-up that is too short
     if pp < 2 or 3 * a + 3 * d >= m:  # the three replays must cost less than the whole step
         return None
@@ -69,14 +72,14 @@ def sample_counts(pp: int, virtual_stages: int, m: int, start: int | None = None
 
 
 def steady_state_step(pp: int, virtual_stages: int, m: int, replay_at: Callable[[int], StepReplay],
-                      *, exact: bool = False) -> SteadyStep:
+                      *, exact: bool = False, period: int | None = None) -> SteadyStep:
     """The step at ``m`` micro-batches, extrapolated from a verified steady state when that is
     cheaper, else replayed in full (always in full when ``exact``)."""
     tasks = 0
     sampled: list[int] = []
     start = None
     while not exact:
-        counts = sample_counts(pp, virtual_stages, m, start)
+        counts = sample_counts(pp, virtual_stages, m, start, period)
         if counts is None:
             break
         reps = [replay_at(c) for c in counts]

@@ -12,6 +12,8 @@ from echo_plan.report.chart import CAPACITY_COLOR, GiB, MEMORY_COLORS, PALETTE, 
 CATEGORY_COLORS = {
     "forward": "#4C78A8",
     "backward": "#F58518",
+    "backward-input": "#F2A93B",  # zero-bubble B: the input gradient (schedules zb-h1, zb-v, dualpipe)
+    "backward-weight": "#8C564B",  # zero-bubble W: the weight gradients, deferred
     "recompute": "#9ECAE9",
     "p2p": "#E45756",
     "tp": "#B279A2",
@@ -128,6 +130,9 @@ def timeline_chart(result: StepResult, bins: int | None = None) -> Chart | None:
                  "point-to-point transfers, gradient reduction, the optimizer step. White on a compute row is "
                  f"pipeline bubble or waiting. Each row is cut into {bins} slots of {width * 1e3:.3g} ms; a slot "
                  "shows what runs at its middle (or a shorter event inside it). Hover to name an event."
+                 + (" Zero-bubble and DualPipe schedules split a backward into 'backward-input' (B: the input "
+                    "gradient the previous stage waits for) and 'backward-weight' (W: the weight gradients, run "
+                    "later to fill bubbles)." if "backward-weight" in present else "")
                  + (" 'PP recv gather' rows: without sequence parallelism a stage receives each message in 1/tp "
                     "parts and all-gathers it over TP before using it (coloured as p2p)."
                     if any(e.stream == "pp_gather" for e in events) else ""),
@@ -145,7 +150,8 @@ def timeline_window_chart(result: StepResult, bins: int = 600) -> Chart | None:
     if not events or pp < 2:
         return None
     first = min(e.rank for e in events)
-    backward = [e.start_s for e in events if e.rank == first and e.stream == "compute" and e.category == "backward"]
+    backward = [e.start_s for e in events if e.rank == first and e.stream == "compute"
+                and e.category in ("backward", "backward-input")]
     if not backward:
         return None
     end = 2.5 * min(backward)  # stage 0's warm-up (its first backward starts), then as long again and half more

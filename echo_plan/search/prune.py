@@ -15,7 +15,7 @@ from echo_plan.errors import EchoPlanError, SpecError
 from echo_plan.replay.results import StageMemory
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
-from echo_plan.specs.plan import balanced_split, PlanSpec, Recompute, Schedule, validate_plan
+from echo_plan.specs.plan import balanced_split, PlanSpec, Recompute, Schedule, schedule_rule, validate_plan
 from echo_plan.specs.software import SoftwareSpec, check_stack_supports
 from echo_plan.search.space import Knob, SearchSpace
 
@@ -42,6 +42,8 @@ class PruneReason(str, Enum):
     INVALID = "invalid plan (other rule)"
 
 
+_SPLIT = (Schedule.ZB_H1.value, Schedule.ZB_V.value, Schedule.DUALPIPE.value)
+
 # validate_plan names the field it rejects; this maps that field to a category.
 _FIELD_REASON = {
     "tp x pp x dp": PruneReason.GPUS,
@@ -53,6 +55,7 @@ _FIELD_REASON = {
     "virtual_stages": PruneReason.INTERLEAVE_BATCH,
     "sequence_parallel": PruneReason.SEQUENCE_PARALLEL,
     "dtype": PruneReason.PRECISION,  # fp8 on a GPU without FP8 tensor cores (A100)
+    "schedule": PruneReason.SCHEDULE,  # zb-v / dualpipe shape rules (specs/plan.py schedule_rule)
 }
 
 
@@ -85,6 +88,8 @@ def canonical(combo: dict[str, Any], dp: int | None = None) -> dict[str, Any]:
         c["sequence_parallel"] = False
     if not c["distributed_optimizer"]:
         c["overlap_param_gather"] = False
+    if c["schedule"] == Schedule.ZB_V.value and c["virtual_stages"] == 1:
+        c["virtual_stages"] = 2  # ZB-V is two chunks per rank by definition
     if c["pp"] == 1 and c["virtual_stages"] == 1:
         c["schedule"] = Schedule.ONE_F_ONE_B.value
     if c["virtual_stages"] > 1 and c["schedule"] == Schedule.ONE_F_ONE_B.value:
@@ -139,6 +144,10 @@ class Pruner:
             return Verdict(combo, None, PruneReason.TP_NODE,
                            f"tp {tp} does not fit in a {self.cluster.gpus_per_node}-GPU server")
         schedule = c["schedule"]
+        if schedule in _SPLIT:
+            why = schedule_rule(Schedule(schedule), pp, vpp, self.gbs // (dp * mbs))
+            if why is not None:
+                return Verdict(combo, None, PruneReason.SCHEDULE, why)
         if vpp > 1 and (pp == 1 or schedule == Schedule.GPIPE.value):
             why = "interleaving needs pp > 1" if pp == 1 else "GPipe is not interleaved"
             return Verdict(combo, None, PruneReason.SCHEDULE, f"virtual_stages {vpp}: {why}")
@@ -152,6 +161,8 @@ class Pruner:
             fields["density"] = 1.0  # a dense exchange has no density
         nvs, layers = pp * vpp, self.model.num_layers
         short = -layers % nvs  # layers missing for an even split
+        if schedule == Schedule.DUALPIPE.value:
+            nvs = pp  # two copies of pp stages, not virtual stages
         if pp > 1 and short and nvs <= layers and (vpp == 1 or short <= 2):
             # as even as possible: without interleaving any shortfall (DeepSeek-V3's 61 layers on 8
             # stages); with it, one layer fewer on the first and last virtual stage (Llama 3 405B's

@@ -23,6 +23,41 @@ class Schedule(str, Enum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    ZB_H1 = "zb-h1"  # Qi et al. 2024: 1F1B with backward split into B and W, W deferred (1F1B's memory)
+    ZB_V = "zb-v"  # Qi et al. 2024: two chunks per rank in a V, B and W split
+    DUALPIPE = "dualpipe"  # DeepSeek-V3 (arXiv 2412.19437): two directions, overlapped F&B pairs
+
+    @property
+    def split_backward(self) -> bool:
+        """The schedule runs the input and weight gradients as separate passes."""
+        return self in (Schedule.ZB_H1, Schedule.ZB_V, Schedule.DUALPIPE)
+
+
+def schedule_rule(schedule: Schedule, pp: int, virtual_stages: int, microbatches: int) -> str | None:
+    """Why ``schedule`` cannot run this shape (one line), or None when it can.
+
+    ZB-H1 is 1F1B's order (no virtual stages). ZB-V puts exactly two chunks on every rank in a V
+    (virtual_stages 2; pp >= 2 so the V has two arms). DualPipe (DeepSeek's reference
+    implementation, ``dualpipe.py``) pairs rank s with rank pp - 1 - s and feeds half the
+    micro-batches from each end: pp even, micro-batches even and at least 2 x pp; its two chunks
+    are two copies of the model, so the plan's own layers are split over pp stages (virtual_stages 1)."""
+    if schedule is Schedule.ZB_H1 and virtual_stages != 1:
+        return f"zb-h1 is 1F1B's order without virtual stages (virtual_stages {virtual_stages}); use zb-v"
+    if schedule is Schedule.ZB_V:
+        if virtual_stages != 2:
+            return f"zb-v runs exactly two chunks per rank (virtual_stages 2, not {virtual_stages})"
+        if pp < 2:
+            return "zb-v needs pp >= 2 (a V over the pipeline ranks)"
+    if schedule is Schedule.DUALPIPE:
+        if virtual_stages != 1:
+            return (f"dualpipe holds two copies of the model's stages, not virtual stages "
+                    f"(virtual_stages {virtual_stages})")
+        if pp < 2 or pp % 2:
+            return f"dualpipe needs an even number of pipeline stages (pp {pp})"
+        if microbatches % 2 or microbatches < 2 * pp:
+            return (f"dualpipe needs an even number of micro-batches, at least 2 x pp = {2 * pp} "
+                    f"(got {microbatches})")
+    return None
 
 
 class DpComm(str, Enum):
@@ -78,6 +113,8 @@ class PlanSpec(Spec):
             raise ValueError(f"dtype must be bf16, fp16 or fp8 for training, not {self.dtype.value}")
         if self.virtual_stages > 1 and self.schedule is Schedule.ONE_F_ONE_B:
             object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
+        if self.schedule is Schedule.ZB_V and self.virtual_stages == 1:
+            object.__setattr__(self, "virtual_stages", 2)  # ZB-V is two chunks per rank by definition
         if self.schedule is Schedule.INTERLEAVED and self.virtual_stages == 1 and self.pp > 1:
             raise ValueError("the interleaved schedule needs virtual_stages > 1")
         if self.sequence_parallel and self.tp == 1:
@@ -174,8 +211,8 @@ class PlanSpec(Spec):
             f"pp{self.pp}", f"dp{self.dp}", f"mbs{self.micro_batch_size}"]
         if self.virtual_stages > 1:
             parts.append(f"vpp{self.virtual_stages}")
-        if self.schedule is Schedule.GPIPE:
-            parts.append("gpipe")
+        if self.schedule in (Schedule.GPIPE, Schedule.ZB_H1, Schedule.ZB_V, Schedule.DUALPIPE):
+            parts.append(self.schedule.value)
         if self.recompute is not Recompute.NONE:
             parts.append({Recompute.SELECTIVE: "sel-recompute", Recompute.FULL: "full-recompute"}[self.recompute])
         if self.is_expert_parallel:
@@ -253,9 +290,12 @@ def validate_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec) -> Non
             "pp x virtual_stages", f"{plan.pp} x {plan.virtual_stages}",
             f"must divide num_layers {model.num_layers} of {model.name} (or give layer_split)",
         )
+    why = schedule_rule(plan.schedule, plan.pp, plan.virtual_stages, plan.num_microbatches)
+    if why is not None:
+        raise SpecError("schedule", plan.schedule.value, why)
     if plan.virtual_stages > 1 and plan.pp == 1:
         raise SpecError("virtual_stages", plan.virtual_stages, "interleaving needs pp > 1")
-    if plan.virtual_stages > 1 and plan.num_microbatches % plan.pp:
+    if plan.virtual_stages > 1 and plan.schedule is Schedule.INTERLEAVED and plan.num_microbatches % plan.pp:
         raise SpecError(
             "virtual_stages", plan.virtual_stages,
             f"the interleaved schedule needs the number of micro-batches ({plan.num_microbatches}) "

@@ -12,6 +12,7 @@ from echo_plan.replay.interference import InterferenceModel, load_interference
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.pipeline import DpBucket, PhaseCost, StageCosts, StepCosts, build_tasks
 from echo_plan.replay.schedules import build_schedule
+from echo_plan.replay.split import zb_v_times
 from echo_plan.specs.plan import Schedule
 
 MIX = ((TaskKind.GEMM, 0.8), (TaskKind.MEMORY, 0.2))
@@ -19,13 +20,18 @@ MIX = ((TaskKind.GEMM, 0.8), (TaskKind.MEMORY, 0.2))
 
 def make_costs(pp=4, m=8, v=1, schedule=Schedule.ONE_F_ONE_B, f=1.0, b=2.0, p2p=0.05, buckets=2,
                reduce_s=0.3, gather_s=0.0, overlap_grad=True, overlap_gather=True, tied=0.0, scale=None,
-               tp_frac=0.1):
-    sched = build_schedule(schedule, pp, m, v)
-    fwd = PhaseCost(f / v, f / v * (1 - tp_frac), f / v * tp_frac, 0.0, MIX)
-    bwd = PhaseCost(b / v, b / v * (1 - tp_frac), b / v * tp_frac, 0.0, MIX)
+               tp_frac=0.1, w_frac=0.5, pair_saving=0.0):
+    times = zb_v_times(f, b * (1 - w_frac), b * w_frac) if schedule is Schedule.ZB_V else None
+    sched = build_schedule(schedule, pp, m, v, times)
+    split_v = v  # chunk costs: a stage's share; DualPipe's two chunks are two whole-stage copies
+    v = sched.virtual_stages
+
+    def cost(t):
+        return PhaseCost(t / split_v, t / split_v * (1 - tp_frac), t / split_v * tp_frac, 0.0, MIX)
     kind = TaskKind.REDUCE_SCATTER if gather_s else TaskKind.ALL_REDUCE
     bk = tuple(DpBucket(100, reduce_s / buckets, kind, gather_s / buckets) for _ in range(buckets))
-    stage = StageCosts((fwd,) * v, (bwd,) * v, tuple(f"layers {c}" for c in range(v)), (bk,) * v, 0.1)
+    stage = StageCosts((cost(f),) * v, (cost(b),) * v, tuple(f"layers {c}" for c in range(v)), (bk,) * v, 0.1,
+                       (cost(b * (1 - w_frac)),) * v, (cost(b * w_frac),) * v, ((pair_saving,) * v,) * v)
     return StepCosts(sched, (stage,) * pp, p2p, tied, overlap_grad, overlap_gather, work_scale=scale)
 
 
@@ -44,14 +50,21 @@ configs = st.fixed_dictionaries({
 })
 
 
-def costs_from(c):
-    pp, v = c["pp"], c["v"]
-    sched = c["sched"]
+def runnable(sched, pp, m, v):
+    """(schedule, v) that can run pp stages and m micro-batches: ``sched`` when it can, else 1F1B."""
     if sched is Schedule.INTERLEAVED and (pp == 1 or v == 1):
-        sched = Schedule.ONE_F_ONE_B
-    if sched is not Schedule.INTERLEAVED:
-        v = 1
-    return make_costs(pp=pp, m=pp * c["mult"], v=v, schedule=sched, buckets=c["buckets"], p2p=c["p2p"],
+        return Schedule.ONE_F_ONE_B, 1
+    if sched is Schedule.ZB_V:
+        return (sched, 2) if pp >= 2 else (Schedule.ONE_F_ONE_B, 1)
+    if sched is Schedule.DUALPIPE and (pp % 2 or m % 2 or m < 2 * pp):
+        return Schedule.ONE_F_ONE_B, 1
+    return sched, (v if sched is Schedule.INTERLEAVED else 1)
+
+
+def costs_from(c):
+    pp, m = c["pp"], c["pp"] * c["mult"]
+    sched, v = runnable(c["sched"], pp, m, c["v"])
+    return make_costs(pp=pp, m=m, v=v, schedule=sched, buckets=c["buckets"], p2p=c["p2p"],
                       gather_s=0.2 if c["gather"] else 0.0, overlap_grad=c["og"], overlap_gather=c["opg"],
                       tied=0.05 if c["tied"] else 0.0)
 

@@ -28,7 +28,7 @@ def run_unit_times(sched, f=1.0, b=2.0):
                 if any(d not in done for d in deps):
                     break
                 start = max([free[r]] + [done[d] for d in deps])
-                free[r] = start + (f if act.kind is Pass.FORWARD else b)
+                free[r] = start + (f if act.kind is Pass.FORWARD else b / 2 if act.kind.split else b)
                 done[(r, act)] = free[r]
                 pos[r] += 1
                 progressed = True
@@ -42,10 +42,21 @@ shapes = st.tuples(st.integers(1, 8), st.integers(1, 6), st.integers(1, 4)).map(
 
 
 def all_schedules(pp, m, v):
-    out = [build_schedule(Schedule.GPIPE, pp, m), build_schedule(Schedule.ONE_F_ONE_B, pp, m)]
+    out = [build_schedule(Schedule.GPIPE, pp, m), build_schedule(Schedule.ONE_F_ONE_B, pp, m),
+           build_schedule(Schedule.ZB_H1, pp, m)]
     if pp > 1 and v > 1:
         out.append(build_schedule(Schedule.INTERLEAVED, pp, m, v))
+    if pp > 1:
+        out.append(build_schedule(Schedule.ZB_V, pp, m, 2))
+    if pp % 2 == 0 and m % 2 == 0 and m >= 2 * pp:
+        out.append(build_schedule(Schedule.DUALPIPE, pp, m))
     return out
+
+
+def passes_of(sched):
+    """The passes a schedule must run: per micro-batch of each chunk's direction, F then B or Bi + W."""
+    per_chunk = sched.num_microbatches // 2 if sched.layout.value == "dual" else sched.num_microbatches
+    return per_chunk
 
 
 @settings(max_examples=60, deadline=None)
@@ -53,11 +64,14 @@ def all_schedules(pp, m, v):
 def test_each_pass_appears_exactly_once(shape):
     pp, m, v = shape
     for sched in all_schedules(pp, m, v):
+        n = passes_of(sched)
         for r, acts in enumerate(sched.actions):
-            want = {(k, mb, c) for k in Pass for mb in range(m) for c in range(sched.virtual_stages)}
             got = [(a.kind, a.microbatch, a.chunk) for a in acts]
-            assert len(got) == len(set(got)) == len(want)
-            assert set(got) == want
+            assert len(got) == len(set(got))
+            for mb in range(n):
+                for c in range(sched.virtual_stages):
+                    kinds = {k for k, i, cc in got if i == mb and cc == c}
+                    assert kinds in ({Pass.FORWARD, Pass.BACKWARD}, {Pass.FORWARD, Pass.INPUT_GRAD, Pass.WEIGHT_GRAD})
 
 
 @settings(max_examples=60, deadline=None)
@@ -67,8 +81,10 @@ def test_no_deadlock_and_backward_after_forward(shape):
     for sched in all_schedules(pp, m, v):
         done = run_unit_times(sched)
         for (r, a), t in done.items():
-            if a.kind is Pass.BACKWARD:
+            if a.kind is not Pass.FORWARD:
                 assert t > done[(r, Action(Pass.FORWARD, a.microbatch, a.chunk))]
+            if a.kind is Pass.WEIGHT_GRAD:
+                assert t > done[(r, Action(Pass.INPUT_GRAD, a.microbatch, a.chunk))]
 
 
 @settings(max_examples=60, deadline=None)

@@ -72,3 +72,18 @@ def test_both_pipeline_directions_share_one_row_per_stage():
     labels, order = _row_labels(ev, pp=2)
     assert order == ["stage 0 · compute", "stage 0 · PP comm", "stage 1 · PP comm", "stage 1 · DP comm"]
     assert labels[(1, "pp_bwd")] == "stage 1 · PP comm"
+
+
+def test_split_backward_passes_have_their_own_colour_and_legend_entry():
+    from dataclasses import replace
+
+    events = tuple(replace(e, category="backward-input", name=e.name.replace("B", "Bi")) if e.category == "backward"
+                   else e for e in one_f_one_b(pp=2, m=4, f_s=0.01, b_s=0.02, p2p_s=0.001, dp_s=0.05, opt_s=0.01))
+    last = max(e.start_s + e.duration_s for e in events)
+    events += (TimelineEvent(0, "compute", "W mb0 chunk0", last, 0.01, "backward-weight"),)
+    r = search_outcome(30, seed=1, gbs=256).best
+    chart = timeline_chart(replace(r, plan={**r.plan, "pp": 2}, timeline=events))
+    legend = {t["name"]: t["marker"]["color"] for t in chart.data[1:]}
+    assert {"backward-input", "backward-weight"} <= set(legend)
+    assert legend["backward-input"] != legend["backward-weight"]
+    assert "weight gradients" in chart.caption

@@ -113,7 +113,8 @@ def test_plans_the_stack_cannot_run_are_pruned_with_that_reason():
 
 @settings(max_examples=25, deadline=None)
 @given(tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 3, 4, 5, 8]), mbs=st.sampled_from([1, 2, 3]),
-       vpp=st.sampled_from([1, 2, 3]), schedule=st.sampled_from(["gpipe", "1f1b", "interleaved"]),
+       vpp=st.sampled_from([1, 2, 3]),
+       schedule=st.sampled_from(["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe"]),
        sp=st.booleans(), gbs=st.sampled_from([64, 96, 100, 512]))
 def test_a_verdict_without_reason_is_always_a_runnable_plan(tp, pp, mbs, vpp, schedule, sp, gbs):
     cluster = load_cluster("h800", gpus=32)
@@ -164,3 +165,22 @@ def test_cp_that_does_not_split_the_sequence_is_pruned_with_its_reason():
     cluster = load_cluster("h800", gpus=24)
     pruned = prune_space(Pruner(model, cluster, 24, space))
     assert pruned.verdicts[0].reason is PruneReason.CP_SEQUENCE
+
+
+def test_schedule_rules_prune_with_their_reason():
+    cluster = load_cluster("h800", gpus=32)
+    pruner = Pruner(MODEL, cluster, 64, load_space(), memory=closed_form_memory())
+    base = {"tp": 8, "pp": 4, "micro_batch_size": 1, "virtual_stages": 1, "recompute": "none",
+            "sequence_parallel": True, "distributed_optimizer": True, "overlap_grad_reduce": True,
+            "overlap_param_gather": True}
+    # dp 1, gbs 64: 64 micro-batches; DualPipe with pp 4 runs, with pp 2 too; odd pp does not
+    assert pruner.check(dict(base, schedule="dualpipe")).reason is None
+    odd = Pruner(load_model("gpt-13b"), load_cluster("h800", gpus=40), 60, load_space()).check(
+        dict(base, tp=8, pp=5, schedule="dualpipe"))
+    assert odd.reason is PruneReason.SCHEDULE and "even number of pipeline stages" in odd.detail
+    few = Pruner(MODEL, cluster, 4, load_space()).check(dict(base, schedule="dualpipe"))
+    assert few.reason is PruneReason.SCHEDULE and "at least 2 x pp = 8" in few.detail
+    zbv = pruner.check(dict(base, schedule="zb-v", virtual_stages=3))
+    assert zbv.reason is PruneReason.SCHEDULE and "two chunks" in zbv.detail
+    assert pruner.check(dict(base, schedule="zb-h1", virtual_stages=2)).reason is PruneReason.SCHEDULE
+    assert canonical(dict(base, schedule="zb-v"))["virtual_stages"] == 2  # ZB-V is two chunks by definition

@@ -1,0 +1,105 @@
+"""Activation peaks of the schedules that split the backward (ZB-H1, ZB-V, DualPipe), from their
+action lists (``echo_plan/cost/memory.py`` assembles them with the rest of a stage's memory).
+
+A forward adds its chunk's saved bytes; a whole backward frees them; an input-gradient pass frees
+them but keeps what the deferred weight-gradient pass reads (``retained``) until that W runs. The
+peak of that walk is the rank's activations. Since only the counts of passes held change along a
+list, the search walks each schedule shape once (:func:`held_profile`) and prices a candidate by
+the largest of those counts dotted with its bytes.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from echo_plan.specs.model import ModelSpec
+from echo_plan.specs.plan import PlanSpec, Schedule
+
+
+def walk_peak(actions, held: list[float], retained: list[float]) -> float:
+    """Peak bytes over one rank's action list: ``held[c]`` per forward of chunk c until its backward
+    (or its input-gradient pass), ``retained[c]`` from an input-gradient pass until its W."""
+    from echo_plan.replay.schedules import Pass
+
+    live = peak = 0.0
+    for a in actions:
+        c = a.chunk
+        if a.kind is Pass.FORWARD:
+            live += held[c]
+        elif a.kind is Pass.BACKWARD:
+            live -= held[c]
+        elif a.kind is Pass.INPUT_GRAD:
+            live += retained[c] - held[c]
+        else:
+            live -= retained[c]
+        peak = max(peak, live)
+    return peak
+
+
+@lru_cache(maxsize=256)
+def held_profile(schedule: Schedule, pp: int, m: int, v: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Per rank, the distinct maximal (forwards held per chunk..., W pending per chunk...) counts over
+    its action list: the peak of any ``walk_peak`` is the largest of these dotted with (held, retained),
+    so the search's memory estimate walks each schedule shape once, not once per candidate."""
+    from echo_plan.replay.schedules import Pass, build_schedule
+
+    sched = build_schedule(schedule, pp, m, v)
+    chunks = sched.virtual_stages
+    out = []
+    for acts in sched.actions:
+        counts = [0] * (2 * chunks)
+        seen = set()
+        for k, a in enumerate(acts):
+            c = a.chunk
+            if a.kind is Pass.FORWARD:
+                counts[c] += 1
+            elif a.kind is Pass.INPUT_GRAD:
+                counts[c] -= 1
+                counts[chunks + c] += 1
+            elif a.kind is Pass.BACKWARD:
+                counts[c] -= 1
+            else:
+                counts[chunks + c] -= 1
+            if a.kind is not Pass.BACKWARD and a.kind is not Pass.WEIGHT_GRAD and (
+                    k + 1 == len(acts) or acts[k + 1].kind is not Pass.FORWARD):
+                seen.add(tuple(counts))  # a forward only adds: the state after the next one dominates this
+        out.append(tuple(x for x in seen if not any(y != x and all(p >= q for p, q in zip(y, x)) for y in seen)))
+    return tuple(out)
+
+
+def profile_microbatches(schedule: Schedule, pp: int, m: int) -> int:
+    """The micro-batch count whose action lists show the peak of ``m``: warm-up and a steady state
+    are enough (4 x pp; tests/cost/test_schedule_memory.py checks it), so the search's estimate
+    builds one order per pipeline depth instead of one per micro-batch count."""
+    return min(m, 4 * pp)
+
+
+def profile_peak(profile: tuple[tuple[int, ...], ...], held: list[float], retained: list[float]) -> float:
+    weights = list(held) + list(retained)
+    return max((sum(n * w for n, w in zip(p, weights)) for p in profile), default=0.0)
+
+
+def walk_stage(model: ModelSpec, plan: PlanSpec, sched, profile, rank: int, saved, first, retained,
+                embed_saved: int, output_saved: int) -> float:
+    """Activations of one rank of a schedule that splits the backward: the peak of its action list."""
+    from echo_plan.replay.layer_mix import kind_counts
+
+    per_vs = plan.virtual_layers(model.num_layers)
+    by_kind, emb_keep, out_keep = retained
+    held, kept = [], []
+    for c in range(sched.virtual_stages):
+        vs = sched.virtual_stage(rank, c)
+        start = sum(per_vs[:vs])
+        h = k = 0.0
+        for kind, n in kind_counts(model, start, per_vs[vs]):
+            h += saved.get(kind, first)[0] * n
+            k += by_kind.get(kind, next(iter(by_kind.values()))) * n
+        if vs == 0:
+            h, k = h + embed_saved, k + emb_keep
+        if vs == sched.num_virtual_stages - 1:
+            mtp = model.mtp_layers
+            h += output_saved * (1 + mtp) + (saved.get(model.mtp_kind, first)[0] * mtp if mtp else 0)
+            k += out_keep * (1 + mtp) + (by_kind.get(model.mtp_kind, 0) * mtp if mtp else 0)
+        held.append(h)
+        kept.append(k)
+    return profile_peak(profile, held, kept)

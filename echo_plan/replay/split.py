@@ -1,0 +1,192 @@
+"""Level 1 for the zero-bubble and DualPipe schedules: a traced backward split into its two parts.
+
+Zero-bubble schedules (Qi et al., ICLR 2024) run a layer's backward as two separately scheduled
+passes: B, the input gradient (what the previous stage waits for), and W, the weight gradients
+(deferrable). The trace already records them as separate ops; :func:`split_backward` tells them
+apart by data flow:
+
+* a *weight-gradient GEMM* is a backward GEMM that reads an activation of the forward pass (or of
+  its recomputation), directly or through a collective that re-gathers it (sequence parallelism
+  re-gathers a linear's input for its weight gradient); an input-gradient GEMM reads only the
+  incoming gradient and the weight;
+* everything computed from a weight gradient (the fp32 main-grad accumulation without
+  gradient-accumulation fusion) is W too, and so is an op all of whose consumers are W (that
+  re-gather);
+* a stage with no input gradient (the embedding) is all W; norms' backward, which computes the
+  input and the weight gradient in one kernel, stays in B.
+
+Each part is replayed on its own (:func:`replay_split`), so a collective that used to hide behind
+a weight-gradient GEMM (the input gradient's reduce-scatter) is exposed in B when W runs later, as
+on a GPU. ``retained_bytes`` is what deferring W keeps alive past B for one micro-batch: the
+forward activations and the gradients that W reads (each producing op's output of the read size).
+
+DualPipe (DeepSeek-V3, arXiv 2412.19437 section 3.2.1) runs the forward of one micro-batch and the
+backward of another as one overlapped pair; :func:`pair_saving` replays a layer's forward and
+backward ops together, issued alternately between their collectives, so each one's communication
+(the MoE all-to-all, TP collectives) runs beside the other's compute. The saving is how much
+shorter the pair is than the two run one after the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echo_plan.replay.engine import replay
+from echo_plan.replay.interference import InterferenceModel
+from echo_plan.replay.layer import PhaseTiming, _phase, phase_tasks
+from echo_plan.trace.records import LayerTrace, OpKind, OpRecord, Phase, StageKind
+
+__all__ = ["SplitTiming", "split_backward", "replay_split", "split_timings", "pair_saving", "retained_bytes",
+           "pair_saving_of", "zb_v_times"]
+
+
+@dataclass(frozen=True, slots=True)
+class SplitTiming:
+    """A traced stage's backward as B (input gradient) and W (weight gradients), one micro-batch."""
+
+    input_grad: PhaseTiming
+    weight_grad: PhaseTiming
+    retained_bytes: int  # activations and gradients W reads, alive from B until W
+    pair_saving_s: float  # DualPipe: forward + backward overlapped is this much shorter (>= 0)
+
+
+def split_backward(trace: LayerTrace) -> tuple[tuple[OpRecord, ...], tuple[OpRecord, ...]]:
+    """(B ops, W ops) of the trace's backward (recompute ops included), each in trace order."""
+    ops = trace.ops
+    bwd = [op for op in ops if op.phase is not Phase.FORWARD]
+    if trace.key.stage == StageKind.EMBEDDING:
+        return (), tuple(bwd)  # token ids have no gradient: the embedding's backward is all weight gradient
+    by_index = {op.index: op for op in ops}
+    fwd_origin: dict[int, bool] = {}
+
+    def from_forward(i: int) -> bool:
+        """Op ``i`` produced (or re-gathered) a forward or recomputed activation."""
+        hit = fwd_origin.get(i)
+        if hit is None:
+            op = by_index[i]
+            if op.phase is not Phase.BACKWARD:
+                hit = True
+            elif op.kind in (OpKind.COLLECTIVE, OpKind.VIEW) and op.deps:
+                hit = all(from_forward(d) for d in op.deps)
+            else:
+                hit = False
+            fwd_origin[i] = hit
+        return hit
+
+    w: set[int] = set()
+    for op in bwd:
+        if op.kind is OpKind.GEMM and op.phase is Phase.BACKWARD and any(from_forward(d) for d in op.deps):
+            w.add(op.index)
+        elif op.deps and any(d in w for d in op.deps) and op.phase is Phase.BACKWARD:
+            w.add(op.index)  # computed from a weight gradient (main-grad accumulation, views of it)
+    consumers: dict[int, list[int]] = {}
+    for op in bwd:
+        for d in op.deps:
+            consumers.setdefault(d, []).append(op.index)
+    kind_of = {op.index: op.kind for op in bwd}
+    for op in reversed(bwd):  # an op only W reads (the input re-gather for a weight gradient) is W
+        users = [u for u in consumers.get(op.index, ()) if kind_of[u] is not OpKind.VIEW or consumers.get(u)]
+        if op.index not in w and users and all(u in w for u in users):
+            w.add(op.index)
+    return tuple(op for op in bwd if op.index not in w), tuple(op for op in bwd if op.index in w)
+
+
+def retained_bytes(trace: LayerTrace, w_ops: tuple[OpRecord, ...]) -> int:
+    """Bytes W reads that other passes produced: kept alive from B until W (one micro-batch)."""
+    by_index = {op.index: op for op in trace.ops}
+    in_w = {op.index for op in w_ops}
+    kept: dict[tuple[int, int], int] = {}
+    for op in w_ops:
+        sizes = {m.numel for m in op.inputs}
+        for d in op.deps:
+            if d in in_w:
+                continue
+            src = by_index[d]
+            if src.kind is OpKind.VIEW:
+                continue
+            for k, out in enumerate(src.outputs):
+                if out.numel in sizes:
+                    kept[(d, k)] = out.numel * _itemsize(out.dtype)
+                    break
+    return sum(kept.values())
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "float64": 8, "int64": 8, "int32": 4, "bool": 1, "uint8": 1, "int8": 1,
+            "float8_e4m3fn": 1, "float8_e5m2": 1}.get(dtype, 2)
+
+
+def replay_split(trace: LayerTrace, compute, comm, cluster, dtype, interference: InterferenceModel,
+                 forward: PhaseTiming | None = None, backward: PhaseTiming | None = None) -> SplitTiming:
+    """B and W timings of one traced stage (each replayed alone), W's retained bytes, and the
+    DualPipe pair saving (needs the stage's whole ``forward`` and ``backward`` timings)."""
+    b_ops, w_ops = split_backward(trace)
+    b = _phase(list(b_ops), compute, comm, cluster, dtype, interference)
+    w = _phase(list(w_ops), compute, comm, cluster, dtype, interference)
+    saving = 0.0
+    if forward is not None and backward is not None:
+        saving = pair_saving(trace, compute, comm, cluster, dtype, interference,
+                             forward.duration_s + backward.duration_s)
+    return SplitTiming(b, w, retained_bytes(trace, w_ops), saving)
+
+
+def pair_saving(trace: LayerTrace, compute, comm, cluster, dtype, interference: InterferenceModel,
+                apart_s: float) -> float:
+    """How much shorter one micro-batch's forward and another's backward of this stage run as an
+    overlapped pair (issued alternately, segment by segment between collectives) than apart."""
+    fwd = phase_tasks([op for op in trace.ops if op.phase is Phase.FORWARD], compute, comm, cluster, dtype)
+    bwd = phase_tasks([op for op in trace.ops if op.phase is not Phase.FORWARD], compute, comm, cluster, dtype)
+    if not any(t.kind.is_comm for t in fwd + bwd):
+        return 0.0  # nothing to hide: the pair is the two passes back to back
+    merged = []
+    fs, bs = _segments(fwd), _segments(bwd)
+    for i in range(max(len(fs), len(bs))):
+        merged += (fs[i] if i < len(fs) else []) + (bs[i] if i < len(bs) else [])
+    together = replay(merged, interference).makespan_s
+    return max(0.0, apart_s - together)
+
+
+def _segments(tasks: list) -> list[list]:
+    """Tasks cut after each collective: a segment is compute work ending in the communication it issues."""
+    out: list[list] = [[]]
+    for t in tasks:
+        out[-1].append(t)
+        if t.kind.is_comm:
+            out.append([])
+    return [s for s in out if s]
+
+
+def split_timings(cache: dict, traces, timing: dict, compute, comm, cluster, cluster_key: str, dtype,
+                  interference: InterferenceModel) -> dict:
+    """:func:`replay_split` of every traced stage of a plan (block, embedding, output, each layer kind),
+    kept in ``cache`` (the caller's memo) by trace and models."""
+    def one(trace, lt):
+        key = ("split", trace.key.digest(), compute, comm, cluster_key, dtype, interference)
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = replay_split(trace, compute, comm, cluster, dtype, interference, lt.forward,
+                                            lt.backward)
+        return hit
+    out = {name: one(getattr(traces, name), timing[name]) for name in ("block", "embedding", "output")}
+    out["blocks"] = {kind: one(t, timing["blocks"][kind]) for kind, t in traces.blocks}
+    return out
+
+
+def zb_v_times(f_s: float, b_s: float, w_s: float) -> tuple[float, float, float]:
+    """The F : Bi : W ratios ZB-V's order is list-scheduled with, rounded to halves of F: on a coarse
+    grid the order settles into a short period, so the step is affine in the micro-batch count and the
+    steady state extrapolates exactly (replay/steady.py); finer ratios gave orders without a period
+    (full replays of ~300k tasks) for a few per cent of step time. Plans with close ratios share an order."""
+    f_s = max(f_s, 1e-12)
+    return (1.0, max(0.5, round(2 * b_s / f_s) / 2), max(0.5, round(2 * w_s / f_s) / 2))
+
+
+def pair_saving_of(f_kinds, b_kinds, split) -> float:
+    """DualPipe: what overlapping a chunk's forward with another chunk's backward saves, layer by
+    layer (the k-th layer of one beside the k-th of the other; a pair of two kinds saves the lesser)."""
+    def flat(kinds):
+        return [k for k, n in kinds for _ in range(n)]
+
+    def saving(k):
+        return split["blocks"].get(k, split["block"]).pair_saving_s
+    return sum(min(saving(a), saving(b)) for a, b in zip(flat(f_kinds), flat(b_kinds)))

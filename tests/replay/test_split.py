@@ -1,0 +1,59 @@
+"""The backward split into B (input gradient) and W (weight gradients) from a real traced layer."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo_plan.replay.interference import InterferenceModel, load_interference
+from echo_plan.replay.layer import replay_layer
+from echo_plan.replay.split import pair_saving, replay_split, split_backward
+from echo_plan.specs import PlanSpec, load_cluster, load_model
+from echo_plan.trace.records import OpKind, Phase
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from echo_plan.cost.collectives import collective_model_for
+    from echo_plan.cost.kernel_db import compute_model_for
+    from echo_plan.trace.cache import TraceCache
+    from echo_plan.trace.tracer import trace_model
+
+    model, cluster = load_model("gpt-13b"), load_cluster("h800", gpus=16)
+    plan = PlanSpec(tp=8, pp=2, dp=1, global_batch_size=4, sequence_parallel=True)
+    traces = trace_model(model, plan, TraceCache(tmp_path_factory.mktemp("traces")))
+    return traces, compute_model_for(cluster), collective_model_for(cluster), cluster, plan
+
+
+def test_b_and_w_partition_the_backward(setup):
+    traces, *_ = setup
+    for trace in (traces.block, traces.output, traces.embedding):
+        b, w = split_backward(trace)
+        backward = [op.index for op in trace.ops if op.phase is not Phase.FORWARD]
+        assert sorted(op.index for op in b + w) == backward
+        assert not {op.index for op in b} & {op.index for op in w}
+    b, w = split_backward(traces.block)
+    gemms = [op for op in w if op.kind is OpKind.GEMM]
+    assert len(gemms) == 4  # QKV, projection, FC1, FC2 weight gradients
+    assert not split_backward(traces.embedding)[0]  # token ids have no gradient
+
+
+@pytest.mark.parametrize("interference", ["none", "default"])
+def test_b_and_w_compute_adds_up_to_the_backward(setup, interference):
+    traces, compute, comm, cluster, plan = setup
+    im = InterferenceModel.none() if interference == "none" else load_interference(None)
+    whole = replay_layer(traces.block, compute, comm, cluster, plan.dtype, im)
+    split = replay_split(traces.block, compute, comm, cluster, plan.dtype, im, whole.forward, whole.backward)
+    assert split.input_grad.compute_s + split.weight_grad.compute_s == pytest.approx(whole.backward.compute_s)
+    # apart, the two parts can only lose overlap: never shorter than the whole backward
+    assert split.input_grad.duration_s + split.weight_grad.duration_s >= whole.backward.duration_s * (1 - 1e-9)
+    assert split.retained_bytes > 0
+    assert 0.0 <= split.pair_saving_s <= whole.forward.duration_s + whole.backward.duration_s
+
+
+def test_overlapping_forward_and_backward_hides_tp_communication(setup):
+    traces, compute, comm, cluster, plan = setup
+    whole = replay_layer(traces.block, compute, comm, cluster, plan.dtype, InterferenceModel.none())
+    saved = pair_saving(traces.block, compute, comm, cluster, plan.dtype, InterferenceModel.none(),
+                        whole.total_s)
+    exposed = whole.forward.tp_comm_exposed_s + whole.backward.tp_comm_exposed_s
+    assert 0.0 < saved <= exposed + 1e-12
