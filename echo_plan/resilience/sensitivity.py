@@ -66,7 +66,7 @@ def sensitivity(plan, cluster, step: Callable[[tuple[Fault, ...]], float],
                 kinds: tuple[FaultKind, ...] | None = None, severities: dict | None = None,
                 progress: Callable[[int, int, str], None] | None = None) -> tuple[float, tuple[SensitivityRow, ...]]:
     """(healthy step, rows); ``step(faults)`` is the simulated step time with those faults."""
-    kinds = kinds or tuple(k for k in FaultKind if k is not FaultKind.LINK or cluster.num_nodes > 1)
+    kinds = kinds or tuple(k for k in FaultKind if not k.hang and (k is not FaultKind.LINK or cluster.num_nodes > 1))
     severities = severities or SEVERITIES
     healthy = step(())
     rows = []

@@ -1,0 +1,217 @@
+"""Every rank of a simulated job, step after step, as the records its collective library would write.
+
+Each rank runs its stage's program (program.py) on its own clock. A collective ends when its last
+member has arrived plus its transfer time (synchronous: everyone waits for the slowest); a
+receive ends when its send was posted plus the transfer time; a send does not block its sender
+(NCCL's and torch's point-to-point calls are asynchronous). Per-connection records follow the
+ring order of each group: a rank sends to the next member and receives from the previous one;
+a connection's busy time is the collective's healthy time over that connection's rate (its
+slower end's NIC between servers, the server's NVLink inside one).
+
+Hangs: a hung GPU stops in the middle of the last step; the collective it would issue next is
+written 'scheduled' (the CPU posted it, the GPU never reached it), and everyone who then waits for
+it is written 'started'. A hung NIC never finishes a collective or transfer that crosses servers
+through it in the last step; its connections moved nothing, the others part of their data.
+
+Timing noise: every compute segment, transfer and connection time is multiplied by
+1 + noise x N(0, 1) (kept above 0.2), from a generator seeded by ``seed``: same seed, same records.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from echo_plan.resilience.diagnose.program import COLL, COMP, RECV, SEND, OpTimer, RankFaults
+from echo_plan.trace.records import CollectiveKind, GroupKind
+
+T0_S = 1000.0  # the records' clock starts here (seconds)
+
+
+class _Noise:
+    def __init__(self, scale: float, seed: int) -> None:
+        self.scale, self.rng = scale, np.random.default_rng(seed)
+        self.buf, self.i = np.empty(0), 0
+
+    def __call__(self) -> float:
+        if self.scale == 0:
+            return 1.0
+        if self.i >= self.buf.size:
+            self.buf, self.i = self.rng.standard_normal(65536), 0
+        self.i += 1
+        return max(0.2, 1.0 + self.scale * float(self.buf[self.i - 1]))
+
+    def uniform(self, lo: float, hi: float) -> float:
+        return float(self.rng.uniform(lo, hi))
+
+
+def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise: float, seed: int) -> list[list[list]]:
+    """Per rank, its records in issue order: [group, group_ranks, seq, op, nbytes, enqueue_s, start_s,
+    end_s, state, conns, p2p] with conns a list of (peer, 'send'|'recv', busy_s, done)."""
+    from echo_plan.interop.chakra_export import RankCoords, coords, group_of, rank_of
+
+    world, gpn = plan.world_size, cluster.gpus_per_node
+    timer = OpTimer(cluster, comm, gpn)
+    rnd = _Noise(noise, seed)
+    node = [r // gpn for r in range(world)]
+    co = [coords(r, plan) for r in range(world)]
+    stage_len = [len(p) for p in programs]
+    gcache: dict[tuple, tuple[str, tuple[int, ...]]] = {}
+    hang_at = {r: (steps - 1) * stage_len[co[r].stage] + stage_len[co[r].stage] // 2 for r in faults.gpu_hang}
+    last_step_from = [(steps - 1) * n for n in stage_len]
+
+    pc = [0] * world
+    clock = [T0_S] * world
+    seqs: list[dict] = [dict() for _ in range(world)]
+    recs: list[list[list]] = [[] for _ in range(world)]
+    pending: dict[tuple, dict[int, int]] = {}  # instance -> rank -> its record index
+    posted: dict[tuple, tuple[int, int, float]] = {}  # p2p instance -> (sender, record index, post time)
+    waiting_recv: dict[tuple, tuple[int, int]] = {}
+    stopped: set[int] = set()
+
+    def group(r: int, ref) -> tuple[str, tuple[int, ...]]:
+        k = (r, ref)
+        g = gcache.get(k)
+        if g is None:
+            g = gcache[k] = group_of(ref, co[r], plan)
+        return g
+
+    def cell_factor(a: int, b: int) -> float:
+        if node[a] == node[b]:
+            return float(faults.nvlink[node[a]])
+        return float(min(faults.net[a], faults.net[b]))
+
+    def dead(ranks) -> bool:  # crosses servers through a hung NIC
+        return bool(faults.nic_hang) and any(r in faults.nic_hang for r in ranks) and \
+            len({node[r] for r in ranks}) > 1
+
+    def next_seq(r: int, name: str) -> int:
+        s = seqs[r].get(name, 0) + 1
+        seqs[r][name] = s
+        return s
+
+    def resolve_coll(key, members, kind, gk, nbytes) -> None:
+        idx = pending.pop(key)
+        arrive = max(recs[m][idx[m]][6] for m in members)
+        net = min(float(faults.net[m]) for m in members)
+        nvl = min(float(faults.nvlink[node[m]]) for m in members)
+        healthy = timer.time(kind, nbytes, members, gk)
+        t = timer.time(kind, nbytes, members, gk, net, nvl) * rnd()
+        n = len(members)
+        busy = [healthy / cell_factor(members[i], members[(i + 1) % n]) * rnd() for i in range(n)] if n > 1 else []
+        for i, m in enumerate(members):
+            rec = recs[m][idx[m]]
+            end = arrive + t + abs(rnd() - 1.0) * t * 0.05
+            rec[7], rec[8] = end, "completed"
+            if n > 1:
+                rec[9] = [(members[(i + 1) % n], "send", busy[i], 1.0), (members[i - 1], "recv", busy[i - 1], 1.0)]
+            clock[m] = end
+
+    ready = deque(range(world))
+    in_ready = [True] * world
+    while ready:
+        r = ready.popleft()
+        in_ready[r] = False
+        prog = programs[co[r].stage]
+        total = len(prog) * steps
+        while pc[r] < total and r not in stopped:
+            op = prog[pc[r] % len(prog)]
+            if r in hang_at and pc[r] >= hang_at[r] and op[0] != COMP:
+                stopped.add(r)  # the GPU stopped: its next op is posted, never started
+                name, members, seq, opname, nb = _describe(r, op, group, co, plan, rank_of, RankCoords, next_seq)
+                recs[r].append([name, members, seq, opname, nb, clock[r], None, None, "scheduled", None, op[0] != COLL])
+                break
+            if op[0] == COMP:
+                clock[r] += op[1] * float(faults.compute[r]) * rnd()
+                pc[r] += 1
+                continue
+            name, members, seq, opname, nb = _describe(r, op, group, co, plan, rank_of, RankCoords, next_seq)
+            in_last = pc[r] >= last_step_from[co[r].stage]
+            rec = [name, members, seq, opname, nb, clock[r] - 2e-6, clock[r], None, "started", None, op[0] != COLL]
+            recs[r].append(rec)
+            key = (name, seq)
+            if op[0] == COLL:
+                pending.setdefault(key, {})[r] = len(recs[r]) - 1
+                pc[r] += 1
+                if len(pending[key]) == len(members):
+                    if in_last and dead(members):
+                        stopped.update(members)
+                        _stall(recs, pending.pop(key), members, faults.nic_hang, rnd)
+                        break
+                    resolve_coll(key, members, op[1], _gkind(op[2]), nb)
+                    for m in members:
+                        if m != r and not in_ready[m] and m not in stopped:
+                            ready.append(m)
+                            in_ready[m] = True
+                    continue
+                break  # wait for the others
+            src, dst = members if op[0] == SEND else members[::-1]
+            kind = GroupKind.PP
+            if op[0] == SEND:
+                pc[r] += 1
+                posted[key] = (r, len(recs[r]) - 1, clock[r])
+                if key in waiting_recv:
+                    q = waiting_recv.pop(key)
+                    if not in_ready[q[0]]:
+                        ready.append(q[0])
+                        in_ready[q[0]] = True
+                continue
+            # RECV: wait for the matching send
+            if key not in posted:
+                recs[r].pop()
+                seqs[r][name] -= 1
+                waiting_recv[key] = (r, 0)
+                break
+            sender, sidx, t_post = posted.pop(key)
+            if in_last and dead((sender, r)):
+                stopped.update((sender, r))
+                _stall(recs, {sender: sidx, r: len(recs[r]) - 1}, (sender, r), faults.nic_hang, rnd)
+                break
+            f = cell_factor(sender, r)
+            healthy = timer.time(CollectiveKind.SEND_RECV, nb, (sender, r), kind)
+            t = timer.time(CollectiveKind.SEND_RECV, nb, (sender, r), kind,
+                           float(min(faults.net[sender], faults.net[r])), float(faults.nvlink[node[r]])) * rnd()
+            end = max(t_post, clock[r]) + t
+            busy = healthy / f * rnd()
+            srec = recs[sender][sidx]
+            srec[7], srec[8], srec[9] = end, "completed", [(r, "send", busy, 1.0)]
+            rec[7], rec[8], rec[9] = end, "completed", [(sender, "recv", busy, 1.0)]
+            clock[r] = end
+            pc[r] += 1
+    if not faults.gpu_hang and not faults.nic_hang:
+        stuck = [r for r in range(world) if pc[r] < len(programs[co[r].stage]) * steps]
+        if stuck:  # cannot happen for the schedules echo-plan builds; say so rather than write bad records
+            raise RuntimeError(f"simulated job stalled without a hang fault at ranks {stuck[:8]}")
+    return recs
+
+
+def _describe(r, op, group, co, plan, rank_of, RankCoords, next_seq):
+    if op[0] == COLL:
+        name, members = group(r, op[2])
+        return name, members, next_seq(r, name), op[1].value, op[3]
+    c = co[r]
+    peer = rank_of(RankCoords(op[1], c.d, c.t), plan)
+    src, dst = (r, peer) if op[0] == SEND else (peer, r)
+    name = f"pp_{src}_to_{dst}"
+    return name, (src, dst), next_seq(r, name), "send" if op[0] == SEND else "recv", op[2]
+
+
+def _gkind(ref) -> GroupKind:
+    return {"tp": GroupKind.TP, "dp": GroupKind.DP, "ep": GroupKind.EP, "etp": GroupKind.ETP,
+            "edp": GroupKind.EDP}.get(ref.value, GroupKind.WORLD)
+
+
+def _stall(recs, idx: dict[int, int], members, dead: frozenset[int], rnd: _Noise) -> None:
+    """A transfer through a hung NIC: everyone entered, nobody finishes; the dead NIC's connections
+    moved nothing, the others part of their data before the ring ran dry."""
+    n = len(members)
+    for i, m in enumerate(members):
+        rec = recs[m][idx[m]]
+        nxt, prv = members[(i + 1) % n], members[i - 1]
+        if n == 2:
+            other = members[1 - i]
+            rec[9] = [(other, "send" if rec[3] == "send" else "recv", 0.0, 0.0 if (m in dead or other in dead) else 0.5)]
+            continue
+        rec[9] = [(nxt, "send", 0.0, 0.0 if (m in dead or nxt in dead) else rnd.uniform(0.3, 0.9)),
+                  (prv, "recv", 0.0, 0.0 if (m in dead or prv in dead) else rnd.uniform(0.3, 0.9))]

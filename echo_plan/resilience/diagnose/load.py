@@ -1,0 +1,77 @@
+"""Reading a record set: files and folders given on the command line, in any of the three formats.
+
+A ``.jsonl`` (or ``.json``) file is the plain JSONL format, a ``.csv`` file the plain CSV format,
+anything else a torch flight-recorder pickle (which torch names ``nccl_trace_rank_<N>`` without a
+suffix). A folder stands for every regular file inside it (not hidden ones, not sub-folders).
+Every problem is a FileFormatError naming the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable
+
+from echo_plan.errors import FileFormatError
+from echo_plan.resilience.diagnose.records import RecordTable, TableBuilder
+
+MAX_RECORD_FILES = 1 << 17  # 131,072 ranks: well above any job whose dumps one machine would read
+
+
+def record_files(paths: Iterable[str]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            try:
+                inside = sorted(q for q in path.iterdir() if not q.name.startswith(".") and q.is_file())
+            except OSError as exc:
+                raise FileFormatError(str(path), f"cannot read the folder: {exc.strerror or exc}") from None
+            if not inside:
+                raise FileFormatError(str(path), "a folder without record files")
+            out += inside
+        else:
+            out.append(path)
+        if len(out) > MAX_RECORD_FILES:
+            raise FileFormatError(str(path), f"more than {MAX_RECORD_FILES:,} record files")
+    if not out:
+        raise FileFormatError("RECORDS", "no record files given")
+    return out
+
+
+def load_records(paths: Iterable[str], node_of: Callable[[int], int] | None = None) -> RecordTable:
+    """Every record of the files and folders in ``paths``; ``node_of(rank)`` gives a rank's server
+    where the records do not say it (flight-recorder dumps never do), -1 for unknown."""
+    from echo_plan.files import read_bytes
+    from echo_plan.resilience.diagnose import flight_recorder, plain
+
+    node_of = node_of or (lambda rank: -1)
+    builder = TableBuilder()
+    owner: dict[int, str] = {}
+    for path in record_files(paths):
+        data = read_bytes(path)
+        where = str(path)
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".json", ".csv"):
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise FileFormatError(where, "not UTF-8 text: not a JSONL/CSV record file") from None
+            reader = plain.read_csv if suffix == ".csv" else plain.read_jsonl
+            ranks = reader(text, where, builder, node_of)
+            if not ranks:
+                raise FileFormatError(where, "holds no records")
+        else:
+            if not data.startswith(b"\x80"):
+                raise FileFormatError(where, "neither a flight-recorder pickle nor a .jsonl/.csv record file")
+            ranks = {flight_recorder.read_dump(path, data, builder, node_of)}
+        for r in ranks:
+            if r in owner and owner[r] != where:
+                raise FileFormatError(where, f"rank {r} also has records in {owner[r]}; give each rank's records once")
+            owner[r] = where
+            builder.add_file(r, where)
+    return builder.build()
+
+
+def cluster_node_of(gpus_per_node: int) -> Callable[[int], int]:
+    return lambda rank: rank // gpus_per_node
+

@@ -1,0 +1,197 @@
+"""Slowdowns: a compute straggler, or a slow NIC, NVLink or link (docs/diagnose.md, "Slowdowns").
+
+* Non-communication: a rank's *gaps* (from the end of its previous op to its arrival at the next,
+  on its own clock) are its own work; waiting for others happens inside collectives, not in the
+  gaps. Each gap is compared with the median gap at the same program point (same op, size, group
+  size, sequence number and previous op) over all ranks; a rank whose gaps sum to clearly more
+  than the medians is a straggler: it arrives last and waits least. Without end times (torch's
+  Gloo records only enqueue times) the rank that arrives last in most of its collectives, by a
+  clear share of the time between collectives, is the straggler.
+* Communication: with per-connection records, each connection's busy time over the median of its
+  class is one cell of the delay matrix (matrix.py reads its shape). Without them, each group's
+  transfer time (from the last arrival to the end) is compared with groups of the same op, size
+  and span; the ranks common to every slow group are the suspects.
+
+Thresholds are relative to the records' own distribution: a value stands out when it is both a
+clear share above the median (TAU_*) and many robust standard deviations (1.4826 MAD) away.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from echo_plan.resilience.diagnose.matrix import localise_tiers
+from echo_plan.resilience.diagnose.records import ConnDir, RecordTable, State
+from echo_plan.resilience.diagnose.stats import hash_cols, robust_z, seg_max, seg_median
+from echo_plan.resilience.diagnose.verdict import Component, Suspect, confidence
+
+# Judgements, not measurements: how far above normal a figure must be to count (docs/diagnose.md)
+TAU_COMPUTE = 0.05  # a rank's own work 5% above the median at the same program points
+TAU_CELL = 0.25  # a connection 25% slower than its class
+TAU_GROUP = 0.25  # a group's transfers 25% slower than its peer groups'
+TAU_LATE = 0.10  # (no end times) arriving last by 10% of the time between collectives
+Z_MIN = 6.0  # and this many robust standard deviations from the median
+MIN_ROWS = 5
+
+
+def _gaps(t: RecordTable, arrive: np.ndarray) -> np.ndarray:
+    gap = np.full(len(t), np.nan)
+    if len(t) > 1:
+        same = t.rank[1:] == t.rank[:-1]
+        g = arrive[1:] - t.end_s[:-1]
+        gap[1:] = np.where(same, np.maximum(g, 0.0), np.nan)
+    return gap
+
+
+def compute_stragglers(t: RecordTable, arrive: np.ndarray, inst: np.ndarray, node_of) -> tuple[list[Suspect], dict]:
+    gap = _gaps(t, arrive)
+    size = np.asarray([len(m) for m in t.group_ranks], dtype=np.int64)[t.group]
+    prev_op = np.r_[-1, t.op[:-1]]
+    prev_nb = np.r_[-1, t.nbytes[:-1]]
+    ok = np.isfinite(gap)
+    if ok.sum() < MIN_ROWS:
+        return _late_arrivers(t, arrive, inst, node_of)
+    key = hash_cols(t.op, t.nbytes, size, t.seq, t.p2p.astype(np.int64), prev_op, prev_nb)[ok]
+    g = gap[ok]
+    med = seg_median(key, g)
+    ranks = t.rank[ok]
+    uniq, inv = np.unique(ranks, return_inverse=True)
+    own = np.bincount(inv, weights=g)
+    norm = np.bincount(inv, weights=med)
+    n = np.bincount(inv)
+    excess = np.where((norm > 0) & (n >= MIN_ROWS), (own - norm) / np.maximum(norm, 1e-12), 0.0)
+    z, _, sigma = robust_z(excess, 0.005)
+    flagged = np.flatnonzero((excess >= TAU_COMPUTE) & (z >= Z_MIN))
+    if flagged.size == 0:
+        return [], {}
+    order = flagged[np.argsort(-excess[flagged])]
+    suspects = []
+    for i in order[:64]:
+        r = int(uniq[i])
+        strength = min(excess[i] / TAU_COMPUTE, z[i] / Z_MIN)
+        suspects.append(Suspect(r, node_of(r), Component.GPU, confidence(strength, 1),
+                                f"its own work between collectives is {excess[i]:+.1%} against ranks at the same "
+                                "program points"))
+    top = suspects[0].rank
+    ev = {"compute_excess": [{"rank": int(uniq[i]), "excess": round(float(excess[i]), 4)} for i in order[:16]],
+          "last_arriving": _arrival_evidence(t, arrive, inst, top)}
+    return suspects, ev
+
+
+def _arrival_evidence(t: RecordTable, arrive: np.ndarray, inst: np.ndarray, rank: int) -> dict:
+    late = arrive - seg_median(inst, arrive)
+    last = arrive >= seg_max(inst, arrive)
+    wait = t.end_s - arrive
+    mine = t.rank == rank
+    out = {"rank": rank, "last_share": round(float(last[mine].mean()), 3) if mine.any() else 0.0,
+           "late_by_s": float(np.median(late[mine])) if mine.any() else 0.0}
+    if np.isfinite(wait[mine]).any():
+        out["median_wait_s"] = float(np.nanmedian(wait[mine]))
+        out["group_median_wait_s"] = float(np.nanmedian(wait[~mine])) if (~mine).any() else None
+    return out
+
+
+def _late_arrivers(t: RecordTable, arrive: np.ndarray, inst: np.ndarray, node_of) -> tuple[list[Suspect], dict]:
+    """Records with arrival times only (no end): the rank that is last, clearly, most of the time."""
+    size = np.asarray([len(m) for m in t.group_ranks], dtype=np.int64)[t.group]
+    sel = size >= 2
+    if sel.sum() < MIN_ROWS:
+        return [], {}
+    late = arrive - seg_median(inst, arrive)
+    last = arrive >= seg_max(inst, arrive)
+    step = np.diff(arrive)
+    same = t.rank[1:] == t.rank[:-1]
+    interval = float(np.median(step[same])) if same.any() else 0.0
+    suspects, evidence = [], {}
+    for r in np.unique(t.rank[sel]):
+        mine = sel & (t.rank == r)
+        if mine.sum() < 3:
+            continue
+        share, lby = float(last[mine].mean()), float(np.median(late[mine]))
+        if share >= 0.6 and interval > 0 and lby >= TAU_LATE * interval:
+            suspects.append(Suspect(int(r), node_of(int(r)), Component.GPU, confidence(lby / (TAU_LATE * interval)),
+                                    f"arrives last in {share:.0%} of its collectives, by {lby * 1e3:.3g} ms "
+                                    "(the records have no end times)"))
+    if suspects:
+        suspects.sort(key=lambda s: -s.confidence)
+        evidence = {"last_arriving": _arrival_evidence(t, arrive, inst, suspects[0].rank)}
+    return suspects, evidence
+
+
+def comm_slow(t: RecordTable, arrive: np.ndarray, inst: np.ndarray, node_of) -> tuple[list[Suspect], dict]:
+    if t.conn_row.size:
+        return _cells(t, node_of)
+    return _groups(t, arrive, inst, node_of)
+
+
+def _cells(t: RecordTable, node_of) -> tuple[list[Suspect], dict]:
+    rows = t.conn_row
+    ok = (t.state[rows] != State.SCHEDULED) & np.isfinite(t.conn_busy_s) & (t.conn_busy_s > 0)
+    rows, busy = rows[ok], t.conn_busy_s[ok]
+    me, peer = t.rank[rows], t.conn_peer[ok]
+    send = t.conn_dir[ok] == ConnDir.SEND
+    src, dst = np.where(send, me, peer), np.where(send, peer, me)
+    arr = node_of.arr
+    ns, nd = arr[np.clip(src, 0, arr.size - 1)], arr[np.clip(dst, 0, arr.size - 1)]
+    tier = ((ns == nd) & (ns >= 0)).astype(np.int64)
+    size = np.asarray([len(m) for m in t.group_ranks], dtype=np.int64)[t.group[rows]]
+    cls = hash_cols(t.op[rows], t.nbytes[rows], size, tier)
+    ratio = busy / np.maximum(seg_median(cls, busy), 1e-15)
+    cell = src * (1 << 31) + dst
+    cval = seg_median(cell, ratio)
+    uc, first = np.unique(cell, return_index=True)
+    vals = cval[first]
+    z, med, _ = robust_z(vals, 0.02)
+    badm = (vals >= (1 + TAU_CELL) * med) & (z >= Z_MIN)
+    cells = {(int(c >> 31), int(c & ((1 << 31) - 1))): float(v) for c, v in zip(uc, vals)}
+    bad = {(int(c >> 31), int(c & ((1 << 31) - 1))) for c in uc[badm]}
+    if not bad:
+        return [], {}
+    suspects, ev = localise_tiers(cells, bad, node_of, lambda c: (cells[c] - 1) / TAU_CELL, "is slow")
+    return suspects, {"delay_matrix": ev}
+
+
+def _groups(t: RecordTable, arrive: np.ndarray, inst: np.ndarray, node_of) -> tuple[list[Suspect], dict]:
+    ok = np.isfinite(t.end_s) & np.isfinite(arrive)
+    if ok.sum() < MIN_ROWS:
+        return [], {}
+    x = seg_median(inst[ok], t.end_s[ok]) - seg_max(inst[ok], arrive[ok])
+    g = t.group[ok]
+    span = np.zeros(len(t.group_names), dtype=np.int64)
+    for gid, members in enumerate(t.group_ranks):
+        nodes = {node_of(m) for m in members}
+        span[gid] = len(nodes) if None not in nodes else 0
+    size = np.asarray([len(m) for m in t.group_ranks], dtype=np.int64)
+    first = np.unique(inst[ok], return_index=True)[1]  # one row per instance
+    gi, xi = g[first], x[first]
+    cls = hash_cols(t.op[ok][first], t.nbytes[ok][first], size[gi], span[gi])
+    # a class needs instances of three groups or more to say what is normal
+    uc, cinv = np.unique(cls, return_inverse=True)
+    distinct = np.asarray([np.unique(gi[cinv == c]).size for c in range(uc.size)])[cinv] if uc.size < 20000 \
+        else np.full(cls.size, 3)
+    keep = distinct >= 3
+    if not keep.any():
+        return [], {}
+    ratio = xi[keep] / np.maximum(seg_median(cls[keep], xi[keep]), 1e-15)
+    gk = gi[keep]
+    gu = np.unique(gk)
+    score = seg_median(gk, ratio)[np.unique(gk, return_index=True)[1]]
+    z, med, _ = robust_z(score, 0.02)
+    bad_groups = [(int(gu[j]), float(score[j])) for j in range(gu.size)
+                  if score[j] >= (1 + TAU_GROUP) * med and z[j] >= Z_MIN]
+    if not bad_groups:
+        return [], {}
+    sets = [set(t.group_ranks[gid]) for gid, _ in bad_groups]
+    common = sorted(set.intersection(*sets))
+    strength = max(r for _, r in bad_groups) - 1
+    ev = {"slow_groups": [{"group": t.group_names[gid], "ratio": round(r, 3)} for gid, r in bad_groups][:16]}
+    if len(sets) == 1 or not common:
+        members = sorted(set.union(*sets)) if not common else common
+        nodes = {node_of(m) for m in members}
+        if len(nodes) == 1 and None not in nodes:
+            return [Suspect(None, nodes.pop(), Component.NVLINK, confidence(strength / TAU_GROUP),
+                            "the slow group stays inside this node")], ev
+        common = members
+    return [Suspect(r, node_of(r), Component.NIC, confidence(strength / TAU_GROUP, len(common)),
+                    f"a member of every slow group ({len(bad_groups)}); the records have no per-connection data")
+            for r in common], ev
