@@ -48,21 +48,33 @@ def check_emit_options(out: str, fmt: str, steps: int, noise: float, seed: int, 
 def emit_records(model, cluster, plan, *, stack, cache, faults, out: str, fmt: RecordFormat, steps: int,
                  noise: float, seed: int, buffer: int) -> dict:
     """Simulate ``steps`` steps of every rank and write their records; returns a summary."""
+    job = prepare_job(model, cluster, plan, stack=stack, cache=cache)
+    return emit_job(job, faults, out=out, fmt=fmt, steps=steps, noise=noise, seed=seed, buffer=buffer)
+
+
+def prepare_job(model, cluster, plan, *, stack=None, cache=None) -> tuple:
+    """What every emission of this plan shares: (plan, cluster, per-stage programs, collective model)."""
     from echo_plan.interop.chakra_step import build_step_graph
-    from echo_plan.resilience.diagnose.emit_sim import run_job
-    from echo_plan.resilience.diagnose.program import rank_faults, stage_programs
-    from echo_plan.resilience.faults import check_faults
+    from echo_plan.resilience.diagnose.program import stage_programs
     from echo_plan.simulate import SimulationMemo
 
     if plan.world_size > MAX_EMIT_GPUS:
         raise SpecError("--emit-records", plan.world_size, f"a plan of at most {MAX_EMIT_GPUS:,} GPUs")
-    check_faults(faults, plan, cluster)
     graph = build_step_graph(model, cluster, plan, cache=cache, stack=stack)
-    programs = stage_programs(graph)
-    comm = SimulationMemo().default_comm(cluster)
-    recs = run_job(programs, plan, cluster, comm, rank_faults(faults, plan.world_size, cluster), steps, noise, seed)
-    gpn = cluster.gpus_per_node
-    written = write_records(recs, Path(out), fmt, buffer, gpn)
+    return plan, cluster, stage_programs(graph), SimulationMemo().default_comm(cluster)
+
+
+def emit_job(job: tuple, faults, *, out: str, fmt: RecordFormat, steps: int, noise: float, seed: int,
+             buffer: int) -> dict:
+    from echo_plan.resilience.diagnose.emit_sim import run_job
+    from echo_plan.resilience.diagnose.program import rank_faults
+    from echo_plan.resilience.faults import check_faults
+
+    plan, cluster, programs, comm = job
+    check_faults(tuple(faults), plan, cluster)
+    recs = run_job(programs, plan, cluster, comm, rank_faults(tuple(faults), plan.world_size, cluster), steps,
+                   noise, seed)
+    written = write_records(recs, Path(out), fmt, buffer, cluster.gpus_per_node)
     return {"folder": str(out), "format": fmt.value, "ranks": len(recs), "files": written, "steps": steps,
             "records_per_rank_max": max((min(len(r), buffer) for r in recs), default=0), "noise": noise,
             "seed": seed, "faults": [f.label() for f in faults]}

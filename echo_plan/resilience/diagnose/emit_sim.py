@@ -69,6 +69,7 @@ def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise
     posted: dict[tuple, tuple[int, int, float]] = {}  # p2p instance -> (sender, record index, post time)
     waiting_recv: dict[tuple, tuple[int, int]] = {}
     stopped: set[int] = set()
+    open_recv: list[int | None] = [None] * world
 
     def group(r: int, ref) -> tuple[str, tuple[int, ...]]:
         k = (r, ref)
@@ -98,14 +99,14 @@ def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise
         nvl = min(float(faults.nvlink[node[m]]) for m in members)
         healthy = timer.time(kind, nbytes, members, gk)
         t = timer.time(kind, nbytes, members, gk, net, nvl) * rnd()
-        n = len(members)
-        busy = [healthy / cell_factor(members[i], members[(i + 1) % n]) * rnd() for i in range(n)] if n > 1 else []
-        for i, m in enumerate(members):
+        pairs = connections(members, node)
+        busy = {p: healthy / cell_factor(*p) * rnd() for p in pairs}
+        for m in members:
             rec = recs[m][idx[m]]
             end = arrive + t + abs(rnd() - 1.0) * t * 0.05
             rec[7], rec[8] = end, "completed"
-            if n > 1:
-                rec[9] = [(members[(i + 1) % n], "send", busy[i], 1.0), (members[i - 1], "recv", busy[i - 1], 1.0)]
+            rec[9] = [(b, "send", busy[(a, b)], 1.0) for a, b in pairs if a == m] + \
+                [(a, "recv", busy[(a, b)], 1.0) for a, b in pairs if b == m]
             clock[m] = end
 
     ready = deque(range(world))
@@ -126,10 +127,16 @@ def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise
                 clock[r] += op[1] * float(faults.compute[r]) * rnd()
                 pc[r] += 1
                 continue
-            name, members, seq, opname, nb = _describe(r, op, group, co, plan, rank_of, RankCoords, next_seq)
             in_last = pc[r] >= last_step_from[co[r].stage]
-            rec = [name, members, seq, opname, nb, clock[r] - 2e-6, clock[r], None, "started", None, op[0] != COLL]
-            recs[r].append(rec)
+            if open_recv[r] is not None:  # a receive posted earlier, waiting for its send
+                rec = recs[r][open_recv[r]]
+                name, members, seq, nb = rec[0], rec[1], rec[2], rec[4]
+                open_recv[r] = None
+            else:
+                name, members, seq, opname, nb = _describe(r, op, group, co, plan, rank_of, RankCoords, next_seq)
+                rec = [name, members, seq, opname, nb, clock[r] - 2e-6, clock[r], None, "started", None,
+                       op[0] != COLL]
+                recs[r].append(rec)
             key = (name, seq)
             if op[0] == COLL:
                 pending.setdefault(key, {})[r] = len(recs[r]) - 1
@@ -137,7 +144,7 @@ def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise
                 if len(pending[key]) == len(members):
                     if in_last and dead(members):
                         stopped.update(members)
-                        _stall(recs, pending.pop(key), members, faults.nic_hang, rnd)
+                        _stall(recs, pending.pop(key), members, faults.nic_hang, rnd, node)
                         break
                     resolve_coll(key, members, op[1], _gkind(op[2]), nb)
                     for m in members:
@@ -159,20 +166,19 @@ def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise
                 continue
             # RECV: wait for the matching send
             if key not in posted:
-                recs[r].pop()
-                seqs[r][name] -= 1
+                open_recv[r] = len(recs[r]) - 1 if recs[r][-1] is rec else recs[r].index(rec)
                 waiting_recv[key] = (r, 0)
                 break
             sender, sidx, t_post = posted.pop(key)
-            if in_last and dead((sender, r)):
-                stopped.update((sender, r))
-                _stall(recs, {sender: sidx, r: len(recs[r]) - 1}, (sender, r), faults.nic_hang, rnd)
+            if in_last and dead((sender, r)):  # the receiver waits forever; the sender went on
+                stopped.add(r)
+                _stall(recs, {sender: sidx, r: len(recs[r]) - 1}, (sender, r), faults.nic_hang, rnd, node)
                 break
             f = cell_factor(sender, r)
             healthy = timer.time(CollectiveKind.SEND_RECV, nb, (sender, r), kind)
             t = timer.time(CollectiveKind.SEND_RECV, nb, (sender, r), kind,
                            float(min(faults.net[sender], faults.net[r])), float(faults.nvlink[node[r]])) * rnd()
-            end = max(t_post, clock[r]) + t
+            end = max(t_post, rec[6]) + t
             busy = healthy / f * rnd()
             srec = recs[sender][sidx]
             srec[7], srec[8], srec[9] = end, "completed", [(r, "send", busy, 1.0)]
@@ -202,16 +208,45 @@ def _gkind(ref) -> GroupKind:
             "edp": GroupKind.EDP}.get(ref.value, GroupKind.WORLD)
 
 
-def _stall(recs, idx: dict[int, int], members, dead: frozenset[int], rnd: _Noise) -> None:
-    """A transfer through a hung NIC: everyone entered, nobody finishes; the dead NIC's connections
-    moved nothing, the others part of their data before the ring ran dry."""
+_PAIRS: dict[tuple, tuple] = {}
+
+
+def connections(members: tuple[int, ...], node: list[int]) -> tuple[tuple[int, int], ...]:
+    """The (sender, receiver) connections of a collective over ``members``: its ring in member
+    order, and where the group has several GPUs on each of several servers, one channel per
+    position inside the server that leaves each server through that GPU's own NIC (NCCL opens
+    several channels, each crossing servers on a different rail, so every member's NIC carries
+    some of the traffic)."""
+    got = _PAIRS.get(members)
+    if got is not None:
+        return got
     n = len(members)
-    for i, m in enumerate(members):
+    pairs = [(members[i], members[(i + 1) % n]) for i in range(n)] if n > 2 else \
+        ([(members[0], members[1]), (members[1], members[0])] if n == 2 else [])
+    by_node: dict[int, list[int]] = {}
+    for m in members:
+        by_node.setdefault(node[m], []).append(m)
+    nodes = sorted(by_node)
+    if len(nodes) > 1 and max(len(v) for v in by_node.values()) > 1:
+        have = set(pairs)
+        for j, nd in enumerate(nodes):
+            nxt = by_node[nodes[(j + 1) % len(nodes)]]
+            for li, m in enumerate(by_node[nd]):
+                if li < len(nxt) and (m, nxt[li]) not in have and m != nxt[li]:
+                    pairs.append((m, nxt[li]))
+                    have.add((m, nxt[li]))
+    got = _PAIRS[members] = tuple(pairs)
+    return got
+
+
+def _stall(recs, idx: dict[int, int], members, dead: frozenset[int], rnd: _Noise, node: list[int]) -> None:
+    """A transfer through a hung NIC: everyone entered, nobody finishes; the dead NIC's connections
+    (those that leave its server) moved nothing, the others part of their data before they ran dry."""
+    pairs = connections(tuple(members), node) if len(members) > 2 or recs[members[0]][idx[members[0]]][3] not in \
+        ("send", "recv") else ((members[0], members[1]),)
+    done = {p: 0.0 if (p[0] in dead or p[1] in dead) and node[p[0]] != node[p[1]] else rnd.uniform(0.3, 0.9)
+            for p in pairs}
+    for m in members:
         rec = recs[m][idx[m]]
-        nxt, prv = members[(i + 1) % n], members[i - 1]
-        if n == 2:
-            other = members[1 - i]
-            rec[9] = [(other, "send" if rec[3] == "send" else "recv", 0.0, 0.0 if (m in dead or other in dead) else 0.5)]
-            continue
-        rec[9] = [(nxt, "send", 0.0, 0.0 if (m in dead or nxt in dead) else rnd.uniform(0.3, 0.9)),
-                  (prv, "recv", 0.0, 0.0 if (m in dead or prv in dead) else rnd.uniform(0.3, 0.9))]
+        rec[9] = [(b, "send", 0.0, done[(a, b)]) for a, b in pairs if a == m] + \
+            [(a, "recv", 0.0, done[(a, b)]) for a, b in pairs if b == m]

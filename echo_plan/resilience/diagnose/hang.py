@@ -45,7 +45,8 @@ def find_hang(t: RecordTable, node_of, base: dict) -> Diagnosis | None:
     stack = sorted(set(waiting.values()))
     seen: set[int] = set()
     noncomm: dict[int, int] = {}  # rank -> the row (of a waiting peer) it never entered
-    comm: list[int] = []  # rows of collectives every present member entered
+    comm: list[int] = []  # a row of each collective every present member entered
+    comm_rows: list[int] = []  # and all their rows
     waited_by: dict[int, int] = {}
     for rank, row in waiting.items():
         waited_by[int(key[row])] = waited_by.get(int(key[row]), 0) + 1
@@ -61,6 +62,7 @@ def find_hang(t: RecordTable, node_of, base: dict) -> Diagnosis | None:
         never = [m for m in members if m in present and state.get(m, State.SCHEDULED) == State.SCHEDULED]
         if not never:
             comm.append(row)
+            comm_rows.extend(int(i) for i in rows)
             continue
         for m in never:
             if m in waiting and int(key[waiting[m]]) != k:
@@ -87,7 +89,7 @@ def find_hang(t: RecordTable, node_of, base: dict) -> Diagnosis | None:
         return Diagnosis(Syndrome.NON_COMMUNICATION_HANG, tuple(suspects), evidence, len(present), t.missing_ranks,
                          len(t))
     evidence["hung_collectives"] = [describe(r) for r in comm][:16]
-    suspects, matrix = _stuck_connections(t, comm, node_of)
+    suspects, matrix = _stuck_connections(t, comm_rows, node_of)
     if matrix:
         evidence["delay_matrix"] = matrix
     missing = sorted({m for r in comm for m in t.group_ranks[int(t.group[r])] if m not in present})

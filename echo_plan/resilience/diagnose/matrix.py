@@ -38,27 +38,32 @@ def localise(cells: dict[Cell, float], bad: set[Cell], node_of: Callable[[int], 
     ranks = sorted({r for c in bad for r in c})
     both = [r for r in ranks if share(out[r]) >= 0.5 and share(inn[r]) >= 0.5]
     suspects: list[Suspect] = []
-    explained: set[Cell] = set()
     intra = {c for c in bad if node_of(c[0]) is not None and node_of(c[0]) == node_of(c[1])}
-    by_node: dict[int | None, list[int]] = defaultdict(list)
-    for r in both:
-        by_node[node_of(r)].append(r)
-    for node, rs in sorted(by_node.items(), key=lambda kv: -len(kv[1])):
-        cells_r = {c for c in bad if c[0] in rs or c[1] in rs}
-        if node is not None and len(rs) >= 2 and cells_r <= intra:
-            s = max(strength(c) for c in cells_r)
-            suspects.append(Suspect(None, node, Component.NVLINK, confidence(s),
-                                    f"{len(rs)} ranks of node {node} {what} on every NVLink connection inside it"))
-            explained |= cells_r
-            continue
-        for r in rs:
-            mine = {c for c in bad if r in c}
-            s = max(strength(c) for c in mine)
-            comp = Component.NVLINK if mine <= intra else Component.NIC
-            suspects.append(Suspect(r, node, comp, confidence(s, len(rs)),
-                                    f"row and column of rank {r} {what} ({len(mine)} connections)"))
-            explained |= mine
-    rest = bad - explained
+    nodes = {node_of(r) for r in ranks}
+    if bad and bad <= intra and len(nodes) == 1 and len(both) >= 2:
+        node = nodes.pop()
+        s = max(strength(c) for c in bad)
+        suspects.append(Suspect(None, node, Component.NVLINK, confidence(s),
+                                f"{len(both)} ranks of node {node} {what} on every NVLink connection inside it"))
+        bad = set()
+    # the fewest components that explain every bad cell: the rank with both a bad row and a bad
+    # column touching the most bad cells first
+    rest = set(bad)
+    found: list[tuple[int, set[Cell]]] = []
+    while True:
+        cand = [r for r in both if any(r in c for c in rest)]
+        if not cand:
+            break
+        r = max(cand, key=lambda r: (sum(r in c for c in rest), share(out[r]) + share(inn[r]), -r))
+        mine = {c for c in rest if r in c}
+        found.append((r, mine))
+        rest -= mine
+    for r, mine in found:
+        s = max(strength(c) for c in mine)
+        comp = Component.NVLINK if mine <= intra else Component.NIC
+        suspects.append(Suspect(r, node_of(r), comp, confidence(s, len(found)),
+                                f"row and column of rank {r} {what} ({len(mine)} connections)"))
+    explained = bad - rest
     for r in sorted({c[0] for c in rest}):
         if len(out[r]) >= 2 and share(out[r]) == 1.0:
             mine = set(out[r])
@@ -71,7 +76,7 @@ def localise(cells: dict[Cell, float], bad: set[Cell], node_of: Callable[[int], 
             suspects.append(Suspect(r, node_of(r), Component.NIC, confidence(max(map(strength, mine))),
                                     f"column of rank {r} {what}: it receives slowly on all {len(mine)} connections"))
             explained |= mine
-    lone = sorted(bad - explained)
+    lone = sorted(rest - explained)
     for c in lone:
         suspects.append(Suspect(c[0], node_of(c[0]), Component.NVLINK if c in intra else Component.LINK,
                                 confidence(strength(c), len(lone)),

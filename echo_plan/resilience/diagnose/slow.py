@@ -2,8 +2,8 @@
 
 * Non-communication: a rank's *gaps* (from the end of its previous op to its arrival at the next,
   on its own clock) are its own work; waiting for others happens inside collectives, not in the
-  gaps. Each gap is compared with the median gap at the same program point (same op, size, group
-  size, sequence number and previous op) over all ranks; a rank whose gaps sum to clearly more
+  gaps. Each gap is compared with the normal gap at the same program point (the same position in
+  the same sequence of ops: the ranks of one pipeline stage) over all ranks; a rank whose gaps sum to clearly more
   than the medians is a straggler: it arrives last and waits least. Without end times (torch's
   Gloo records only enqueue times) the rank that arrives last in most of its collectives, by a
   clear share of the time between collectives, is the straggler.
@@ -13,7 +13,10 @@
   and span; the ranks common to every slow group are the suspects.
 
 Thresholds are relative to the records' own distribution: a value stands out when it is both a
-clear share above the median (TAU_*) and many robust standard deviations (1.4826 MAD) away.
+clear share above normal (TAU_*) and many standard deviations away. Because faults only make
+things slower, "normal" is the lower quartile and the spread is read below it (stats.normal_low),
+so a fault that slows up to three quarters of the values (a server of a two-server job) still
+stands out.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 
 from echo_plan.resilience.diagnose.matrix import localise_tiers
 from echo_plan.resilience.diagnose.records import ConnDir, RecordTable, State
-from echo_plan.resilience.diagnose.stats import hash_cols, robust_z, seg_max, seg_median
+from echo_plan.resilience.diagnose.stats import hash_cols, normal_low, seg_max, seg_median, seg_quantile
 from echo_plan.resilience.diagnose.verdict import Component, Suspect, confidence
 
 # Judgements, not measurements: how far above normal a figure must be to count (docs/diagnose.md)
@@ -35,11 +38,16 @@ MIN_ROWS = 5
 
 
 def _gaps(t: RecordTable, arrive: np.ndarray) -> np.ndarray:
+    """Per row, the rank's own time before it: from the end of its previous op, or from the previous
+    op's start when that op is a send (a send does not hold its sender: NCCL and torch post it
+    and carry on), to this op's arrival; NaN on a rank's first row."""
     gap = np.full(len(t), np.nan)
     if len(t) > 1:
         same = t.rank[1:] == t.rank[:-1]
-        g = arrive[1:] - t.end_s[:-1]
-        gap[1:] = np.where(same, np.maximum(g, 0.0), np.nan)
+        send = np.asarray([name == "send" for name in t.op_names], dtype=bool)
+        prev_send = send[t.op[:-1]] if send.size else np.zeros(len(t) - 1, bool)
+        since = np.where(prev_send, arrive[:-1], t.end_s[:-1])
+        gap[1:] = np.where(same, np.maximum(arrive[1:] - since, 0.0), np.nan)
     return gap
 
 
@@ -51,24 +59,36 @@ def compute_stragglers(t: RecordTable, arrive: np.ndarray, inst: np.ndarray, nod
     ok = np.isfinite(gap)
     if ok.sum() < MIN_ROWS:
         return _late_arrivers(t, arrive, inst, node_of)
-    key = hash_cols(t.op, t.nbytes, size, t.seq, t.p2p.astype(np.int64), prev_op, prev_nb)[ok]
+    key, coarse = _program_points(t, size, prev_op, prev_nb)
+    key = key[ok]
     g = gap[ok]
-    med = seg_median(key, g)
+    med = seg_quantile(key, g, 0.25)  # the normal gap here: faults only lengthen gaps
     ranks = t.rank[ok]
     uniq, inv = np.unique(ranks, return_inverse=True)
     own = np.bincount(inv, weights=g)
     norm = np.bincount(inv, weights=med)
     n = np.bincount(inv)
-    excess = np.where((norm > 0) & (n >= MIN_ROWS), (own - norm) / np.maximum(norm, 1e-12), 0.0)
-    z, _, sigma = robust_z(excess, 0.005)
-    flagged = np.flatnonzero((excess >= TAU_COMPUTE) & (z >= Z_MIN))
+    fine = np.where((norm > 0) & (n >= MIN_ROWS), (own - norm) / np.maximum(norm, 1e-12), 0.0)
+    z1, base1, _ = normal_low(fine, 0.005)
+    # the same work in another order (the pipeline stages between the first and the last): the
+    # rank's total against ranks whose ops are the same multiset
+    role = coarse[ok][np.unique(inv, return_index=True)[1]]
+    base_tot = seg_quantile(role, own, 0.25)
+    _, rinv, rcount = np.unique(role, return_inverse=True, return_counts=True)
+    wide = np.where(rcount[rinv] >= 3, own / np.maximum(base_tot, 1e-12) - 1.0, 0.0)
+    z2, base2, _ = normal_low(wide, 0.005)
+    flag1 = (fine - base1 >= TAU_COMPUTE) & (z1 >= Z_MIN)
+    flag2 = (wide - base2 >= TAU_COMPUTE) & (z2 >= Z_MIN)
+    excess = np.where(flag1 | ~flag2, fine, wide)
+    z, base = np.where(flag1 | ~flag2, z1, z2), np.where(flag1 | ~flag2, base1, base2)
+    flagged = np.flatnonzero(flag1 | flag2)
     if flagged.size == 0:
         return [], {}
     order = flagged[np.argsort(-excess[flagged])]
     suspects = []
     for i in order[:64]:
         r = int(uniq[i])
-        strength = min(excess[i] / TAU_COMPUTE, z[i] / Z_MIN)
+        strength = min((excess[i] - base[i]) / TAU_COMPUTE, z[i] / Z_MIN)
         suspects.append(Suspect(r, node_of(r), Component.GPU, confidence(strength, 1),
                                 f"its own work between collectives is {excess[i]:+.1%} against ranks at the same "
                                 "program points"))
@@ -76,6 +96,34 @@ def compute_stragglers(t: RecordTable, arrive: np.ndarray, inst: np.ndarray, nod
     ev = {"compute_excess": [{"rank": int(uniq[i]), "excess": round(float(excess[i]), 4)} for i in order[:16]],
           "last_arriving": _arrival_evidence(t, arrive, inst, top)}
     return suspects, ev
+
+
+def _program_points(t: RecordTable, size: np.ndarray, prev_op: np.ndarray, prev_nb: np.ndarray) -> np.ndarray:
+    """A key per row that is equal on ranks at the same point of the same program: the rank's *role*
+    (a hash of its whole sequence of ops, sizes and group sizes: the ranks of one pipeline stage
+    share it) and the row's position in the rank's sequence. Ranks whose role fewer than three
+    ranks share are keyed by the op, its size, group size, sequence number and previous op instead."""
+    # a point-to-point op's direction (to a lower or a higher rank: the previous or the next
+    # pipeline stage) tells a forward from a backward where the collectives alike would not
+    hi = np.asarray([max(m) for m in t.group_ranks], dtype=np.int64)[t.group]
+    direction = np.where(t.p2p, np.where(hi > t.rank, 1, 2), 0)
+    row = hash_cols(t.op, t.nbytes, size, direction)
+    starts = np.flatnonzero(np.r_[True, t.rank[1:] != t.rank[:-1]])
+    pos = np.arange(len(t)) - np.repeat(starts, np.diff(np.r_[starts, len(t)]))
+    with np.errstate(over="ignore"):
+        mixed = hash_cols(row, pos).view(np.uint64)
+        role_of_rank = np.add.reduceat(mixed, starts) if starts.size else mixed[:0]
+    counts = np.diff(np.r_[starts, len(t)])
+    role_of_rank = hash_cols(role_of_rank.view(np.int64), counts)
+    _, rinv, rcount = np.unique(role_of_rank, return_inverse=True, return_counts=True)
+    role = np.repeat(role_of_rank, counts)
+    shared = np.repeat(rcount[rinv] >= 3, counts)
+    by_role = hash_cols(role, pos)
+    fallback = hash_cols(t.op, t.nbytes, size, t.seq, t.p2p.astype(np.int64), prev_op, prev_nb)
+    with np.errstate(over="ignore"):
+        bag = np.add.reduceat(row.view(np.uint64), starts) if starts.size else row[:0].view(np.uint64)
+    coarse = np.repeat(hash_cols(bag.view(np.int64), counts), counts)
+    return np.where(shared, by_role, fallback), coarse
 
 
 def _arrival_evidence(t: RecordTable, arrive: np.ndarray, inst: np.ndarray, rank: int) -> dict:
@@ -136,12 +184,12 @@ def _cells(t: RecordTable, node_of) -> tuple[list[Suspect], dict]:
     tier = ((ns == nd) & (ns >= 0)).astype(np.int64)
     size = np.asarray([len(m) for m in t.group_ranks], dtype=np.int64)[t.group[rows]]
     cls = hash_cols(t.op[rows], t.nbytes[rows], size, tier)
-    ratio = busy / np.maximum(seg_median(cls, busy), 1e-15)
+    ratio = busy / np.maximum(seg_quantile(cls, busy, 0.25), 1e-15)
     cell = src * (1 << 31) + dst
     cval = seg_median(cell, ratio)
     uc, first = np.unique(cell, return_index=True)
     vals = cval[first]
-    z, med, _ = robust_z(vals, 0.02)
+    z, med, _ = normal_low(vals, 0.02)
     badm = (vals >= (1 + TAU_CELL) * med) & (z >= Z_MIN)
     cells = {(int(c >> 31), int(c & ((1 << 31) - 1))): float(v) for c, v in zip(uc, vals)}
     bad = {(int(c >> 31), int(c & ((1 << 31) - 1))) for c in uc[badm]}
@@ -172,11 +220,11 @@ def _groups(t: RecordTable, arrive: np.ndarray, inst: np.ndarray, node_of) -> tu
     keep = distinct >= 3
     if not keep.any():
         return [], {}
-    ratio = xi[keep] / np.maximum(seg_median(cls[keep], xi[keep]), 1e-15)
+    ratio = xi[keep] / np.maximum(seg_quantile(cls[keep], xi[keep], 0.25), 1e-15)
     gk = gi[keep]
     gu = np.unique(gk)
     score = seg_median(gk, ratio)[np.unique(gk, return_index=True)[1]]
-    z, med, _ = robust_z(score, 0.02)
+    z, med, _ = normal_low(score, 0.02)
     bad_groups = [(int(gu[j]), float(score[j])) for j in range(gu.size)
                   if score[j] >= (1 + TAU_GROUP) * med and z[j] >= Z_MIN]
     if not bad_groups:

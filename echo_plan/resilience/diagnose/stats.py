@@ -8,8 +8,12 @@ MAD_TO_SIGMA = 1.4826  # MAD x this estimates a normal distribution's standard d
 
 
 def seg_median(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per row, the median of ``values`` over the rows that share its key (NaNs ignored only in
-    that they sort last; callers pass finite values)."""
+    """Per row, the median of ``values`` over the rows that share its key (finite values)."""
+    return seg_quantile(keys, values, 0.5)
+
+
+def seg_quantile(keys: np.ndarray, values: np.ndarray, q: float) -> np.ndarray:
+    """Per row, the ``q`` quantile (nearest ranks averaged) of ``values`` over the rows sharing its key."""
     if keys.size == 0:
         return values.astype(np.float64)
     order = np.lexsort((values, keys))
@@ -17,8 +21,9 @@ def seg_median(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     v = values[order].astype(np.float64)
     starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
     ends = np.r_[starts[1:], k.size]
-    lo = starts + (ends - starts - 1) // 2
-    hi = starts + (ends - starts) // 2
+    pos = (ends - starts - 1) * q
+    lo = starts + np.floor(pos).astype(np.int64)
+    hi = starts + np.ceil(pos).astype(np.int64)
     med = (v[lo] + v[hi]) / 2.0
     seg = np.repeat(np.arange(starts.size), ends - starts)
     out = np.empty(keys.size, dtype=np.float64)
@@ -39,6 +44,18 @@ def robust_z(x: np.ndarray, floor: float) -> tuple[np.ndarray, float, float]:
     med = float(np.median(x)) if x.size else 0.0
     sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(x - med))) if x.size else 0.0, floor)
     return (x - med) / sigma, med, sigma
+
+
+def normal_low(x: np.ndarray, floor: float) -> tuple[np.ndarray, float, float]:
+    """(z-scores, baseline, sigma) for figures that faults only raise (times): the baseline is the
+    lower quartile and sigma the gap from the 5th percentile to it (0.97 sigma for a normal
+    distribution), at least ``floor``. Unlike the median and MAD, this stays right when up to
+    three quarters of the values are raised, e.g. a slow server holding half of a two-server job."""
+    if x.size == 0:
+        return x, 0.0, floor
+    q05, q25 = np.percentile(x, [5, 25])
+    sigma = max(float(q25 - q05) / 0.97, floor)
+    return (x - q25) / sigma, float(q25), sigma
 
 
 def hash_cols(*cols: np.ndarray) -> np.ndarray:
