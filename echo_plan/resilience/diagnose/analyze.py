@@ -92,4 +92,4 @@ def diagnose_paths(paths: Iterable[str], gpus_per_node: int | None = None) -> Di
     from echo_plan.resilience.diagnose.load import cluster_node_of, load_records
 
     fallback = cluster_node_of(gpus_per_node) if gpus_per_node else None
-    return diagnose_table(load_records(paths, fallback), fallback)
+    return diagnose_table(load_records(paths, gpus_per_node), fallback)

@@ -78,13 +78,17 @@ def _nbytes(entry: dict) -> int:
 
 
 def read_dump(path: Path, data: bytes, builder: TableBuilder, node_of, default_rank: int | None = None) -> int:
-    """Add one rank's dump to ``builder``; returns the rank."""
+    """Add one rank's dump to ``builder``; returns the rank. All entries at once when they are
+    well formed; entry by entry (to name the bad one) when not."""
     where = str(path)
     dump = load_dump(data, where)
-    rank = rank_from_name(path) if default_rank is None else default_rank
-    if rank is None:
-        raise FileFormatError(where, "a flight-recorder dump's name must end in its rank, as torch writes it "
-                                     "(nccl_trace_rank_<N>)")
+    try:
+        return _read_fast(path, dump, builder, node_of, default_rank)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError):
+        return _read_entries(path, dump, builder, node_of, default_rank)
+
+
+def _members(dump: dict, where: str) -> tuple[dict[str, tuple[int, ...]], tuple[int, ...] | None]:
     pgs = dump["pg_config"]
     if not isinstance(pgs, dict):
         raise FileFormatError(where, "pg_config is not a mapping of process groups")
@@ -94,6 +98,92 @@ def read_dump(path: Path, data: bytes, builder: TableBuilder, node_of, default_r
         members[str(name)] = _ranks_of(cfg, where, str(name))
         if isinstance(cfg, dict) and cfg.get("desc") == "default_pg":
             world = members[str(name)]
+    return members, world
+
+
+def _meta(builder: TableBuilder, members, world, pg_name: str, prof: str, is_p2p: bool) -> tuple[int, int, bool]:
+    """(group id, op id, point-to-point) of an entry's process group and profiling name."""
+    _lib, _, opname = prof.partition(":")
+    is_p2p = bool(is_p2p) or opname.startswith(("send ", "recv "))
+    ranks = members.get(pg_name, world)
+    if ranks is None:
+        raise KeyError(pg_name)
+    op = opname.split(" ")[0] if opname else "unknown"
+    m = _P2P.match(opname) if is_p2p else None
+    if m:  # one 2-rank group per pair, so that a send and its recv meet on one key
+        a, b = int(m.group(2)), int(m.group(4))
+        ga, gb = (ranks[a] if a < len(ranks) else a), (ranks[b] if b < len(ranks) else b)
+        pair = (min(ga, gb), max(ga, gb))
+        return builder.group_id(f"{pg_name}:p2p{pair[0]}-{pair[1]}", pair), builder.op_id(op), True
+    return builder.group_id(pg_name, ranks), builder.op_id(op), is_p2p
+
+
+_KEYS = ("process_group", "profiling_name", "is_p2p", "collective_seq_id", "p2p_seq_id", "time_created_ns",
+         "time_discovered_started_ns", "time_discovered_completed_ns", "state", "retired", "input_sizes",
+         "input_dtypes")
+
+
+def _nb(sizes, dtypes) -> int:
+    if len(sizes) == 1 and len(sizes[0]) == 1:
+        return int(sizes[0][0]) * DTYPE_BYTES.get(dtypes[0], 4)
+    return sum(math.prod(int(x) for x in s) * DTYPE_BYTES.get(str(d), 4) for s, d in zip(sizes, dtypes))
+
+
+def _read_fast(path: Path, dump: dict, builder: TableBuilder, node_of, default_rank: int | None) -> int:
+    import numpy as np
+
+    where = str(path)
+    rank = rank_from_name(path) if default_rank is None else default_rank
+    if rank is None:
+        raise ValueError
+    members, world = _members(dump, where)
+    entries = dump["entries"]
+    if not entries:
+        raise ValueError
+    from operator import itemgetter
+
+    timed_keys = ("duration_ms",) if "duration_ms" in entries[0] else ()
+    cols = list(zip(*map(itemgetter(*_KEYS, *timed_keys), entries)))
+    pg, prof, isp, cseq, pseq, created, t_start, t_end, names, retired, sizes, dtypes = cols[:12]
+    keys = [(g[0], p, i) for g, p, i in zip(pg, prof, isp)]
+    cache = {k: _meta(builder, members, world, str(k[0]), str(k[1]), k[2]) for k in set(keys)}
+    meta = [cache[k] for k in keys]
+    seq = [int(p if m[2] else c) for c, p, m in zip(cseq, pseq, meta)]
+    nan = math.nan
+    created = np.asarray(created, dtype=np.float64) / 1e9
+    t_end = np.asarray([nan if x is None else x for x in t_end], dtype=np.float64) / 1e9
+    t_start = np.asarray([nan if x is None else x for x in t_start], dtype=np.float64) / 1e9
+    dur = np.asarray([nan if x is None else x for x in cols[12]], dtype=np.float64) / 1e3 if timed_keys else \
+        np.full(len(entries), nan)
+    start = np.where(np.isfinite(dur) & np.isfinite(t_end), t_end - dur, t_start)
+    timed = bool(np.isfinite(t_end).any() or np.isfinite(dur).any())
+    state = [int(State.UNKNOWN) if (not timed and n == "scheduled" and ret)
+             else int(STATE_NAMES.get(str(n), State.UNKNOWN)) for n, ret in zip(names, retired)]
+    nbytes = [_nb(sz or (), dt or ()) for sz, dt in zip(sizes, dtypes)]
+    c = builder.cols
+    n = len(entries)
+    c["rank"] += [rank] * n
+    c["node"] += [node_of(rank)] * n
+    c["group"] += [m[0] for m in meta]
+    c["seq"] += seq
+    c["p2p"] += [m[2] for m in meta]
+    c["op"] += [m[1] for m in meta]
+    c["nbytes"] += nbytes
+    c["enqueue_s"] += created.tolist()
+    c["start_s"] += start.tolist()
+    c["end_s"] += t_end.tolist()
+    c["state"] += state
+    builder.add_file(rank, where)
+    return rank
+
+
+def _read_entries(path: Path, dump: dict, builder: TableBuilder, node_of, default_rank: int | None) -> int:
+    where = str(path)
+    rank = rank_from_name(path) if default_rank is None else default_rank
+    if rank is None:
+        raise FileFormatError(where, "a flight-recorder dump's name must end in its rank, as torch writes it "
+                                     "(nccl_trace_rank_<N>)")
+    members, world = _members(dump, where)
     entries = dump["entries"]
     timed = any(isinstance(e, dict) and (e.get("time_discovered_completed_ns") or e.get("duration_ms"))
                 for e in entries)

@@ -38,16 +38,28 @@ def record_files(paths: Iterable[str]) -> list[Path]:
     return out
 
 
-def load_records(paths: Iterable[str], node_of: Callable[[int], int] | None = None) -> RecordTable:
-    """Every record of the files and folders in ``paths``; ``node_of(rank)`` gives a rank's server
-    where the records do not say it (flight-recorder dumps never do), -1 for unknown."""
+def load_records(paths: Iterable[str], gpus_per_node: int | None = None) -> RecordTable:
+    """Every record of the files and folders in ``paths``. Where the records do not say which
+    server a rank is on (flight-recorder dumps never do), rank // ``gpus_per_node``; unknown
+    without it."""
+    return load_files(record_files(paths), gpus_per_node)
+
+
+def load_files(files: list[Path], gpus_per_node: int | None) -> RecordTable:
+    from echo_plan.replay.no_gc import paused_gc
+
+    node_of = cluster_node_of(gpus_per_node) if gpus_per_node else (lambda rank: -1)
+    with paused_gc():  # millions of live numbers and no cycles: the collector would only rescan them
+        return _load(files, node_of)
+
+
+def _load(files: list[Path], node_of: Callable[[int], int]) -> RecordTable:
     from echo_plan.files import read_bytes
     from echo_plan.resilience.diagnose import flight_recorder, plain
 
-    node_of = node_of or (lambda rank: -1)
     builder = TableBuilder()
     owner: dict[int, str] = {}
-    for path in record_files(paths):
+    for path in files:
         data = read_bytes(path)
         where = str(path)
         suffix = path.suffix.lower()

@@ -78,15 +78,18 @@ def localise(cells: dict[Cell, float], bad: set[Cell], node_of: Callable[[int], 
             explained |= mine
     lone = sorted(rest - explained)
     for c in lone:
-        suspects.append(Suspect(c[0], node_of(c[0]), Component.NVLINK if c in intra else Component.LINK,
-                                confidence(strength(c), len(lone)),
+        conf = confidence(strength(c), len(lone))
+        suspects.append(Suspect(c[0], node_of(c[0]), Component.NVLINK if c in intra else Component.LINK, conf,
                                 f"only the cell rank {c[0]} -> rank {c[1]} {what}", peer=c[1]))
+        if c not in intra:  # one connection cannot tell its path from the NIC at either end
+            suspects += [Suspect(r, node_of(r), Component.NIC, conf / 2,
+                                 f"the NIC at one end of the one bad connection {c[0]} -> {c[1]}") for r in c]
     evidence = {
         "rows": [{"rank": r, "bad_share": round(share(out[r]), 3)} for r in ranks if share(out[r]) >= 0.5],
         "columns": [{"rank": r, "bad_share": round(share(inn[r]), 3)} for r in ranks if share(inn[r]) >= 0.5],
         "cells": [{"src": c[0], "dst": c[1], "value": round(cells[c], 3)} for c in sorted(bad)][:64],
     }
-    suspects.sort(key=lambda s: -s.confidence)
+    suspects.sort(key=lambda s: -s.confidence)  # stable: a link before its ends' NICs
     return suspects, evidence
 
 

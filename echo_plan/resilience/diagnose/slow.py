@@ -79,8 +79,9 @@ def compute_stragglers(t: RecordTable, arrive: np.ndarray, inst: np.ndarray, nod
     z2, base2, _ = normal_low(wide, 0.005)
     flag1 = (fine - base1 >= TAU_COMPUTE) & (z1 >= Z_MIN)
     flag2 = (wide - base2 >= TAU_COMPUTE) & (z2 >= Z_MIN)
-    excess = np.where(flag1 | ~flag2, fine, wide)
-    z, base = np.where(flag1 | ~flag2, z1, z2), np.where(flag1 | ~flag2, base1, base2)
+    use1 = flag1 | ~flag2
+    excess, z = np.where(use1, fine, wide), np.where(use1, z1, z2)
+    base = np.where(use1, base1, base2)
     flagged = np.flatnonzero(flag1 | flag2)
     if flagged.size == 0:
         return [], {}
