@@ -23,7 +23,7 @@ from collections import deque
 
 import numpy as np
 
-from echo_plan.resilience.diagnose.program import COLL, COMP, RECV, SEND, OpTimer, RankFaults
+from echo_plan.resilience.diagnose.program import COLL, COMP, SEND, OpTimer, RankFaults
 from echo_plan.trace.records import CollectiveKind, GroupKind
 
 T0_S = 1000.0  # the records' clock starts here (seconds)
