@@ -98,6 +98,8 @@ def _members(dump: dict, where: str) -> tuple[dict[str, tuple[int, ...]], tuple[
         members[str(name)] = _ranks_of(cfg, where, str(name))
         if isinstance(cfg, dict) and cfg.get("desc") == "default_pg":
             world = members[str(name)]
+    if world is None and len(members) == 1:  # torch's Gloo group lists its one group unnamed ('')
+        world = next(iter(members.values()))
     return members, world
 
 
