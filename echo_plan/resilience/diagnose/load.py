@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from echo_plan.errors import FileFormatError
+from echo_plan.limits import MAX_GPUS
 from echo_plan.resilience.diagnose.records import RecordTable, TableBuilder
 
 MAX_RECORD_FILES = 1 << 17  # 131,072 ranks: well above any job whose dumps one machine would read
@@ -20,6 +21,8 @@ MAX_RECORD_FILES = 1 << 17  # 131,072 ranks: well above any job whose dumps one 
 def record_files(paths: Iterable[str]) -> list[Path]:
     out: list[Path] = []
     for p in paths:
+        if not str(p).strip():
+            raise FileFormatError(repr(str(p)), "an empty path; give record files or folders")
         path = Path(p)
         if path.is_dir():
             try:
@@ -60,6 +63,7 @@ def _load(files: list[Path], node_of: Callable[[int], int]) -> RecordTable:
     builder = TableBuilder()
     owner: dict[int, str] = {}
     for path in files:
+        groups_before, conns_before = len(builder.group_ranks), len(builder.conn["peer"])
         data = read_bytes(path)
         where = str(path)
         suffix = path.suffix.lower()
@@ -76,6 +80,10 @@ def _load(files: list[Path], node_of: Callable[[int], int]) -> RecordTable:
             if not data.startswith(b"\x80"):
                 raise FileFormatError(where, "neither a flight-recorder pickle nor a .jsonl/.csv record file")
             ranks = {flight_recorder.read_dump(path, data, builder, node_of)}
+        members = [m for g in builder.group_ranks[groups_before:] for m in g] + builder.conn["peer"][conns_before:]
+        bad = [r for r in list(ranks) + members if not 0 <= r < MAX_GPUS]
+        if bad:
+            raise FileFormatError(where, f"rank {bad[0]} is outside 0 to {MAX_GPUS - 1:,} (ranks of one job)")
         for r in ranks:
             if r in owner and owner[r] != where:
                 raise FileFormatError(where, f"rank {r} also has records in {owner[r]}; give each rank's records once")
