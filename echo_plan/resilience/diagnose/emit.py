@@ -108,7 +108,7 @@ def _fr_dump(rank: int, rows: list[list], world: int) -> bytes:
     pg_ids: dict[str, int] = {"0": 0}
     entries = []
     for i, r in enumerate(rows):
-        name, members, seq, op, nbytes, enq, start, end, state, _conns, p2p = r
+        name, members, seq, op, nbytes, enq, start, end, state, _conns, p2p = r[:11]
         pg = name
         ranks = tuple(sorted(members))
         if pg not in pgs:

@@ -10,8 +10,9 @@ slower end's NIC between servers, the server's NVLink inside one).
 
 Hangs: a hung GPU stops in the middle of the last step; the collective it would issue next is
 written 'scheduled' (the CPU posted it, the GPU never reached it), and everyone who then waits for
-it is written 'started'. A hung NIC never finishes a collective or transfer that crosses servers
-through it in the last step; its connections moved nothing, the others part of their data.
+it is written 'started'. A hung NIC dies at a random moment of the last step (seeded) and never
+finishes a collective or transfer that crosses servers through it from then on; its connections
+moved nothing, the others part of their data.
 
 Timing noise: every compute segment, transfer and connection time is multiplied by
 1 + noise x N(0, 1) (kept above 0.2), from a generator seeded by ``seed``: same seed, same records.
@@ -48,7 +49,7 @@ class _Noise:
 
 def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise: float, seed: int) -> list[list[list]]:
     """Per rank, its records in issue order: [group, group_ranks, seq, op, nbytes, enqueue_s, start_s,
-    end_s, state, conns, p2p] with conns a list of (peer, 'send'|'recv', busy_s, done)."""
+    end_s, state, conns, p2p, op index] with conns a list of (peer, 'send'|'recv', busy_s, done)."""
     from echo_plan.interop.chakra_export import RankCoords, coords, group_of, rank_of
 
     world, gpn = plan.world_size, cluster.gpus_per_node
@@ -59,7 +60,9 @@ def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise
     stage_len = [len(p) for p in programs]
     gcache: dict[tuple, tuple[str, tuple[int, ...]]] = {}
     hang_at = {r: (steps - 1) * stage_len[co[r].stage] + stage_len[co[r].stage] // 2 for r in faults.gpu_hang}
-    last_step_from = [(steps - 1) * n for n in stage_len]
+    # a NIC dies at a random moment of the last step (by ops issued, seeded like the noise)
+    dies_at = {r: (steps - 1) * stage_len[co[r].stage] + int(rnd.uniform(0.0, 1.0) * stage_len[co[r].stage])
+               for r in sorted(faults.nic_hang)}
 
     pc = [0] * world
     clock = [T0_S] * world
@@ -83,8 +86,8 @@ def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise
             return float(faults.nvlink[node[a]])
         return float(min(faults.net[a], faults.net[b]))
 
-    def dead(ranks) -> bool:  # crosses servers through a hung NIC
-        return bool(faults.nic_hang) and any(r in faults.nic_hang for r in ranks) and \
+    def dead(ranks, at: dict[int, int]) -> bool:  # crosses servers through a NIC that has died
+        return bool(dies_at) and any(r in dies_at and at[r] >= dies_at[r] for r in ranks) and \
             len({node[r] for r in ranks}) > 1
 
     def next_seq(r: int, name: str) -> int:
@@ -121,13 +124,13 @@ def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise
             if r in hang_at and pc[r] >= hang_at[r] and op[0] != COMP:
                 stopped.add(r)  # the GPU stopped: its next op is posted, never started
                 name, members, seq, opname, nb = _describe(r, op, group, co, plan, rank_of, RankCoords, next_seq)
-                recs[r].append([name, members, seq, opname, nb, clock[r], None, None, "scheduled", None, op[0] != COLL])
+                recs[r].append([name, members, seq, opname, nb, clock[r], None, None, "scheduled", None, op[0] != COLL,
+                                pc[r]])
                 break
             if op[0] == COMP:
                 clock[r] += op[1] * float(faults.compute[r]) * rnd()
                 pc[r] += 1
                 continue
-            in_last = pc[r] >= last_step_from[co[r].stage]
             if open_recv[r] is not None:  # a receive posted earlier, waiting for its send
                 rec = recs[r][open_recv[r]]
                 name, members, seq, nb = rec[0], rec[1], rec[2], rec[4]
@@ -135,14 +138,14 @@ def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise
             else:
                 name, members, seq, opname, nb = _describe(r, op, group, co, plan, rank_of, RankCoords, next_seq)
                 rec = [name, members, seq, opname, nb, clock[r] - 2e-6, clock[r], None, "started", None,
-                       op[0] != COLL]
+                       op[0] != COLL, pc[r]]
                 recs[r].append(rec)
             key = (name, seq)
             if op[0] == COLL:
                 pending.setdefault(key, {})[r] = len(recs[r]) - 1
                 pc[r] += 1
                 if len(pending[key]) == len(members):
-                    if in_last and dead(members):
+                    if dead(members, {m: recs[m][i][11] for m, i in pending[key].items()}):
                         stopped.update(members)
                         _stall(recs, pending.pop(key), members, faults.nic_hang, rnd, node)
                         break
@@ -170,7 +173,7 @@ def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise
                 waiting_recv[key] = (r, 0)
                 break
             sender, sidx, t_post = posted.pop(key)
-            if in_last and dead((sender, r)):  # the receiver waits forever; the sender went on
+            if dead((sender, r), {sender: recs[sender][sidx][11], r: rec[11]}):  # the receiver waits; the sender went on
                 stopped.add(r)
                 _stall(recs, {sender: sidx, r: len(recs[r]) - 1}, (sender, r), faults.nic_hang, rnd, node)
                 break

@@ -214,11 +214,11 @@ def _groups(t: RecordTable, arrive: np.ndarray, inst: np.ndarray, node_of) -> tu
     first = np.unique(inst[ok], return_index=True)[1]  # one row per instance
     gi, xi = g[first], x[first]
     cls = hash_cols(t.op[ok][first], t.nbytes[ok][first], size[gi], span[gi])
-    # a class needs instances of three groups or more to say what is normal
+    # a class needs instances of two groups or more to say what is normal (faults slow a minority)
     uc, cinv = np.unique(cls, return_inverse=True)
     distinct = np.asarray([np.unique(gi[cinv == c]).size for c in range(uc.size)])[cinv] if uc.size < 20000 \
         else np.full(cls.size, 3)
-    keep = distinct >= 3
+    keep = distinct >= 2
     if not keep.any():
         return [], {}
     ratio = xi[keep] / np.maximum(seg_quantile(cls[keep], xi[keep], 0.25), 1e-15)
@@ -230,17 +230,33 @@ def _groups(t: RecordTable, arrive: np.ndarray, inst: np.ndarray, node_of) -> tu
                   if score[j] >= (1 + TAU_GROUP) * med and z[j] >= Z_MIN]
     if not bad_groups:
         return [], {}
-    sets = [set(t.group_ranks[gid]) for gid, _ in bad_groups]
-    common = sorted(set.intersection(*sets))
     strength = max(r for _, r in bad_groups) - 1
     ev = {"slow_groups": [{"group": t.group_names[gid], "ratio": round(r, 3)} for gid, r in bad_groups][:16]}
-    if len(sets) == 1 or not common:
-        members = sorted(set.union(*sets)) if not common else common
-        nodes = {node_of(m) for m in members}
-        if len(nodes) == 1 and None not in nodes:
-            return [Suspect(None, nodes.pop(), Component.NVLINK, confidence(strength / TAU_GROUP),
-                            "the slow group stays inside this node")], ev
-        common = members
-    return [Suspect(r, node_of(r), Component.NIC, confidence(strength / TAU_GROUP, len(common)),
-                    f"a member of every slow group ({len(bad_groups)}); the records have no per-connection data")
-            for r in common], ev
+    return _explain_groups([set(t.group_ranks[gid]) for gid, _ in bad_groups], node_of, strength / TAU_GROUP), ev
+
+
+def _explain_groups(sets: list[set[int]], node_of, strength: float) -> list[Suspect]:
+    """The component that every slow group uses. A group inside one server can only be slowed by
+    that server's NVLink (or its GPUs' links to it); when such groups are slow, the server's NVLink
+    explains them and every slow group with two members or more on that server. Otherwise, the
+    NIC of the ranks common to every slow group (or, when none is, of those in the most)."""
+    inside = [g for g in sets if len({node_of(m) for m in g}) == 1 and None not in {node_of(m) for m in g}]
+    if inside:
+        nodes = {node_of(next(iter(g))) for g in inside}
+        if len(nodes) == 1:
+            node = nodes.pop()
+            covered = sum(sum(node_of(m) == node for m in g) >= 2 for g in sets)
+            return [Suspect(None, node, Component.NVLINK, confidence(strength) * covered / len(sets),
+                            f"{len(inside)} slow groups stay inside this node; {covered} of {len(sets)} slow groups "
+                            "use its NVLink")]
+    common = sorted(set.intersection(*sets))
+    if not common:
+        count: dict[int, int] = {}
+        for g in sets:
+            for m in g:
+                count[m] = count.get(m, 0) + 1
+        best = max(count.values())
+        common = sorted(m for m, c in count.items() if c == best)
+    return [Suspect(r, node_of(r), Component.NIC, confidence(strength, len(common)),
+                    f"a member of every slow group ({len(sets)}); the records have no per-connection data")
+            for r in common]
