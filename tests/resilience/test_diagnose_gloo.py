@@ -17,8 +17,8 @@ from echo_plan.cli import main
 
 SCRIPT = r"""
 import os, sys, time
+import multiprocessing as mp
 import torch, torch.distributed as dist
-import torch.multiprocessing as mp
 
 def work(rank, world, out, port):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
@@ -36,7 +36,13 @@ def work(rank, world, out, port):
 
 if __name__ == "__main__":
     os.environ["TORCH_FR_BUFFER_SIZE"] = "200"
-    mp.spawn(work, args=(3, sys.argv[1], int(sys.argv[2])), nprocs=3)
+    ctx = mp.get_context("fork")  # the children share the parent's imported torch: seconds faster
+    procs = [ctx.Process(target=work, args=(r, 3, sys.argv[1], int(sys.argv[2]))) for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    sys.exit(max(abs(p.exitcode or 0) for p in procs))
 """
 
 

@@ -40,7 +40,13 @@ def check_emit_options(out: str, fmt: str, steps: int, noise: float, seed: int, 
     if not (0.0 <= noise <= MAX_NOISE):
         raise SpecError("--record-noise", noise, f"a share of each time from 0 to {MAX_NOISE} (0.03: 3% noise)")
     p = Path(out)
-    if p.exists() and (not p.is_dir() or any(p.iterdir())):
+    if not str(out).strip():
+        raise SpecError("--emit-records", out, "a folder path")
+    try:
+        busy = p.exists() and (not p.is_dir() or any(p.iterdir()))
+    except OSError as exc:
+        raise SpecError("--emit-records", out, f"a folder this user can read ({exc.strerror or exc})") from None
+    if busy:
         raise SpecError("--emit-records", out, "a new or empty folder (records of another run would mix with these)")
     return f
 
@@ -84,7 +90,12 @@ def write_records(recs: list[list[list]], out: Path, fmt: RecordFormat, buffer: 
     from echo_plan.files import write_atomic
     from echo_plan.resilience.diagnose import plain
 
-    out.mkdir(parents=True, exist_ok=True)
+    from echo_plan.errors import FileFormatError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FileFormatError(str(out), f"cannot create the records folder: {exc.strerror or exc}") from None
     world = len(recs)
     for rank, rows in enumerate(recs):
         rows = rows[-buffer:]
