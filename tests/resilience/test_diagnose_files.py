@@ -128,3 +128,19 @@ def test_simulate_record_options_are_checked(tmp_path, capsys, args, needle):
     code = main(["simulate", "-m", "llama2-7b", "--gpus", "16", "--tp", "8", *args])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and err.count("\n") == 1, err
+
+
+def test_simulate_emits_what_diagnose_reads(tmp_path, capsys):
+    model = tmp_path / "tiny.yaml"
+    model.write_text("name: tiny\nnum_layers: 2\nhidden_size: 512\nnum_attention_heads: 8\nvocab_size: 4096\n"
+                     "seq_length: 256\n")
+    out = tmp_path / "recs"
+    code = main(["simulate", "-m", str(model), "--gpus", "16", "--tp", "2", "--pp", "2", "--gbs", "8", "--fault",
+                 "gpu-hang:rank=6", "--emit-records", str(out), "--record-noise", "0.02", "--json"])
+    emitted = json.loads(capsys.readouterr().out)["emitted_records"]
+    assert code == 0 and emitted["files"] == 16 and emitted["format"] == "flight-recorder"
+    code, out_text, _ = run_cli(capsys, out, "--cluster", "h800", "--json")
+    d = json.loads(out_text)
+    assert code == 0 and d["syndrome"] == "non_communication_hang"
+    assert (d["suspects"][0]["rank"], d["suspects"][0]["component"]) == (6, "gpu")
+    assert 6 in d["evidence"]["never_entered"]
