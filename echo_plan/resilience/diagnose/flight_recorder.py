@@ -159,22 +159,18 @@ def _read_fast(path: Path, dump: dict, builder: TableBuilder, node_of, default_r
         np.full(len(entries), nan)
     start = np.where(np.isfinite(dur) & np.isfinite(t_end), t_end - dur, t_start)
     timed = bool(np.isfinite(t_end).any() or np.isfinite(dur).any())
-    state = [int(State.UNKNOWN) if (not timed and n == "scheduled" and ret)
-             else int(STATE_NAMES.get(str(n), State.UNKNOWN)) for n, ret in zip(names, retired)]
-    nbytes = [_nb(sz or (), dt or ()) for sz, dt in zip(sizes, dtypes)]
-    c = builder.cols
+    codes = {k: int(v) for k, v in STATE_NAMES.items()}
+    state = np.asarray([codes.get(n, int(State.UNKNOWN)) for n in names], dtype=np.int64)
+    if not timed:  # Gloo: entries never move past 'scheduled'
+        state[(state == int(State.SCHEDULED)) & np.asarray(retired, dtype=bool)] = int(State.UNKNOWN)
+    # one 1-D tensor per op, the usual case, without a call per entry
+    numel = [s[0][0] if len(s) == 1 and len(s[0]) == 1 else -1 for s in sizes]
+    width = [DTYPE_BYTES.get(d[0], 4) if d else 4 for d in dtypes]
+    nbytes = [n * w if n >= 0 else _nb(sz or (), dt or ()) for n, w, sz, dt in zip(numel, width, sizes, dtypes)]
     n = len(entries)
-    c["rank"] += [rank] * n
-    c["node"] += [node_of(rank)] * n
-    c["group"] += [m[0] for m in meta]
-    c["seq"] += seq
-    c["p2p"] += [m[2] for m in meta]
-    c["op"] += [m[1] for m in meta]
-    c["nbytes"] += nbytes
-    c["enqueue_s"] += created.tolist()
-    c["start_s"] += start.tolist()
-    c["end_s"] += t_end.tolist()
-    c["state"] += state
+    builder.add_chunk(rank=np.full(n, rank), node=np.full(n, node_of(rank)), group=[m[0] for m in meta], seq=seq,
+                      p2p=[m[2] for m in meta], op=[m[1] for m in meta], nbytes=nbytes, enqueue_s=created,
+                      start_s=start, end_s=t_end, state=state)
     builder.add_file(rank, where)
     return rank
 

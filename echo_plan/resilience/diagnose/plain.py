@@ -89,7 +89,7 @@ def add_row(rec: dict, builder: TableBuilder, where: str, line: int, node_of) ->
     node = rec.get("node")
     node = int(_num(node, "node", where, line, True)) if node not in (None, "") else node_of(rank)
     c = builder.cols
-    row = len(c["rank"])
+    row = builder.nrows
     op = str(rec["op"])
     c["rank"].append(rank)
     c["node"].append(node)
@@ -232,7 +232,7 @@ def _fast(builder: TableBuilder, cols: dict, node_of, n: int) -> set[int]:
         gids.append(gid)
     ops = [str(o) for o in cols["op"]]
     crow, cpeer, cdir, cbusy, cdone = [], [], [], [], []
-    base = len(builder.cols["rank"])
+    base = builder.nrows
     dirs = {"send": 0, "recv": 1}
     for i, conns in enumerate(cols["conns"]):
         if conns:
@@ -242,18 +242,9 @@ def _fast(builder: TableBuilder, cols: dict, node_of, n: int) -> set[int]:
                 cdir.append(dirs[item["dir"]])
                 cbusy.append(float(item["busy_s"]))
                 cdone.append(float(item.get("done", 1.0)))
-    c = builder.cols
-    c["rank"] += rank.tolist()
-    c["node"] += node.tolist()
-    c["group"] += gids
-    c["seq"] += seq.tolist()
-    c["p2p"] += [o in ("send", "recv") for o in ops]
-    c["op"] += [builder.op_id(o) for o in ops]
-    c["nbytes"] += np.maximum(nbytes, 0).tolist()
-    c["enqueue_s"] += enq.tolist()
-    c["start_s"] += start.tolist()
-    c["end_s"] += end.tolist()
-    c["state"] += state
+    builder.add_chunk(rank=rank, node=node, group=gids, seq=seq, p2p=[o in ("send", "recv") for o in ops],
+                      op=[builder.op_id(o) for o in ops], nbytes=np.maximum(nbytes, 0), enqueue_s=enq, start_s=start,
+                      end_s=end, state=state)
     k = builder.conn
     k["row"] += crow
     k["peer"] += cpeer

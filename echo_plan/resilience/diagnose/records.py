@@ -86,10 +86,18 @@ class RecordTable:
         return tuple(r for r in self.expected_ranks if r not in present)
 
 
+DTYPES = {"rank": np.int64, "node": np.int64, "group": np.int64, "seq": np.int64, "p2p": bool, "op": np.int64,
+          "nbytes": np.int64, "enqueue_s": np.float64, "start_s": np.float64, "end_s": np.float64, "state": np.int8}
+CONN_DTYPES = {"row": np.int64, "peer": np.int64, "dir": np.int8, "busy_s": np.float64, "done": np.float64}
+
+
 class TableBuilder:
-    """Accumulates rows from the readers; group names are interned with their members."""
+    """Accumulates rows from the readers, row by row (``cols`` lists) or a file's rows at once
+    (``add_chunk`` arrays); group names are interned with their members."""
 
     def __init__(self) -> None:
+        self._chunks: dict[str, list[np.ndarray]] = {k: [] for k in DTYPES}
+        self._flushed = 0
         self.cols: dict[str, list] = {k: [] for k in ("rank", "node", "group", "seq", "p2p", "op", "nbytes",
                                                       "enqueue_s", "start_s", "end_s", "state")}
         self.conn: dict[str, list] = {k: [] for k in ("row", "peer", "dir", "busy_s", "done")}
@@ -119,14 +127,36 @@ class TableBuilder:
     def add_file(self, rank: int, path: str) -> None:
         self.files[rank] = path
 
+    @property
+    def nrows(self) -> int:
+        return self._flushed + len(self.cols["rank"])
+
+    def flush(self) -> None:
+        n = len(self.cols["rank"])
+        if n:
+            for name, dtype in DTYPES.items():
+                self._chunks[name].append(np.asarray(self.cols[name], dtype=dtype))
+                self.cols[name] = []
+            self._flushed += n
+
+    def add_chunk(self, **arrays: np.ndarray) -> None:
+        """One file's rows at once: an array (or list) per column, all of the same length."""
+        self.flush()
+        n = len(arrays["rank"])
+        for name, dtype in DTYPES.items():
+            self._chunks[name].append(np.asarray(arrays[name], dtype=dtype))
+        self._flushed += n
+
     def build(self) -> RecordTable:
-        c, k = self.cols, self.conn
-        order = np.lexsort((np.asarray(c["enqueue_s"], dtype=np.float64), np.asarray(c["rank"], dtype=np.int64)))
+        self.flush()
+        c = {name: np.concatenate(ch) if ch else np.zeros(0, dtype=DTYPES[name]) for name, ch in self._chunks.items()}
+        k = self.conn
+        order = np.lexsort((c["enqueue_s"], c["rank"]))
         remap = np.empty_like(order)
         remap[order] = np.arange(order.size)
 
         def col(name: str, dtype) -> np.ndarray:
-            return np.asarray(c[name], dtype=dtype)[order] if order.size else np.zeros(0, dtype=dtype)
+            return c[name].astype(dtype, copy=False)[order]
 
         rows = np.asarray(k["row"], dtype=np.int64)
         return RecordTable(
