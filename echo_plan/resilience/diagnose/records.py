@@ -29,12 +29,6 @@ class State(IntEnum):
 STATE_NAMES = {"scheduled": State.SCHEDULED, "started": State.STARTED, "completed": State.COMPLETED,
                "unknown": State.UNKNOWN}
 
-P2P_OPS = ("send", "recv")
-# ops a collective library names; anything else is kept under its own name
-KNOWN_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "barrier",
-             "gather", "scatter", "alltoall_base", "allgather_into_tensor_coalesced", "coalesced",
-             "_allgather_base", "_reduce_scatter_base", "send", "recv")
-
 
 class ConnDir(IntEnum):
     SEND = 0

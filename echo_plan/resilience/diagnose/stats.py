@@ -1,10 +1,8 @@
-"""Robust statistics over segments of a column (median and MAD per key), vectorised."""
+"""Robust statistics over segments of a column (quantiles per key), vectorised."""
 
 from __future__ import annotations
 
 import numpy as np
-
-MAD_TO_SIGMA = 1.4826  # MAD x this estimates a normal distribution's standard deviation
 
 
 def seg_median(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -37,13 +35,6 @@ def seg_max(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     m = np.full(uniq.size, -np.inf)
     np.maximum.at(m, inv, values)
     return m[inv]
-
-
-def robust_z(x: np.ndarray, floor: float) -> tuple[np.ndarray, float, float]:
-    """(z-scores, median, sigma) with sigma = 1.4826 MAD, at least ``floor``."""
-    med = float(np.median(x)) if x.size else 0.0
-    sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(x - med))) if x.size else 0.0, floor)
-    return (x - med) / sigma, med, sigma
 
 
 def normal_low(x: np.ndarray, floor: float) -> tuple[np.ndarray, float, float]:
