@@ -129,7 +129,38 @@ def _stuck_connections(t: RecordTable, rows: list[int], node_of) -> tuple[list[S
     if low >= 1.0:
         return [], {}
     bad = {c for c, f in done.items() if f <= low + STUCK_MARGIN}
-    return localise_tiers(done, bad, node_of, lambda c: 3.0, "moved the least data (posted, never finished)")
+    suspects, evidence = localise_tiers(done, bad, node_of, lambda c: 3.0,
+                                        "moved the least data (posted, never finished)")
+    if suspects and suspects[0].component is Component.LINK and suspects[0].peer is not None:
+        since = float(np.nanmin(t.start_s[np.asarray(rows)]))
+        suspects = _one_end(t, suspects, since, node_of)
+    return suspects, evidence
+
+
+def _one_end(t: RecordTable, suspects: list[Suspect], since: float, node_of) -> list[Suspect]:
+    """One hung connection cannot say which of its ends (or the path between) failed; an end that
+    finished traffic to another server after the hang began has a working NIC, which leaves the
+    other end's NIC as the likelier fault."""
+    link = suspects[0]
+    ends = (link.rank, link.peer)
+    cleared = [r for r in ends if _network_done_after(t, r, since, node_of)]
+    if len(cleared) != 1:
+        return suspects
+    other = ends[1] if cleared[0] == ends[0] else ends[0]
+    nic = Suspect(other, node_of(other), Component.NIC, link.confidence,
+                  f"the one hung connection {link.rank} -> {link.peer} ends at it, and rank {cleared[0]} at the "
+                  "other end finished traffic to other servers after the hang began")
+    rest = [s for s in suspects[1:] if s.rank not in ends or s.component is not Component.NIC]
+    return [nic, Suspect(link.rank, link.node, link.component, link.confidence / 2, link.why, link.peer)] + rest
+
+
+def _network_done_after(t: RecordTable, rank: int, since: float, node_of) -> bool:
+    rows = np.flatnonzero((t.rank == rank) & (t.state == State.COMPLETED) & (t.start_s > since))
+    if rows.size == 0 or t.conn_row.size == 0:
+        return False
+    peers = t.conn_peer[np.isin(t.conn_row, rows)]
+    here = node_of(rank)
+    return here is not None and any(node_of(int(p)) not in (None, here) for p in np.unique(peers))
 
 
 def _short(ranks: list[int]) -> str:
