@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "echo_plan.commands.interop_cmd",
     "echo_plan.commands.sparsify_cmd",
     "echo_plan.commands.whatif_cmd",
+    "echo_plan.commands.diagnose_cmd",
 ]
 
 

@@ -42,7 +42,8 @@ def register(app: typer.Typer) -> None:
                                                      help="gather parameters after the optimizer, not during the forward"),
         fault: Optional[list[str]] = typer.Option(
             None, "--fault", help="a fault, repeatable: straggler:rank=R,compute=F | link:node=N,nic=I,bw=F | "
-                                  "nvlink:node=N,bw=F | node:node=N,compute=F | uplink:leaf=L,down=C"),
+                                  "nvlink:node=N,bw=F | node:node=N,compute=F | uplink:leaf=L,down=C | "
+                                  "gpu-hang:rank=R | nic-hang:node=N,nic=I (hangs: with --emit-records)"),
         fault_file: Optional[str] = typer.Option(None, "--fault-file", help="YAML list of faults (kind + keys)"),
         routing: Optional[str] = RoutingOpt,
         flows_per_connection: Optional[int] = FlowsOpt,
@@ -62,6 +63,17 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
         trace: Optional[str] = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace JSON of the step"),
         cache_dir: Optional[str] = CacheDirOpt,
+        emit_records: Optional[str] = typer.Option(
+            None, "--emit-records", help="write the per-rank collective records of the simulated job (with its "
+                                         "faults) into this new folder, for echo-plan diagnose"),
+        record_format: str = typer.Option("flight-recorder", "--record-format",
+                                          help="flight-recorder (torch's pickle dumps) | jsonl | csv"),
+        record_noise: float = typer.Option(0.0, "--record-noise",
+                                           help="timing noise of the records, a share (0.03: 3%)"),
+        record_seed: int = typer.Option(0, "--record-seed", help="seed of the records' noise"),
+        record_steps: int = typer.Option(3, "--record-steps", help="training steps the records cover"),
+        record_buffer: int = typer.Option(2000, "--record-buffer",
+                                          help="records kept per rank (torch's TORCH_NCCL_TRACE_BUFFER_SIZE default)"),
         collective_algorithm: Optional[list[str]] = typer.Option(
             None, "--collective-algorithm",
             help="time a collective with an MSCCL-IR XML algorithm, e.g. all_reduce=ring.xml (repeatable; "
@@ -76,6 +88,12 @@ def register(app: typer.Typer) -> None:
         from echo_plan.specs import PlanSpec
 
         check_output_file(trace, "--trace", (".json",))
+        fmt = None
+        if emit_records is not None:
+            from echo_plan.resilience.diagnose.emit import check_emit_options
+
+            fmt = check_emit_options(emit_records, record_format, record_steps, record_noise, record_seed,
+                                     record_buffer)
         check_cache_dir(cache_dir)
         check_tp_pp(tp, pp)
         model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, seq_length=seq_length, routing=routing,
@@ -124,6 +142,15 @@ def register(app: typer.Typer) -> None:
         from echo_plan.resilience.files import read_faults
 
         faults = read_faults(fault or (), fault_file)
+        hangs = tuple(f for f in faults if f.kind.hang)
+        if hangs and emit_records is None:
+            raise SpecError("--fault", hangs[0].label(), "a hang stops the job and has no step time; give it with "
+                                                         "--emit-records DIR to write the hung job's records")
+        if hangs:
+            from echo_plan.resilience.faults import check_faults
+
+            check_faults(faults, plan, cluster_spec)
+            faults = tuple(f for f in faults if not f.kind.hang)
         fm = failure_model(failures_per_gpu_day, checkpoint_gbps_per_gpu, restart_min, detect_min)
         result = simulate(model_spec, cluster_spec, plan, stack=stack_spec, cache=TraceCache(cache_dir), faults=faults,
                           failure_model=fm,
@@ -133,9 +160,23 @@ def register(app: typer.Typer) -> None:
             from echo_plan.replay.timeline import write_chrome_trace
 
             write_chrome_trace(trace, result)
+        emitted = None
+        if emit_records is not None:
+            from echo_plan.resilience.diagnose.emit import emit_records as write_records
+
+            emitted = write_records(model_spec, cluster_spec, plan, stack=stack_spec, cache=TraceCache(cache_dir),
+                                    faults=faults + hangs, out=emit_records, fmt=fmt, steps=record_steps,
+                                    noise=record_noise, seed=record_seed, buffer=record_buffer)
         if as_json:
-            print_json(result.as_json())
+            out = result.as_json()
+            if emitted is not None:
+                out["emitted_records"] = emitted
+            print_json(out)
         else:
             from echo_plan.commands.simulate_view import print_result
 
             print_result(result, trace)
+            if emitted is not None:
+                typer.echo(f"records: {emitted['files']} {emitted['format']} files in {emitted['folder']} "
+                        f"({emitted['steps']} steps, up to {emitted['records_per_rank_max']} records per rank"
+                        + (f", faults {', '.join(emitted['faults'])}" if emitted['faults'] else "") + ")")

@@ -9,6 +9,12 @@ with ``kind`` and the same keys):
 * ``node:node=N,compute=F``: every GPU of server ``N`` computes F times slower.
 * ``uplink:leaf=L,down=C``: C of the spine uplinks of leaf switch ``L`` (on one rail plane) are down;
   their flows move to the leaf's remaining uplinks (needs ``--routing ecmp|planned``; docs/traffic.md).
+* ``gpu-hang:rank=R``: GPU ``R`` stops (a kernel that never ends): it never enters its next collective.
+* ``nic-hang:node=N,nic=I``: NIC ``I`` of server ``N`` stops moving data: the collectives through it
+  post work that never finishes.
+
+A hang stops the job, so it has no step time: hang faults are for ``simulate --emit-records``, which
+writes the records of the hung job for ``diagnose`` (docs/diagnose.md); the step replay ignores them.
 
 Effects on the replay, which simulates one rank per pipeline stage: a fault slows the stage that
 holds the affected GPUs, because everything such a GPU synchronises with waits for it: its tensor-
@@ -39,6 +45,12 @@ class FaultKind(str, Enum):
     NVLINK = "nvlink"
     NODE = "node"
     UPLINK = "uplink"
+    GPU_HANG = "gpu-hang"
+    NIC_HANG = "nic-hang"
+
+    @property
+    def hang(self) -> bool:
+        return self in (FaultKind.GPU_HANG, FaultKind.NIC_HANG)
 
 
 _KEYS = {
@@ -47,6 +59,8 @@ _KEYS = {
     FaultKind.NVLINK: {"node": int, "bw": float},
     FaultKind.NODE: {"node": int, "compute": float},
     FaultKind.UPLINK: {"leaf": int, "down": int},
+    FaultKind.GPU_HANG: {"rank": int},
+    FaultKind.NIC_HANG: {"node": int, "nic": int},
 }
 
 
@@ -119,18 +133,20 @@ def check_faults(faults: tuple[Fault, ...], plan: PlanSpec, cluster: ClusterSpec
     if len(faults) > MAX_FAULTS:
         raise SpecError("faults", len(faults), f"at most {MAX_FAULTS}")
     for f in faults:
-        if f.kind is FaultKind.STRAGGLER and not f.get("rank") < plan.world_size:
-            raise SpecError("straggler.rank", int(f.get("rank")), f"a rank below {plan.world_size} (the plan's GPUs)")
-        if f.kind in (FaultKind.LINK, FaultKind.NVLINK, FaultKind.NODE) and not f.get("node") < cluster.num_nodes:
+        if f.kind in (FaultKind.STRAGGLER, FaultKind.GPU_HANG) and not f.get("rank") < plan.world_size:
+            raise SpecError(f"{f.kind.value}.rank", int(f.get("rank")),
+                            f"a rank below {plan.world_size} (the plan's GPUs)")
+        if f.kind in (FaultKind.LINK, FaultKind.NVLINK, FaultKind.NODE, FaultKind.NIC_HANG) \
+                and not f.get("node") < cluster.num_nodes:
             raise SpecError(f"{f.kind.value}.node", int(f.get("node")), f"a server below {cluster.num_nodes}")
         if f.kind is FaultKind.UPLINK:
             _check_uplink(f, cluster)
-        if f.kind is FaultKind.LINK:
+        if f.kind in (FaultKind.LINK, FaultKind.NIC_HANG):
             if cluster.num_nodes == 1:
                 raise SpecError("link", f.label(), f"{cluster.name} resized to one server has no network links; "
                                 "use nvlink:node=0,bw=F")
             if not f.get("nic") < cluster.network.nics_per_node:
-                raise SpecError("link.nic", int(f.get("nic")), f"a NIC below {cluster.network.nics_per_node} "
+                raise SpecError(f"{f.kind.value}.nic", int(f.get("nic")), f"a NIC below {cluster.network.nics_per_node} "
                                 "(NICs per server)")
 
 
@@ -189,6 +205,8 @@ def stage_effects(faults: tuple[Fault, ...], plan: PlanSpec, cluster: ClusterSpe
 
     uplinks: dict[int, int] = {}
     for f in faults:
+        if f.kind.hang:  # no step time: only the emitted records show a hang
+            continue
         if f.kind is FaultKind.STRAGGLER:
             hit(int(f.get("rank")), f, compute=f.get("compute"))
             continue
@@ -207,13 +225,18 @@ def stage_effects(faults: tuple[Fault, ...], plan: PlanSpec, cluster: ClusterSpe
         elif f.kind is FaultKind.NVLINK:
             for r in ranks:
                 hit(r, f, nvl=f.get("bw"))
-        else:  # the GPU on that NIC's rail (rail-optimised servers: NIC i serves GPU i x gpn / nics)
-            per_nic = max(1, gpn // cluster.network.nics_per_node)
-            nic = int(f.get("nic"))
-            for r in range(node * gpn + nic * per_nic, node * gpn + (nic + 1) * per_nic):
+        else:
+            for r in nic_ranks(node, int(f.get("nic")), cluster):
                 hit(r, f, net=f.get("bw"))
     failed = tuple(sorted(uplinks.items()))
     return tuple(StageEffect(e["compute"], e["net"], e["nvl"], tuple(e["causes"]), failed) for e in effects)
+
+
+def nic_ranks(node: int, nic: int, cluster: ClusterSpec) -> range:
+    """The GPUs on a NIC's rail (rail-optimised servers: NIC i serves GPUs i x gpn / nics ...)."""
+    gpn = cluster.gpus_per_node
+    per_nic = max(1, gpn // cluster.network.nics_per_node)
+    return range(node * gpn + nic * per_nic, node * gpn + (nic + 1) * per_nic)
 
 
 def slowed_cluster(cluster: ClusterSpec, effect: StageEffect) -> ClusterSpec:

@@ -80,7 +80,7 @@ def sensitivity(plan, cluster, step: Callable[[tuple[Fault, ...]], float],
                 kinds: tuple[FaultKind, ...] | None = None, severities: dict | None = None,
                 progress: Callable[[int, int, str], None] | None = None) -> tuple[float, tuple[SensitivityRow, ...]]:
     """(healthy step, rows); ``step(faults)`` is the simulated step time with those faults."""
-    kinds = kinds or tuple(k for k in SEVERITIES if applies(k, cluster))
+    kinds = kinds or tuple(k for k in SEVERITIES if not k.hang and applies(k, cluster))
     severities = severities or SEVERITIES
     healthy = step(())
     rows = []

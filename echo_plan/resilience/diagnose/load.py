@@ -1,0 +1,97 @@
+"""Reading a record set: files and folders given on the command line, in any of the three formats.
+
+A ``.jsonl`` (or ``.json``) file is the plain JSONL format, a ``.csv`` file the plain CSV format,
+anything else a torch flight-recorder pickle (which torch names ``nccl_trace_rank_<N>`` without a
+suffix). A folder stands for every regular file inside it (not hidden ones, not sub-folders).
+Every problem is a FileFormatError naming the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable
+
+from echo_plan.errors import FileFormatError
+from echo_plan.limits import MAX_GPUS
+from echo_plan.resilience.diagnose.records import RecordTable, TableBuilder
+
+MAX_RECORD_FILES = 1 << 17  # 131,072 ranks: well above any job whose dumps one machine would read
+
+
+def record_files(paths: Iterable[str]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        if not str(p).strip():
+            raise FileFormatError(repr(str(p)), "an empty path; give record files or folders")
+        path = Path(p)
+        if path.is_dir():
+            try:
+                inside = sorted(q for q in path.iterdir() if not q.name.startswith(".") and q.is_file())
+            except OSError as exc:
+                raise FileFormatError(str(path), f"cannot read the folder: {exc.strerror or exc}") from None
+            if not inside:
+                raise FileFormatError(str(path), "a folder without record files")
+            out += inside
+        else:
+            out.append(path)
+        if len(out) > MAX_RECORD_FILES:
+            raise FileFormatError(str(path), f"more than {MAX_RECORD_FILES:,} record files")
+    if not out:
+        raise FileFormatError("RECORDS", "no record files given")
+    return out
+
+
+def load_records(paths: Iterable[str], gpus_per_node: int | None = None) -> RecordTable:
+    """Every record of the files and folders in ``paths``. Where the records do not say which
+    server a rank is on (flight-recorder dumps never do), rank // ``gpus_per_node``; unknown
+    without it."""
+    return load_files(record_files(paths), gpus_per_node)
+
+
+def load_files(files: list[Path], gpus_per_node: int | None) -> RecordTable:
+    from echo_plan.replay.no_gc import paused_gc
+
+    node_of = cluster_node_of(gpus_per_node) if gpus_per_node else (lambda rank: -1)
+    with paused_gc():  # millions of live numbers and no cycles: the collector would only rescan them
+        return _load(files, node_of)
+
+
+def _load(files: list[Path], node_of: Callable[[int], int]) -> RecordTable:
+    from echo_plan.files import read_bytes
+    from echo_plan.resilience.diagnose import flight_recorder, plain
+
+    builder = TableBuilder()
+    owner: dict[int, str] = {}
+    for path in files:
+        groups_before, conns_before = len(builder.group_ranks), len(builder.conn["peer"])
+        data = read_bytes(path)
+        where = str(path)
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".json", ".csv"):
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise FileFormatError(where, "not UTF-8 text: not a JSONL/CSV record file") from None
+            reader = plain.read_csv if suffix == ".csv" else plain.read_jsonl
+            ranks = reader(text, where, builder, node_of)
+            if not ranks:
+                raise FileFormatError(where, "holds no records")
+        else:
+            if not data.startswith(b"\x80"):
+                raise FileFormatError(where, "neither a flight-recorder pickle nor a .jsonl/.csv record file")
+            ranks = {flight_recorder.read_dump(path, data, builder, node_of)}
+        members = [m for g in builder.group_ranks[groups_before:] for m in g] + builder.conn["peer"][conns_before:]
+        bad = [r for r in list(ranks) + members if not 0 <= r < MAX_GPUS]
+        if bad:
+            raise FileFormatError(where, f"rank {bad[0]} is outside 0 to {MAX_GPUS - 1:,} (ranks of one job)")
+        for r in ranks:
+            if r in owner and owner[r] != where:
+                raise FileFormatError(where, f"rank {r} also has records in {owner[r]}; give each rank's records once")
+            owner[r] = where
+            builder.add_file(r, where)
+    return builder.build()
+
+
+def cluster_node_of(gpus_per_node: int) -> Callable[[int], int]:
+    return lambda rank: rank // gpus_per_node
+
