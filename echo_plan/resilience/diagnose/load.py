@@ -9,7 +9,7 @@ Every problem is a FileFormatError naming the file.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from echo_plan.errors import FileFormatError
 from echo_plan.limits import MAX_GPUS
@@ -48,15 +48,25 @@ def load_records(paths: Iterable[str], gpus_per_node: int | None = None) -> Reco
     return load_files(record_files(paths), gpus_per_node)
 
 
-def load_files(files: list[Path], gpus_per_node: int | None) -> RecordTable:
-    from echo_plan.replay.no_gc import paused_gc
+def load_files(files: list[Path], gpus_per_node: int | None, processes: int | None = None) -> RecordTable:
+    """``processes``: worker processes reading shares of the files (parallel_load.py); None: one per
+    CPU (at most 4) for a set of 128 files or more, or ``$ECHO_PLAN_PROCESSES`` when set."""
+    import os
 
+    from echo_plan.replay.no_gc import paused_gc
+    from echo_plan.resilience.diagnose.parallel_load import load_parallel, processes_for
+
+    if processes is None:
+        env = os.environ.get("ECHO_PLAN_PROCESSES", "")
+        processes = int(env) if env.isdigit() and int(env) > 0 else processes_for(len(files))
+    if processes > 1 and len(files) > 1:
+        return load_parallel(files, gpus_per_node, min(processes, len(files)))
     node_of = cluster_node_of(gpus_per_node) if gpus_per_node else (lambda rank: -1)
     with paused_gc():  # millions of live numbers and no cycles: the collector would only rescan them
         return _load(files, node_of)
 
 
-def _load(files: list[Path], node_of: Callable[[int], int]) -> RecordTable:
+def _load(files: list[Path], node_of: Callable[[int], int], build: bool = True) -> Any:
     from echo_plan.files import read_bytes
     from echo_plan.resilience.diagnose import flight_recorder, plain
 
@@ -89,7 +99,7 @@ def _load(files: list[Path], node_of: Callable[[int], int]) -> RecordTable:
                 raise FileFormatError(where, f"rank {r} also has records in {owner[r]}; give each rank's records once")
             owner[r] = where
             builder.add_file(r, where)
-    return builder.build()
+    return builder.build() if build else builder
 
 
 def cluster_node_of(gpus_per_node: int) -> Callable[[int], int]:
