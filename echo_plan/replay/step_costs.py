@@ -1,0 +1,205 @@
+"""What level 2 replays for a plan: per pipeline rank, the cost of each model chunk's forward and
+backward (from the level-1 timings), its data-parallel buckets and its optimizer step, with the
+schedule's action lists (``step_costs``; used by ``simulate`` and the Chakra export)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from echo_plan.replay.dp import chunk_buckets, edp_group, optimizer_op
+from echo_plan.replay.layer_mix import kind_counts, layer_params_per_rank
+from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts
+from echo_plan.replay.schedules import build_schedule
+from echo_plan.replay.split import pair_saving_of, zb_v_times
+from echo_plan.replay.transfers import _p2p_gather_time, _p2p_time, _params, _tied_time
+from echo_plan.specs.cluster import ClusterSpec, DType
+from echo_plan.specs.model import ModelSpec
+from echo_plan.specs.moe import DENSE
+from echo_plan.specs.plan import PlanSpec, Schedule
+from echo_plan.specs.software import SoftwareSpec
+from echo_plan.trace.records import CommGroup
+
+if TYPE_CHECKING:
+    from echo_plan.cost.base import ComputeModel
+
+
+def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
+    """Sum of level-1 phase timings, each taken ``count`` times, as one aggregated chunk cost."""
+    work = compute = tp = inter = 0.0
+    mix: dict = {}
+    for ph, count in parts:
+        work += ph.duration_s * count
+        compute += ph.compute_s * count
+        tp += ph.tp_comm_exposed_s * count
+        inter += ph.interference_s * count
+        for kind, sec in ph.work_by_kind:
+            if kind.is_compute:
+                mix[kind] = mix.get(kind, 0.0) + sec * count
+    mix_t = tuple(sorted(((k, v) for k, v in mix.items() if v > 0), key=lambda kv: kv[0].value)) or None
+    return PhaseCost(work, compute, tp, inter, mix_t)
+
+
+def gather_bytes(plan: PlanSpec, stack: SoftwareSpec, params: int, layer_params: int) -> tuple[float, float]:
+    """Mean bytes per parameter of a chunk's DP parameter all-gather (dense, experts): 2 (bf16), or with
+    FP8 training and ``fp8_param_gather`` 1 for the transformer layers' weights (Megatron's
+    --fp8-param-gather; norms and biases, a sliver, are counted with them) and 2 for the embeddings."""
+    if plan.dtype is not DType.FP8 or not stack.fp8_param_gather or params <= 0:
+        return 2.0, 2.0
+    return (layer_params + 2.0 * (params - layer_params)) / params, 1.0
+
+
+def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
+    """What the stack changed about the plan, in words."""
+    out = []
+    if plan.overlap_grad_reduce and plan.grad_dp > 1 and not stack.overlap_grad_reduce:
+        out.append(f"stack {stack.name} reduces gradients after the backward pass (no overlap)")
+    if plan.overlap_param_gather and plan.distributed_optimizer and not stack.overlap_param_gather:
+        out.append(f"stack {stack.name} gathers parameters after the optimizer step (no overlap)")
+    if stack.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
+        out.append(f"stack {stack.name}: TP communication overlap needs sequence parallelism; not used")
+    if plan.dtype is DType.FP8:
+        gather = "; weights kept and all-gathered in FP8" if stack.fp8_param_gather else ""
+        out.append(f"fp8: the layers' GEMMs in FP8 ({stack.fp8_recipe.value} scaling{gather}), bf16 elsewhere; the "
+                   "once-per-step FP8 weight casts are counted with the optimizer step (docs/fp8.md)")
+    return out
+
+
+def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: dict, compute: "ComputeModel",
+               comm_time, work_scale: tuple[float, ...] | None = None, schedules=build_schedule,
+               stack: SoftwareSpec | None = None, stage_timing=None, stage_comm=None) -> StepCosts:
+    """What level 2 replays for ``plan`` run with ``stack``: the schedule's action lists and, per
+    pipeline rank, the cost of each chunk's forward and backward (from the level-1 ``timing`` of
+    block, embedding and output), its DP buckets and its optimizer; ``comm_time(kind, nbytes,
+    group)`` times a collective. The DP gradient dtype and which overlaps happen come from the
+    stack (an overlap happens when the plan asks for it and the stack has it)."""
+    if stack is None:
+        from echo_plan.specs.presets import load_stack
+
+        stack = load_stack()
+    pp, v = plan.pp, plan.virtual_stages
+    overlap_grad = plan.overlap_grad_reduce and stack.overlap_grad_reduce and not plan.dp_comm.sparse
+
+    def op_time(op):  # sparse exchanges' selection and feedback kernels
+        return compute.op_time(op, cluster.gpu, plan.param_dtype)
+    gbytes = stack.grad_bytes(plan.param_dtype)
+    schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
+                                           else plan.schedule)
+    split = timing.get("split") if schedule.split_backward else None
+    if schedule.split_backward and split is None:
+        raise ValueError(f"the {schedule.value} schedule needs the level-1 split timings (timing['split'])")
+    if schedule is Schedule.ZB_V:  # its order is list-scheduled with the layer's F : Bi : W times
+        sp, lt = split["block"], timing["block"]
+        times = zb_v_times(lt.forward.duration_s, sp.input_grad.duration_s, sp.weight_grad.duration_s)
+        sched = schedules(schedule, pp, plan.num_microbatches, v, times)
+    else:
+        sched = schedules(schedule, pp, plan.num_microbatches, v)
+    nvs, chunks = sched.num_virtual_stages, sched.virtual_stages
+    dual_group = None
+    if schedule is Schedule.DUALPIPE:  # the two copies of a stage reduce their gradients together
+        from echo_plan.trace.records import GroupKind
+
+        dual_group = CommGroup(GroupKind.DP, size=2 * plan.dp, stride=plan.tp)
+    layers_of = list(plan.virtual_layers(model.num_layers))
+    first_layer = [sum(layers_of[:vs]) for vs in range(nvs)]
+    _, emb_params, out_params = _params(model, plan)
+    edp = edp_group(plan)
+
+    stages = []
+    for r in range(pp):  # a fault (resilience/) may give a stage its own level-1 timings and collectives
+        t_r = stage_timing(r) if stage_timing is not None else timing
+        ct = stage_comm(r) if stage_comm is not None else comm_time
+        blk, emb, out = t_r["block"], t_r["embedding"], t_r["output"]
+        by_kind = t_r.get("blocks") or {DENSE: blk}
+        fwd, bwd, labels, buckets, bin_, wgt, kinds_of = [], [], [], [], [], [], []
+        rank_params = rank_experts = 0
+        once_per_step = 0.0  # FP8 weight casts: once per step, before the first micro-batch's forward
+        for c in range(chunks):
+            vs = sched.virtual_stage(r, c)
+            n = layers_of[vs]
+            f_parts, b_parts, params, experts = [], [], 0, 0
+            layer_params = 0  # of transformer layers (FP8-gathered with fp8_param_gather)
+            i_parts, w_parts = [], []
+            kinds = kind_counts(model, first_layer[vs], n)
+            kinds_of.append(kinds)
+            for kind, count in kinds:
+                f_parts.append((by_kind.get(kind, blk).forward, count))
+                b_parts.append((by_kind.get(kind, blk).backward, count))
+                once_per_step += count * by_kind.get(kind, blk).per_step_s
+                if split is not None:
+                    sp = split["blocks"].get(kind, split["block"])
+                    i_parts.append((sp.input_grad, count))
+                    w_parts.append((sp.weight_grad, count))
+                dense_p, expert_p = layer_params_per_rank(model, plan, kind)
+                params += count * dense_p
+                layer_params += count * dense_p
+                experts += count * expert_p
+            label = f"layers {first_layer[vs]}-{first_layer[vs] + n - 1}"
+            if schedule is Schedule.DUALPIPE and c == 1:
+                label = "reverse copy: " + label
+            if vs == 0:
+                f_parts.insert(0, (emb.forward, 1))
+                b_parts.append((emb.backward, 1))
+                if split is not None:
+                    i_parts.append((split["embedding"].input_grad, 1))
+                    w_parts.append((split["embedding"].weight_grad, 1))
+                params += emb_params
+                label += " +embedding"
+            if vs == nvs - 1:
+                f_parts.append((out.forward, 1))
+                b_parts.insert(0, (out.backward, 1))
+                if split is not None:
+                    i_parts.insert(0, (split["output"].input_grad, 1))
+                    w_parts.insert(0, (split["output"].weight_grad, 1))
+                params += out_params
+                label += " +output"
+                if model.mtp_layers:  # multi-token prediction: a layer and a loss head per module
+                    mtp = by_kind.get(model.mtp_kind, blk)
+                    f_parts += [(mtp.forward, model.mtp_layers), (out.forward, model.mtp_layers)]
+                    b_parts[:0] = [(out.backward, model.mtp_layers), (mtp.backward, model.mtp_layers)]
+                    once_per_step += model.mtp_layers * mtp.per_step_s
+                    if split is not None:
+                        msp = split["blocks"].get(model.mtp_kind, split["block"])
+                        i_parts[:0] = [(split["output"].input_grad, model.mtp_layers),
+                                       (msp.input_grad, model.mtp_layers)]
+                        w_parts[:0] = [(split["output"].weight_grad, model.mtp_layers),
+                                       (msp.weight_grad, model.mtp_layers)]
+                    dense_p, expert_p = layer_params_per_rank(model, plan, model.mtp_kind)
+                    params += model.mtp_layers * (dense_p + -(-2 * model.hidden_size ** 2 // plan.tp))
+                    experts += model.mtp_layers * expert_p
+                    label += f" +{model.mtp_layers} mtp"
+            fwd.append(_phase(f_parts))
+            bwd.append(_phase(b_parts))
+            if split is not None:
+                bin_.append(_phase(i_parts))
+                wgt.append(_phase(w_parts))
+            labels.append(label)
+            pb, epb = gather_bytes(plan, stack, params, layer_params)
+            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, group=dual_group, op_time=op_time,
+                                         param_bytes=pb)
+                           + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, group=edp, op_time=op_time,
+                                           param_bytes=epb))
+            rank_params += params
+            rank_experts += experts
+        opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.param_dtype)
+        opt += once_per_step  # counted with the optimizer step: the other per-step compute of the rank
+        pair = None
+        if schedule is Schedule.DUALPIPE:
+            pair = tuple(tuple(pair_saving_of(kinds_of[cf], kinds_of[cb], split) for cb in range(chunks))
+                         for cf in range(chunks))
+        stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt,
+                                 tuple(bin_) if split is not None else None,
+                                 tuple(wgt) if split is not None else None, pair))
+
+    p2p_by_stage = None
+    if stage_comm is not None and nvs > 1:  # a transfer is as slow as the slower end's link
+        own = [_p2p_time(model, plan, stage_comm(r)) for r in range(pp)]
+        p2p_by_stage = tuple(max(own[max(0, r - 1):r + 2]) for r in range(pp))
+    return StepCosts(
+        p2p_by_stage=p2p_by_stage,
+        schedule=sched, stages=tuple(stages), p2p_s=_p2p_time(model, plan, comm_time) if nvs > 1 else 0.0,
+        p2p_recv_s=_p2p_gather_time(model, plan, comm_time) if nvs > 1 else 0.0,
+        tied_allreduce_s=_tied_time(model, plan, comm_time, gbytes), overlap_grad_reduce=overlap_grad,
+        overlap_param_gather=plan.overlap_param_gather and stack.overlap_param_gather, work_scale=work_scale,
+        sync_p2p=not (stack.overlap_p2p and v > 1),  # Megatron-Core overlaps p2p only with interleaving
+    )
+
