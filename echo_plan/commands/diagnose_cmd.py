@@ -19,6 +19,12 @@ def register(app: typer.Typer) -> None:
                                           "where the records do not (flight-recorder dumps never do)"),
         gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node",
                                                     help="GPUs per server, instead of --cluster"),
+        tp: Optional[int] = typer.Option(None, "--tp", help="the job's tensor-parallel degree (with --cp/--pp/--dp: "
+                                                           "names each group's kind, expects every rank of the job)"),
+        cp: Optional[int] = typer.Option(None, "--cp", help="the job's context-parallel degree"),
+        pp: Optional[int] = typer.Option(None, "--pp", help="the job's pipeline-parallel degree"),
+        dp: Optional[int] = typer.Option(None, "--dp", help="the job's data-parallel degree (default: from the "
+                                                           "highest rank in the records)"),
         as_json: bool = JsonOpt,
     ) -> None:
         """Healthy, or which syndrome (communication or non-communication hang or slowdown), the suspect
@@ -36,7 +42,7 @@ def register(app: typer.Typer) -> None:
             from echo_plan.specs import load_cluster
 
             gpn = load_cluster(cluster).gpus_per_node
-        result = diagnose_paths(records, gpn)
+        result = diagnose_paths(records, gpn, (tp, cp, pp, dp))
         if as_json:
             print_json(result.as_json())
             return

@@ -6,7 +6,7 @@ rank is on, the GPUs per server of ``--cluster``).
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
@@ -16,12 +16,15 @@ from echo_plan.resilience.diagnose.slow import comm_slow, compute_stragglers
 from echo_plan.resilience.diagnose.stats import hash_cols
 from echo_plan.resilience.diagnose.verdict import Diagnosis, Syndrome
 
+if TYPE_CHECKING:
+    from echo_plan.resilience.diagnose.layout import Layout
+
 
 class NodeMap:
     """rank -> server: what the records say, else ``fallback(rank)``; None when unknown."""
 
-    def __init__(self, t: RecordTable, fallback: Callable[[int], int] | None) -> None:
-        top = max(t.expected_ranks, default=0) + 1
+    def __init__(self, t: RecordTable, fallback: Callable[[int], int] | None, world: int = 0) -> None:
+        top = max(max(t.expected_ranks, default=0) + 1, world)
         self.arr = np.full(top, -1, dtype=np.int64)
         if fallback is not None:
             self.arr[:] = [fallback(r) for r in range(top)]
@@ -33,20 +36,31 @@ class NodeMap:
         return None if n < 0 else n
 
 
-def diagnose_table(t: RecordTable, node_fallback: Callable[[int], int] | None = None) -> Diagnosis:
-    node_of = NodeMap(t, node_fallback)
-    missing = t.missing_ranks
+def diagnose_table(t: RecordTable, node_fallback: Callable[[int], int] | None = None,
+                   layout: "Layout | None" = None) -> Diagnosis:
+    """``layout`` (the job's parallel degrees, layout.py): every rank of the job is expected, and each
+    group is named with its kind."""
+    from dataclasses import replace
+
+    node_of = NodeMap(t, node_fallback, layout.world if layout is not None else 0)
+    expected = layout.world if layout is not None else len(t.expected_ranks)
+    if layout is not None:
+        from echo_plan.resilience.diagnose.layout import labelled, missing_in
+
+        t = labelled(t, layout)
+        missing = missing_in(t, layout)
+    else:
+        missing = t.missing_ranks
     base: dict = {}
     notes: list[str] = []
     if missing:
         base["missing_ranks"] = list(missing)
-        notes.append(f"{len(missing)} of {len(t.expected_ranks)} ranks have no records "
+        notes.append(f"{len(missing)} of {expected} ranks have no records "
                      f"({', '.join(map(str, missing[:12]))}{' ...' if len(missing) > 12 else ''}); "
                      "diagnosed from the ranks present")
     hang = find_hang(t, node_of, base)
     if hang is not None:
-        return Diagnosis(hang.syndrome, hang.suspects, hang.evidence, hang.ranks_present, hang.missing_ranks,
-                         hang.records, tuple(notes) + hang.notes)
+        return replace(hang, missing_ranks=missing, notes=tuple(notes) + hang.notes)
     if (t.state == State.UNKNOWN).all():
         notes.append("the records do not track whether each op finished (torch's Gloo group): hangs cannot "
                      "be told apart from a job still running, and slowdowns are judged from arrival times")
@@ -88,8 +102,13 @@ def _subset(t: RecordTable, keep: np.ndarray) -> RecordTable:
                    conn_done=t.conn_done[csel])
 
 
-def diagnose_paths(paths: Iterable[str], gpus_per_node: int | None = None) -> Diagnosis:
+def diagnose_paths(paths: Iterable[str], gpus_per_node: int | None = None,
+                   degrees: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
+                   ) -> Diagnosis:
+    """``degrees``: (tp, cp, pp, dp) of the job where the user gives them (layout.make_layout)."""
+    from echo_plan.resilience.diagnose.layout import make_layout
     from echo_plan.resilience.diagnose.load import cluster_node_of, load_records
 
     fallback = cluster_node_of(gpus_per_node) if gpus_per_node else None
-    return diagnose_table(load_records(paths, gpus_per_node), fallback)
+    table = load_records(paths, gpus_per_node)
+    return diagnose_table(table, fallback, make_layout(*degrees, table))
