@@ -417,7 +417,8 @@ class _Search:
         if self.polished:
             notes.append(f"the last {self.polished} plans were the nearest neighbours of the best plan so far")
         if too_big:
-            notes.append(f"{too_big} simulated plans did not fit in memory (the simulator's memory is above the estimate)")
+            notes.append(f"{too_big} simulated plan{'s' if too_big > 1 else ''} did not fit in memory (the simulator's "
+                         "memory is above the estimate)")
         if failed:
             notes.append(f"{failed} plans failed to simulate (see the trials' detail)")
         return SearchOutcome(
