@@ -18,7 +18,7 @@ from echo_plan.replay.layer_mix import all_to_all_note
 from echo_plan.replay.metrics import throughput
 from echo_plan.replay.pipeline import build_tasks
 from echo_plan.replay.results import StepResult
-from echo_plan.replay.schedules import build_schedule
+from echo_plan.replay.schedules import build_schedule, schedule_shape
 from echo_plan.replay.step_costs import stack_notes, step_costs
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
@@ -202,13 +202,14 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
 
         effects, work_scale, stage_timing, stage_comm = fault_hooks(
             faults, cluster, cluster_key, plan, traces, timing, work_scale, memo, compute, comm, interference)
-    base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, memo.schedule, stack,
+    # the stage costs need the schedule's layout only; its action lists are built (and kept in the
+    # memo) for the micro-batch counts replayed, which the steady state keeps short
+    base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, schedule_shape, stack,
                       stage_timing, stage_comm)
 
     def replay_at(m: int) -> StepReplay:  # the stage costs do not depend on the micro-batch count
-        costs = base if m == plan.num_microbatches else replace(
-            base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, plan.virtual_stages,
-                                       base.schedule.times))
+        costs = replace(base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, plan.virtual_stages,
+                                                     base.schedule.times))
         steps = build_tasks(costs)
         result = steps.replay(interference)
         rank = critical_rank(result, plan.pp)

@@ -145,6 +145,32 @@ def build_schedule(schedule: Schedule, pp: int, num_microbatches: int, virtual_s
     return PipelineSchedule(schedule, pp, virtual_stages, num_microbatches, ranks)
 
 
+def schedule_shape(schedule: Schedule, pp: int, num_microbatches: int, virtual_stages: int = 1,
+                   times: tuple[float, float, float] | None = None) -> PipelineSchedule:
+    """What :func:`build_schedule` returns, checked the same way, but without the action lists (empty):
+    the layout (which stage each rank's chunks hold) of a step whose actions are built only for the
+    micro-batch counts actually replayed (``simulate``'s steady state replays a few short counts)."""
+    if pp < 1 or num_microbatches < 1 or virtual_stages < 1:
+        raise SpecError("pp/microbatches/virtual_stages", (pp, num_microbatches, virtual_stages), "positive integers")
+    if schedule in (Schedule.ZB_H1, Schedule.ZB_V, Schedule.DUALPIPE):
+        from echo_plan.replay.schedules_zb import split_layout
+        from echo_plan.specs.plan import schedule_rule
+
+        why = schedule_rule(schedule, pp, virtual_stages, num_microbatches)
+        if why is not None:
+            raise SpecError("schedule", schedule.value, why)
+        lay = split_layout(schedule, pp, virtual_stages)
+        return PipelineSchedule(schedule, pp, lay.virtual_stages, num_microbatches, (), lay.layout,
+                                times if schedule is Schedule.ZB_V else None)
+    if schedule is Schedule.INTERLEAVED and virtual_stages > 1:
+        if num_microbatches % pp:
+            raise SpecError("num_microbatches", num_microbatches,
+                            f"the interleaved schedule needs a multiple of pp ({pp})")
+    elif virtual_stages > 1:
+        raise SpecError("virtual_stages", virtual_stages, f"only the interleaved schedule has virtual stages, not {schedule.value}")
+    return PipelineSchedule(schedule, pp, virtual_stages, num_microbatches, ())
+
+
 def _gpipe(m: int) -> tuple[Action, ...]:
     return tuple([Action(Pass.FORWARD, i, 0) for i in range(m)] + [Action(Pass.BACKWARD, i, 0) for i in range(m)])
 

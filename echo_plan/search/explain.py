@@ -27,16 +27,31 @@ def _value_label(value: Any) -> str:
 def knob_stats(pruned: PrunedSpace, trials: Iterable[TrialRecord]) -> dict[str, dict[str, dict[str, int]]]:
     """knob -> value -> counts: candidates with that value, how many passed the checks, how many the
     search simulated, and how many were pruned per reason. Answers "why was tp 4 never tried"."""
+    from collections import Counter
+
+    by_reason: dict[Any, list[dict[str, Any]]] = {}
+    names: dict[str, None] = {}
+    for v in pruned.verdicts:  # grouped by reason, then counted per knob (a search has ~40k candidates)
+        by_reason.setdefault(v.reason, []).append(v.combo)
+        if len(names) < len(v.combo):
+            names.update(dict.fromkeys(v.combo))
+    missing = object()
+    combos = [v.combo for v in pruned.verdicts]
     stats: dict[str, dict[str, dict[str, int]]] = {}
-    for v in pruned.verdicts:
-        for name, value in v.combo.items():
-            row = stats.setdefault(name, {}).setdefault(_value_label(value), {"candidates": 0, "valid": 0,
-                                                                               "evaluated": 0})
-            row["candidates"] += 1
-            if v.reason is None:
-                row["valid"] += 1
-            else:
-                row[v.reason.value] = row.get(v.reason.value, 0) + 1
+    for name in names:  # values in order of first appearance, as the candidates list them
+        stats[name] = {_value_label(value): {"candidates": 0, "valid": 0, "evaluated": 0}
+                       for value in dict.fromkeys(c.get(name, missing) for c in combos) if value is not missing}
+    for reason, group in by_reason.items():
+        for name in names:
+            for value, n in Counter(c.get(name, missing) for c in group).items():
+                if value is missing:
+                    continue
+                row = stats[name][_value_label(value)]
+                row["candidates"] += n
+                if reason is None:
+                    row["valid"] += n
+                else:
+                    row[reason.value] = row.get(reason.value, 0) + n
     seen: set[tuple] = set()
     for t in trials:
         if t.state is not TrialState.COMPLETE:

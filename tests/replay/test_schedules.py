@@ -136,3 +136,28 @@ def test_bad_shapes_raise_spec_error():
         build_schedule(Schedule.GPIPE, 4, 8, 2)
     with pytest.raises(SpecError):
         build_schedule(Schedule.ONE_F_ONE_B, 0, 8)
+
+
+@pytest.mark.parametrize("schedule, pp, m, v", [
+    (Schedule.ONE_F_ONE_B, 4, 16, 1), (Schedule.GPIPE, 2, 5, 1), (Schedule.INTERLEAVED, 4, 8, 2),
+    (Schedule.INTERLEAVED, 4, 6, 2), (Schedule.ONE_F_ONE_B, 4, 8, 2), (Schedule.ZB_H1, 4, 8, 1),
+    (Schedule.ZB_H1, 4, 8, 2), (Schedule.ZB_V, 4, 8, 2), (Schedule.ZB_V, 4, 8, 3), (Schedule.DUALPIPE, 4, 8, 1),
+    (Schedule.DUALPIPE, 4, 6, 1), (Schedule.DUALPIPE, 3, 12, 1),
+])
+def test_the_shape_without_actions_is_the_built_schedule_and_fails_the_same_way(schedule, pp, m, v):
+    from echo_plan.errors import SpecError
+    from echo_plan.replay.schedules import schedule_shape
+
+    try:
+        built = build_schedule(schedule, pp, m, v)
+    except SpecError as exc:
+        with pytest.raises(SpecError) as got:
+            schedule_shape(schedule, pp, m, v)
+        assert str(got.value) == str(exc)
+        return
+    shape = schedule_shape(schedule, pp, m, v)
+    assert shape.actions == ()
+    assert (shape.schedule, shape.pp, shape.virtual_stages, shape.num_microbatches, shape.layout) == (
+        built.schedule, built.pp, built.virtual_stages, built.num_microbatches, built.layout)
+    assert [shape.virtual_stage(r, c) for r in range(pp) for c in range(shape.virtual_stages)] == [
+        built.virtual_stage(r, c) for r in range(pp) for c in range(built.virtual_stages)]
