@@ -63,8 +63,20 @@ def held_profile(schedule: Schedule, pp: int, m: int, v: int) -> tuple[tuple[tup
             if a.kind is not Pass.BACKWARD and a.kind is not Pass.WEIGHT_GRAD and (
                     k + 1 == len(acts) or acts[k + 1].kind is not Pass.FORWARD):
                 seen.add(tuple(counts))  # a forward only adds: the state after the next one dominates this
-        out.append(tuple(x for x in seen if not any(y != x and all(p >= q for p, q in zip(y, x)) for y in seen)))
+        out.append(_maximal(seen))
     return tuple(out)
+
+
+def _maximal(states: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+    """The states no other state dominates (>= in every count), sorted: only they can hold a peak."""
+    import numpy as np
+
+    if len(states) < 2:
+        return tuple(sorted(states))
+    arr = np.array(sorted(states), dtype=np.int64)
+    covers = (arr[:, None, :] >= arr[None, :, :]).all(axis=2)  # [i, j]: state i >= state j everywhere
+    np.fill_diagonal(covers, False)  # the states are distinct, so i >= j with i != j is domination
+    return tuple(tuple(int(x) for x in row) for row in arr[~covers.any(axis=0)])
 
 
 def profile_microbatches(schedule: Schedule, pp: int, m: int) -> int:

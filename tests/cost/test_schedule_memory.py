@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from echo_plan.cost.memory import estimate_memory
 from echo_plan.cost.schedule_memory import held_profile, profile_microbatches, profile_peak, walk_peak
@@ -65,3 +67,15 @@ def test_deferred_weight_gradients_cost_memory_with_full_recompute():
     base = estimate_memory(model, PlanSpec(**plan), cluster, stack)
     zb = estimate_memory(model, PlanSpec(**plan, schedule="zb-h1"), cluster, stack)
     assert max(m.activations_bytes for m in zb) > max(m.activations_bytes for m in base)
+
+
+@given(st.sets(st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(0, 6)), max_size=40))
+@settings(max_examples=60, deadline=None)
+def test_the_maximal_states_are_exactly_those_no_other_state_dominates(states):
+    from echo_plan.cost.schedule_memory import _maximal
+
+    keep = _maximal(states)
+    assert set(keep) <= states and list(keep) == sorted(keep)
+    for x in states:
+        dominated = any(y != x and all(p >= q for p, q in zip(y, x)) for y in states)
+        assert (x not in keep) == dominated
