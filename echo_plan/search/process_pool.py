@@ -49,6 +49,15 @@ def auto_processes(plans_to_evaluate: int) -> int:
     return min(usable_cpus(), MAX_AUTO_PROCESSES)
 
 
+def worker_context() -> Any:
+    """How worker processes start: from a fork server (a clean process: no lock or thread of this one is
+    copied mid-use), or spawned where the OS has none."""
+    import multiprocessing
+
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
 # -- the worker side: one evaluator per factory, for the life of the worker process --------------------
 _WORKER_EVALUATORS: dict[str, Any] = {}  # only ever filled inside a worker process
 
@@ -84,12 +93,9 @@ class ProcessPool:
         self._start()
 
     def _start(self) -> None:
-        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-        self._executor = ProcessPoolExecutor(max_workers=self.processes, mp_context=ctx)
+        self._executor = ProcessPoolExecutor(max_workers=self.processes, mp_context=worker_context())
         for i in range(self.processes):
             self._executor.submit(_warm, i)
 

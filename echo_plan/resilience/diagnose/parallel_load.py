@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from echo_plan.errors import EchoPlanError, FileFormatError
-from echo_plan.resilience.diagnose.records import DTYPES, RecordTable, TableBuilder
+from echo_plan.resilience.diagnose.records import RecordTable, TableBuilder
 
 MIN_FILES_PER_PROCESS = 64  # below this, starting a worker costs more than reading the files
 
@@ -53,23 +53,19 @@ def read_share(files: list[str], gpus_per_node: int | None) -> Share:
             builder = _load([Path(f) for f in files], node_of, build=False)
     except EchoPlanError as exc:
         return Share({}, [], [], [], {}, {}, error=str(exc))
-    builder.flush()
-    arrays = {name: (np.concatenate(ch) if ch else np.zeros(0, dtype=DTYPES[name]))
-              for name, ch in builder._chunks.items()}
-    return Share(arrays, builder.group_names, builder.group_ranks, builder.op_names, builder.conn, builder.files)
+    return Share(builder.columns(), builder.group_names, builder.group_ranks, builder.op_names, builder.conn, builder.files)
 
 
 def load_parallel(files: list[Path], gpus_per_node: int | None, processes: int) -> RecordTable:
     """The table of ``files`` read by ``processes`` workers (contiguous shares, in file order)."""
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+
+    from echo_plan.search.process_pool import worker_context
 
     names = [str(f) for f in files]
     step = -(-len(names) // processes)
     shares_in = [names[i:i + step] for i in range(0, len(names), step)]
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    with ProcessPoolExecutor(max_workers=len(shares_in), mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=len(shares_in), mp_context=worker_context()) as pool:
         shares = list(pool.map(read_share, shares_in, [gpus_per_node] * len(shares_in)))
     for share in shares:
         if share.error:

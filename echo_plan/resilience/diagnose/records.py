@@ -141,9 +141,13 @@ class TableBuilder:
             self._chunks[name].append(np.asarray(arrays[name], dtype=dtype))
         self._flushed += n
 
-    def build(self) -> RecordTable:
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every row so far, one array per column (in the order added)."""
         self.flush()
-        c = {name: np.concatenate(ch) if ch else np.zeros(0, dtype=DTYPES[name]) for name, ch in self._chunks.items()}
+        return {name: np.concatenate(ch) if ch else np.zeros(0, dtype=DTYPES[name]) for name, ch in self._chunks.items()}
+
+    def build(self) -> RecordTable:
+        c = self.columns()
         k = self.conn
         order = np.lexsort((c["enqueue_s"], c["rank"]))
         remap = np.empty_like(order)
