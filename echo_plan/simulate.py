@@ -168,6 +168,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     they hit, and the result carries the healthy step beside it. ``traffic`` adds, under a cluster
     routing other than none, each collective group's ECMP and planned slowdowns (docs/traffic.md).
     Raises SpecError for a bad plan, or one the stack cannot run."""
+    from echo_plan.cost.base import with_stack_kernels
     from echo_plan.cost.memory import stage_memory
     from echo_plan.errors import SpecError
     from echo_plan.replay.no_gc import paused_gc
@@ -181,7 +182,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
-    compute = compute if compute is not None else memo.default_compute(cluster)
+    compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster), stack)
     comm = comm if comm is not None else memo.default_comm(cluster)
     if interference is None:
         interference = memo.default_interference()

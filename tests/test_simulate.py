@@ -182,3 +182,23 @@ def test_layer_split_per_virtual_stage_rules(env):
         run(env, virtual_stages=2, schedule="interleaved", layer_split=(20, 10, 10))
     with pytest.raises(SpecError, match="add up to num_layers 40"):
         run(env, virtual_stages=2, schedule="interleaved", layer_split=(10, 10, 10, 11))
+
+
+def test_flash_attention_2_slows_long_sequences_more_and_never_speeds_a_step(env):
+    """The stack's attention library changes only attention kernels: slower on Hopper, more so where
+    attention dominates (long sequence), and the same traced work (the same trace is reused)."""
+    from echo_plan.specs import load_stack
+
+    cache, memo = env
+    cudnn, fa2 = load_stack(), load_stack("megatron-core", {"attention_library": "flash-attn-2"})
+    slowdown = []
+    for seq, cp in ((2048, 1), (32768, 2)):
+        model = load_model("llama2-7b").replace(seq_length=seq)
+        cluster = load_cluster("h800", gpus=16)
+        plan = PlanSpec(tp=2, pp=1, cp=cp, dp=8 // cp, micro_batch_size=1, global_batch_size=16,
+                        sequence_parallel=True, distributed_optimizer=True)
+        a, b = (simulate(model, cluster, plan, stack=s, cache=cache, memo=memo) for s in (cudnn, fa2))
+        assert b.step_time_s > a.step_time_s
+        assert b.memory == a.memory
+        slowdown.append(b.step_time_s / a.step_time_s)
+    assert slowdown[1] > slowdown[0]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from echo_plan.specs.cluster import ClusterSpec, DType, GPUSpec
 from echo_plan.trace.records import CollectiveKind, CommGroup, OpRecord
@@ -43,6 +43,13 @@ class ComputeModel(Protocol):
     def op_time(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> float:
         """Seconds one compute op takes on ``gpu`` when it runs alone."""
         ...
+
+
+def with_stack_kernels(compute: Any, stack: Any) -> Any:
+    """``compute`` timing the kernels ``stack`` runs: its fused-attention library (``attention_library``).
+    A model that has no notion of libraries (a user's own ComputeModel) is returned as it is."""
+    pick = getattr(compute, "with_attention_library", None)
+    return compute if pick is None else pick(stack.attention_library.value)
 
 
 @runtime_checkable

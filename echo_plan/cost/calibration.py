@@ -125,10 +125,16 @@ class ComputeCalibration:
                            fp8_asymptotic_eff=None if a.fp8_asymptotic_eff is None else a.fp8_asymptotic_eff * fp8,
                            fp8_max_eff=None if a.fp8_max_eff is None else a.fp8_max_eff * fp8,
                            attention_forward_eff=a.attention_forward_eff * self.attention_efficiency_scale,
-                           attention_backward_eff=a.attention_backward_eff * self.attention_efficiency_scale)
+                           attention_backward_eff=a.attention_backward_eff * self.attention_efficiency_scale,
+                           fa2_forward_eff=_scaled(a.fa2_forward_eff, self.attention_efficiency_scale),
+                           fa2_backward_eff=_scaled(a.fa2_backward_eff, self.attention_efficiency_scale))
                 for k, a in constants.arch.items()}
         hbm: dict[OpKind, float] = {k: min(1.0, v * self.memory_bandwidth_scale)
                                     for k, v in constants.hbm_efficiency.items()}
         launch = constants.launch_overhead_s if self.kernel_overhead_us is None else self.kernel_overhead_us * 1e-6
         return replace(constants, arch=MappingProxyType(arch), hbm_efficiency=MappingProxyType(hbm),
                        launch_overhead_s=launch)
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else value * scale

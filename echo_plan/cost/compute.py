@@ -79,6 +79,8 @@ class ArchParams:
     stream_k_eff: float | None = None  # Hopper+: a partial last wave can run as stream-K at this tile rate
     fp8_asymptotic_eff: float | None = None  # FP8 GEMMs: their own curve (None: no FP8 tensor cores)
     fp8_max_eff: float | None = None
+    fa2_forward_eff: float | None = None  # FlashAttention-2's kernels (None: the same as the default library's)
+    fa2_backward_eff: float | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,8 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
                 attention_forward_eff=float(a["attention_forward_eff"]),
                 attention_backward_eff=float(a["attention_backward_eff"]),
                 stream_k_eff=sk, fp8_asymptotic_eff=fp8_asym, fp8_max_eff=fp8_max,
+                fa2_forward_eff=_optional(a, "flash_attn_2_forward_eff"),
+                fa2_backward_eff=_optional(a, "flash_attn_2_backward_eff"),
             )
         hbm = {OpKind(k): float(v) for k, v in raw["hbm_efficiency"].items()}
         return ComputeConstants(
@@ -161,6 +165,10 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid compute-model constants: {exc!r}") from None
+
+
+def _optional(mapping: Mapping[str, Any], key: str) -> float | None:
+    return None if mapping.get(key) is None else float(mapping[key])
 
 
 @lru_cache(maxsize=1)
@@ -244,14 +252,28 @@ def attention_dims(op: OpRecord) -> tuple[int, int, int, int] | None:
 class AnalyticalComputeModel:
     """The roofline kernel model; implements ``ComputeModel``. Results are cached per op shape."""
 
-    def __init__(self, constants: ComputeConstants | None = None, *, causal_attention: bool = True) -> None:
+    def __init__(self, constants: ComputeConstants | None = None, *, causal_attention: bool = True,
+                 attention_library: str = "cudnn") -> None:
         # ModelSpec describes decoder-only transformers, whose attention is causal.
         self.constants = constants or load_compute_constants()
         self.causal_attention = causal_attention
+        self.attention_library = attention_library  # AttentionLibrary value: whose fused-attention kernels run
+        self._siblings: dict[str, AnalyticalComputeModel] = {attention_library: self}
         self._cache: dict[tuple[Any, ...], KernelEstimate] = {}
         # Fast path for the replay's hot loop: the same OpRecord and GPUSpec objects come back for
         # every plan. Keyed by identity; the entry holds both objects, so their ids stay theirs.
         self._by_identity: dict[tuple[int, int, DType], tuple[OpRecord, GPUSpec, KernelEstimate]] = {}
+
+    def with_attention_library(self, library: str) -> "AnalyticalComputeModel":
+        """This model with another library's fused-attention kernels (a software stack's
+        ``attention_library``); the same object for the same library, so its caches are kept."""
+        sib = self._siblings.get(library)
+        if sib is None:
+            sib = AnalyticalComputeModel(self.constants, causal_attention=self.causal_attention,
+                                         attention_library=library)
+            sib._siblings = self._siblings
+            self._siblings[library] = sib
+        return sib
 
     def op_time(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> float:
         hit = self._by_identity.get((id(op), id(gpu), dtype))
@@ -333,7 +355,11 @@ class AnalyticalComputeModel:
     def _attention_eff(self, op: OpRecord, gpu: GPUSpec) -> tuple[float, float]:
         c = self.constants
         arch = c.arch_params(gpu.sm_arch)
-        base = arch.attention_backward_eff if _is_backward(op) else arch.attention_forward_eff
+        fa2 = self.attention_library == "flash-attn-2" and arch.fa2_forward_eff is not None
+        if _is_backward(op):
+            base = arch.fa2_backward_eff if fa2 and arch.fa2_backward_eff is not None else arch.attention_backward_eff
+        else:
+            base = arch.fa2_forward_eff if fa2 else arch.attention_forward_eff
         if "dropout" in op.name:  # the fused kernel with dropout (trace/kernels.py)
             base *= c.attention_dropout_eff
         causal = self.causal_attention and not is_noncausal(op)

@@ -221,6 +221,19 @@ class DatabaseComputeModel:
     fallback: Any  # a ComputeModel
     _tally: dict[str, Any] = field(default_factory=lambda: {"m": 0, "f": 0, "tm": 0.0, "tf": 0.0, "miss": set()})
     _memo: dict[tuple[int, int, DType], tuple[OpRecord, GPUSpec, tuple[float, bool]]] = field(default_factory=dict)
+    _siblings: dict[str, "DatabaseComputeModel"] = field(default_factory=dict)
+
+    def with_attention_library(self, library: str) -> "DatabaseComputeModel":
+        """The fallback model with ``library``'s fused-attention kernels; measured entries stay measured
+        (a database times the kernels its own run used)."""
+        inner = getattr(self.fallback, "with_attention_library", None)
+        fallback = inner(library) if inner is not None else self.fallback
+        if fallback is self.fallback:
+            return self
+        sib = self._siblings.get(library)
+        if sib is None:
+            sib = self._siblings[library] = DatabaseComputeModel(self.db, fallback)
+        return sib
 
     def op_time(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> float:
         t, measured = self._time(op, gpu, dtype)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from echo_plan.cost.base import with_stack_kernels
 from echo_plan.replay.engine import replay
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.layer import phase_tasks
@@ -234,7 +235,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
-    compute = memo.default_compute(cluster)
+    compute = with_stack_kernels(memo.default_compute(cluster), stack)
     comm = comm if comm is not None else memo.default_comm(cluster)
     interference = interference if interference is not None else memo.default_interference()
     traces = memo.traces(model, plan, cache, stack)

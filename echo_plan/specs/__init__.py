@@ -15,10 +15,10 @@ from echo_plan.specs.presets import (
     parse_size,
     stack_names,
 )
-from echo_plan.specs.software import AttentionKernel, Fp8Recipe, OptimizerSharding, RecomputeModule, SoftwareSpec
+from echo_plan.specs.software import AttentionKernel, AttentionLibrary, Fp8Recipe, OptimizerSharding, RecomputeModule, SoftwareSpec
 
 __all__ = [
-    "Activation", "AttentionKernel", "ClusterSpec", "DEFAULT_CLUSTER", "DEFAULT_MODEL", "DEFAULT_STACK", "DType",
+    "Activation", "AttentionKernel", "AttentionLibrary", "ClusterSpec", "DEFAULT_CLUSTER", "DEFAULT_MODEL", "DEFAULT_STACK", "DType",
     "Fabric", "Fp8Recipe", "GPUSpec", "ModelSpec", "NetworkSpec", "Norm", "OptimizerSharding", "PlanSpec", "PositionEmbedding",
     "Recompute", "RecomputeModule", "Schedule", "SoftwareSpec", "cluster_names", "load_cluster", "load_model",
     "load_stack", "model_names", "parse_size", "stack_names", "validate_plan",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from echo_plan.errors import SpecError
 from echo_plan.specs.base import Spec
@@ -24,6 +24,13 @@ from echo_plan.specs.cluster import DType
 class AttentionKernel(str, Enum):
     FUSED = "fused"  # FlashAttention / cuDNN fused attention: one kernel forward, one backward
     UNFUSED = "unfused"  # batched GEMM, fused scale-mask-softmax, dropout, batched GEMM (Megatron-LM before 2023)
+
+
+class AttentionLibrary(str, Enum):
+    """Which library's kernels run fused attention: the same traced ops, different speed (``compute.yaml``)."""
+
+    CUDNN = "cudnn"  # Transformer Engine's cuDNN fused attention (its Hopper default from TE 1.6 on)
+    FLASH_ATTN_2 = "flash-attn-2"  # Dao's FlashAttention-2 package (TE's first choice before 1.6; PyTorch SDPA's flash)
 
 
 class RecomputeModule(str, Enum):
@@ -76,6 +83,8 @@ class SoftwareSpec(Spec):
     base: str = Field(default="", description="the preset this stack derives from (its own name for a preset)")
     description: str = ""
     attention: AttentionKernel = AttentionKernel.FUSED
+    attention_library: AttentionLibrary = Field(
+        default=AttentionLibrary.CUDNN, description="whose fused-attention kernels run (fused attention only)")
     hidden_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout after attention, MLP, embedding")
     attention_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout on attention probabilities")
     fused_elementwise: bool = Field(
@@ -112,6 +121,13 @@ class SoftwareSpec(Spec):
         if value is not None and value not in GRAD_REDUCE_DTYPES:
             raise ValueError(f"must be one of {', '.join(d.value for d in GRAD_REDUCE_DTYPES)}")
         return value
+
+    @model_validator(mode="after")
+    def _library_needs_fused(self) -> "SoftwareSpec":
+        if self.attention is not AttentionKernel.FUSED and self.attention_library is not AttentionLibrary.CUDNN:
+            raise ValueError(f"attention_library {self.attention_library.value} needs attention: fused "
+                             f"(this stack's attention is {self.attention.value})")
+        return self
 
     @field_validator("recompute_modules")
     @classmethod

@@ -208,3 +208,27 @@ def test_narrow_heads_never_run_faster_per_flop():
     m = AnalyticalComputeModel()
     assert m._head_dim_factor(128) == 1.0 and m._head_dim_factor(256) == 1.0
     assert m._head_dim_factor(64) < m._head_dim_factor(96) < 1.0
+
+
+@settings(max_examples=30, deadline=None)
+@given(s=st.sampled_from([512, 2048, 8192, 32768]), d=st.sampled_from([64, 128]), backward=st.booleans())
+def test_flash_attn_2_never_faster_than_cudnn_on_hopper_and_same_elsewhere(s, d, backward):
+    """The FlashAttention-2 library (stack attention_library) only changes attention kernels, and on Hopper
+    runs them slower than the default (FA3-paper measurements); on A100 the default already is FA2."""
+    fa2 = MODEL.with_attention_library("flash-attn-2")
+    op = sdpa(1, 16, s, d, backward=backward)
+    assert fa2.op_time(op, H100, DType.BF16) > MODEL.op_time(op, H100, DType.BF16)
+    assert fa2.op_time(op, A100, DType.BF16) == MODEL.op_time(op, A100, DType.BF16)
+    gemm = mm(4096, 4096, 4096)
+    assert fa2.op_time(gemm, H100, DType.BF16) == MODEL.op_time(gemm, H100, DType.BF16)
+
+
+def test_attention_library_siblings_are_shared_and_calibrated():
+    from echo_plan.cost.calibration import ComputeCalibration
+
+    assert MODEL.with_attention_library("flash-attn-2") is MODEL.with_attention_library("flash-attn-2")
+    assert MODEL.with_attention_library("flash-attn-2").with_attention_library("cudnn") is MODEL
+    arch = MODEL.constants.arch_params(90)
+    scaled = ComputeCalibration(attention_efficiency_scale=0.5).apply(MODEL.constants).arch_params(90)
+    assert scaled.fa2_forward_eff == pytest.approx(arch.fa2_forward_eff * 0.5)
+    assert scaled.fa2_backward_eff == pytest.approx(arch.fa2_backward_eff * 0.5)

@@ -13,8 +13,9 @@ def test_every_preset_loads_cites_its_sources_and_traces_differently():
     names = stack_names()
     assert {"megatron-core", "megatron-lm-2021", "megatron-lm-2022", "megatron-deepspeed"} <= set(names)
     stacks = [load_stack(n) for n in names]
-    assert all(s.sources and s.base == s.name for s in stacks)
-    assert len({s.trace_signature() for s in stacks}) == len(stacks)
+    assert all(s.sources and (s.base == s.name or s.base in names) for s in stacks)  # a preset may derive from one
+    # every preset runs something the others do not: traced ops, FP8 settings or the attention library
+    assert len({(s.trace_signature(), s.fp8_signature(), s.attention_library) for s in stacks}) == len(stacks)
     assert load_stack().name == "megatron-core"
 
 
@@ -62,3 +63,15 @@ def test_plans_the_stack_cannot_run_are_errors():
         with pytest.raises(SpecError, match="megatron-lm-2021"):
             check_stack_supports(old, **args)
     check_stack_supports(load_stack(), sequence_parallel=True, distributed_optimizer=True, selective_recompute=True)
+
+
+def test_the_attention_library_is_a_stack_setting_for_fused_attention_only():
+    old = load_stack("nemo-24.03")
+    assert (old.attention_library.value, load_stack().attention_library.value) == ("flash-attn-2", "cudnn")
+    assert old.trace_signature() == load_stack("megatron-core", {"optimizer_sharding": "states_and_grads",
+                                                                 "grad_reduce_dtype": "bf16"}).trace_signature()
+    for bad, needle in (({"attention": "unfused", "attention_library": "flash-attn-2"}, "needs attention: fused"),
+                        ({"attention_library": "fa9"}, "attention_library")):
+        with pytest.raises(SpecError) as err:
+            load_stack("megatron-core", bad)
+        assert needle in str(err.value) and "\n" not in str(err.value)
