@@ -68,11 +68,13 @@ class RowSimulator:
 
         from echo_plan.specs import ModelSpec
 
-        settings = {k: v for k, v in self.model_settings.get(row.model.name, {}).items()
+        model_settings = self.model_settings.get(row.model.name, {})
+        settings = {k: v for k, v in model_settings.items()
                     if k not in PlanSpec.model_fields and k not in ModelSpec.model_fields
-                    and k != "layer_split_offsets"}
+                    and k not in ("layer_split_offsets", "stack")}
         settings.update(row.stack_overrides)  # the row's own columns win
-        return load_stack(self.stack_name, settings)
+        # a model's runs measured with another stack preset than the suite's name it (``stack: NAME``)
+        return load_stack(model_settings.get("stack", self.stack_name), settings)
 
     def plan_for(self, row: TrainingRow) -> Any:
         """The row's plan; plan settings of the suite's model settings fill what the row's columns leave out."""

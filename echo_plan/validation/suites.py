@@ -32,7 +32,7 @@ class RowResult:
     detail: str = ""
     in_range: bool | None = None
     not_modelled: str = ""
-    precision: str = ""  # the row's training dtype (training suites)
+    precision: str = ""  # the row's tolerance group: its training dtype, or "<dtype> TFLOP/s" (``row_group``)
 
     @property
     def error(self) -> float | None:
@@ -177,7 +177,7 @@ def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int,
     results = tuple(
         RowResult(p.row.label, p.figure, p.row.measured, p.row.label not in fit,
                   "; ".join(x for x in (p.row.detail, "" if p.fits else "does not fit", p.problem) if x),
-                  p.in_range, p.row.not_modelled, str(p.row.plan.get("dtype", "")))
+                  p.in_range, p.row.not_modelled, row_group(p.row, suite.by_precision))
         for p in preds)
     held = [p.log_residual for p in preds if p.log_residual is not None and p.row.label not in fit]
     unit = rows[0].unit if rows else ""
@@ -191,6 +191,16 @@ def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int,
     return SuiteResult(suite.name, "training", str(ref.path), unit, suite.stack, suite.cluster, suite.held_out_mean,
                        suite.held_out_max, results, loo_coverage(held), tuple(notes), suite.open_issue,
                        suite.by_precision)
+
+
+def row_group(row: Any, groups: tuple[tuple[str, float, float], ...]) -> str:
+    """The tolerance group a row is judged in: its precision ("fp8"), or "fp8 TFLOP/s" for a TFLOP/s row
+    when the suite gives that group a tolerance of its own (a sweep judged per row, say)."""
+    from echo_plan.validation.rows import TFLOPS_UNIT
+
+    dtype = str(row.plan.get("dtype", ""))
+    own = f"{dtype} TFLOP/s"
+    return own if row.unit == TFLOPS_UNIT and any(g == own for g, _, _ in groups) else dtype
 
 
 def run_collective(ref: SuiteRef) -> SuiteResult:
