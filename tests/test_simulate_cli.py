@@ -71,3 +71,5 @@ def test_cp_plan_reports_its_layout(capsys, cache_args):
     assert main(args + cache_args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["plan"]["cp"] == 2 and out["plan"]["dp"] == 2 and out["step_time_s"] > 0
+    assert main(args[:-1] + cache_args) == 0  # the table's plan line names every degree the GPUs multiply to
+    assert "tp2 cp2 pp1 dp2 " in capsys.readouterr().out

@@ -11,7 +11,10 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
 
     console = Console()
     plan = result.plan
-    label = (f"tp{plan['tp']} pp{plan['pp']} dp{plan['dp']} mbs{plan['micro_batch_size']} "
+    cp, ep, etp = int(plan.get("cp") or 1), int(plan.get("ep") or 1), plan.get("etp")
+    label = (f"tp{plan['tp']}{f' cp{cp}' if cp > 1 else ''} pp{plan['pp']} dp{plan['dp']}"
+             f"{f' ep{ep}' if ep > 1 else ''}{f' etp{etp}' if ep > 1 and etp is not None else ''} "
+             f"mbs{plan['micro_batch_size']} "
              f"gbs{plan['global_batch_size']} vpp{plan['virtual_stages']} {plan['schedule']} "
              f"recompute={plan['recompute']}{' sp' if plan['sequence_parallel'] else ''}"
              f"{' dist-opt' if plan['distributed_optimizer'] else ''} {plan['dtype']}"
