@@ -232,11 +232,13 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     notes += stack_notes(plan, stack)
     a2a = None
     if model.is_moe:
-        def tiers(group):  # the bandwidths the NCCL model gives each tier of this group
+        def tiers(group):  # the bandwidths the NCCL model gives each tier of this group's all-to-all
             topo, _ = comm.lines(CollectiveKind.ALL_TO_ALL, group, cluster)
-            return topo.nvl_GBps, topo.net_rank_GBps
+            p = comm.params
+            return (topo.nvl_GBps * p.all_to_all_nvlink_efficiency,
+                    topo.net_rank_GBps * p.all_to_all_net_efficiency)
         a2a = all_to_all_note(model, plan, traces, comm_time, cluster.gpus_per_node,
-                              tiers if hasattr(comm, "lines") else None)
+                              tiers if hasattr(comm, "lines") and hasattr(comm, "params") else None)
     if a2a:
         notes.append(a2a)
     if step.extrapolated:
