@@ -66,3 +66,23 @@ def test_only_a_forward_followed_by_a_backward_is_paired(schedule, pp, m, v):
             assert a.paired == (a.kind is Pass.FORWARD and follows)
         assert any(a.paired for a in acts)  # every rank has a steady state here
     assert sched.actions == build_schedule(schedule, pp, m, v).actions  # the same actions, in the same order
+
+
+def test_a_pair_is_never_shorter_than_its_compute_or_its_exchange(model, memo):
+    from echo_plan.replay.layer import replay_layer
+    from echo_plan.replay.split import pair_saving
+    from echo_plan.trace.records import CollectiveKind
+
+    cluster = load_cluster("h800", gpus=32)
+    plan = PlanSpec(dp=32, ep=16, global_batch_size=64)  # the exchange spans two servers
+    traces = memo.traces(model, plan, None, OFF)
+    comm, compute, itf = memo.default_comm(cluster), memo.default_compute(cluster), memo.default_interference()
+    trace = next(t for kind, t in traces.blocks if kind.moe)
+    lt = replay_layer(trace, compute, comm, cluster, plan.dtype, itf)
+    apart = lt.forward.duration_s + lt.backward.duration_s
+    saved = pair_saving(trace, compute, comm, cluster, plan.dtype, itf, apart)
+    exchange = sum(comm.time(op.collective.kind, op.collective.nbytes, op.collective.group, cluster).time_s
+                   for op in trace.collectives if op.collective.kind is CollectiveKind.ALL_TO_ALL
+                   and op.phase.value != "step")
+    assert saved > 0.0
+    assert apart - saved >= max(lt.forward.compute_s + lt.backward.compute_s, exchange) * (1 - 1e-9)
