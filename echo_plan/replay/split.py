@@ -134,8 +134,8 @@ def replay_split(trace: LayerTrace, compute, comm, cluster, dtype, interference:
 def pair_saving(trace: LayerTrace, compute, comm, cluster, dtype, interference: InterferenceModel,
                 apart_s: float) -> float:
     """How much shorter one micro-batch's forward and another's backward of this stage run as an
-    overlapped pair (segment by segment between collectives: issued alternately either way round, or
-    in a list scheduler's order, whichever finishes first) than apart."""
+    overlapped pair (segment by segment between collectives: issued alternately, forward first, or in
+    a list scheduler's order, whichever finishes first) than apart."""
     fwd = phase_tasks([op for op in trace.ops if op.phase is Phase.FORWARD], compute, comm, cluster, dtype)
     bwd = phase_tasks([op for op in trace.ops if op.phase is not Phase.FORWARD], compute, comm, cluster, dtype)
     if not any(t.kind.is_comm for t in fwd + bwd):
@@ -143,7 +143,7 @@ def pair_saving(trace: LayerTrace, compute, comm, cluster, dtype, interference: 
     fwd, bwd = _own_exchange_stream(fwd), _own_exchange_stream(bwd)
     fs, bs = _segments(fwd), _segments(bwd)
     together = min(replay(order, interference).makespan_s  # whichever order of issue finishes first
-                   for order in (_alternate(fs, bs), _alternate(bs, fs), _greedy(fs, bs)))
+                   for order in (_alternate(fs, bs), _greedy(fs, bs)))
     return max(0.0, apart_s - together)
 
 
