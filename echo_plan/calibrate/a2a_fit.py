@@ -99,6 +99,21 @@ def merge(nccl: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def keep_share(record: dict[str, Any], calibration: Any) -> dict[str, Any]:
+    """An NCCL calibration record refitted from nccl-tests logs, with the all-to-all shares (and their
+    provenance) the cluster already carried: nccl-tests cannot see what a training step gets, so a
+    refit of the collectives keeps the share fitted on training steps."""
+    old = (calibration or {}).get("nccl") or {}
+    keep = {k: v for k, v in (old.get("params") or {}).items() if k.startswith("all_to_all_")}
+    if not keep:
+        return record
+    prov = dict(record.get("provenance") or {})
+    fit = (old.get("provenance") or {}).get("all_to_all_fit")
+    if fit is not None:
+        prov["all_to_all_fit"] = fit
+    return {**record, "params": {**dict(record.get("params") or {}), **keep}, "provenance": prov}
+
+
 def a2a_recipes() -> dict[str, dict]:
     from echo_plan.calibrate.presets import _recipes
 

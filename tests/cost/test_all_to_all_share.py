@@ -106,3 +106,15 @@ def test_fitted_rows_count_as_fitted_not_held_out():
     assert fitted_rows(SimpleNamespace(calibration=cal), "moe_h100") == {"a", "c"}
     assert fitted_rows(SimpleNamespace(calibration=cal), "other") == set()
     load_default_params().with_calibration(nccl["params"])  # what the preset ships is a valid calibration
+
+
+def test_a_refit_from_nccl_tests_keeps_the_share_fitted_on_training_steps():
+    from echo_plan.calibrate.a2a_fit import keep_share
+
+    shipped = load_cluster("dgx-h100").calibration
+    record = {"params": {"net_bw_efficiency": 0.8, "all_to_all_net_efficiency": 1.0}, "provenance": {"tool": "x"}}
+    kept = keep_share(record, shipped)
+    assert kept["params"]["net_bw_efficiency"] == 0.8
+    assert kept["params"]["all_to_all_net_efficiency"] == shipped["nccl"]["params"]["all_to_all_net_efficiency"] < 1
+    assert kept["provenance"]["all_to_all_fit"]["fitted_on"] == {"moe_h100": ["deepseek-v3 bf16 512 GPUs"]}
+    assert keep_share(record, load_cluster("azure-nd-a100-v4").calibration) == record  # nothing to keep
