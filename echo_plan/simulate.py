@@ -19,7 +19,7 @@ from echo_plan.replay.metrics import throughput
 from echo_plan.replay.pipeline import build_tasks
 from echo_plan.replay.results import StepResult
 from echo_plan.replay.schedules import build_schedule, schedule_shape
-from echo_plan.replay.step_costs import stack_notes, step_costs
+from echo_plan.replay.step_costs import ep_overlap_pairs, stack_notes, step_costs
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
@@ -51,12 +51,19 @@ class SimulationMemo:
         self.layer_hits = 0
         self.layer_misses = 0
 
-    def schedule(self, schedule: Schedule, pp: int, microbatches: int, virtual_stages: int, times=None):
-        """The (pure, immutable) action lists, shared by every plan and steady-state sample with them."""
-        key = (schedule, pp, microbatches, virtual_stages, times)
+    def schedule(self, schedule: Schedule, pp: int, microbatches: int, virtual_stages: int, times=None,
+                 paired: bool = False):
+        """The (pure, immutable) action lists, shared by every plan and steady-state sample with them;
+        ``paired``: with the steady state's forward/backward pairs marked (``pair_forward_backward``)."""
+        key = (schedule, pp, microbatches, virtual_stages, times, paired)
         sched = self._schedules.get(key)
         if sched is None:
-            sched = self._schedules[key] = build_schedule(schedule, pp, microbatches, virtual_stages, times)
+            sched = build_schedule(schedule, pp, microbatches, virtual_stages, times)
+            if paired:
+                from echo_plan.replay.schedules import pair_forward_backward
+
+                sched = pair_forward_backward(sched)
+            self._schedules[key] = sched
         return sched
 
     def default_stack(self) -> SoftwareSpec:
@@ -190,7 +197,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     traces = memo.traces(model, plan, cache, stack)
     cluster_key = cluster.model_dump_json()
     timing = memo.timings(traces, compute, comm, cluster, cluster_key, plan, interference)
-    if plan.schedule.split_backward:
+    paired = ep_overlap_pairs(model, plan, stack)  # the stack's MoE all-to-all overlap: F/B pairs
+    if plan.schedule.split_backward or paired:  # (the pairs' savings come with the split timings)
         timing = dict(timing, split=memo.split_timings(traces, timing, compute, comm, cluster, cluster_key, plan,
                                                        interference))
 
@@ -210,7 +218,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
 
     def replay_at(m: int) -> StepReplay:  # the stage costs do not depend on the micro-batch count
         costs = replace(base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, plan.virtual_stages,
-                                                     base.schedule.times))
+                                                     base.schedule.times, paired))
         steps = build_tasks(costs)
         result = steps.replay(interference)
         rank = critical_rank(result, plan.pp)
@@ -233,11 +241,13 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     notes += stack_notes(plan, stack)
     a2a = None
     if model.is_moe:
-        def tiers(group):  # the bandwidths the NCCL model gives each tier of this group
+        def tiers(group):  # the bandwidths the NCCL model gives each tier of this group's all-to-all
             topo, _ = comm.lines(CollectiveKind.ALL_TO_ALL, group, cluster)
-            return topo.nvl_GBps, topo.net_rank_GBps
+            p = comm.params
+            return (topo.nvl_GBps * p.all_to_all_nvlink_efficiency,
+                    topo.net_rank_GBps * p.all_to_all_net_efficiency)
         a2a = all_to_all_note(model, plan, traces, comm_time, cluster.gpus_per_node,
-                              tiers if hasattr(comm, "lines") else None)
+                              tiers if hasattr(comm, "lines") and hasattr(comm, "params") else None)
     if a2a:
         notes.append(a2a)
     if step.extrapolated:

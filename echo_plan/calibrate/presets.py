@@ -5,7 +5,8 @@
 
 The recipes (``calibration_recipes`` in ``echo_plan/data/validation_suites.yaml``) say which
 rows fit which figures and which presets receive them. The network recipe runs first, so the
-compute fits see the calibrated collectives. Each preset file keeps its hand-written part; the
+compute fits see the calibrated collectives; the all-to-all recipe (``calibrate.a2a_fit``) runs
+last, on top of the compute calibration. Each preset file keeps its hand-written part; the
 block after ``MARKER`` is replaced. ``echo-plan validate`` then holds every preset against the
 rows it was not fitted on.
 """
@@ -111,6 +112,17 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None) -> dict[str, dict
         for preset in recipe["presets"]:
             merged = dict(blocks.get(preset, {}))
             merged["compute"], merged["ranges"] = block["compute"], block["ranges"]
+            blocks[preset] = merged
+    from echo_plan.calibrate.a2a_fit import a2a_block, merge as merge_a2a
+
+    for name, recipe in recipes.items():  # last: on top of the compute calibration it needs
+        if "a2a_suite" not in recipe:
+            continue
+        first = recipe["presets"][0]
+        got = a2a_block(recipe, vdir, load_cluster(first).replace(calibration=blocks.get(first, {})), cache, progress)
+        for preset in recipe["presets"]:
+            merged = dict(blocks.get(preset, {}))
+            merged["nccl"] = merge_a2a(dict(merged.get("nccl") or {}), got)
             blocks[preset] = merged
     return blocks
 

@@ -90,7 +90,9 @@ def register_nccl(calibrate_app: typer.Typer) -> None:
         spec = load_cluster(cluster)
         parsed = sorted((parse_nccl_tests(p, kind=the_kind) for p in logs), key=lambda lg: (lg.nranks, lg.source))
         fit = fit_nccl(parsed, spec, fit_max_gpus=fit_max_gpus)
-        record = calibration_record(fit, logs, fit_max_gpus)
+        from echo_plan.calibrate.a2a_fit import keep_share
+
+        record = keep_share(calibration_record(fit, logs, fit_max_gpus), spec.calibration)
         data = spec.model_dump(mode="json")
         data["calibration"] = {**data.get("calibration", {}), "nccl": record}
         data["sources"] = list(data.get("sources", [])) + [

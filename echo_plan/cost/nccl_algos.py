@@ -203,15 +203,18 @@ def all_to_all(topo: Topo, p: NcclParams, proto: int) -> Line:
 
     Latency: the protocol's base latency and one hop of the protocol (pipeline fill), plus a
     posting latency per peer (the LL hop of the tier the peer is on), as peers are visited in turn.
+    Bandwidth: each tier's, times the share an all-to-all reaches of it inside a training step
+    (``all_to_all_nvlink_efficiency`` / ``all_to_all_net_efficiency``: 1 in NCCL's own model,
+    calibrated per cluster; nccl.yaml).
     """
     n, ppn = topo.n, topo.ppn
     intra_peers, inter_peers = ppn - 1, n - ppn
     f = p.ring_protocol_factor[proto] * p.protocol_bw_scale[proto]
     inv = 0.0  # seconds per byte of the slower tier, in 1/GBps: the tiers run concurrently
     if intra_peers:
-        inv = max(inv, intra_peers / n / (topo.nvl_GBps * f))
+        inv = max(inv, intra_peers / n / (topo.nvl_GBps * f * p.all_to_all_nvlink_efficiency))
     if inter_peers:
-        inv = max(inv, inter_peers / n / (topo.net_rank_GBps * f))
+        inv = max(inv, inter_peers / n / (topo.net_rank_GBps * f * p.all_to_all_net_efficiency))
     nv_ll = p.nvlink_hop_us["ring"][LL] * topo.intra_lat_scale * p.nvlink_latency_scale[LL]
     net_ll = p.net_hop_us["ring"][LL] * topo.inter_lat_scale * p.net_latency_scale[LL]
     if inter_peers:

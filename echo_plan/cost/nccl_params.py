@@ -29,6 +29,8 @@ CALIBRATABLE: dict[str, str] = {
     "nvlink_bw_efficiency": "scalar",
     "net_bw_efficiency": "scalar",
     "nvlink_group_loss": "fraction",
+    "all_to_all_nvlink_efficiency": "efficiency",
+    "all_to_all_net_efficiency": "efficiency",
 }
 
 
@@ -63,6 +65,10 @@ class NcclParams:
     nvlink_bw_efficiency: float = 1.0
     net_bw_efficiency: float = 1.0
     nvlink_group_loss: float = 0.0  # c in B x (1 - c / p): a ring over p GPUs of a server reaches less (fitted)
+    # the share of each tier's bandwidth an all-to-all reaches inside a training step (1: what
+    # nccl-tests' alltoall_perf reaches, NCCL's own model; calibrated per cluster, nccl.yaml)
+    all_to_all_nvlink_efficiency: float = 1.0
+    all_to_all_net_efficiency: float = 1.0
     source: str = ""
 
     def calibratable(self) -> dict[str, Any]:
@@ -99,6 +105,14 @@ def _check_value(name: str, value: Any, shape: str, context: str) -> Any:
         if not isinstance(value, (list, tuple)) or len(value) != 3:
             raise SpecError(name, value, "a list of 3 numbers [LL, LL128, Simple]", context)
         return tuple(positive(v) for v in value)
+    if shape == "efficiency":
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise SpecError(name, value, "a number in (0, 1]", context) from None
+        if not 0.0 < x <= 1.0:
+            raise SpecError(name, value, "a number in (0, 1]", context)
+        return x
     if shape == "fraction":
         try:
             x = float(value)

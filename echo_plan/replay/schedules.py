@@ -25,7 +25,7 @@ The orders follow Megatron-LM's ``megatron/core/pipeline_parallel/schedules.py``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from echo_plan.errors import SpecError
@@ -143,6 +143,18 @@ def build_schedule(schedule: Schedule, pp: int, num_microbatches: int, virtual_s
         bwd = [Action(Pass.BACKWARD, i, 0) for i in range(num_microbatches)]
         ranks = tuple(_one_rank(fwd, bwd, min(pp - s - 1, num_microbatches)) for s in range(pp))
     return PipelineSchedule(schedule, pp, virtual_stages, num_microbatches, ranks)
+
+
+def pair_forward_backward(sched: PipelineSchedule) -> PipelineSchedule:
+    """``sched`` with every forward that is followed by a backward on its rank marked ``paired``: the
+    steady state of 1F1B and interleaved 1F1B run as overlapped forward/backward pairs of two
+    micro-batches (Megatron-Core's EP communication overlap; the replay hides one's exposed
+    communication under the other's compute, replay/pipeline.py). Warm-up forwards and cool-down
+    backwards stay alone."""
+    acts = tuple(tuple(replace(a, paired=True) if a.kind is Pass.FORWARD and i + 1 < len(r)
+                       and r[i + 1].kind is Pass.BACKWARD else a for i, a in enumerate(r))
+                 for r in sched.actions)
+    return replace(sched, actions=acts)
 
 
 def schedule_shape(schedule: Schedule, pp: int, num_microbatches: int, virtual_stages: int = 1,

@@ -29,10 +29,11 @@ shorter the pair is than the two run one after the other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from echo_plan.replay.engine import replay
 from echo_plan.replay.interference import InterferenceModel
+from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.layer import PhaseTiming, _phase, phase_tasks
 from echo_plan.trace.records import LayerTrace, OpKind, OpRecord, Phase, StageKind
 
@@ -133,17 +134,55 @@ def replay_split(trace: LayerTrace, compute, comm, cluster, dtype, interference:
 def pair_saving(trace: LayerTrace, compute, comm, cluster, dtype, interference: InterferenceModel,
                 apart_s: float) -> float:
     """How much shorter one micro-batch's forward and another's backward of this stage run as an
-    overlapped pair (issued alternately, segment by segment between collectives) than apart."""
+    overlapped pair (segment by segment between collectives: issued alternately, forward first, or in
+    a list scheduler's order, whichever finishes first) than apart."""
     fwd = phase_tasks([op for op in trace.ops if op.phase is Phase.FORWARD], compute, comm, cluster, dtype)
     bwd = phase_tasks([op for op in trace.ops if op.phase is not Phase.FORWARD], compute, comm, cluster, dtype)
     if not any(t.kind.is_comm for t in fwd + bwd):
         return 0.0  # nothing to hide: the pair is the two passes back to back
-    merged = []
+    fwd, bwd = _own_exchange_stream(fwd), _own_exchange_stream(bwd)
     fs, bs = _segments(fwd), _segments(bwd)
-    for i in range(max(len(fs), len(bs))):
-        merged += (fs[i] if i < len(fs) else []) + (bs[i] if i < len(bs) else [])
-    together = replay(merged, interference).makespan_s
+    together = min(replay(order, interference).makespan_s  # whichever order of issue finishes first
+                   for order in (_alternate(fs, bs), _greedy(fs, bs)))
     return max(0.0, apart_s - together)
+
+
+def _own_exchange_stream(tasks: list) -> list:
+    """The MoE all-to-alls of a pair on a stream of their own: the overlapped schedules run the token
+    exchange on a communication stream (or SMs) apart from the tensor-parallel collectives, so one
+    pass's attention collectives do not queue behind the other pass's exchange."""
+    return [replace(t, stream="ep_comm") if t.kind is TaskKind.ALL_TO_ALL else t for t in tasks]
+
+
+def _greedy(first: list[list], second: list[list]) -> list:
+    """Segments of two passes issued in the order a list scheduler picks: next, the segment that can
+    start its compute soonest (each segment's compute waits for its own pass's previous collectives;
+    one compute stream, a FIFO per communication stream), so one pass's exchange runs under the
+    other's compute where the two passes allow it (Megatron-Core's and DeepSeek's pairs: attention
+    beside the other micro-batch's combine, experts beside its dispatch)."""
+    queues, pos, comm_done = (first, second), [0, 0], [0.0, 0.0]
+    t_compute, t_stream = 0.0, {}
+    merged: list = []
+    while pos[0] < len(first) or pos[1] < len(second):
+        live = [i for i in (0, 1) if pos[i] < len(queues[i])]
+        i = min(live, key=lambda j: (max(t_compute, comm_done[j]), j))
+        seg = queues[i][pos[i]]
+        t_compute = max(t_compute, comm_done[i]) + sum(t.work_s for t in seg if not t.kind.is_comm)
+        for t in seg:
+            if t.kind.is_comm:
+                t_stream[t.stream] = max(t_stream.get(t.stream, 0.0), t_compute) + t.work_s
+                comm_done[i] = max(comm_done[i], t_stream[t.stream])
+        merged += seg
+        pos[i] += 1
+    return merged
+
+
+def _alternate(first: list[list], second: list[list]) -> list:
+    """Segments of two passes issued alternately, ``first``'s segment of each round before ``second``'s."""
+    merged: list = []
+    for i in range(max(len(first), len(second))):
+        merged += (first[i] if i < len(first) else []) + (second[i] if i < len(second) else [])
+    return merged
 
 
 def _segments(tasks: list) -> list[list]:

@@ -57,11 +57,31 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
         out.append(f"stack {stack.name} gathers parameters after the optimizer step (no overlap)")
     if stack.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
         out.append(f"stack {stack.name}: TP communication overlap needs sequence parallelism; not used")
+    if stack.moe_a2a_overlap and plan.ep > 1:
+        if plan.pp == 1 or (plan.schedule is Schedule.INTERLEAVED and plan.virtual_stages > 1):
+            out.append(f"stack {stack.name} pairs each steady-state forward with the next backward: one "
+                       "micro-batch's MoE all-to-all runs under the other's compute")
+        else:
+            out.append(f"stack {stack.name}: the MoE all-to-all overlap needs interleaved 1F1B (vpp > 1) when "
+                       f"pp > 1 (Megatron-Core's rule); not used with {plan.schedule.value}, vpp {plan.virtual_stages}")
     if plan.dtype is DType.FP8:
         gather = "; weights kept and all-gathered in FP8" if stack.fp8_param_gather else ""
         out.append(f"fp8: the layers' GEMMs in FP8 ({stack.fp8_recipe.value} scaling{gather}), bf16 elsewhere; the "
                    "once-per-step FP8 weight casts are counted with the optimizer step (docs/fp8.md)")
     return out
+
+
+def ep_overlap_pairs(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> bool:
+    """Whether the step runs forward/backward pairs that hide the MoE all-to-all: the stack's
+    ``moe_a2a_overlap`` on an MoE model with expert parallelism, without a pipeline (1F1B of one
+    stage) or with interleaved 1F1B. Megatron-Core's EP overlap needs virtual pipeline stages when
+    pp > 1: a plain 1F1B stage would have to hold a forward until the next backward's gradient
+    arrives, which costs more than it hides."""
+    if not (stack.moe_a2a_overlap and model.is_moe and plan.ep > 1):
+        return False
+    if plan.pp == 1:
+        return plan.schedule in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
+    return plan.schedule is Schedule.INTERLEAVED and plan.virtual_stages > 1
 
 
 def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: dict, compute: "ComputeModel",
@@ -85,6 +105,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
                                            else plan.schedule)
     split = timing.get("split") if schedule.split_backward else None
+    ep_pairs = ep_overlap_pairs(model, plan, stack) and "split" in timing  # (the Chakra export writes no pairs)
     if schedule.split_backward and split is None:
         raise ValueError(f"the {schedule.value} schedule needs the level-1 split timings (timing['split'])")
     if schedule is Schedule.ZB_V:  # its order is list-scheduled with the layer's F : Bi : W times
@@ -185,6 +206,9 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
         pair = None
         if schedule is Schedule.DUALPIPE:
             pair = tuple(tuple(pair_saving_of(kinds_of[cf], kinds_of[cb], split) for cb in range(chunks))
+                         for cf in range(chunks))
+        elif ep_pairs:
+            pair = tuple(tuple(pair_saving_of(kinds_of[cf], kinds_of[cb], timing["split"]) for cb in range(chunks))
                          for cf in range(chunks))
         stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt,
                                  tuple(bin_) if split is not None else None,

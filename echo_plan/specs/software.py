@@ -108,6 +108,10 @@ class SoftwareSpec(Spec):
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
     moe_grouped_gemm: bool = Field(default=True, description="local experts as one grouped GEMM (else a GEMM each)")
     moe_permute_fusion: bool = Field(default=True, description="TE's fused token permute/unpermute kernels")
+    moe_a2a_overlap: bool = Field(
+        default=False, description="MoE: in the steady state each forward runs paired with the next backward, one "
+                                   "micro-batch's all-to-all under the other's compute (Megatron-Core "
+                                   "--overlap-moe-expert-parallel-comm, Megatron-Bridge moe_a2a_overlap)")
     fp8_recipe: Fp8Recipe = Field(default=Fp8Recipe.DELAYED,
                                   description="FP8 scaling recipe of the GEMMs when the plan's dtype is fp8")
     fp8_param_gather: bool = Field(

@@ -2,9 +2,10 @@
 
 * Training suites (``registry.training_suite``): each row is simulated with its suite's cluster
   preset and software stack (``predict.py``) exactly as ``simulate`` would for a user. A row is
-  *held out* unless the preset's compute calibration was fitted on it (the preset records those
-  rows in ``calibration.compute.fitted_on``). A suite passes when its held-out rows are within
-  the suite's mean and max tolerances. Range coverage is the leave-one-out share of held-out rows
+  *held out* unless the preset's calibration was fitted on it (the preset records those rows in
+  ``calibration.compute.fitted_on``, and the all-to-all fit's in
+  ``calibration.nccl.provenance.all_to_all_fit``). A suite passes when its held-out rows are
+  within the suite's mean and max tolerances. Range coverage is the leave-one-out share of held-out rows
   whose measured time falls inside the range built from the other held-out rows' residuals
   (``cost/ranges.py``), against the nominal 80%.
 * Collective suites (``nccl-tests/<cluster>/``): the NCCL model refitted on the logs of one
@@ -160,9 +161,12 @@ def discover(dirs: list[Path]) -> list[SuiteRef]:
 
 
 def fitted_rows(cluster: Any, suite_name: str) -> set[str]:
-    """Labels of the suite's rows the cluster's compute calibration was fitted on."""
-    fitted = ((cluster.calibration or {}).get("compute") or {}).get("fitted_on") or {}
-    return {str(x) for x in fitted.get(suite_name, ())}
+    """Labels of the suite's rows the cluster's calibration was fitted on: its compute figures, and
+    the all-to-all share of its NCCL figures (``calibrate.a2a_fit``)."""
+    cal = cluster.calibration or {}
+    fitted = (cal.get("compute") or {}).get("fitted_on") or {}
+    a2a = (((cal.get("nccl") or {}).get("provenance") or {}).get("all_to_all_fit") or {}).get("fitted_on") or {}
+    return {str(x) for x in fitted.get(suite_name, ())} | {str(x) for x in a2a.get(suite_name, ())}
 
 
 def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int, str], None] | None = None) -> SuiteResult:

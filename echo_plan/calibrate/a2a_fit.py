@@ -1,0 +1,150 @@
+"""Fitting the share of the network an all-to-all reaches inside a training step, on named rows.
+
+    python -m echo_plan.calibrate.a2a_fit            # fit and print, per all-to-all recipe
+    python -m echo_plan.calibrate.a2a_fit --write    # and add the figure to the presets' calibration
+
+NCCL's own model (and nccl-tests' alltoall_perf) gives an all-to-all one NIC per GPU across
+servers. Inside a Megatron-Core MoE step with the all-to-all dispatcher the exchange reaches less,
+and no published measurement says how much (``echo_plan/data/nccl.yaml``). A recipe
+(``calibration_recipes`` with ``a2a_suite`` in ``validation_suites.yaml``) names the rows that fit
+``all_to_all_net_efficiency``; every other row of the suite stays held out. The figure solves
+"mean log residual of the fitted rows = 0" by bisection: the predicted step falls as the share
+rises. The fit runs after the compute calibration (``calibrate.presets``) and on top of it; it
+changes nothing but the all-to-all's network tier, so the dense suites' rows are untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from echo_plan.errors import EchoPlanError
+
+SHARE_RANGE = (0.2, 1.0)
+KEY = "all_to_all_net_efficiency"
+
+
+def with_share(cluster: Any, share: float) -> Any:
+    """``cluster`` with its NCCL calibration's all-to-all network share set to ``share``."""
+    cal = dict(cluster.calibration or {})
+    nccl = dict(cal.get("nccl") or {})
+    nccl["params"] = {**dict(nccl.get("params") or {}), KEY: share}
+    cal["nccl"] = nccl
+    return cluster.replace(calibration=cal)
+
+
+def a2a_fit(rows: Sequence[Any], fit_labels: Sequence[str], cluster: Any, stack_name: str,
+            model_settings: Any = None, cache: Any = None,
+            progress: Callable[[int, str], None] | None = None, iterations: int = 18) -> dict[str, Any]:
+    """The fitted share and each modelled row's error: {share, fitted_on, held_out, residuals}."""
+    from echo_plan.validation.predict import RowSimulator
+
+    modelled = [r for r in rows if not r.not_modelled]
+    fit = [r for r in modelled if r.label in set(fit_labels)]
+    missing = sorted(set(fit_labels) - {r.label for r in fit})
+    if missing or not fit:
+        raise EchoPlanError(f"all-to-all fit: no modelled row labelled {', '.join(missing) or 'at all'}")
+
+    def residuals(share: float, which: Sequence[Any]) -> list[float]:
+        sim = RowSimulator(with_share(cluster, share), stack_name, cache, model_settings=model_settings)
+        out = []
+        for r in which:
+            p = sim.predict(r)
+            if p.step_s is None:
+                raise EchoPlanError(f"row {r.label!r}: {p.problem}")
+            out.append(math.log(p.step_s / r.measured_step_s))
+        return out
+
+    lo, hi = SHARE_RANGE
+    if sum(residuals(hi, fit)) > 0:  # too slow even at NCCL's own figure: nothing to fit
+        share = hi
+    else:
+        for i in range(iterations):
+            mid = math.sqrt(lo * hi)
+            mean = sum(residuals(mid, fit)) / len(fit)
+            if progress is not None:
+                progress(i, f"all-to-all network share {mid:.4f}: mean log residual {mean:+.4f}")
+            lo, hi = (mid, hi) if mean > 0 else (lo, mid)  # too slow: a higher share
+        share = round(math.sqrt(lo * hi), 3)
+    res = residuals(share, modelled)
+    return {"share": share, "fitted_on": [r.label for r in fit],
+            "held_out": [r.label for r in modelled if r.label not in set(fit_labels)],
+            "residuals": {r.label: round(math.exp(x) - 1, 4) for r, x in zip(modelled, res)}}
+
+
+def a2a_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None) -> dict[str, Any]:
+    """The fit of one ``a2a_suite`` recipe on ``cluster`` (its compute calibration already in place)."""
+    from echo_plan.validation.registry import training_rows, training_suite
+
+    suite = training_suite(vdir / f"{recipe['a2a_suite']}.csv")
+    got = a2a_fit(training_rows(suite), [str(x) for x in recipe["fit_rows"]], cluster, suite.stack,
+                  suite.model_settings, cache, progress)
+    return {"suite": suite.name, **got}
+
+
+def merge(nccl: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
+    """An NCCL calibration block with the fitted share and where it comes from."""
+    out = dict(nccl)
+    out["params"] = {**dict(out.get("params") or {}), KEY: got["share"]}
+    prov = dict(out.get("provenance") or {})
+    prov["all_to_all_fit"] = {
+        "source": f"{got['suite']}.csv, the named rows; fitted by python -m echo_plan.calibrate.a2a_fit",
+        "fitted_on": {got["suite"]: list(got["fitted_on"])},
+        "held_out": list(got["held_out"]),
+        "residuals": dict(got["residuals"]),
+    }
+    out["provenance"] = prov
+    return out
+
+
+def keep_share(record: dict[str, Any], calibration: Any) -> dict[str, Any]:
+    """An NCCL calibration record refitted from nccl-tests logs, with the all-to-all shares (and their
+    provenance) the cluster already carried: nccl-tests cannot see what a training step gets, so a
+    refit of the collectives keeps the share fitted on training steps."""
+    old = (calibration or {}).get("nccl") or {}
+    keep = {k: v for k, v in (old.get("params") or {}).items() if k.startswith("all_to_all_")}
+    if not keep:
+        return record
+    prov = dict(record.get("provenance") or {})
+    fit = (old.get("provenance") or {}).get("all_to_all_fit")
+    if fit is not None:
+        prov["all_to_all_fit"] = fit
+    return {**record, "params": {**dict(record.get("params") or {}), **keep}, "provenance": prov}
+
+
+def a2a_recipes() -> dict[str, dict]:
+    from echo_plan.calibrate.presets import _recipes
+
+    return {name: r for name, r in _recipes().items() if "a2a_suite" in r}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from echo_plan.calibrate.presets import write_block
+    from echo_plan.specs import load_cluster
+    from echo_plan.specs.presets import clusters_dir
+    from echo_plan.trace.cache import TraceCache
+    from echo_plan.validation.megatron import validation_dir
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="add the figure to clusters/*.yaml")
+    ap.add_argument("--validation-dir", type=Path, default=None)
+    args = ap.parse_args(argv)
+    vdir = args.validation_dir or validation_dir()
+    for name, recipe in a2a_recipes().items():
+        cluster = load_cluster(recipe["presets"][0])
+        got = a2a_block(recipe, vdir, cluster, TraceCache(None), progress=lambda i, m: print(f"  {m}", flush=True))
+        print(f"{name}: {KEY} {got['share']} fitted on {', '.join(got['fitted_on'])}")
+        for label, err in got["residuals"].items():
+            print(f"  {label:52s} {err:+.1%} {'fitted' if label in got['fitted_on'] else 'held out'}")
+        if args.write:
+            for preset in recipe["presets"]:
+                block = dict(load_cluster(preset).calibration or {})
+                block["nccl"] = merge(dict(block.get("nccl") or {}), got)
+                write_block(clusters_dir() / f"{preset}.yaml", block)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
