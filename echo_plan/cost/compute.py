@@ -9,11 +9,8 @@
   generation asymptote fitted to a published maximum-achievable-matmul measurement. The best tile
   configuration wins, as cuBLAS' heuristics pick one. Then the max with the memory-bound time.
 * Fused attention (flash / SDPA forward and backward): FLOPs at an attention efficiency per GPU
-  generation, lower for backward, with the causal work fraction (the whole counted work for the
-  unmasked kernels of a context-parallel ring step; for a causal kernel whose queries are a late
-  chunk of its keys, 1 - (1 - f) s_q / s_k), wave quantisation over (batch x heads x query
-  blocks), a short-sequence penalty on the key length (a CP chunk is short) and the head
-  dimension's (``attention_head_dim_half``).
+  generation and library (the stack's ``attention_library``), with the causal work, wave
+  quantisation, short-key and head-dimension factors of ``attention_cost.py``.
 * Everything else: bytes moved / (HBM bandwidth x an achievable fraction per kind).
 * VIEW ops are free; every real kernel adds a launch overhead.
 
@@ -36,6 +33,7 @@ import yaml
 from echo_plan.errors import FileFormatError
 from echo_plan.specs.cluster import DType, GPUSpec
 from echo_plan.trace.records import OpKind, OpRecord, TensorMeta
+from echo_plan.cost.attention_cost import attention_efficiency, is_backward
 
 DTYPE_BY_TORCH_NAME: dict[str, DType] = {
     "bfloat16": DType.BF16,
@@ -239,16 +237,6 @@ def gemm_dims(op: OpRecord) -> tuple[int, int, int, int] | None:
     return batch, m, n, k
 
 
-def attention_dims(op: OpRecord) -> tuple[int, int, int, int] | None:
-    """(batch, heads, s_q, s_k) of fused attention from its query and key (b, heads, s, d)."""
-    four = [t for t in op.inputs if len(t.shape) == 4]
-    if len(four) < 2:
-        return None
-    # the backward kernels take grad_out first, then query, key, value
-    q, k = (four[1], four[2]) if _is_backward(op) and len(four) >= 4 else (four[0], four[1])
-    return q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-
-
 class AnalyticalComputeModel:
     """The roofline kernel model; implements ``ComputeModel``. Results are cached per op shape."""
 
@@ -289,7 +277,7 @@ class AnalyticalComputeModel:
             raise ValueError(f"{op.name} is a collective: time it with a CollectiveModel, not a ComputeModel")
         if op.kind is OpKind.VIEW:
             return KernelEstimate(0.0, Bound.NONE, 0.0)
-        key = (op.name, op.kind, _is_backward(op), op.inputs, op.outputs, op.flops, op.bytes_read,
+        key = (op.name, op.kind, is_backward(op), op.inputs, op.outputs, op.flops, op.bytes_read,
                op.bytes_written, gpu.name, gpu.sm_count, gpu.sm_arch, gpu.hbm_bw_GBps,
                gpu.peak_tflops(op_dtype(op, dtype)), dtype)
         hit = self._cache.get(key)
@@ -353,64 +341,7 @@ class AnalyticalComputeModel:
         return min(arch.max_eff, arch.asymptotic_eff * shape)
 
     def _attention_eff(self, op: OpRecord, gpu: GPUSpec) -> tuple[float, float]:
-        c = self.constants
-        arch = c.arch_params(gpu.sm_arch)
-        fa2 = self.attention_library == "flash-attn-2" and arch.fa2_forward_eff is not None
-        if _is_backward(op):
-            base = arch.fa2_backward_eff if fa2 and arch.fa2_backward_eff is not None else arch.attention_backward_eff
-        else:
-            base = arch.fa2_forward_eff if fa2 else arch.attention_forward_eff
-        if "dropout" in op.name:  # the fused kernel with dropout (trace/kernels.py)
-            base *= c.attention_dropout_eff
-        causal = self.causal_attention and not is_noncausal(op)
-        work = c.causal_work_fraction if causal else 1.0
-        dims = attention_dims(op)
-        if dims is None:
-            return base, op.flops * work
-        b, heads, s_q, s_k = dims
-        if causal and s_q < s_k:  # bottom-right aligned mask (a late query chunk over all earlier keys)
-            work = 1.0 - (1.0 - c.causal_work_fraction) * s_q / s_k
-        head_dim = [t for t in op.inputs if len(t.shape) == 4][0].shape[-1]
-        flops = op.flops if op.flops > 0 else 4.0 * b * heads * s_q * s_k * head_dim
-        if _is_backward(op) and op.flops <= 0:
-            flops *= 2.5  # torch's counter: backward is five score-sized matmuls to forward's two
-        ctas = b * heads * math.ceil(s_q / c.attention_block_rows)
-        waves = math.ceil(ctas / gpu.sm_count)
-        wave_q = ctas / (waves * gpu.sm_count)
-        seq = s_k / (s_k + c.attention_seq_half)
-        return base * wave_q * seq * self._head_dim_factor(head_dim), flops * work
-
-    def _head_dim_factor(self, head_dim: int) -> float:
-        """Efficiency relative to head dim 128 (where the per-generation figures were measured): a
-        narrower head does less matmul work per loaded tile, d / (d + d_half), never above 1."""
-        h0 = self.constants.attention_head_dim_half
-        if h0 <= 0 or head_dim <= 0:
-            return 1.0
-        return min(1.0, (head_dim / (head_dim + h0)) / (128.0 / (128.0 + h0)))
-
-
-def is_noncausal(op: OpRecord) -> bool:
-    """An attention kernel launched without the causal mask (a context-parallel ring step whose keys
-    all precede its queries, ``trace/kernels.py``): all of its counted work is done."""
-    return "noncausal" in op.name
-
-
-def attention_work_flops(op: OpRecord, causal_work_fraction: float = 0.5) -> float:
-    """The FLOPs an attention kernel really does: the counted (full-matrix) FLOPs times the share the
-    causal mask leaves (all of it for an unmasked kernel; 1 - (1 - f) s_q / s_k for a causal one)."""
-    if op.kind is not OpKind.ATTENTION:
-        return 0.0
-    if is_noncausal(op):
-        return op.flops
-    dims = attention_dims(op)
-    if dims is None or dims[2] >= dims[3]:
-        return op.flops * causal_work_fraction
-    return op.flops * (1.0 - (1.0 - causal_work_fraction) * dims[2] / dims[3])
-
-
-def _is_backward(op: OpRecord) -> bool:
-    """A backward kernel (its aten name says so); ops merely run during backward are not."""
-    return "backward" in op.name
+        return attention_efficiency(op, gpu, self.constants, self.attention_library, self.causal_attention)
 
 
 def _moved_bytes(op: OpRecord) -> int:

@@ -189,7 +189,8 @@ def test_unmasked_ring_step_costs_more_than_its_causal_twin():
     """A context-parallel ring step's unmasked kernel does all its counted work; a causal one half."""
     from dataclasses import replace as _replace
 
-    from echo_plan.cost.compute import AnalyticalComputeModel, attention_work_flops
+    from echo_plan.cost.attention_cost import attention_work_flops
+    from echo_plan.cost.compute import AnalyticalComputeModel
     from echo_plan.specs import DType, load_cluster
     from echo_plan.trace.records import OpKind, OpRecord, Phase, Stream, TensorMeta
 
@@ -203,11 +204,11 @@ def test_unmasked_ring_step_costs_more_than_its_causal_twin():
 
 
 def test_narrow_heads_never_run_faster_per_flop():
-    from echo_plan.cost.compute import AnalyticalComputeModel
+    from echo_plan.cost.attention_cost import head_dim_factor
 
-    m = AnalyticalComputeModel()
-    assert m._head_dim_factor(128) == 1.0 and m._head_dim_factor(256) == 1.0
-    assert m._head_dim_factor(64) < m._head_dim_factor(96) < 1.0
+    half = AnalyticalComputeModel().constants.attention_head_dim_half
+    assert head_dim_factor(128, half) == 1.0 and head_dim_factor(256, half) == 1.0
+    assert head_dim_factor(64, half) < head_dim_factor(96, half) < 1.0
 
 
 @settings(max_examples=30, deadline=None)

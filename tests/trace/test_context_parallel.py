@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from echo_plan.cost.compute import attention_work_flops
+from echo_plan.cost.attention_cost import attention_work_flops
 from echo_plan.errors import SpecError
 from echo_plan.specs import DType, Recompute, load_stack
 from echo_plan.trace.records import CollectiveKind, GroupKind, OpKind, Phase, StageKind, Stream
