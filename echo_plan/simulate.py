@@ -47,6 +47,7 @@ class SimulationMemo:
         self._layers: dict[tuple, Any] = {}
         self._comm: dict[tuple, float] = {}
         self._schedules: dict[tuple, Any] = {}
+        self._schedule_arrays: dict[int, tuple] = {}  # id(schedule) -> (schedule, its arrays)
         self._defaults: dict[str, Any] = {}
         self.layer_hits = 0
         self.layer_misses = 0
@@ -58,6 +59,15 @@ class SimulationMemo:
         if sched is None:
             sched = self._schedules[key] = build_schedule(schedule, pp, microbatches, virtual_stages, times)
         return sched
+
+    def schedule_arrays(self, sched):
+        """``pipeline_fast.schedule_arrays`` of a schedule, kept with it."""
+        hit = self._schedule_arrays.get(id(sched))
+        if hit is None or hit[0] is not sched:
+            from echo_plan.replay.pipeline_fast import schedule_arrays
+
+            hit = self._schedule_arrays[id(sched)] = (sched, schedule_arrays(sched))
+        return hit[1]
 
     def default_stack(self) -> SoftwareSpec:
         if "stack" not in self._defaults:
@@ -210,6 +220,13 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     def replay_at(m: int) -> StepReplay:  # the stage costs do not depend on the micro-batch count
         costs = replace(base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, plan.virtual_stages,
                                                      base.schedule.times))
+        if not timeline:  # compiled where the compiled loop is loaded (a search); same result as below
+            from echo_plan.replay.pipeline_fast import replay_step
+
+            fast = replay_step(costs, interference, memo.schedule_arrays, lambda: build_tasks(costs).tasks)
+            if fast is not None:
+                rank = critical_rank(fast.result, plan.pp)
+                return StepReplay(m, fast.result.makespan_s, step_breakdown(fast, fast.result, rank), rank, fast.n)
         steps = build_tasks(costs)
         result = steps.replay(interference)
         rank = critical_rank(result, plan.pp)

@@ -1,0 +1,228 @@
+"""Level 2 in compiled code: build a step's tasks straight into the event loop's arrays and replay them.
+
+``build_tasks`` (``pipeline.py``) builds a step as Python lists, one entry per task, and the
+compiled event loop (``engine_jit``) then turns those lists into arrays: in a search that is most of
+the time of a plan (tens of thousands of tasks per replay, three replays per plan), spent in Python
+on work the loop itself does in a fraction of it. :func:`replay_step` builds the same tasks (same
+order, same work, same dependencies, same stream and profile numbering) in compiled code
+(``_build_kernel``), runs the same loop on them and gives the same replay, so the step time and
+breakdown are the same bit for bit (tested against ``build_tasks`` + ``replay``).
+
+It is used only where the compiled loop is already loaded (``engine_jit``: a search, not a single
+``simulate``), for steps without DualPipe's overlapped pairs, with interference on; otherwise (and
+for a step whose replay is wrong: a deadlock, a bad work value) it returns None and the caller takes
+the Python path, which raises the error with the task's name. The timeline always comes from the
+Python path (it needs the tasks' names).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from echo_plan.replay.interference import InterferenceModel
+from echo_plan.replay.kinds import TaskKind
+from echo_plan.replay.outcome import ReplayResult
+from echo_plan.replay.pipeline import Category, StepCosts, TaskInfo, _compute_kind
+from echo_plan.replay.schedules import Pass, PipelineSchedule
+
+_PASS_CODE = {Pass.FORWARD: 0, Pass.BACKWARD: 1, Pass.INPUT_GRAD: 2, Pass.WEIGHT_GRAD: 3}
+_CATEGORIES = (Category.FORWARD, Category.BACKWARD, Category.INPUT_GRAD, Category.WEIGHT_GRAD, Category.P2P,
+               Category.DP, Category.OPTIMIZER)
+_STREAMS = ("compute", "pp_fwd", "pp_bwd", "dp_comm", "pp_gather")
+_KINDS = tuple(TaskKind)
+_KIND_CODE = {k: j for j, k in enumerate(_KINDS)}
+
+_state: dict[str, Any] = {}  # the kernel module, once imported (a cache, not configuration)
+
+
+def available() -> bool:
+    """Whether the compiled path runs: the compiled event loop is loaded in this process (so a single
+    ``simulate`` never loads Numba for it) and the builder compiles."""
+    from echo_plan.replay import engine_jit
+
+    if engine_jit._mode() == "off" or engine_jit._state.get("kernel") is None:
+        return False
+    if "build" not in _state:
+        try:
+            from echo_plan.replay import _build_kernel
+
+            _state["build"] = _build_kernel
+        except Exception:  # noqa: BLE001 - Numba cannot compile or load it here: the Python path runs
+            _state["build"] = None
+    return _state["build"] is not None
+
+
+class StepArrays:
+    """A replayed step in array form, with what ``step_breakdown`` reads: ``info`` (built per task on
+    demand) and the replay as a :class:`ReplayResult` (``make_tasks`` names the tasks if asked)."""
+
+    __slots__ = ("n", "info", "result")
+
+    def __init__(self, n: int, info: "_Info", result: ReplayResult) -> None:
+        self.n, self.info, self.result = n, info, result
+
+
+class _Info:
+    """``StepTasks.info`` of the compiled build: a TaskInfo made when a task is looked at."""
+
+    __slots__ = ("cat", "dev", "slot", "share", "phases")
+
+    def __init__(self, cat: Any, dev: Any, slot: Any, share: Any, phases: list) -> None:
+        self.cat, self.dev, self.slot, self.share, self.phases = cat, dev, slot, share, phases  # numpy arrays
+
+    def __getitem__(self, i: int) -> TaskInfo:
+        c = int(self.cat[i])
+        if c < 4:
+            return TaskInfo(_CATEGORIES[c], int(self.dev[i]), self.phases[int(self.slot[i])], float(self.share[i]))
+        if c == 6:
+            return TaskInfo(Category.OPTIMIZER, int(self.dev[i]), share=float(self.share[i]))
+        return TaskInfo(_CATEGORIES[c], int(self.dev[i]))
+
+    def __len__(self) -> int:
+        return len(self.cat)
+
+
+def schedule_arrays(sched: PipelineSchedule) -> tuple | None:
+    """A schedule's actions and neighbours as arrays (None for DualPipe's overlapped pairs)."""
+    import numpy as np
+
+    pp, v = sched.pp, sched.virtual_stages
+    ptr, kind, chunk, mb = [0], [], [], []
+    for acts in sched.actions:
+        for a in acts:
+            if a.paired:
+                return None
+            kind.append(_PASS_CODE[a.kind])
+            chunk.append(a.chunk)
+            mb.append(a.microbatch)
+        ptr.append(len(kind))
+    nbr = np.full((4, pp, v), -1, dtype=np.int64)  # prev rank, prev chunk, next rank, next chunk
+    for r in range(pp):
+        for c in range(v):
+            for j, step in ((0, -1), (2, 1)):
+                rc = sched.neighbour(r, c, step)
+                if rc is not None:
+                    nbr[j, r, c], nbr[j + 1, r, c] = rc
+    i64 = np.int64
+    return (np.asarray(ptr, dtype=i64), np.asarray(kind, dtype=i64), np.asarray(chunk, dtype=i64),
+            np.asarray(mb, dtype=i64), nbr[0], nbr[1], nbr[2], nbr[3])
+
+
+def replay_step(costs: StepCosts, interference: InterferenceModel,
+                arrays_of: Callable[[PipelineSchedule], tuple | None], make_tasks: Callable[[], Any]
+                ) -> StepArrays | None:
+    """The replay of ``build_tasks(costs)`` under ``interference``, or None where the Python path must
+    run (module docstring). ``arrays_of``: ``schedule_arrays``, or a cache of it."""
+    if interference.is_none or not available():
+        return None
+    sched = costs.schedule
+    arrays = arrays_of(sched)
+    if arrays is None:
+        return None
+    import numpy as np
+
+    from echo_plan.replay import engine_jit
+
+    pp, v, m = sched.pp, sched.virtual_stages, sched.num_microbatches
+    act_ptr, act_kind, act_chunk, act_mb, prev_r, prev_c, next_r, next_c = arrays
+    nslots = pp * 4 * v
+    work_pc = [0.0] * nslots
+    phases: list = [None] * nslots
+    b_ptr, b_params, b_reduce, b_code, b_gather = [0], [], [], [], []
+    for r, st in enumerate(costs.stages):
+        for kd, per_chunk in ((0, st.forward), (1, st.backward), (2, st.input_grad), (3, st.weight_grad)):
+            if per_chunk is None:
+                continue
+            for c in range(v):
+                ph = per_chunk[c]
+                phases[(r * 4 + kd) * v + c] = ph
+                work_pc[(r * 4 + kd) * v + c] = ph.work_s
+        go = costs.overlap_param_gather and any(b.gather_s > 0 for bs in st.buckets for b in bs)
+        for c in range(v):
+            bs = st.buckets[c]
+            if go and not bs:
+                return None  # a chunk without buckets beside ones with a gather: the Python path's case
+            for b in bs:
+                b_params.append(b.params)
+                b_reduce.append(b.reduce_s)
+                b_code.append(_KIND_CODE[b.reduce_kind])
+                b_gather.append(b.gather_s)
+            b_ptr.append(len(b_params))
+    if any(st.input_grad is None or st.weight_grad is None for st in costs.stages) and bool((act_kind >= 2).any()):
+        return None  # split passes without their costs: the Python path raises
+    scale = [costs.work_scale[r] if costs.work_scale else 1.0 for r in range(pp)]
+    p2p = [costs.p2p_by_stage[r] if costs.p2p_by_stage else costs.p2p_s for r in range(pp)]
+    opt = [st.optimizer_s * scale[r] for r, st in enumerate(costs.stages)]
+    i64, f64 = np.int64, np.float64
+    kb = _state["build"]
+    ok, n, work, dev, skind, code, cat, islot, ishare, d_own, d_dep = kb.build(
+        pp, v, m, act_ptr, act_kind, act_chunk, act_mb, prev_r, prev_c, next_r, next_c, np.asarray(work_pc, dtype=f64),
+        np.asarray(b_ptr, dtype=i64), np.asarray(b_params, dtype=i64), np.asarray(b_reduce, dtype=f64),
+        np.asarray(b_code, dtype=i64), np.asarray(b_gather, dtype=f64), np.asarray(p2p, dtype=f64),
+        float(costs.p2p_recv_s), float(costs.tied_allreduce_s), np.asarray(opt, dtype=f64),
+        np.asarray(scale, dtype=f64), bool(costs.overlap_grad_reduce), bool(costs.overlap_param_gather),
+        bool(costs.sync_p2p), _KIND_CODE[TaskKind.P2P], _KIND_CODE[TaskKind.ALL_GATHER], _KIND_CODE[TaskKind.MEMORY],
+        _KIND_CODE[TaskKind.ALL_REDUCE], nslots)
+    if not ok or not (n == 0 or (np.isfinite(work).all() and (work >= 0.0).all())):
+        return None
+    sid, keys, qptr, order, ndeps, dptr, didx, maxrun, codes = kb.graph(n, pp, dev, skind, d_own, d_dep, code,
+                                                                        nslots + len(_KINDS))
+    # interference profiles, numbered in order of first use (as engine._profiles numbers them)
+    profile_ids: dict[tuple, int] = {}
+    profiles: list[tuple] = []
+    pid_of = np.zeros(nslots + len(_KINDS), dtype=i64)
+    for cd in codes.tolist():
+        if cd < nslots:
+            ph = phases[cd]
+            p = _profile(_compute_kind(ph), ph.mix)
+            if p is None:
+                return None
+        else:
+            p = (_KINDS[cd - nslots], None)
+        k = profile_ids.get(p)
+        if k is None:
+            k = profile_ids[p] = len(profiles)
+            profiles.append(p)
+        pid_of[cd] = k
+    if (len(profiles) + 1) ** (int(maxrun) + 1) >= engine_jit.MAX_KEY:
+        return None
+    task_factor = interference.task_factor
+
+    def factor_of(p: int, others: tuple[int, ...]) -> float:
+        return task_factor(*profiles[p], [profiles[o] for o in others])
+
+    start, end, dep_end, dep_last, left, head = engine_jit.run_arrays(
+        engine_jit._state["kernel"], n, work, sid, dev, pp, int(maxrun), pid_of[code], ndeps, dptr, didx, qptr,
+        order, len(profiles), factor_of)
+    if left.any() or bool((qptr[:-1] + head < qptr[1:]).any()):
+        return None  # a deadlock: the Python path names the task
+    # the position lists the breakdown walks: the previous task of each stream, and which dependency
+    # (not the stream) set each start
+    firsts = qptr[:-1]
+    prev_o = np.empty(n, dtype=i64)
+    prev_o[1:] = order[:-1]
+    prev_o[firsts] = -1
+    prev = np.empty(n, dtype=i64)
+    prev[order] = prev_o
+    prev_end = np.where(prev >= 0, end[prev], 0.0)
+    waited = np.where((dep_last >= 0) & (dep_end > prev_end), dep_last, -1)
+    order_l, qp = order.tolist(), qptr.tolist()
+    queues = [order_l[qp[s]:qp[s + 1]] for s in range(len(qp) - 1)]
+    stream_keys = [(k // 5, _STREAMS[k % 5]) for k in keys.tolist()]
+    result = ReplayResult(make_tasks, range(n), start.tolist(), end.tolist(), work.tolist(), [], [], stream_keys,
+                          queues)
+    result._lazy["waited_at"] = waited.tolist()
+    result._lazy["prev_at"] = prev.tolist()
+    return StepArrays(n, _Info(cat, dev, islot, ishare, phases), result)
+
+
+def _profile(kind: TaskKind, mix) -> tuple | None:
+    """engine._normalised's profile of a compute task, or None where it would raise (Python path)."""
+    if mix is None:
+        return (kind, None)
+    total = sum(w for _, w in mix)
+    if not (total > 0.0 and all(w >= 0.0 for _, w in mix)):
+        return None
+    if any(not k.is_compute for k, _ in mix) or not kind.is_compute:
+        return None
+    return (kind, tuple(sorted(((k, w / total) for k, w in mix), key=lambda kw: kw[0].value)))
