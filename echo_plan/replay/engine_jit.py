@@ -58,6 +58,13 @@ def worth_it(n_tasks: int) -> bool:
     return available()
 
 
+def expect_many() -> None:
+    """Load the compiled loop now (unless switched off) where many steps will be replayed: a search,
+    whose first ``JIT_AFTER_TASKS`` tasks would otherwise run in the slower Python loop."""
+    if _mode() != "off":
+        available()
+
+
 def available() -> bool:
     """True when the compiled loop can be used (Numba importable, not switched off)."""
     if _mode() == "off":

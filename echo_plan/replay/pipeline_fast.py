@@ -52,6 +52,14 @@ def available() -> bool:
     return _state["build"] is not None
 
 
+def expect_many() -> None:
+    """Load the compiled loop and builder now where many steps will be replayed (a search)."""
+    from echo_plan.replay import engine_jit
+
+    engine_jit.expect_many()
+    available()
+
+
 class StepArrays:
     """A replayed step in array form, with what ``step_breakdown`` reads: ``info`` (built per task on
     demand) and the replay as a :class:`ReplayResult` (``make_tasks`` names the tasks if asked)."""

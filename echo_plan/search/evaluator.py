@@ -89,8 +89,11 @@ class SimulatorEvaluator:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, cache_dir: str | None,
                  stack: SoftwareSpec | None = None, memory_headroom_bytes: int | None = None) -> None:
+        from echo_plan.replay.pipeline_fast import expect_many
         from echo_plan.simulate import SimulationMemo
         from echo_plan.trace.cache import TraceCache
+
+        expect_many()  # a search replays hundreds of steps: the compiled loop pays from the first
 
         self.model = model
         self.cluster = cluster

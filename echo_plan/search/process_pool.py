@@ -75,8 +75,12 @@ def _evaluate(job: tuple[str, bytes, PlanSpec]) -> Evaluation:
 
 
 def _warm(_: int) -> int:
-    """Imports the simulator in a worker while the parent prepares the first round."""
+    """Imports the simulator, and loads the compiled replay loop, in a worker while the parent prepares
+    the first round."""
     import echo_plan.simulate  # noqa: F401
+    from echo_plan.replay.pipeline_fast import expect_many
+
+    expect_many()
 
     return os.getpid()
 
