@@ -22,7 +22,8 @@ C_P2P, C_DP, C_OPT = 4, 5, 6
 
 
 @njit(cache=True, nogil=True)
-def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, prev_r, prev_c, next_r, next_c, work_pc, b_ptr, b_params,
+def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, prev_r, prev_c, next_r, next_c, work_pc,
+          b_ptr, b_params,
           b_reduce_s, b_reduce_code, b_gather_s, p2p_s, recv_s, tied_s, opt_s, scale, overlap_grad, overlap_gather,
           sync, k_p2p, k_gather, k_memory, k_allreduce, kbase):
     # -- first pass: positions of sends, DP row counts (as build_tasks) --------------------------------
@@ -97,7 +98,7 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, prev_r, prev_c, next_r
     for r in range(pp):
         if nred[r] > maxred:
             maxred = nred[r]
-    cap = 3 * n + 2 * (maxred + 2) * pp + 16
+    cap = 4 * n + 2 * (maxred + 2) * pp + 16
     d_own = np.zeros(cap, dtype=np.int64)
     d_dep = np.zeros(cap, dtype=np.int64)
     nd = 0
@@ -145,7 +146,8 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, prev_r, prev_c, next_r
             c = act_chunk[k]
             mb = act_mb[k]
             slot = (r * 4 + kd) * v + c
-            w = work_pc[slot] * sc
+            wslot = slot if act_over[k] < 0 else act_over[k]  # DualPipe's pairs: the overlapped cost
+            w = work_pc[wslot] * sc
             src = -1
             dst = -1
             if kd != 3:
@@ -159,8 +161,18 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, prev_r, prev_c, next_r
                     dst = prev_r[r, c]
             dep0 = -1  # the base deps: the previous send (sync) and what arrived
             dep1 = -1
+            dep2 = -1  # a pair starts when the paired backward's input is in as well
             if sync and prev_send >= 0:
                 dep0 = prev_send
+            if act_pair[k] and k + 1 < act_ptr[r + 1]:
+                nk = act_kind[k + 1]
+                nc_ = act_chunk[k + 1]
+                if nk != 3:
+                    if nk == 0:
+                        if prev_r[r, nc_] >= 0:
+                            dep2 = send_at[((prev_r[r, nc_] * v + prev_c[r, nc_]) * 2 + 1) * m + act_mb[k + 1]]
+                    elif next_r[r, nc_] >= 0:
+                        dep2 = send_at[((next_r[r, nc_] * v + next_c[r, nc_]) * 2) * m + act_mb[k + 1]]
             if src >= 0:
                 got = send_at[src * m + mb]
                 if recv_s > 0:
@@ -191,11 +203,15 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, prev_r, prev_c, next_r
                 dev[last] = r
                 code[last] = slot
                 cat[last] = kd
-                islot[last] = slot
+                islot[last] = wslot
                 ishare[last] = sc
                 if dep0 >= 0:
                     d_own[nd] = last
                     d_dep[nd] = dep0
+                    nd += 1
+                if dep2 >= 0:
+                    d_own[nd] = last
+                    d_dep[nd] = dep2
                     nd += 1
                 if dep1 >= 0:
                     d_own[nd] = last
@@ -217,12 +233,16 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, prev_r, prev_c, next_r
                     dev[last] = r
                     code[last] = slot
                     cat[last] = kd
-                    islot[last] = slot
+                    islot[last] = wslot
                     ishare[last] = share * sc
                     if q == 0:
                         if dep0 >= 0:
                             d_own[nd] = last
                             d_dep[nd] = dep0
+                            nd += 1
+                        if dep2 >= 0:
+                            d_own[nd] = last
+                            d_dep[nd] = dep2
                             nd += 1
                         if dep1 >= 0:
                             d_own[nd] = last

@@ -9,9 +9,9 @@ order, same work, same dependencies, same stream and profile numbering) in compi
 breakdown are the same bit for bit (tested against ``build_tasks`` + ``replay``).
 
 It is used only where the compiled loop is already loaded (``engine_jit``: a search, not a single
-``simulate``), for steps without DualPipe's overlapped pairs, with interference on; otherwise (and
-for a step whose replay is wrong: a deadlock, a bad work value) it returns None and the caller takes
-the Python path, which raises the error with the task's name. The timeline always comes from the
+``simulate``), with interference on; otherwise (and for a step whose replay is wrong: a deadlock, a
+bad work value) it returns None and the caller takes the Python path, which raises the error with the
+task's name. The timeline always comes from the
 Python path (it needs the tasks' names).
 """
 
@@ -22,7 +22,7 @@ from typing import Any, Callable
 from echo_plan.replay.interference import InterferenceModel
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.outcome import ReplayResult
-from echo_plan.replay.pipeline import Category, StepCosts, TaskInfo, _compute_kind
+from echo_plan.replay.pipeline import Category, StepCosts, TaskInfo, _compute_kind, _overlapped
 from echo_plan.replay.schedules import Pass, PipelineSchedule
 
 _PASS_CODE = {Pass.FORWARD: 0, Pass.BACKWARD: 1, Pass.INPUT_GRAD: 2, Pass.WEIGHT_GRAD: 3}
@@ -90,19 +90,34 @@ class _Info:
         return len(self.cat)
 
 
-def schedule_arrays(sched: PipelineSchedule) -> tuple | None:
-    """A schedule's actions and neighbours as arrays (None for DualPipe's overlapped pairs)."""
+def schedule_arrays(sched: PipelineSchedule) -> tuple:
+    """A schedule's actions and neighbours as arrays, and DualPipe's overlapped pairs: per action its
+    pair (an index into the returned (pass, chunk, next pass, next chunk) list, -1 for none) and role
+    (0 the paired forward, 1 the action that runs the rest of the pair), as ``build_tasks`` reads them."""
     import numpy as np
 
     pp, v = sched.pp, sched.virtual_stages
-    ptr, kind, chunk, mb = [0], [], [], []
+    ptr, kind, chunk, mb, pair, combo, role = [0], [], [], [], [], [], []
+    combos: dict[tuple[int, int, int, int], int] = {}
     for acts in sched.actions:
-        for a in acts:
-            if a.paired:
-                return None
+        rest = -1  # the pair whose rest the next action runs (build_tasks' pair_rest)
+        for k, a in enumerate(acts):
             kind.append(_PASS_CODE[a.kind])
             chunk.append(a.chunk)
             mb.append(a.microbatch)
+            if a.paired and k + 1 < len(acts):
+                nxt = acts[k + 1]
+                key = (_PASS_CODE[a.kind], a.chunk, _PASS_CODE[nxt.kind], nxt.chunk)
+                j = combos.setdefault(key, len(combos))
+                pair.append(1)
+                combo.append(j)
+                role.append(0)
+                rest = j
+            else:
+                pair.append(0)
+                combo.append(rest)
+                role.append(1)
+                rest = -1
         ptr.append(len(kind))
     nbr = np.full((4, pp, v), -1, dtype=np.int64)  # prev rank, prev chunk, next rank, next chunk
     for r in range(pp):
@@ -112,12 +127,14 @@ def schedule_arrays(sched: PipelineSchedule) -> tuple | None:
                 if rc is not None:
                     nbr[j, r, c], nbr[j + 1, r, c] = rc
     i64 = np.int64
+    act_rank = np.repeat(np.arange(pp, dtype=i64), np.diff(np.asarray(ptr, dtype=i64)))
     return (np.asarray(ptr, dtype=i64), np.asarray(kind, dtype=i64), np.asarray(chunk, dtype=i64),
-            np.asarray(mb, dtype=i64), nbr[0], nbr[1], nbr[2], nbr[3])
+            np.asarray(mb, dtype=i64), np.asarray(pair, dtype=i64), np.asarray(combo, dtype=i64),
+            np.asarray(role, dtype=i64), act_rank, nbr[0], nbr[1], nbr[2], nbr[3], tuple(combos))
 
 
 def replay_step(costs: StepCosts, interference: InterferenceModel,
-                arrays_of: Callable[[PipelineSchedule], tuple | None], make_tasks: Callable[[], Any]
+                arrays_of: Callable[[PipelineSchedule], tuple], make_tasks: Callable[[], Any]
                 ) -> StepArrays | None:
     """The replay of ``build_tasks(costs)`` under ``interference``, or None where the Python path must
     run (module docstring). ``arrays_of``: ``schedule_arrays``, or a cache of it."""
@@ -125,14 +142,13 @@ def replay_step(costs: StepCosts, interference: InterferenceModel,
         return None
     sched = costs.schedule
     arrays = arrays_of(sched)
-    if arrays is None:
-        return None
     import numpy as np
 
     from echo_plan.replay import engine_jit
 
     pp, v, m = sched.pp, sched.virtual_stages, sched.num_microbatches
-    act_ptr, act_kind, act_chunk, act_mb, prev_r, prev_c, next_r, next_c = arrays
+    act_ptr, act_kind, act_chunk, act_mb, act_pair, act_combo, act_role, act_rank, prev_r, prev_c, next_r, next_c, \
+        combos = arrays
     nslots = pp * 4 * v
     work_pc = [0.0] * nslots
     phases: list = [None] * nslots
@@ -158,13 +174,27 @@ def replay_step(costs: StepCosts, interference: InterferenceModel,
             b_ptr.append(len(b_params))
     if any(st.input_grad is None or st.weight_grad is None for st in costs.stages) and bool((act_kind >= 2).any()):
         return None  # split passes without their costs: the Python path raises
+    act_over = np.full(len(act_kind), -1, dtype=np.int64)
+    if combos:  # DualPipe: each pair's two overlapped costs (build_tasks' _overlapped) as slots of their own
+        for r, st in enumerate(costs.stages):
+            for j, (k1, c1, k2, c2) in enumerate(combos):
+                first, second = phases[(r * 4 + k1) * v + c1], phases[(r * 4 + k2) * v + c2]
+                if first is None or second is None:
+                    return None
+                saved = st.pair_saving_s[c1][c2] if st.pair_saving_s else 0.0
+                for ph in _overlapped(first, second, saved):
+                    phases.append(ph)
+                    work_pc.append(ph.work_s)
+        paired = act_combo >= 0
+        act_over[paired] = nslots + (act_rank[paired] * len(combos) + act_combo[paired]) * 2 + act_role[paired]
     scale = [costs.work_scale[r] if costs.work_scale else 1.0 for r in range(pp)]
     p2p = [costs.p2p_by_stage[r] if costs.p2p_by_stage else costs.p2p_s for r in range(pp)]
     opt = [st.optimizer_s * scale[r] for r, st in enumerate(costs.stages)]
     i64, f64 = np.int64, np.float64
     kb = _state["build"]
     ok, n, work, dev, skind, code, cat, islot, ishare, d_own, d_dep = kb.build(
-        pp, v, m, act_ptr, act_kind, act_chunk, act_mb, prev_r, prev_c, next_r, next_c, np.asarray(work_pc, dtype=f64),
+        pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, prev_r, prev_c, next_r, next_c,
+        np.asarray(work_pc, dtype=f64),
         np.asarray(b_ptr, dtype=i64), np.asarray(b_params, dtype=i64), np.asarray(b_reduce, dtype=f64),
         np.asarray(b_code, dtype=i64), np.asarray(b_gather, dtype=f64), np.asarray(p2p, dtype=f64),
         float(costs.p2p_recv_s), float(costs.tied_allreduce_s), np.asarray(opt, dtype=f64),
