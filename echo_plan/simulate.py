@@ -84,7 +84,7 @@ class SimulationMemo:
         return self._defaults["interference"]
 
     def default_compute(self, cluster: ClusterSpec) -> "ComputeModel":
-        key = ("compute", cluster.gpu.model_dump_json())
+        key = ("compute", cluster.model_dump_json())  # the GPU and the cluster's compute calibration
         if key not in self._defaults:
             from echo_plan.cost.kernel_db import compute_model_for
 

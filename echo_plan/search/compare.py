@@ -79,10 +79,12 @@ def run_compare(base: SearchConfig, sizes: list[int], factory_for: Callable[[Clu
     t0 = time.perf_counter()
     outcomes: list[tuple[int, SearchOutcome]] = []
     with _ray_for(base), _processes_for(base) as processes:  # one Ray or pool for every size
-        with _pruned_ahead(base, sizes, processes is not None or base.workers > 0 or bool(base.ray_address)) as pruned_for:
+        remote = processes is not None or base.workers > 0 or bool(base.ray_address)
+        memo = None if remote else _shared_memo()  # in-process: one memo for every size
+        with _pruned_ahead(base, sizes, remote) as pruned_for:
             for gpus in sizes:
                 outcomes.append((gpus, _search_size(base, gpus, factory_for, progress_for, processes,
-                                                    pruned_for(gpus))))
+                                                    pruned_for(gpus), memo)))
     return build_compare(base, outcomes, price_per_gpu_hour, time.perf_counter() - t0, failure_model)
 
 
@@ -128,13 +130,21 @@ def _processes_for(base: SearchConfig) -> Iterator[Any]:
         pool.close()
 
 
+def _shared_memo() -> Any:
+    """The SimulationMemo an in-process compare's sizes share (traces, schedules; its keys hold the
+    cluster, so no result of one size serves another)."""
+    from echo_plan.simulate import SimulationMemo
+
+    return SimulationMemo()
+
+
 def _prune_size(base: SearchConfig, gpus: int) -> PrunedSpace:
     return prune_for(replace(base, cluster=base.cluster.resized(gpus=gpus)))
 
 
 def _search_size(base: SearchConfig, gpus: int, factory_for: Callable[[ClusterSpec], EvaluatorFactory],
                  progress_for: Callable[[int], ProgressSink | None] | None, processes: Any = None,
-                 pruned: PrunedSpace | None = None) -> SearchOutcome:
+                 pruned: PrunedSpace | None = None, memo: Any = None) -> SearchOutcome:
     cluster = base.cluster.resized(gpus=gpus)
     config = replace(base, cluster=cluster)
     pruned = pruned if pruned is not None else _prune_size(base, gpus)
@@ -143,7 +153,7 @@ def _search_size(base: SearchConfig, gpus: int, factory_for: Callable[[ClusterSp
         return empty_outcome(config, f"no plan passes the checks on {gpus} GPUs ({counts})", pruned.total,
                              pruned.counts())
     progress = progress_for(gpus) if progress_for is not None else None
-    return run_search(config, factory_for(cluster), pruned=pruned, progress=progress, processes=processes)
+    return run_search(config, factory_for(cluster), pruned=pruned, progress=progress, processes=processes, memo=memo)
 
 
 def build_compare(base: SearchConfig, outcomes: list[tuple[int, SearchOutcome]], price: float | None,

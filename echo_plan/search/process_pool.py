@@ -2,11 +2,11 @@
 
 A search on one machine spends most of its time in the level-2 replay of candidate plans, one after
 another on one core. :class:`ProcessPool` runs them on N worker processes of this machine instead:
-each worker builds its own evaluator once per factory (so its level-1 memo grows over the search, as
-the in-process one does) and plans are handed out one at a time, so a slow plan does not hold back the
-others. Results come back, and ``on_done`` is called, in the order the plans were given, so the
-sampler sees exactly what it sees in-process: the same seed gives the same ranking with any number
-of processes.
+each worker builds its own evaluator once per factory, all of them keeping their results in one memo
+per worker (so the level-1 memo grows over the search, and over ``compare``'s sizes), and plans are
+handed out one at a time, so a slow plan does not hold back the others. Results come back, and
+``on_done`` is called, in the order the plans were given, so the sampler sees exactly what it sees
+in-process: the same seed gives the same ranking with any number of processes.
 
 Workers start from a fork server (``multiprocessing``'s ``forkserver``: a clean process that has
 imported nothing of this one, so no lock or thread of the parent is copied mid-use); they share the
@@ -60,6 +60,7 @@ def worker_context() -> Any:
 
 # -- the worker side: one evaluator per factory, for the life of the worker process --------------------
 _WORKER_EVALUATORS: dict[str, Any] = {}  # only ever filled inside a worker process
+_WORKER_MEMO: dict[str, Any] = {}  # likewise: the SimulationMemo its evaluators share (compare's sizes)
 
 
 def _factory_key(blob: bytes) -> str:
@@ -70,7 +71,17 @@ def _evaluate(job: tuple[str, bytes, PlanSpec]) -> Evaluation:
     key, blob, plan = job
     evaluator = _WORKER_EVALUATORS.get(key)
     if evaluator is None:
-        evaluator = _WORKER_EVALUATORS[key] = pickle.loads(blob).build()
+        factory = pickle.loads(blob)
+        sharing = getattr(factory, "build_sharing", None)
+        if sharing is None:
+            evaluator = factory.build()
+        else:
+            if "memo" not in _WORKER_MEMO:
+                from echo_plan.simulate import SimulationMemo
+
+                _WORKER_MEMO["memo"] = SimulationMemo()
+            evaluator = sharing(_WORKER_MEMO["memo"])
+        _WORKER_EVALUATORS[key] = evaluator
     return run_one(evaluator, plan)
 
 
