@@ -217,16 +217,18 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, schedule_shape, stack,
                       stage_timing, stage_comm)
 
+    prepared: dict = {}  # the compiled path's view of the stage costs, for every micro-batch count
+
     def replay_at(m: int) -> StepReplay:  # the stage costs do not depend on the micro-batch count
         costs = replace(base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, plan.virtual_stages,
                                                      base.schedule.times))
         if not timeline:  # compiled where the compiled loop is loaded (a search); same result as below
             from echo_plan.replay.pipeline_fast import replay_step
 
-            fast = replay_step(costs, interference, memo.schedule_arrays, lambda: build_tasks(costs).tasks)
+            fast = replay_step(costs, interference, memo.schedule_arrays, lambda: build_tasks(costs).tasks,
+                               prepared)
             if fast is not None:
-                rank = critical_rank(fast.result, plan.pp)
-                return StepReplay(m, fast.result.makespan_s, step_breakdown(fast, fast.result, rank), rank, fast.n)
+                return StepReplay(m, fast.makespan_s, fast.breakdown, fast.rank, fast.n)
         steps = build_tasks(costs)
         result = steps.replay(interference)
         rank = critical_rank(result, plan.pp)

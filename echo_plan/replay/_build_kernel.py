@@ -435,3 +435,109 @@ def graph(n, pp, dev, skind, d_own, d_dep, code, ncodes):
         if per_dev[d] > maxrun:
             maxrun = per_dev[d]
     return sid, keys[:ns], qptr, order, ndeps, dptr, didx, maxrun, codes[:nc]
+
+
+@njit(cache=True, nogil=True)
+def breakdown(pp, n, dev, skind, sid, keys, qptr, order, start, end, work, dep_end, dep_last, cat, islot, ishare,
+              ph_compute, ph_tp, ph_inter):
+    """``replay/breakdown.py``'s critical rank and step breakdown on the replay's arrays, with the same
+    floating-point operations in the same order. Returns (rank, step end of the rank, compute, tp,
+    pp, dp, bubble, interference, optimizer), and the previous task of each stream and the dependency
+    that released each task (``ReplayResult.prev_at`` / ``waited_at``)."""
+    ns = len(qptr) - 1
+    prev = np.full(n, -1, dtype=np.int64)
+    waited = np.full(n, -1, dtype=np.int64)
+    for s in range(ns):
+        prev_end = 0.0
+        for q in range(qptr[s], qptr[s + 1]):
+            i = order[q]
+            if q > qptr[s]:
+                prev[i] = order[q - 1]
+            j = dep_last[i]
+            if j >= 0 and dep_end[i] > prev_end:
+                waited[i] = j
+            prev_end = end[i]
+    dev_end = np.full(pp, -1.0)
+    has = np.zeros(pp, dtype=np.bool_)
+    for s in range(ns):
+        d = keys[s] // 5
+        e = end[order[qptr[s + 1] - 1]]
+        if not has[d] or e > dev_end[d]:
+            dev_end[d] = e
+            has[d] = True
+    rank = 0
+    best = dev_end[0] if has[0] else 0.0
+    for r in range(1, pp):
+        e = dev_end[r] if has[r] else 0.0
+        if e > best:
+            best = e
+            rank = r
+    step_end = dev_end[rank] if has[rank] else 0.0
+    cs = -1
+    for s in range(ns):
+        if keys[s] == rank * 5:
+            cs = s
+    compute = tp = pp_s = dp_s = bubble = inter = opt = 0.0
+    if cs >= 0:
+        for q in range(qptr[cs], qptr[cs + 1]):
+            i = order[q]
+            w = work[i]
+            actual = end[i] - start[i]
+            if cat[i] == 6:
+                opt += w
+            else:
+                sl = islot[i]
+                compute += ph_compute[sl] * ishare[i]
+                tp += ph_tp[sl] * ishare[i]
+                inter += ph_inter[sl] * ishare[i]
+            inter += actual - w
+        # the gaps of the compute stream, each with the task it waited on (idle_intervals)
+        cursor0 = 0.0
+        ngap = 0
+        g_start = np.zeros(qptr[cs + 1] - qptr[cs] + 1)
+        g_end = np.zeros(qptr[cs + 1] - qptr[cs] + 1)
+        g_wait = np.zeros(qptr[cs + 1] - qptr[cs] + 1, dtype=np.int64)
+        g_next = np.zeros(qptr[cs + 1] - qptr[cs] + 1, dtype=np.int64)
+        for q in range(qptr[cs], qptr[cs + 1]):
+            i = order[q]
+            s0 = start[i]
+            if s0 > cursor0:
+                g_start[ngap] = cursor0
+                g_end[ngap] = s0
+                g_wait[ngap] = waited[i]
+                g_next[ngap] = i
+                ngap += 1
+            e = end[i]
+            cursor0 = cursor0 if cursor0 >= e else e
+        if step_end > cursor0:
+            g_start[ngap] = cursor0
+            g_end[ngap] = step_end
+            g_wait[ngap] = -1
+            g_next[ngap] = -1
+            ngap += 1
+        for g in range(ngap):
+            gap_start = g_start[g]
+            cursor = g_end[g]
+            if g_next[g] < 0:  # after the optimizer: the rank's task that ends last (the first such)
+                x = -1
+                for i in range(n):
+                    if dev[i] == rank and (x < 0 or end[i] > end[x]):
+                        x = i
+            else:
+                x = g_wait[g]
+            while x >= 0 and cursor > gap_start:
+                c = cat[x]
+                if c != 4 and c != 5:
+                    break
+                s0 = start[x]
+                seg = s0 if s0 >= gap_start else gap_start
+                if c == 4:
+                    pp_s += cursor - seg
+                else:
+                    dp_s += cursor - seg
+                cursor = seg
+                released = waited[x]
+                x = released if released >= 0 else prev[x]
+            if cursor > gap_start:
+                bubble += cursor - gap_start
+    return rank, step_end, compute, tp, pp_s, dp_s, bubble, inter, opt, prev, waited

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from echo_plan.replay.interference import InterferenceModel
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.outcome import ReplayResult
+from echo_plan.replay.results import Breakdown
 from echo_plan.replay.pipeline import Category, StepCosts, TaskInfo, _compute_kind, _overlapped
 from echo_plan.replay.schedules import Pass, PipelineSchedule
 
@@ -60,14 +61,28 @@ def expect_many() -> None:
     available()
 
 
-class StepArrays:
-    """A replayed step in array form, with what ``step_breakdown`` reads: ``info`` (built per task on
-    demand) and the replay as a :class:`ReplayResult` (``make_tasks`` names the tasks if asked)."""
+class FastStep:
+    """A replayed step: its task count, makespan, critical rank and breakdown (what the steady state
+    reads), and the replay's arrays, from which ``result()`` and ``info`` give what ``replay`` and
+    ``build_tasks`` give (for tests and checks; the search never asks)."""
 
-    __slots__ = ("n", "info", "result")
+    __slots__ = ("n", "makespan_s", "rank", "breakdown", "_arrays", "info", "_make_tasks")
 
-    def __init__(self, n: int, info: "_Info", result: ReplayResult) -> None:
-        self.n, self.info, self.result = n, info, result
+    def __init__(self, n: int, makespan_s: float, rank: int, breakdown: Breakdown, arrays: tuple, info: "_Info",
+                 make_tasks: Callable[[], Any]) -> None:
+        self.n, self.makespan_s, self.rank, self.breakdown = n, makespan_s, rank, breakdown
+        self._arrays, self.info, self._make_tasks = arrays, info, make_tasks
+
+    def result(self) -> ReplayResult:
+        start, end, work, keys, qptr, order, prev, waited = self._arrays
+        order_l, qp = order.tolist(), qptr.tolist()
+        queues = [order_l[qp[s]:qp[s + 1]] for s in range(len(qp) - 1)]
+        stream_keys = [(k // 5, _STREAMS[k % 5]) for k in keys.tolist()]
+        result = ReplayResult(self._make_tasks, range(self.n), start.tolist(), end.tolist(), work.tolist(), [], [],
+                              stream_keys, queues)
+        result._lazy["waited_at"] = waited.tolist()
+        result._lazy["prev_at"] = prev.tolist()
+        return result
 
 
 class _Info:
@@ -134,48 +149,35 @@ def schedule_arrays(sched: PipelineSchedule) -> tuple:
 
 
 def replay_step(costs: StepCosts, interference: InterferenceModel,
-                arrays_of: Callable[[PipelineSchedule], tuple], make_tasks: Callable[[], Any]
-                ) -> StepArrays | None:
+                arrays_of: Callable[[PipelineSchedule], tuple], make_tasks: Callable[[], Any],
+                prepared: dict | None = None) -> FastStep | None:
     """The replay of ``build_tasks(costs)`` under ``interference``, or None where the Python path must
-    run (module docstring). ``arrays_of``: ``schedule_arrays``, or a cache of it."""
+    run (module docstring). ``arrays_of``: ``schedule_arrays``, or a cache of it; ``prepared``: a dict
+    kept by the caller across replays of the same stage costs at other micro-batch counts."""
     if interference.is_none or not available():
         return None
-    sched = costs.schedule
-    arrays = arrays_of(sched)
     import numpy as np
 
     from echo_plan.replay import engine_jit
 
+    sched = costs.schedule
     pp, v, m = sched.pp, sched.virtual_stages, sched.num_microbatches
     act_ptr, act_kind, act_chunk, act_mb, act_pair, act_combo, act_role, act_rank, prev_r, prev_c, next_r, next_c, \
-        combos = arrays
+        combos = arrays_of(sched)
+    stage = prepared.get("stage") if prepared is not None else None
+    if stage is None or stage[0] is not costs.stages or stage[1] != (pp, v):
+        stage = (costs.stages, (pp, v), _stage_arrays(costs, pp, v))
+        if prepared is not None:
+            prepared["stage"] = stage
+    if stage[2] is None:
+        return None
     nslots = pp * 4 * v
-    work_pc = [0.0] * nslots
-    phases: list = [None] * nslots
-    b_ptr, b_params, b_reduce, b_code, b_gather = [0], [], [], [], []
-    for r, st in enumerate(costs.stages):
-        for kd, per_chunk in ((0, st.forward), (1, st.backward), (2, st.input_grad), (3, st.weight_grad)):
-            if per_chunk is None:
-                continue
-            for c in range(v):
-                ph = per_chunk[c]
-                phases[(r * 4 + kd) * v + c] = ph
-                work_pc[(r * 4 + kd) * v + c] = ph.work_s
-        go = costs.overlap_param_gather and any(b.gather_s > 0 for bs in st.buckets for b in bs)
-        for c in range(v):
-            bs = st.buckets[c]
-            if go and not bs:
-                return None  # a chunk without buckets beside ones with a gather: the Python path's case
-            for b in bs:
-                b_params.append(b.params)
-                b_reduce.append(b.reduce_s)
-                b_code.append(_KIND_CODE[b.reduce_kind])
-                b_gather.append(b.gather_s)
-            b_ptr.append(len(b_params))
+    work_pc, phases, ph_arrays, b_arrays, per_rank = stage[2]
     if any(st.input_grad is None or st.weight_grad is None for st in costs.stages) and bool((act_kind >= 2).any()):
         return None  # split passes without their costs: the Python path raises
     act_over = np.full(len(act_kind), -1, dtype=np.int64)
     if combos:  # DualPipe: each pair's two overlapped costs (build_tasks' _overlapped) as slots of their own
+        phases, work_l = list(phases), work_pc.tolist()
         for r, st in enumerate(costs.stages):
             for j, (k1, c1, k2, c2) in enumerate(combos):
                 first, second = phases[(r * 4 + k1) * v + c1], phases[(r * 4 + k2) * v + c2]
@@ -184,23 +186,16 @@ def replay_step(costs: StepCosts, interference: InterferenceModel,
                 saved = st.pair_saving_s[c1][c2] if st.pair_saving_s else 0.0
                 for ph in _overlapped(first, second, saved):
                     phases.append(ph)
-                    work_pc.append(ph.work_s)
+                    work_l.append(ph.work_s)
+        work_pc = np.asarray(work_l, dtype=np.float64)
+        ph_arrays = _phase_arrays(phases)
         paired = act_combo >= 0
         act_over[paired] = nslots + (act_rank[paired] * len(combos) + act_combo[paired]) * 2 + act_role[paired]
-    scale = [costs.work_scale[r] if costs.work_scale else 1.0 for r in range(pp)]
-    p2p = [costs.p2p_by_stage[r] if costs.p2p_by_stage else costs.p2p_s for r in range(pp)]
-    opt = [st.optimizer_s * scale[r] for r, st in enumerate(costs.stages)]
-    i64, f64 = np.int64, np.float64
     kb = _state["build"]
     ok, n, work, dev, skind, code, cat, islot, ishare, d_own, d_dep = kb.build(
-        pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, prev_r, prev_c, next_r, next_c,
-        np.asarray(work_pc, dtype=f64),
-        np.asarray(b_ptr, dtype=i64), np.asarray(b_params, dtype=i64), np.asarray(b_reduce, dtype=f64),
-        np.asarray(b_code, dtype=i64), np.asarray(b_gather, dtype=f64), np.asarray(p2p, dtype=f64),
-        float(costs.p2p_recv_s), float(costs.tied_allreduce_s), np.asarray(opt, dtype=f64),
-        np.asarray(scale, dtype=f64), bool(costs.overlap_grad_reduce), bool(costs.overlap_param_gather),
-        bool(costs.sync_p2p), _KIND_CODE[TaskKind.P2P], _KIND_CODE[TaskKind.ALL_GATHER], _KIND_CODE[TaskKind.MEMORY],
-        _KIND_CODE[TaskKind.ALL_REDUCE], nslots)
+        pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, prev_r, prev_c, next_r, next_c, work_pc,
+        *b_arrays, *per_rank[:3], *per_rank[3:], _KIND_CODE[TaskKind.P2P], _KIND_CODE[TaskKind.ALL_GATHER],
+        _KIND_CODE[TaskKind.MEMORY], _KIND_CODE[TaskKind.ALL_REDUCE], nslots)
     if not ok or not (n == 0 or (np.isfinite(work).all() and (work >= 0.0).all())):
         return None
     sid, keys, qptr, order, ndeps, dptr, didx, maxrun, codes = kb.graph(n, pp, dev, skind, d_own, d_dep, code,
@@ -208,7 +203,7 @@ def replay_step(costs: StepCosts, interference: InterferenceModel,
     # interference profiles, numbered in order of first use (as engine._profiles numbers them)
     profile_ids: dict[tuple, int] = {}
     profiles: list[tuple] = []
-    pid_of = np.zeros(nslots + len(_KINDS), dtype=i64)
+    pid_of = np.zeros(nslots + len(_KINDS), dtype=np.int64)
     for cd in codes.tolist():
         if cd < nslots:
             ph = phases[cd]
@@ -234,24 +229,59 @@ def replay_step(costs: StepCosts, interference: InterferenceModel,
         order, len(profiles), factor_of)
     if left.any() or bool((qptr[:-1] + head < qptr[1:]).any()):
         return None  # a deadlock: the Python path names the task
-    # the position lists the breakdown walks: the previous task of each stream, and which dependency
-    # (not the stream) set each start
-    firsts = qptr[:-1]
-    prev_o = np.empty(n, dtype=i64)
-    prev_o[1:] = order[:-1]
-    prev_o[firsts] = -1
-    prev = np.empty(n, dtype=i64)
-    prev[order] = prev_o
-    prev_end = np.where(prev >= 0, end[prev], 0.0)
-    waited = np.where((dep_last >= 0) & (dep_end > prev_end), dep_last, -1)
-    order_l, qp = order.tolist(), qptr.tolist()
-    queues = [order_l[qp[s]:qp[s + 1]] for s in range(len(qp) - 1)]
-    stream_keys = [(k // 5, _STREAMS[k % 5]) for k in keys.tolist()]
-    result = ReplayResult(make_tasks, range(n), start.tolist(), end.tolist(), work.tolist(), [], [], stream_keys,
-                          queues)
-    result._lazy["waited_at"] = waited.tolist()
-    result._lazy["prev_at"] = prev.tolist()
-    return StepArrays(n, _Info(cat, dev, islot, ishare, phases), result)
+    rank, _, *parts, prev, waited = kb.breakdown(pp, n, dev, skind, sid, keys, qptr, order, start, end, work, dep_end,
+                                                 dep_last, cat, islot, ishare, *ph_arrays)
+    return FastStep(n, float(end.max()) if n else 0.0, int(rank), Breakdown(*(float(x) for x in parts)),
+                    (start, end, work, keys, qptr, order, prev, waited), _Info(cat, dev, islot, ishare, phases),
+                    make_tasks)
+
+
+def _stage_arrays(costs: StepCosts, pp: int, v: int) -> tuple | None:
+    """What the builder reads of the stage costs (the same at every micro-batch count), or None where
+    the Python path must run."""
+    import numpy as np
+
+    i64, f64 = np.int64, np.float64
+    nslots = pp * 4 * v
+    work_pc = [0.0] * nslots
+    phases: list = [None] * nslots
+    b_ptr, b_params, b_reduce, b_code, b_gather = [0], [], [], [], []
+    for r, st in enumerate(costs.stages):
+        for kd, per_chunk in ((0, st.forward), (1, st.backward), (2, st.input_grad), (3, st.weight_grad)):
+            if per_chunk is None:
+                continue
+            for c in range(v):
+                ph = per_chunk[c]
+                phases[(r * 4 + kd) * v + c] = ph
+                work_pc[(r * 4 + kd) * v + c] = ph.work_s
+        go = costs.overlap_param_gather and any(b.gather_s > 0 for bs in st.buckets for b in bs)
+        for c in range(v):
+            bs = st.buckets[c]
+            if go and not bs:
+                return None  # a chunk without buckets beside ones with a gather: the Python path's case
+            for b in bs:
+                b_params.append(b.params)
+                b_reduce.append(b.reduce_s)
+                b_code.append(_KIND_CODE[b.reduce_kind])
+                b_gather.append(b.gather_s)
+            b_ptr.append(len(b_params))
+    scale = [costs.work_scale[r] if costs.work_scale else 1.0 for r in range(pp)]
+    p2p = [costs.p2p_by_stage[r] if costs.p2p_by_stage else costs.p2p_s for r in range(pp)]
+    opt = [st.optimizer_s * scale[r] for r, st in enumerate(costs.stages)]
+    b_arrays = (np.asarray(b_ptr, dtype=i64), np.asarray(b_params, dtype=i64), np.asarray(b_reduce, dtype=f64),
+                np.asarray(b_code, dtype=i64), np.asarray(b_gather, dtype=f64))
+    per_rank = (np.asarray(p2p, dtype=f64), float(costs.p2p_recv_s), float(costs.tied_allreduce_s),
+                np.asarray(opt, dtype=f64), np.asarray(scale, dtype=f64), bool(costs.overlap_grad_reduce),
+                bool(costs.overlap_param_gather), bool(costs.sync_p2p))
+    return np.asarray(work_pc, dtype=f64), phases, _phase_arrays(phases), b_arrays, per_rank
+
+
+def _phase_arrays(phases: list) -> tuple:
+    """Per cost slot: compute, exposed TP communication and interference seconds (0 for an empty slot)."""
+    import numpy as np
+
+    return tuple(np.asarray([getattr(ph, name) if ph is not None else 0.0 for ph in phases], dtype=np.float64)
+                 for name in ("compute_s", "tp_comm_exposed_s", "interference_s"))
 
 
 def _profile(kind: TaskKind, mix) -> tuple | None:

@@ -50,14 +50,15 @@ def assert_same(costs, interference):
     steps, slow = python_replay(costs, interference)
     assert fast is not None
     assert fast.n == len(steps.work)
-    r = fast.result
+    r = fast.result()
     assert r.work_at == slow.work_at
     assert r.start_at == slow.start_at and r.end_at == slow.end_at
     assert r.waited_at == slow.waited_at and r.prev_at == slow.prev_at
     assert r.streams == slow.streams
-    rank = critical_rank(r, costs.schedule.pp)
-    assert rank == critical_rank(slow, costs.schedule.pp)
-    assert step_breakdown(fast, r, rank) == step_breakdown(steps, slow, rank)
+    rank = critical_rank(slow, costs.schedule.pp)
+    assert fast.rank == rank and fast.makespan_s == slow.makespan_s
+    assert fast.breakdown == step_breakdown(steps, slow, rank)  # the compiled breakdown
+    assert step_breakdown(fast, r, rank) == fast.breakdown
     assert [fast.info[i] for i in range(fast.n)] == list(steps.info)
     assert r.tasks == steps.tasks  # names on demand, from the Python build
 
