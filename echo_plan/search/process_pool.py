@@ -4,9 +4,9 @@ A search on one machine spends most of its time in the level-2 replay of candida
 another on one core. :class:`ProcessPool` runs them on N worker processes of this machine instead:
 each worker builds its own evaluator once per factory, all of them keeping their results in one memo
 per worker (so the level-1 memo grows over the search, and over ``compare``'s sizes), and plans are
-handed out one at a time, so a slow plan does not hold back the others. Results come back, and
-``on_done`` is called, in the order the plans were given, so the sampler sees exactly what it sees
-in-process: the same seed gives the same ranking with any number of processes.
+handed out one at a time (the slowest-looking first), so a slow plan does not hold back the others.
+Results come back, and ``on_done`` is called, in the order the plans were given, so the sampler sees
+exactly what it sees in-process: the same seed gives the same ranking with any number of processes.
 
 Workers start from a fork server (``multiprocessing``'s ``forkserver``: a clean process that has
 imported nothing of this one, so no lock or thread of the parent is copied mid-use); they share the
@@ -96,6 +96,15 @@ def _warm(_: int) -> int:
     return os.getpid()
 
 
+def replay_size(plan: PlanSpec) -> int:
+    """About how many level-2 tasks simulating ``plan`` replays (a guess, only to hand the slowest plans of
+    a round out first, so that the round does not wait for one started last): per pipeline rank and
+    model chunk, a forward and a backward per micro-batch replayed, and the steady state replays 9 pp
+    micro-batches when that is fewer (replay/steady.py)."""
+    m = plan.num_microbatches
+    return plan.pp * plan.virtual_stages * (9 * plan.pp if plan.pp > 1 and 9 * plan.pp < m else m)
+
+
 class ProcessPool:
     """N local worker processes shared by every search that binds to it (``compare`` binds each size)."""
 
@@ -130,7 +139,9 @@ class ProcessPool:
         key = _factory_key(blob)
         out: list[Evaluation] = []
         try:
-            futures = [self._executor.submit(_evaluate, (key, blob, p)) for p in plans]
+            futures: list[Any] = [None] * len(plans)
+            for i in sorted(range(len(plans)), key=lambda i: -replay_size(plans[i])):  # the slowest first
+                futures[i] = self._executor.submit(_evaluate, (key, blob, plans[i]))
             for fut in futures:
                 ev = fut.result()
                 on_done(len(out), ev)
