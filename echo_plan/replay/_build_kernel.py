@@ -14,6 +14,8 @@ gives its TaskKind.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 from numba import njit
 
@@ -541,3 +543,117 @@ def breakdown(pp, n, dev, skind, sid, keys, qptr, order, start, end, work, dep_e
             if cursor > gap_start:
                 bubble += cursor - gap_start
     return rank, step_end, compute, tp, pp_s, dp_s, bubble, inter, opt, prev, waited
+
+
+@njit(cache=True, nogil=True)
+def _before(a0, a1, a2, a3, b0, b1, b2, b3):
+    """(a0, a1, a2, a3) < (b0, b1, b2, b3), as Python compares tuples."""
+    if a0 != b0:
+        return a0 < b0
+    if a1 != b1:
+        return a1 < b1
+    if a2 != b2:
+        return a2 < b2
+    return a3 < b3
+
+
+@njit(cache=True, nogil=True)
+def zb_v(pp, m, tf, tb, tw):
+    """``schedules_zb._zb_v``'s list schedule (same picks, same float operations, same heap order).
+    Returns per rank the actions as (pass code 0 F / 2 Bi / 3 W, micro-batch, chunk) rows, and ok."""
+    nst = 2 * pp
+    inf = np.inf
+    f_end = np.full((nst, m), inf)
+    b_end = np.full((nst, m), inf)
+    next_f = np.zeros((pp, 2), dtype=np.int64)
+    next_b = np.zeros((pp, 2), dtype=np.int64)
+    held = np.zeros(pp, dtype=np.int64)
+    pend = np.zeros((pp, 2 * m, 2), dtype=np.int64)  # FIFO of (micro-batch, chunk) per rank
+    p_head = np.zeros(pp, dtype=np.int64)
+    p_tail = np.zeros(pp, dtype=np.int64)
+    out = np.zeros((pp, 6 * m, 3), dtype=np.int64)
+    nout = np.zeros(pp, dtype=np.int64)
+    left = np.full(pp, 6 * m, dtype=np.int64)
+    cap = 2 * pp
+    heap = [(0.0, 0, r) for r in range(pp)]
+    blocked = np.zeros(pp + 2, dtype=np.bool_)  # index x + 1
+    spins = 0
+    while len(heap) > 0:
+        now, was_waiting, r = heapq.heappop(heap)
+        end = now
+        found = False
+        b0 = b1 = b2 = b3 = 0  # the best (priority, micro-batch, -stage, chunk)
+        soon = inf
+        for c in range(2):
+            k = r if c == 0 else nst - 1 - r
+            i = next_b[r, c]
+            if i < m:
+                ready = f_end[k, i]
+                if k < nst - 1 and b_end[k + 1, i] > ready:
+                    ready = b_end[k + 1, i]
+                if ready <= now:
+                    if not found or _before(0, i, -k, c, b0, b1, b2, b3):
+                        b0, b1, b2, b3 = 0, i, -k, c
+                        found = True
+                elif ready < soon:
+                    soon = ready
+            i = next_f[r, c]
+            if i < m and held[r] < cap - (1 - c):
+                ready = f_end[k - 1, i] if k > 0 else 0.0
+                if ready <= now:
+                    if not found or _before(1, i, -k, c, b0, b1, b2, b3):
+                        b0, b1, b2, b3 = 1, i, -k, c
+                        found = True
+                elif ready < soon:
+                    soon = ready
+        if found:
+            i, c = b1, b3
+            if b0 == 0:
+                out[r, nout[r], 0] = 2
+                b_end[-b2, i] = now + tb
+                next_b[r, c] += 1
+                pend[r, p_tail[r], 0] = i
+                pend[r, p_tail[r], 1] = c
+                p_tail[r] += 1
+                end = now + tb
+            else:
+                out[r, nout[r], 0] = 0
+                f_end[-b2, i] = now + tf
+                next_f[r, c] += 1
+                held[r] += 1
+                end = now + tf
+            out[r, nout[r], 1] = i
+            out[r, nout[r], 2] = c
+            nout[r] += 1
+        elif p_head[r] < p_tail[r]:
+            i = pend[r, p_head[r], 0]
+            c = pend[r, p_head[r], 1]
+            p_head[r] += 1
+            out[r, nout[r], 0] = 3
+            out[r, nout[r], 1] = i
+            out[r, nout[r], 2] = c
+            nout[r] += 1
+            held[r] -= 1
+            end = now + tw
+        else:
+            spins += 1
+            if spins > 64 * (6 * m * pp + pp):
+                return out, nout, False
+            if soon < inf:
+                heapq.heappush(heap, (soon, 0, r))
+            else:
+                blocked[r + 1] = True
+                if len(heap) == 0:
+                    return out, nout, False
+            continue
+        for x in (r - 1, r + 1):
+            if blocked[x + 1]:
+                blocked[x + 1] = False
+                heapq.heappush(heap, (now, 1, x))
+        left[r] -= 1
+        if left[r]:
+            heapq.heappush(heap, (end, 0, r))
+    for r in range(pp):
+        if left[r]:
+            return out, nout, False
+    return out, nout, True

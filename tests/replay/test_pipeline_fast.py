@@ -95,3 +95,13 @@ def test_split_passes_without_their_costs_go_to_python():
     bare = replace(costs, stages=tuple(replace(s, input_grad=None, weight_grad=None) for s in costs.stages))
     assert pipeline_fast.replay_step(bare, load_interference(None), pipeline_fast.schedule_arrays,
                                      lambda: build_tasks(bare).tasks) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(pp=st.integers(2, 12), mult=st.integers(1, 6), extra=st.integers(0, 3),
+       times=st.tuples(*[st.sampled_from([1.0, 0.5, 2.0, 0.37, 1.61])] * 3))
+def test_compiled_zb_v_order_is_the_python_one(pp, mult, extra, times):
+    from echo_plan.replay.schedules_zb import _zb_v, _zb_v_compiled
+
+    m = pp * mult + extra
+    assert _zb_v_compiled(pp, m, times) == _zb_v(pp, m, times)
