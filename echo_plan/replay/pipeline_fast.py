@@ -44,13 +44,42 @@ def available() -> bool:
     if engine_jit._mode() == "off" or engine_jit._state.get("kernel") is None:
         return False
     if "build" not in _state:
-        try:
-            from echo_plan.replay import _build_kernel
-
-            _state["build"] = _build_kernel
-        except Exception:  # noqa: BLE001 - Numba cannot compile or load it here: the Python path runs
-            _state["build"] = None
+        _state["build"] = _load()
     return _state["build"] is not None
+
+
+def _load() -> Any:
+    """The builder module, checked on a small step against the Python path (which also compiles it, or
+    loads it from Numba's cache); None, with a warning, where it cannot run: the Python path is used."""
+    import warnings
+
+    try:
+        from echo_plan.replay import _build_kernel
+
+        _state["build"] = _build_kernel
+        from echo_plan.replay.interference import load_interference
+        from echo_plan.replay.pipeline import DpBucket, PhaseCost, StageCosts, build_tasks
+        from echo_plan.replay.schedules import build_schedule
+        from echo_plan.replay.schedules_zb import _zb_v
+        from echo_plan.specs.plan import Schedule
+
+        ph = PhaseCost(1.0, 0.8, 0.1, 0.1, ((TaskKind.GEMM, 0.7), (TaskKind.MEMORY, 0.3)))
+        bucket = DpBucket(10, 0.2, TaskKind.REDUCE_SCATTER, 0.1)
+        stage = StageCosts((ph,), (ph,), ("layers",), ((bucket, bucket),), 0.1)
+        costs = StepCosts(build_schedule(Schedule.ONE_F_ONE_B, 2, 4, 1), (stage, stage), 0.05, 0.02)
+        model = load_interference(None)
+        fast = replay_step(costs, model, schedule_arrays, lambda: build_tasks(costs).tasks)
+        slow = build_tasks(costs).replay(model)
+        out, nout, ok = _build_kernel.zb_v(2, 4, 1.0, 1.5, 0.5)
+        if fast is None or fast.result().end_at != slow.end_at or not ok or int(nout.sum()) != sum(
+                map(len, _zb_v(2, 4, (1.0, 1.5, 0.5)))):
+            raise RuntimeError("the compiled level-2 build differs from build_tasks on a check step")
+        return _build_kernel
+    except Exception as exc:  # noqa: BLE001 - anything Numba raises here means: use the Python path
+        warnings.warn(f"echo-plan: the compiled level-2 build cannot be used ({type(exc).__name__}: {exc}); "
+                      "using the Python build, which gives the same results more slowly", RuntimeWarning,
+                      stacklevel=3)
+        return None
 
 
 def expect_many() -> None:

@@ -105,3 +105,17 @@ def test_compiled_zb_v_order_is_the_python_one(pp, mult, extra, times):
 
     m = pp * mult + extra
     assert _zb_v_compiled(pp, m, times) == _zb_v(pp, m, times)
+
+
+def test_a_builder_that_cannot_run_leaves_the_python_path_with_a_warning(monkeypatch):
+    from echo_plan.replay import _build_kernel
+
+    def broken(*args):
+        raise RuntimeError("cannot compile here")
+    monkeypatch.setattr(_build_kernel, "build", broken)
+    monkeypatch.setattr(pipeline_fast, "_state", {})
+    with pytest.warns(RuntimeWarning, match="Python build"):
+        assert not pipeline_fast.available()
+    costs = make_costs(pp=2, m=4)
+    assert pipeline_fast.replay_step(costs, load_interference(None), pipeline_fast.schedule_arrays,
+                                     lambda: build_tasks(costs).tasks) is None
