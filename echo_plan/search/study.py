@@ -248,10 +248,12 @@ class _Search:
             return RayPool(self.factory, self.config.workers or None, self.config.ray_address)
         if self.shared_processes is not None:
             return self.shared_processes.bind(self.factory)
-        from echo_plan.search.process_pool import auto_processes, own_pool
+        from echo_plan.search.process_pool import MIN_PLANS_FOR_PROCESSES, auto_processes, own_pool
 
         n = self.config.processes if self.config.processes is not None else auto_processes(plans_left)
-        return own_pool(self.factory, n) if n > 1 else LocalPool(self.factory, self.shared_memo)
+        if n > 1:
+            return own_pool(self.factory, n)
+        return LocalPool(self.factory, self.shared_memo, many=plans_left >= MIN_PLANS_FOR_PROCESSES)
 
     def _incumbent(self) -> Verdict | None:
         """The candidate of the fastest fitting plan simulated so far (the first such on a tie)."""
