@@ -101,7 +101,7 @@ def _pruned_ahead(base: SearchConfig, sizes: list[int], ahead: bool) -> Iterator
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="echo-plan-prune")
     futures = {gpus: executor.submit(_prune_size, base, gpus) for gpus in sizes}
     try:
-        yield lambda gpus: futures[gpus].result()
+        yield lambda gpus: futures.pop(gpus).result()  # each size's checks are let go once it ran
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
 
