@@ -47,6 +47,7 @@ class SimulationMemo:
         self._layers: dict[tuple, Any] = {}
         self._comm: dict[tuple, float] = {}
         self._schedules: dict[tuple, Any] = {}
+        self._schedule_arrays: dict[int, tuple] = {}  # id(schedule) -> (schedule, its arrays)
         self._defaults: dict[str, Any] = {}
         self.layer_hits = 0
         self.layer_misses = 0
@@ -66,6 +67,15 @@ class SimulationMemo:
             self._schedules[key] = sched
         return sched
 
+    def schedule_arrays(self, sched):
+        """``pipeline_fast.schedule_arrays`` of a schedule, kept with it."""
+        hit = self._schedule_arrays.get(id(sched))
+        if hit is None or hit[0] is not sched:
+            from echo_plan.replay.pipeline_fast import schedule_arrays
+
+            hit = self._schedule_arrays[id(sched)] = (sched, schedule_arrays(sched))
+        return hit[1]
+
     def default_stack(self) -> SoftwareSpec:
         if "stack" not in self._defaults:
             from echo_plan.specs.presets import load_stack
@@ -81,7 +91,7 @@ class SimulationMemo:
         return self._defaults["interference"]
 
     def default_compute(self, cluster: ClusterSpec) -> "ComputeModel":
-        key = ("compute", cluster.gpu.model_dump_json())
+        key = ("compute", cluster.model_dump_json())  # the GPU and the cluster's compute calibration
         if key not in self._defaults:
             from echo_plan.cost.kernel_db import compute_model_for
 
@@ -216,9 +226,18 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, schedule_shape, stack,
                       stage_timing, stage_comm)
 
+    prepared: dict = {}  # the compiled path's view of the stage costs, for every micro-batch count
+
     def replay_at(m: int) -> StepReplay:  # the stage costs do not depend on the micro-batch count
         costs = replace(base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, plan.virtual_stages,
                                                      base.schedule.times, paired))
+        if not timeline:  # compiled where the compiled loop is loaded (a search); same result as below
+            from echo_plan.replay.pipeline_fast import replay_step
+
+            fast = replay_step(costs, interference, memo.schedule_arrays, lambda: build_tasks(costs).tasks,
+                               prepared)
+            if fast is not None:
+                return StepReplay(m, fast.makespan_s, fast.breakdown, fast.rank, fast.n)
         steps = build_tasks(costs)
         result = steps.replay(interference)
         rank = critical_rank(result, plan.pp)

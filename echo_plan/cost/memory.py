@@ -367,17 +367,29 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
         profile = held_profile(plan.schedule, plan.pp, profile_microbatches(plan.schedule, plan.pp,
                                                                            plan.num_microbatches), plan.virtual_stages)
     stage_counts = all_stage_kind_counts(model, plan)
+    split_of: dict[tuple, tuple[int, int]] = {}  # stages with the same layers and ends hold the same parameters
+
+    def params_split(stage: int) -> tuple[int, int]:
+        counts = stage_counts[stage]
+        key = (tuple(counts.items()), stage == 0, stage == plan.pp - 1)
+        hit = split_of.get(key)
+        if hit is None:
+            hit = split_of[key] = stage_params_split(model, plan, stage, counts)
+        return hit
+
+    walk_cache: dict = {}
     for i in range(plan.pp):
         counts = stage_counts[i]
-        dense, experts = stage_params_split(model, plan, i, counts)
+        dense, experts = params_split(i)
         if dual:  # the reverse direction's copy of stage pp - 1 - i
-            d2, e2 = stage_params_split(model, plan, plan.pp - 1 - i, stage_counts[plan.pp - 1 - i])
+            d2, e2 = params_split(plan.pp - 1 - i)
             dense, experts = dense + d2, experts + e2
         params = dense + experts
         optimizer = dense * o_b / shard + experts * o_b / eshard
         grads = (dense * g_b / shard + experts * g_b / eshard) if shard_grads else params * g_b
         if sched is not None:
-            act = walk_stage(model, plan, sched, profile[i], i, saved, first, retained, embed_saved, output_saved)
+            act = walk_stage(model, plan, sched, profile[i], i, saved, first, retained, embed_saved, output_saved,
+                             walk_cache)
         else:
             chunks_held = inflight_chunk_passes(plan, i)
             act = sum(saved.get(k, first)[0] * n for k, n in counts.items()) / v * chunks_held

@@ -92,18 +92,30 @@ def profile_peak(profile: tuple[tuple[int, ...], ...], held: list[float], retain
 
 
 def walk_stage(model: ModelSpec, plan: PlanSpec, sched, profile, rank: int, saved, first, retained,
-                embed_saved: int, output_saved: int) -> float:
-    """Activations of one rank of a schedule that splits the backward: the peak of its action list."""
+                embed_saved: int, output_saved: int, cache: dict | None = None) -> float:
+    """Activations of one rank of a schedule that splits the backward: the peak of its action list.
+    ``cache``: a dict the caller keeps across the ranks of one plan (its layer split, once)."""
     from echo_plan.replay.layer_mix import kind_counts
 
-    per_vs = plan.virtual_layers(model.num_layers)
+    cache = cache if cache is not None else {}
+    split = cache.get("split")
+    if split is None:
+        per = plan.virtual_layers(model.num_layers)
+        starts = [0]
+        for n in per:
+            starts.append(starts[-1] + n)
+        split = cache["split"] = (per, starts, {})
+    per_vs, starts, kinds_of = split
     by_kind, emb_keep, out_keep = retained
     held, kept = [], []
     for c in range(sched.virtual_stages):
         vs = sched.virtual_stage(rank, c)
-        start = sum(per_vs[:vs])
+        start = starts[vs]
+        kinds = kinds_of.get(vs)
+        if kinds is None:
+            kinds = kinds_of[vs] = kind_counts(model, start, per_vs[vs])
         h = k = 0.0
-        for kind, n in kind_counts(model, start, per_vs[vs]):
+        for kind, n in kinds:
             h += saved.get(kind, first)[0] * n
             k += by_kind.get(kind, next(iter(by_kind.values()))) * n
         if vs == 0:

@@ -73,13 +73,18 @@ def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, ove
 
         ex = exchange(plan.dp_comm, params, group, plan.density, comm_time, op_time)
         return (DpBucket(params, ex.total_s, TaskKind.ALL_GATHER, expert=expert, sparse=ex),)
+    made: dict[int, DpBucket] = {}  # buckets of one size are the same (immutable) bucket
     for n in bucket_sizes(params, group.size, overlap):
-        if plan.distributed_optimizer:
-            out.append(DpBucket(n, comm_time(CollectiveKind.REDUCE_SCATTER, n * gb, group), TaskKind.REDUCE_SCATTER,
-                                comm_time(CollectiveKind.ALL_GATHER, int(n * param_bytes), group), expert=expert))
-        else:
-            out.append(DpBucket(n, comm_time(CollectiveKind.ALL_REDUCE, n * gb, group), TaskKind.ALL_REDUCE,
-                                expert=expert))
+        b = made.get(n)
+        if b is None:
+            if plan.distributed_optimizer:
+                b = DpBucket(n, comm_time(CollectiveKind.REDUCE_SCATTER, n * gb, group), TaskKind.REDUCE_SCATTER,
+                             comm_time(CollectiveKind.ALL_GATHER, int(n * param_bytes), group), expert=expert)
+            else:
+                b = DpBucket(n, comm_time(CollectiveKind.ALL_REDUCE, n * gb, group), TaskKind.ALL_REDUCE,
+                             expert=expert)
+            made[n] = b
+        out.append(b)
     return tuple(out)
 
 

@@ -58,6 +58,13 @@ def worth_it(n_tasks: int) -> bool:
     return available()
 
 
+def expect_many() -> None:
+    """Load the compiled loop now (unless switched off) where many steps will be replayed: a search,
+    whose first ``JIT_AFTER_TASKS`` tasks would otherwise run in the slower Python loop."""
+    if _mode() != "off":
+        available()
+
+
 def available() -> bool:
     """True when the compiled loop can be used (Numba importable, not switched off)."""
     if _mode() == "off":
@@ -143,10 +150,26 @@ def _run(mod: Any, n: int, work: list[float], stream_of: list[int], device_of: l
     didx = owners[by_dep]
     dptr = np.zeros(n + 1, dtype=i64)
     np.cumsum(np.bincount(flat, minlength=n), out=dptr[1:])
+    out = run_arrays(mod, n, np.asarray(work, dtype=f64), sid, dev, len(ndev_ids), maxrun, np.asarray(pid, dtype=i64),
+                     ndeps, dptr, didx, qptr, order, nprofiles, factor_of)
+    start, end, dep_end, dep_last, ndeps, head = out
+    return (start.tolist(), end.tolist(), dep_end.tolist(), dep_last.tolist(), ndeps.tolist(), head.tolist())
 
-    w = np.asarray(work, dtype=f64)
-    p = np.asarray(pid, dtype=i64)
-    ndev = len(ndev_ids)
+
+def run_arrays(mod: Any, n: int, w: Any, sid: Any, dev: Any, ndev: int, maxrun: int, p: Any, ndeps: Any, dptr: Any,
+               didx: Any, qptr: Any, order: Any, nprofiles: int, factor_of: Callable[[int, tuple[int, ...]], float]
+               ) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """The loop on a graph already in array form (int64 / float64 numpy arrays): ``sid``/``dev`` each
+    task's stream and device (0..ndev-1), ``p`` its profile, ``ndeps`` its dependency count (consumed),
+    ``dptr``/``didx`` its dependents in CSR form (task order), ``qptr``/``order`` each stream's tasks in
+    order; ``maxrun`` the most streams of one device. Returns start, end, dep_end, dep_last, and ndeps
+    and head per stream (as arrays; for a deadlock message). The caller checks ``(nprofiles + 1) **
+    (maxrun + 1) < MAX_KEY``."""
+    import numpy as np
+
+    i64, f64 = np.int64, np.float64
+    nstreams = len(qptr) - 1
+    base = nprofiles + 1
     st_i = np.zeros(8, dtype=i64)
     st_f = np.zeros(2, dtype=f64)
     head = np.zeros(nstreams, dtype=i64)
@@ -200,4 +223,4 @@ def _run(mod: Any, n: int, work: list[float], stream_of: list[int], device_of: l
             digits.reverse()
             mod.table_insert(tkeys, tvals, k, float(factor_of(digits[0], tuple(digits[1:]))))
             nkeys += 1
-    return (start.tolist(), end.tolist(), dep_end.tolist(), dep_last.tolist(), ndeps.tolist(), head.tolist())
+    return start, end, dep_end, dep_last, ndeps, head

@@ -19,6 +19,9 @@ from echo_plan.specs.plan import PlanSpec
 
 def kind_counts(model: ModelSpec, first: int, n: int) -> tuple[tuple[LayerKind, int], ...]:
     """(kind, layers) of layers ``first`` .. ``first + n - 1``, in order of first appearance."""
+    if model.moe is None and model.sliding_window is None:  # every layer dense (ModelSpec.layer_kinds)
+        n = min(first + n, model.num_layers) - max(first, 0) if first < model.num_layers else 0
+        return ((DENSE, n),) if n > 0 else ()
     kinds = model.layer_kinds()[first:first + n]
     return tuple(Counter(kinds).items())
 

@@ -44,7 +44,8 @@ def build_split_schedule(schedule: Schedule, pp: int, m: int, virtual_stages: in
     if schedule is Schedule.ZB_H1:
         return PipelineSchedule(schedule, pp, 1, m, tuple(_zb_h1(s, pp, m) for s in range(pp)))
     if schedule is Schedule.ZB_V:
-        return PipelineSchedule(schedule, pp, 2, m, _zb_v(pp, m, times or (1.0, 1.0, 1.0)), Layout.V, times)
+        t = times or (1.0, 1.0, 1.0)
+        return PipelineSchedule(schedule, pp, 2, m, _zb_v_compiled(pp, m, t) or _zb_v(pp, m, t), Layout.V, times)
     return PipelineSchedule(schedule, pp, 2, m, tuple(_dualpipe(s, pp, m) for s in range(pp)), Layout.DUAL)
 
 
@@ -76,6 +77,27 @@ def _zb_h1(s: int, pp: int, m: int) -> tuple[Action, ...]:
         backward(i)
     out.extend(Action(W, i, 0) for i in pending)
     return tuple(out)
+
+
+def _zb_v_compiled(pp: int, m: int, times: tuple[float, float, float]) -> tuple[tuple[Action, ...], ...] | None:
+    """:func:`_zb_v` in compiled code (``replay/_build_kernel.py``, the same picks), where the compiled level
+    2 is loaded (a search, which lists a ZB-V order per candidate); None elsewhere, or where it fails."""
+    from echo_plan.replay import pipeline_fast
+
+    if not pipeline_fast.available():
+        return None
+    out, nout, ok = pipeline_fast._state["build"].zb_v(pp, m, float(times[0]), float(times[1]), float(times[2]))
+    if not ok:
+        return None  # the Python list schedule raises with its message
+    kinds = (F, B, BI, W)
+    made: dict[tuple[int, int, int], Action] = {}  # actions are immutable: one object per (pass, mb, chunk)
+
+    def action(k: int, i: int, c: int) -> Action:
+        a = made.get((k, i, c))
+        if a is None:
+            a = made[(k, i, c)] = Action(kinds[k], i, c)
+        return a
+    return tuple(tuple(action(k, i, c) for k, i, c in out[r, :nout[r]].tolist()) for r in range(pp))
 
 
 def _zb_v(pp: int, m: int, times: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> tuple[tuple[Action, ...], ...]:

@@ -13,6 +13,7 @@ from echo_plan.errors import EchoPlanError
 from echo_plan.limits import MAX_COMPARE_SIZES, MAX_GPUS, MAX_PRICE_PER_GPU_HOUR, MAX_TOKENS
 from echo_plan.search.evaluator import EvaluatorFactory
 from echo_plan.search.progress import ProgressSink
+from echo_plan.search.prune import PrunedSpace
 from echo_plan.search.results import CompareOutcome, CompareRow, SearchOutcome
 from echo_plan.search.study import SearchConfig, prune_for, run_search
 from echo_plan.specs.cluster import ClusterSpec
@@ -78,9 +79,31 @@ def run_compare(base: SearchConfig, sizes: list[int], factory_for: Callable[[Clu
     t0 = time.perf_counter()
     outcomes: list[tuple[int, SearchOutcome]] = []
     with _ray_for(base), _processes_for(base) as processes:  # one Ray or pool for every size
-        for gpus in sizes:
-            outcomes.append((gpus, _search_size(base, gpus, factory_for, progress_for, processes)))
+        remote = processes is not None or base.workers > 0 or bool(base.ray_address)
+        memo = None if remote else _shared_memo()  # in-process: one memo for every size
+        with _pruned_ahead(base, sizes, remote) as pruned_for:
+            for gpus in sizes:
+                outcomes.append((gpus, _search_size(base, gpus, factory_for, progress_for, processes,
+                                                    pruned_for(gpus), memo)))
     return build_compare(base, outcomes, price_per_gpu_hour, time.perf_counter() - t0, failure_model)
+
+
+@contextmanager
+def _pruned_ahead(base: SearchConfig, sizes: list[int], ahead: bool) -> Iterator[Callable[[int], Any]]:
+    """Each size's checked space. With worker processes (or Ray), every size is checked in a thread of
+    this process while the workers simulate the sizes before it (checking a size takes seconds, in which
+    the workers would otherwise wait); in-process, each when its turn comes. The same checks either way."""
+    if not ahead:
+        yield lambda gpus: _prune_size(base, gpus)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="echo-plan-prune")
+    futures = {gpus: executor.submit(_prune_size, base, gpus) for gpus in sizes}
+    try:
+        yield lambda gpus: futures.pop(gpus).result()  # each size's checks are let go once it ran
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _ray_for(base: SearchConfig) -> ContextManager[None]:
@@ -107,17 +130,30 @@ def _processes_for(base: SearchConfig) -> Iterator[Any]:
         pool.close()
 
 
+def _shared_memo() -> Any:
+    """The SimulationMemo an in-process compare's sizes share (traces, schedules; its keys hold the
+    cluster, so no result of one size serves another)."""
+    from echo_plan.simulate import SimulationMemo
+
+    return SimulationMemo()
+
+
+def _prune_size(base: SearchConfig, gpus: int) -> PrunedSpace:
+    return prune_for(replace(base, cluster=base.cluster.resized(gpus=gpus)))
+
+
 def _search_size(base: SearchConfig, gpus: int, factory_for: Callable[[ClusterSpec], EvaluatorFactory],
-                 progress_for: Callable[[int], ProgressSink | None] | None, processes: Any = None) -> SearchOutcome:
+                 progress_for: Callable[[int], ProgressSink | None] | None, processes: Any = None,
+                 pruned: PrunedSpace | None = None, memo: Any = None) -> SearchOutcome:
     cluster = base.cluster.resized(gpus=gpus)
     config = replace(base, cluster=cluster)
-    pruned = prune_for(config)
+    pruned = pruned if pruned is not None else _prune_size(base, gpus)
     if not pruned.valid:
         counts = "; ".join(f"{n} {r}" for r, n in pruned.counts().items())
         return empty_outcome(config, f"no plan passes the checks on {gpus} GPUs ({counts})", pruned.total,
                              pruned.counts())
     progress = progress_for(gpus) if progress_for is not None else None
-    return run_search(config, factory_for(cluster), pruned=pruned, progress=progress, processes=processes)
+    return run_search(config, factory_for(cluster), pruned=pruned, progress=progress, processes=processes, memo=memo)
 
 
 def build_compare(base: SearchConfig, outcomes: list[tuple[int, SearchOutcome]], price: float | None,

@@ -88,13 +88,13 @@ class SimulatorEvaluator:
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, cache_dir: str | None,
-                 stack: SoftwareSpec | None = None, memory_headroom_bytes: int | None = None) -> None:
+                 stack: SoftwareSpec | None = None, memory_headroom_bytes: int | None = None, memo=None) -> None:
         from echo_plan.simulate import SimulationMemo
         from echo_plan.trace.cache import TraceCache
 
         self.model = model
         self.cluster = cluster
-        self.memo = SimulationMemo()
+        self.memo = memo if memo is not None else SimulationMemo()
         self.stack = stack if stack is not None else self.memo.default_stack()
         self.headroom = memory_headroom_bytes
         self.cache = TraceCache(cache_dir)
@@ -116,6 +116,12 @@ class SimulatorEvaluator:
             self._ready.add(key)
         return simulate(self.model, self.cluster, plan, stack=self.stack, cache=self.cache, memo=self.memo,
                         memory_headroom_bytes=self.headroom)
+
+    def expect_many(self) -> None:
+        """Many plans will follow: load the compiled level 2 now (it pays from the first plan on)."""
+        from echo_plan.replay.pipeline_fast import expect_many
+
+        expect_many()
 
     @property
     def traces_made(self) -> int:
@@ -139,15 +145,28 @@ class SimulatorFactory:
     def build(self) -> Evaluator:
         return SimulatorEvaluator(self.model, self.cluster, self.cache_dir, self.stack, self.memory_headroom_bytes)
 
+    def build_sharing(self, memo) -> Evaluator:
+        """An evaluator that keeps its results in ``memo`` (a SimulationMemo shared with other evaluators of
+        this process: ``compare``'s sizes in one worker share traces, layer timings and schedules; the
+        memo's keys hold the cluster, so no result of one cluster serves another)."""
+        return SimulatorEvaluator(self.model, self.cluster, self.cache_dir, self.stack, self.memory_headroom_bytes,
+                                  memo)
+
 
 OnDone = Callable[[int, Evaluation], None]
 
 
 class LocalPool:
-    """Evaluates plans one after another in this process, with one evaluator for the whole search."""
+    """Evaluates plans one after another in this process, with one evaluator for the whole search
+    (keeping its results in ``memo`` where given: ``compare`` shares one between its sizes; ``many``:
+    the search is large enough for the evaluator to prepare for it, as ``expect_many`` does)."""
 
-    def __init__(self, factory: EvaluatorFactory) -> None:
-        self.evaluator = factory.build()
+    def __init__(self, factory: EvaluatorFactory, memo=None, many: bool = False) -> None:
+        sharing = getattr(factory, "build_sharing", None) if memo is not None else None
+        self.evaluator = sharing(memo) if sharing is not None else factory.build()
+        prepare = getattr(self.evaluator, "expect_many", None) if many else None
+        if prepare is not None:
+            prepare()
         self.workers = 1
 
     def evaluate_many(self, plans: list[PlanSpec], on_done: OnDone) -> list[Evaluation]:

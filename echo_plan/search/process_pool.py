@@ -2,11 +2,11 @@
 
 A search on one machine spends most of its time in the level-2 replay of candidate plans, one after
 another on one core. :class:`ProcessPool` runs them on N worker processes of this machine instead:
-each worker builds its own evaluator once per factory (so its level-1 memo grows over the search, as
-the in-process one does) and plans are handed out one at a time, so a slow plan does not hold back the
-others. Results come back, and ``on_done`` is called, in the order the plans were given, so the
-sampler sees exactly what it sees in-process: the same seed gives the same ranking with any number
-of processes.
+each worker builds its own evaluator once per factory, all of them keeping their results in one memo
+per worker (so the level-1 memo grows over the search, and over ``compare``'s sizes), and plans are
+handed out one at a time (the slowest-looking first), so a slow plan does not hold back the others.
+Results come back, and ``on_done`` is called, in the order the plans were given, so the sampler sees
+exactly what it sees in-process: the same seed gives the same ranking with any number of processes.
 
 Workers start from a fork server (``multiprocessing``'s ``forkserver``: a clean process that has
 imported nothing of this one, so no lock or thread of the parent is copied mid-use); they share the
@@ -60,6 +60,7 @@ def worker_context() -> Any:
 
 # -- the worker side: one evaluator per factory, for the life of the worker process --------------------
 _WORKER_EVALUATORS: dict[str, Any] = {}  # only ever filled inside a worker process
+_WORKER_MEMO: dict[str, Any] = {}  # likewise: the SimulationMemo its evaluators share (compare's sizes)
 
 
 def _factory_key(blob: bytes) -> str:
@@ -70,15 +71,38 @@ def _evaluate(job: tuple[str, bytes, PlanSpec]) -> Evaluation:
     key, blob, plan = job
     evaluator = _WORKER_EVALUATORS.get(key)
     if evaluator is None:
-        evaluator = _WORKER_EVALUATORS[key] = pickle.loads(blob).build()
+        factory = pickle.loads(blob)
+        sharing = getattr(factory, "build_sharing", None)
+        if sharing is None:
+            evaluator = factory.build()
+        else:
+            if "memo" not in _WORKER_MEMO:
+                from echo_plan.simulate import SimulationMemo
+
+                _WORKER_MEMO["memo"] = SimulationMemo()
+            evaluator = sharing(_WORKER_MEMO["memo"])
+        _WORKER_EVALUATORS[key] = evaluator
     return run_one(evaluator, plan)
 
 
 def _warm(_: int) -> int:
-    """Imports the simulator in a worker while the parent prepares the first round."""
+    """Imports the simulator, and loads the compiled replay loop, in a worker while the parent prepares
+    the first round."""
     import echo_plan.simulate  # noqa: F401
+    from echo_plan.replay.pipeline_fast import expect_many
+
+    expect_many()
 
     return os.getpid()
+
+
+def replay_size(plan: PlanSpec) -> int:
+    """About how many level-2 tasks simulating ``plan`` replays (a guess, only to hand the slowest plans of
+    a round out first, so that the round does not wait for one started last): per pipeline rank and
+    model chunk, a forward and a backward per micro-batch replayed, and the steady state replays 9 pp
+    micro-batches when that is fewer (replay/steady.py)."""
+    m = plan.num_microbatches
+    return plan.pp * plan.virtual_stages * (9 * plan.pp if plan.pp > 1 and 9 * plan.pp < m else m)
 
 
 class ProcessPool:
@@ -115,7 +139,9 @@ class ProcessPool:
         key = _factory_key(blob)
         out: list[Evaluation] = []
         try:
-            futures = [self._executor.submit(_evaluate, (key, blob, p)) for p in plans]
+            futures: list[Any] = [None] * len(plans)
+            for i in sorted(range(len(plans)), key=lambda i: -replay_size(plans[i])):  # the slowest first
+                futures[i] = self._executor.submit(_evaluate, (key, blob, plans[i]))
             for fut in futures:
                 ev = fut.result()
                 on_done(len(out), ev)

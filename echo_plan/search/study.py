@@ -96,9 +96,10 @@ def resolve_sampler(config: SearchConfig, n_valid: int) -> SamplerKind:
 
 def run_search(config: SearchConfig, factory: EvaluatorFactory, *, pruned: PrunedSpace | None = None,
                memory: MemoryEstimator | None = None, progress: ProgressSink | None = None,
-               processes: Any = None) -> SearchOutcome:
+               processes: Any = None, memo: Any = None) -> SearchOutcome:
     """Run (or resume) the search and return its outcome; every finished trial is already stored.
-    ``processes``: a ProcessPool (search/process_pool.py) the caller owns and shares between searches."""
+    ``processes``: a ProcessPool (search/process_pool.py) the caller owns and shares between searches;
+    ``memo``: a SimulationMemo an in-process search keeps its results in (shared between searches)."""
     if config.budget < 1:
         raise EchoPlanError("--trials must be at least 1")
     t0 = time.perf_counter()
@@ -107,17 +108,18 @@ def run_search(config: SearchConfig, factory: EvaluatorFactory, *, pruned: Prune
         counts = "; ".join(f"{n} {r}" for r, n in pruned.counts().items())
         raise EchoPlanError(f"no candidate plan of the space passes the checks ({pruned.total} candidates: "
                             f"{counts}); run with --explain to see each knob value, or widen the space")
-    return _Search(config, factory, pruned, progress, processes).run(t0)
+    return _Search(config, factory, pruned, progress, processes, memo).run(t0)
 
 
 class _Search:
     """One run of a search: the mirror study, the store, the records made so far."""
 
     def __init__(self, config: SearchConfig, factory: EvaluatorFactory, pruned: PrunedSpace,
-                 progress: ProgressSink | None, processes: Any = None) -> None:
+                 progress: ProgressSink | None, processes: Any = None, memo: Any = None) -> None:
         import optuna
 
         self.shared_processes = processes
+        self.shared_memo = memo
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.config = config
         self.factory = factory
@@ -246,10 +248,12 @@ class _Search:
             return RayPool(self.factory, self.config.workers or None, self.config.ray_address)
         if self.shared_processes is not None:
             return self.shared_processes.bind(self.factory)
-        from echo_plan.search.process_pool import auto_processes, own_pool
+        from echo_plan.search.process_pool import MIN_PLANS_FOR_PROCESSES, auto_processes, own_pool
 
         n = self.config.processes if self.config.processes is not None else auto_processes(plans_left)
-        return own_pool(self.factory, n) if n > 1 else LocalPool(self.factory)
+        if n > 1:
+            return own_pool(self.factory, n)
+        return LocalPool(self.factory, self.shared_memo, many=plans_left >= MIN_PLANS_FOR_PROCESSES)
 
     def _incumbent(self) -> Verdict | None:
         """The candidate of the fastest fitting plan simulated so far (the first such on a tie)."""

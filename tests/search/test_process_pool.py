@@ -65,3 +65,15 @@ def test_bad_process_counts_are_one_line_errors(args, says, capsys):
     assert main(["search", "--gpus", "8", "--model", "llama2-7b", "--storage", "memory", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1
+
+
+def test_compare_on_processes_ranks_every_size_like_in_process(tmp_path):
+    from echo_plan.search.compare import run_compare
+
+    ranked = {}
+    for n in (1, 2):  # with processes, the sizes' spaces are checked ahead in a thread
+        base = config(tmp_path, n, f"compare{n}.db", trials=12)
+        out = run_compare(base, [32, 64], lambda c: toy.ToyFactory(base.model, c))
+        ranked[n] = [(r.num_gpus, [(x.plan, x.step_time_s) for x in r.outcome.ranked], r.outcome.candidates_total)
+                     for r in out.rows]
+    assert ranked[2] == ranked[1] and all(plans for _, plans, _ in ranked[1])
