@@ -119,3 +119,15 @@ def test_a_builder_that_cannot_run_leaves_the_python_path_with_a_warning(monkeyp
     costs = make_costs(pp=2, m=4)
     assert pipeline_fast.replay_step(costs, load_interference(None), pipeline_fast.schedule_arrays,
                                      lambda: build_tasks(costs).tasks) is None
+
+
+@pytest.mark.parametrize("schedule,pp,v", [(Schedule.ONE_F_ONE_B, 1, 1), (Schedule.INTERLEAVED, 4, 2)])
+def test_ep_overlap_pairs_same_replay(schedule, pp, v):
+    """The MoE all-to-all overlap's forward/backward pairs of 1F1B and interleaved 1F1B (the stack's
+    moe_a2a_overlap, schedules.pair_forward_backward) replay the same compiled as in Python."""
+    from echo_plan.replay.schedules import pair_forward_backward
+
+    costs = make_costs(pp=pp, m=16, v=v, schedule=schedule, buckets=3, gather_s=0.2, pair_saving=0.1)
+    costs = replace(costs, schedule=pair_forward_backward(costs.schedule))
+    assert any(a.paired for acts in costs.schedule.actions for a in acts)
+    assert_same(varied(costs, random.Random(2), True, False, True), load_interference(None))
