@@ -15,7 +15,6 @@ changes nothing but the all-to-all's network tier, so the dense suites' rows are
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -121,29 +120,10 @@ def a2a_recipes() -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from echo_plan.calibrate.presets import write_block
-    from echo_plan.specs import load_cluster
-    from echo_plan.specs.presets import clusters_dir
-    from echo_plan.trace.cache import TraceCache
-    from echo_plan.validation.megatron import validation_dir
+    from echo_plan.calibrate.fit_cli import fit_main
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="add the figure to clusters/*.yaml")
-    ap.add_argument("--validation-dir", type=Path, default=None)
-    args = ap.parse_args(argv)
-    vdir = args.validation_dir or validation_dir()
-    for name, recipe in a2a_recipes().items():
-        cluster = load_cluster(recipe["presets"][0])
-        got = a2a_block(recipe, vdir, cluster, TraceCache(None), progress=lambda i, m: print(f"  {m}", flush=True))
-        print(f"{name}: {KEY} {got['share']} fitted on {', '.join(got['fitted_on'])}")
-        for label, err in got["residuals"].items():
-            print(f"  {label:52s} {err:+.1%} {'fitted' if label in got['fitted_on'] else 'held out'}")
-        if args.write:
-            for preset in recipe["presets"]:
-                block = dict(load_cluster(preset).calibration or {})
-                block["nccl"] = merge(dict(block.get("nccl") or {}), got)
-                write_block(clusters_dir() / f"{preset}.yaml", block)
-    return 0
+    return fit_main(argv, __doc__.splitlines()[0], a2a_recipes(), a2a_block,
+                    lambda got: f"{KEY} {got['share']} fitted on {', '.join(got['fitted_on'])}", "nccl", merge)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,7 +12,6 @@ fit: each model's two smallest clusters); every other fp8 row stays held out. Th
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -95,33 +94,13 @@ def merge(compute: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from echo_plan.calibrate.presets import _recipes, write_block
-    from echo_plan.specs import load_cluster
-    from echo_plan.specs.presets import clusters_dir
-    from echo_plan.trace.cache import TraceCache
-    from echo_plan.validation.megatron import validation_dir
+    from echo_plan.calibrate.fit_cli import fit_main
+    from echo_plan.calibrate.presets import _recipes
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="add the figure to clusters/*.yaml")
-    ap.add_argument("--validation-dir", type=Path, default=None)
-    args = ap.parse_args(argv)
-    vdir = args.validation_dir or validation_dir()
-    for name, recipe in _recipes().items():
-        if "suite" not in recipe:
-            continue
-        cluster = load_cluster(recipe["presets"][0])
-        got = fp8_block(recipe, vdir, cluster, TraceCache(None), progress=lambda i, m: print(f"  {m}", flush=True))
-        if got is None:
-            continue
-        print(f"{name}: fp8_gemm_efficiency_scale {got['scale']} fitted on {len(got['fitted_on'])} rows")
-        for label, err in got["residuals"].items():
-            print(f"  {label:34s} {err:+.1%} {'fitted' if label in got['fitted_on'] else 'held out'}")
-        if args.write:
-            for preset in recipe["presets"]:
-                block = dict(load_cluster(preset).calibration or {})
-                block["compute"] = merge(dict(block.get("compute") or {}), got)
-                write_block(clusters_dir() / f"{preset}.yaml", block)
-    return 0
+    recipes = {name: r for name, r in _recipes().items() if "suite" in r}
+    return fit_main(argv, __doc__.splitlines()[0], recipes, fp8_block,
+                    lambda got: f"fp8_gemm_efficiency_scale {got['scale']} fitted on {len(got['fitted_on'])} rows",
+                    "compute", merge)
 
 
 if __name__ == "__main__":  # pragma: no cover
