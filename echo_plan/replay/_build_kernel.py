@@ -119,18 +119,7 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, pr
         sc = scale[r]
         base_r = act_ptr[r]
         if go[r]:  # chunks in order of first forward, each bucket from the last
-            nc = 0
-            for c in range(v):
-                if first_f[r, c] >= 0:
-                    order_c[nc] = c
-                    nc += 1
-            for a in range(1, nc):  # insertion sort by first forward (positions are distinct)
-                x = order_c[a]
-                b2 = a
-                while b2 > 0 and first_f[r, order_c[b2 - 1]] > first_f[r, x]:
-                    order_c[b2] = order_c[b2 - 1]
-                    b2 -= 1
-                order_c[b2] = x
+            nc = _chunks_in_order(order_c, first_f[r], v)  # by first forward
             for a in range(nc):
                 c = order_c[a]
                 for b in range(b_ptr[r * v + c + 1] - 1, b_ptr[r * v + c] - 1, -1):
@@ -209,18 +198,7 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, pr
                 cat[last] = kd
                 islot[last] = wslot
                 ishare[last] = sc
-                if dep0 >= 0:
-                    d_own[nd] = last
-                    d_dep[nd] = dep0
-                    nd += 1
-                if dep2 >= 0:
-                    d_own[nd] = last
-                    d_dep[nd] = dep2
-                    nd += 1
-                if dep1 >= 0:
-                    d_own[nd] = last
-                    d_dep[nd] = dep1
-                    nd += 1
+                nd = _depend(d_own, d_dep, nd, last, dep0, dep2, dep1)
             else:
                 tot = 0
                 for b in range(b0, b0 + nb):
@@ -240,18 +218,7 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, pr
                     islot[last] = wslot
                     ishare[last] = share * sc
                     if q == 0:
-                        if dep0 >= 0:
-                            d_own[nd] = last
-                            d_dep[nd] = dep0
-                            nd += 1
-                        if dep2 >= 0:
-                            d_own[nd] = last
-                            d_dep[nd] = dep2
-                            nd += 1
-                        if dep1 >= 0:
-                            d_own[nd] = last
-                            d_dep[nd] = dep1
-                            nd += 1
+                        nd = _depend(d_own, d_dep, nd, last, dep0, dep2, dep1)
                     else:
                         d_own[nd] = last
                         d_dep[nd] = prev_piece
@@ -290,18 +257,7 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, pr
             else:
                 prev_send = -1
         if not overlap_grad:  # all reductions after the rank's last backward, chunks in that order
-            nc = 0
-            for c in range(v):
-                if last_b[r, c] >= 0:
-                    order_c[nc] = c
-                    nc += 1
-            for a in range(1, nc):
-                x = order_c[a]
-                b2 = a
-                while b2 > 0 and last_b[r, order_c[b2 - 1]] > last_b[r, x]:
-                    order_c[b2] = order_c[b2 - 1]
-                    b2 -= 1
-                order_c[b2] = x
+            nc = _chunks_in_order(order_c, last_b[r], v)  # by last backward
             for a in range(nc):
                 c = order_c[a]
                 for b in range(b_ptr[r * v + c], b_ptr[r * v + c + 1]):
@@ -377,6 +333,36 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, pr
             d_dep[nd] = tied
             nd += 1
     return (ok, n, work, dev, skind, code, cat, islot, ishare, d_own[:nd], d_dep[:nd])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _chunks_in_order(order_c, pos, v):
+    """The chunks with a position (>= 0) into ``order_c``, sorted by it (insertion sort: positions are
+    distinct); their count."""
+    nc = 0
+    for c in range(v):
+        if pos[c] >= 0:
+            order_c[nc] = c
+            nc += 1
+    for a in range(1, nc):
+        x = order_c[a]
+        b2 = a
+        while b2 > 0 and pos[order_c[b2 - 1]] > pos[x]:
+            order_c[b2] = order_c[b2 - 1]
+            b2 -= 1
+        order_c[b2] = x
+    return nc
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _depend(d_own, d_dep, nd, task, dep0, dep2, dep1):
+    """Append ``task``'s dependencies on dep0, dep2 and dep1 (in that order, -1: none); the new count."""
+    for dep in (dep0, dep2, dep1):
+        if dep >= 0:
+            d_own[nd] = task
+            d_dep[nd] = dep
+            nd += 1
+    return nd
 
 
 @njit(cache=True, nogil=True)

@@ -32,11 +32,8 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def model() -> ModelSpec:
-    return ModelSpec.build(dict(
-        name="small-moe", num_layers=4, hidden_size=512, num_attention_heads=8, num_kv_heads=4, vocab_size=4096,
-        seq_length=512, activation="swiglu", norm="rmsnorm", position_embedding="rotary", ffn_hidden_size=1024,
-        tied_embeddings=False, moe=dict(num_experts=16, top_k=2, expert_ffn_hidden_size=256, first_dense_layers=1)))
+def model(small_moe) -> ModelSpec:
+    return small_moe
 
 
 def test_defaults_are_nccls_own_model():
