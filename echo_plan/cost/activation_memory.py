@@ -1,0 +1,95 @@
+"""Closed-form activation memory: the bytes a layer, the embedding and the output layer save for
+backward for one micro-batch (Korthikanti et al. 2022, itemised, with the stack's kernels, dropout,
+selective recomputation, MLA, MoE routing and CP's seq / cp tokens). The search prunes with these;
+``memory.stage_memory`` uses the traced layers' saved bytes where it has them."""
+
+from __future__ import annotations
+
+from echo_plan.specs.model import ModelSpec
+from echo_plan.specs.moe import DENSE, LayerKind
+from echo_plan.specs.plan import PlanSpec, Recompute
+from echo_plan.specs.software import AttentionKernel, RecomputeModule, SoftwareSpec
+
+
+# -- closed-form activations --------------------------------------------------------------------
+
+def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recompute, stack: SoftwareSpec,
+                           kind: LayerKind = DENSE) -> int:
+    """Bytes one layer saves for backward for one micro-batch (Korthikanti et al. 2022, itemised).
+
+    With MHA, a 4h GELU MLP, dropout and unfused attention (the megatron-lm-2021/2022 stacks) this
+    is exactly their s*b*h*(10 + 24/t + 5*a*s/(h*t)) (34 + 5as/h with sequence parallelism, divided
+    by t); the traced layer of those stacks saves the same bytes (tests/trace/test_stack_trace.py).
+    """
+    s, b, h, t = model.seq_length // plan.cp, plan.micro_batch_size, model.hidden_size, plan.tp  # CP: s/cp tokens
+    a, f = model.num_attention_heads, model.ffn_size
+    kv = model.kv_heads * model.head_dim
+    e = plan.param_dtype.nbytes
+    rep = 1.0 / t if plan.sequence_parallel else 1.0  # regions outside the TP split
+    sb = s * b
+    if recompute is Recompute.FULL:
+        return int(e * sb * h * rep)  # the layer's input, the checkpoint Megatron-LM keeps
+    modules = set(stack.recompute_modules) if recompute is Recompute.SELECTIVE else set()
+    stats = (4 * model.norm.params) * sb * rep  # fp32 mean and rstd (LayerNorm) or rstd (RMSNorm) per norm
+    norms = 2 * (e * sb * h * rep + stats)  # the two norms' inputs
+    mask = sb * h * rep if stack.hidden_dropout > 0 else 0  # 1-byte dropout masks after attention and MLP
+    norm_out = 0 if RecomputeModule.LAYERNORM in modules else e * sb * h * rep  # a linear's input
+    attn = norm_out  # QKV linear input
+    if model.mla is not None:  # latents (replicated) and, unless recomputed, the up-projected q, k, v
+        m = model.mla
+        attn += e * sb * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim)
+        if RecomputeModule.MLA_UP_PROJ not in modules:
+            attn += e * sb * a * (2 * m.qk_head_dim + m.v_head_dim) / t
+        attn += e * sb * a * m.v_head_dim / t
+    else:
+        attn += e * sb * (a * model.head_dim + 2 * kv) / t  # q, k, v (a checkpointed core keeps them as inputs)
+        attn += e * sb * a * model.head_dim / t  # attention output = projection input
+    if stack.attention is AttentionKernel.FUSED:
+        attn += 4 * b * a * s / t  # fp32 log-sum-exp
+    elif RecomputeModule.CORE_ATTN not in modules:  # softmax output (+ dropout mask and output)
+        attn += (5 if stack.attention_dropout > 0 else 2) * a * s * s * b / t
+    if RecomputeModule.MLP in modules:
+        mlp = norm_out  # the checkpointed MLP keeps its input only
+    elif kind.moe and model.moe is not None:
+        mlp = norm_out + moe_activation_bytes(model, plan, RecomputeModule.MOE_ACT in modules, stack)
+    else:
+        mlp = norm_out + (4 if model.activation.gated else 2) * e * sb * f / t
+    return int(norms + attn + mlp + 2 * mask)
+
+
+def moe_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute_act: bool = False,
+                         stack: SoftwareSpec | None = None) -> float:
+    """What an MoE layer's MLP keeps beyond its input: router scores, the permuted token copies the
+    rank's experts receive, their FC1 and activation outputs (split by etp), the combined copies,
+    and the shared experts' intermediates (``trace/moe.py`` traces the same)."""
+    from echo_plan.specs.moe import ExpertLayout
+    from echo_plan.trace.moe import routed_token_counts
+
+    moe = model.moe
+    e, h, t = plan.param_dtype.nbytes, model.hidden_size, plan.tp
+    tokens = model.seq_length // plan.cp * plan.micro_batch_size // (t if plan.sequence_parallel else 1)
+    sent, hot, each = routed_token_counts(tokens, model, ExpertLayout(plan.ep, plan.expert_tp, plan.expert_imbalance))
+    recv = (hot + (moe.num_experts // plan.ep - 1) * each) * plan.expert_tp
+    f = moe.expert_ffn_hidden_size // plan.expert_tp
+    gated = model.activation.gated
+    fused = stack is None or stack.moe_permute_fusion  # unfused un-permutation keeps the weighted copies too
+    act_out = 0 if recompute_act else f
+    routed = (e * recv * (h + (2 * f if gated else f) + act_out) + e * sent * h * (1 if fused else 2)
+              + 4 * tokens * moe.num_experts)
+    shared = (4 if gated else 2) * e * model.seq_length // plan.cp * plan.micro_batch_size * moe.shared_ffn / t
+    return routed + shared
+
+
+def embedding_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> int:
+    """Token ids (int64) kept for the embedding's backward, plus its dropout mask."""
+    sb = model.seq_length // plan.cp * plan.micro_batch_size  # each CP rank holds seq / cp tokens
+    rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
+    return int(8 * sb + (sb * model.hidden_size * rep if stack.hidden_dropout > 0 else 0))
+
+
+def output_activation_bytes(model: ModelSpec, plan: PlanSpec) -> int:
+    """Final norm and output-linear inputs, and the fp32 softmax of the vocab-parallel loss."""
+    sb = model.seq_length // plan.cp * plan.micro_batch_size  # each CP rank holds seq / cp tokens
+    rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
+    e = plan.param_dtype.nbytes
+    return int(2 * e * sb * model.hidden_size * rep + 4 * sb * model.vocab_size / plan.tp)
