@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from echo_plan.errors import EchoPlanError
@@ -28,70 +26,19 @@ from echo_plan.replay.results import StepResult
 from echo_plan.search.evaluator import Evaluation, EvaluatorFactory, LocalPool
 from echo_plan.search.explain import knob_stats
 from echo_plan.search.progress import ProgressSink
-from echo_plan.search.prune import MemoryEstimator, PrunedSpace, Pruner, PruneReason, Verdict, plan_key, prune_space
+from echo_plan.search.config import DEFAULT_TRIALS, SamplerKind, SearchConfig, prune_for, resolve_sampler
+from echo_plan.search.prune import MemoryEstimator, PrunedSpace, PruneReason, Verdict, plan_key
 from echo_plan.search.results import SearchOutcome, TrialRecord, TrialState
-from echo_plan.search.space import Knob, SearchSpace
+from echo_plan.search.space import Knob
 from echo_plan.search.storage import TrialStore, default_storage_url, derive_study_name
-from echo_plan.specs.cluster import ClusterSpec
-from echo_plan.specs.model import ModelSpec
-from echo_plan.specs.software import SoftwareSpec
 
-DEFAULT_TRIALS = 100  # distinct plans simulated per search unless --trials says otherwise
+# the search's public names (SearchConfig and the sampler live in config.py; imported from here too)
+__all__ = ["DEFAULT_TRIALS", "IN_MEMORY", "POLISH_SHARE", "ROUND_SIZE", "SamplerKind", "SearchConfig", "pareto_front",
+           "prune_for", "resolve_sampler", "run_search"]
 ROUND_SIZE = 8  # trials asked together (TPE with constant liar), independent of the worker count
 MAX_TRIALS_FACTOR = 5  # stop after this many trials per budgeted plan (samplers that keep repeating)
 POLISH_SHARE = 0.2  # TPE: the last fifth of the budget explores around the best plan so far
 IN_MEMORY = "memory"  # storage value for a study that is not persisted
-
-
-class SamplerKind(str, Enum):
-    AUTO = "auto"
-    TPE = "tpe"
-    NSGA2 = "nsga2"
-    GRID = "grid"
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    model: ModelSpec
-    cluster: ClusterSpec
-    global_batch_size: int
-    space: SearchSpace
-    sampler: SamplerKind = SamplerKind.AUTO
-    seed: int = 0
-    n_trials: int | None = None  # distinct plans to simulate; None: DEFAULT_TRIALS
-    storage: str | None = None  # Optuna storage URL; None: SQLite in the user data dir; "memory"
-    study_name: str | None = None  # None: derived from model, cluster, gbs, space, sampler, seed
-    workers: int = 0  # >0: a local Ray with that many workers
-    processes: int | None = 1  # local worker processes without Ray; None: one per CPU for a large search
-    ray_address: str | None = None  # an existing Ray cluster
-    tokens_budget: float | None = None
-    stack: SoftwareSpec | None = None  # None: the megatron-core preset
-    memory_headroom_bytes: int | None = None  # None: memory.yaml's default fraction of the GPU
-
-    @property
-    def budget(self) -> int:
-        return self.n_trials if self.n_trials is not None else DEFAULT_TRIALS
-
-    @property
-    def software(self) -> SoftwareSpec:
-        if self.stack is not None:
-            return self.stack
-        from echo_plan.specs.presets import load_stack
-
-        return load_stack()
-
-
-def prune_for(config: SearchConfig, memory: MemoryEstimator | None = None) -> PrunedSpace:
-    """Check every candidate of the config's space (no simulation)."""
-    pruner = Pruner(config.model, config.cluster, config.global_batch_size, config.space, memory=memory,
-                    stack=config.software, memory_headroom_bytes=config.memory_headroom_bytes)
-    return prune_space(pruner)
-
-
-def resolve_sampler(config: SearchConfig, n_valid: int) -> SamplerKind:
-    if config.sampler is SamplerKind.AUTO:
-        return SamplerKind.GRID if n_valid <= config.budget else SamplerKind.TPE
-    return config.sampler
 
 
 def run_search(config: SearchConfig, factory: EvaluatorFactory, *, pruned: PrunedSpace | None = None,
