@@ -15,9 +15,8 @@ Kernels and their sources (the code is ours):
   attention, forward and backward, causal; dropout regenerates its mask from a seed in backward.
 * ``scaled_masked_softmax``: Megatron-LM's ``ScaledUpperTriangMaskedSoftmax`` (causal mask, scale,
   softmax in one kernel; saves the probabilities).
-* ``bias_gelu``: Megatron-LM's ``bias_gelu_impl`` (tanh GeLU of x + bias; saves x and bias).
-* ``swiglu``: Megatron-LM's ``bias_swiglu_impl`` without bias (silu(gate) * up; saves the input).
-* ``bias_dropout_add``: Megatron-LM's ``bias_dropout_add_fused_train`` (residual + dropout(x + bias)).
+* ``bias_gelu``, ``swiglu``, ``bias_dropout_add``, ``dropout``: Megatron-LM's fused elementwise kernels
+  (``fused_elementwise.py``).
 * ``ring_exchange``: one step of Transformer Engine's userbuffers ring exchange (send the chunk in
   hand to the next TP rank, receive the previous rank's): a point-to-point collective.
 * ``assemble``: chunks written by several kernels into one buffer (no kernel of its own).
@@ -32,20 +31,23 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch.utils.flop_counter import register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
 
 Tensor = torch.Tensor
+
+# Megatron-LM's fused elementwise kernels (bias_gelu, swiglu, bias_dropout_add, dropout) live in
+# fused_elementwise.py; importing them here registers them and keeps ``kernels.swiglu`` etc. working.
+from echo_plan.trace.fused_elementwise import (  # noqa: E402
+    _keep_mask, bias_dropout_add, bias_gelu, dropout, dropout_backward, swiglu, swiglu_backward)
+
+__all__ = ["assemble", "attention", "attention_backward", "attention_with_lse", "attn_out_correction", "bias_dropout_add",
+           "bias_gelu", "cp_exchange", "dropout", "dropout_backward", "ring_exchange", "scaled_masked_softmax", "swiglu",
+           "swiglu_backward", "window_fraction"]
 
 
 def _expand_kv(q: Tensor, t: Tensor) -> Tensor:
     """Grouped-query attention: repeat each KV head for its query heads ([b, heads, s, d])."""
     return t if t.shape[1] == q.shape[1] else t.repeat_interleave(q.shape[1] // t.shape[1], dim=1)
-
-
-def _keep_mask(shape, p: float, seed: int, device) -> Tensor:
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    return (torch.rand(shape, generator=gen) >= p).to(device)
 
 
 def _attention_reference(q, k, v, causal: bool, p: float, seed: int, window: int = 0
@@ -240,118 +242,6 @@ def _softmax_backward(ctx, grad):
 
 
 scaled_masked_softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup)
-
-
-# -- fused elementwise kernels --------------------------------------------------------------------
-
-def _gelu_tanh_grad(x: Tensor) -> Tensor:
-    """d/dx of tanh-GeLU (Megatron-LM's bias_gelu_back)."""
-    c = math.sqrt(2.0 / math.pi)
-    t = torch.tanh(c * x * (1.0 + 0.044715 * x * x))
-    return 0.5 * x * ((1.0 - t * t) * (c + 0.1070322243 * x * x)) + 0.5 * (1.0 + t)
-
-
-@torch.library.custom_op("echo_plan::bias_gelu", mutates_args=())
-def bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
-    return F.gelu(x + bias, approximate="tanh")
-
-
-@torch.library.custom_op("echo_plan::bias_gelu_backward", mutates_args=())
-def bias_gelu_backward(grad: Tensor, x: Tensor, bias: Tensor) -> Tensor:
-    return (grad.float() * _gelu_tanh_grad((x + bias).float())).to(grad.dtype)
-
-
-bias_gelu.register_fake(lambda x, bias: torch.empty_like(x))
-bias_gelu_backward.register_fake(lambda grad, x, bias: torch.empty_like(grad))
-
-
-def _bias_gelu_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
-
-
-def _bias_gelu_bwd(ctx, grad):
-    x, bias = ctx.saved_tensors
-    gx = bias_gelu_backward(grad, x, bias)
-    return gx, gx.reshape(-1, gx.shape[-1]).sum(0)
-
-
-bias_gelu.register_autograd(_bias_gelu_bwd, setup_context=_bias_gelu_setup)
-
-
-@torch.library.custom_op("echo_plan::swiglu", mutates_args=())
-def swiglu(h: Tensor) -> Tensor:
-    gate, up = torch.chunk(h, 2, dim=-1)
-    return F.silu(gate) * up
-
-
-@torch.library.custom_op("echo_plan::swiglu_backward", mutates_args=())
-def swiglu_backward(grad: Tensor, h: Tensor) -> Tensor:
-    gate, up = (t.float() for t in torch.chunk(h, 2, dim=-1))
-    sig = torch.sigmoid(gate)
-    g = grad.float()
-    return torch.cat((g * up * sig * (1 + gate * (1 - sig)), g * gate * sig), dim=-1).to(grad.dtype)
-
-
-swiglu.register_fake(lambda h: h.new_empty((*h.shape[:-1], h.shape[-1] // 2)))
-swiglu_backward.register_fake(lambda grad, h: torch.empty_like(h))
-
-
-def _swiglu_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
-
-
-def _swiglu_bwd(ctx, grad):
-    (h,) = ctx.saved_tensors
-    return swiglu_backward(grad, h)
-
-
-swiglu.register_autograd(_swiglu_bwd, setup_context=_swiglu_setup)
-
-
-@torch.library.custom_op("echo_plan::bias_dropout_add", mutates_args=())
-def bias_dropout_add(x: Tensor, bias: Tensor | None, residual: Tensor, p: float, seed: int) -> tuple[Tensor, Tensor]:
-    y = x + bias if bias is not None else x
-    if p > 0:
-        keep = _keep_mask(y.shape, p, seed, y.device)
-        return residual + y * keep / (1.0 - p), keep
-    return residual + y, torch.empty(0, dtype=torch.bool, device=y.device)
-
-
-@torch.library.custom_op("echo_plan::dropout_backward", mutates_args=())
-def dropout_backward(grad: Tensor, keep: Tensor, p: float) -> Tensor:
-    return grad * keep / (1.0 - p)
-
-
-@bias_dropout_add.register_fake
-def _bda_fake(x, bias, residual, p, seed):
-    mask = x.new_empty(x.shape, dtype=torch.bool) if p > 0 else x.new_empty((0,), dtype=torch.bool)
-    return torch.empty_like(residual), mask
-
-
-dropout_backward.register_fake(lambda grad, keep, p: torch.empty_like(grad))
-
-
-def _bda_setup(ctx, inputs, output):
-    x, bias, _residual, p, _seed = inputs
-    ctx.p, ctx.has_bias = p, bias is not None
-    ctx.save_for_backward(output[1])
-    ctx.set_materialize_grads(False)
-
-
-def _bda_bwd(ctx, grad, _grad_mask):
-    (keep,) = ctx.saved_tensors
-    gx = dropout_backward(grad, keep, ctx.p) if ctx.p > 0 else grad
-    gb = gx.reshape(-1, gx.shape[-1]).sum(0) if ctx.has_bias else None
-    return gx, gb, grad, None, None
-
-
-bias_dropout_add.register_autograd(_bda_bwd, setup_context=_bda_setup)
-
-
-def dropout(x: Tensor, p: float) -> Tensor:
-    """Dropout as the GPU runs it: one ``native_dropout`` kernel keeping a 1-byte mask (on the CPU
-    ``F.dropout`` decomposes into bernoulli, divide and multiply, saving a 2-byte scaled mask)."""
-    return torch.ops.aten.native_dropout(x, p, True)[0] if p > 0 else x
 
 
 # -- communication and buffers --------------------------------------------------------------------

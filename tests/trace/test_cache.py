@@ -115,6 +115,16 @@ def test_code_version_follows_the_module_source(tmp_path, monkeypatch):
     assert keys.code_version() != before
 
 
+def test_every_module_that_defines_traced_ops_is_part_of_the_code_version():
+    """A module registering custom ops decides what a trace records: editing it must invalidate the cache."""
+    from echo_plan.trace import keys
+
+    here = keys.Path(keys.__file__).parent
+    defining = {p.name for p in here.glob("*.py") if "torch.library.custom_op" in p.read_text()}
+    in_process_only = {"sparsify.py"}  # its kernels' records are memoised per process, never in the trace cache
+    assert defining and defining - in_process_only <= set(keys.TRACED_MODULES)
+
+
 def test_concurrent_writers_leave_one_whole_file(tmp_path, gpt_small):
     from concurrent.futures import ThreadPoolExecutor
 
