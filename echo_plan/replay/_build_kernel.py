@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from echo_plan.replay._step_kernel import breakdown, zb_v
+from echo_plan.replay._step_kernel import breakdown, graph, zb_v
 
 __all__ = ["build", "graph", "breakdown", "zb_v"]  # what pipeline_fast and schedules_zb call
 
@@ -363,65 +363,3 @@ def _depend(d_own, d_dep, nd, task, dep0, dep2, dep1):
             d_dep[nd] = dep
             nd += 1
     return nd
-
-
-@njit(cache=True, nogil=True)
-def graph(n, pp, dev, skind, d_own, d_dep, code, ncodes):
-    """The event loop's arrays: streams numbered in order of first use (as the engine numbers them)
-    with their (device, stream code), each stream's tasks in order (``qptr``/``order``), dependency
-    counts, dependents in CSR form (task order), the most streams of one device, and the profile
-    codes in order of first use."""
-    sid_of = np.full(pp * 5, -1, dtype=np.int64)
-    sid = np.zeros(n, dtype=np.int64)
-    keys = np.zeros(pp * 5, dtype=np.int64)
-    ns = 0
-    seen = np.zeros(ncodes, dtype=np.bool_)
-    codes = np.zeros(ncodes, dtype=np.int64)
-    nc = 0
-    for i in range(n):
-        key = dev[i] * 5 + skind[i]
-        s = sid_of[key]
-        if s < 0:
-            s = sid_of[key] = ns
-            keys[ns] = key
-            ns += 1
-        sid[i] = s
-        if not seen[code[i]]:
-            seen[code[i]] = True
-            codes[nc] = code[i]
-            nc += 1
-    qptr = np.zeros(ns + 1, dtype=np.int64)
-    for i in range(n):
-        qptr[sid[i] + 1] += 1
-    per_dev = np.zeros(pp, dtype=np.int64)
-    for s in range(ns):
-        qptr[s + 1] += qptr[s]
-        per_dev[keys[s] // 5] += 1
-    fill = qptr[:-1].copy()
-    order = np.zeros(n, dtype=np.int64)
-    for i in range(n):
-        s = sid[i]
-        order[fill[s]] = i
-        fill[s] += 1
-    nd = len(d_own)
-    ndeps = np.zeros(n, dtype=np.int64)
-    dptr = np.zeros(n + 1, dtype=np.int64)
-    for q in range(nd):
-        ndeps[d_own[q]] += 1
-        dptr[d_dep[q] + 1] += 1
-    for i in range(n):
-        dptr[i + 1] += dptr[i]
-    # dependents of each task in task order: owners by increasing index within each dependency
-    by_owner = np.argsort(d_own, kind="mergesort")
-    didx = np.zeros(nd, dtype=np.int64)
-    fill = dptr[:-1].copy()
-    for q in range(nd):
-        j = by_owner[q]
-        d = d_dep[j]
-        didx[fill[d]] = d_own[j]
-        fill[d] += 1
-    maxrun = 1
-    for d in range(pp):
-        if per_dev[d] > maxrun:
-            maxrun = per_dev[d]
-    return sid, keys[:ns], qptr, order, ndeps, dptr, didx, maxrun, codes[:nc]
