@@ -15,10 +15,10 @@ changes nothing but the all-to-all's network tier, so the dense suites' rows are
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from echo_plan.calibrate.row_fit import bisect_figure, fit_record, log_residuals
 from echo_plan.errors import EchoPlanError
 
 SHARE_RANGE = (0.2, 1.0)
@@ -48,29 +48,15 @@ def a2a_fit(rows: Sequence[Any], fit_labels: Sequence[str], cluster: Any, stack_
 
     def residuals(share: float, which: Sequence[Any]) -> list[float]:
         sim = RowSimulator(with_share(cluster, share), stack_name, cache, model_settings=model_settings)
-        out = []
-        for r in which:
-            p = sim.predict(r)
-            if p.step_s is None:
-                raise EchoPlanError(f"row {r.label!r}: {p.problem}")
-            out.append(math.log(p.step_s / r.measured_step_s))
-        return out
+        return log_residuals(sim.predict, which)
 
     lo, hi = SHARE_RANGE
     if sum(residuals(hi, fit)) > 0:  # too slow even at NCCL's own figure: nothing to fit
         share = hi
     else:
-        for i in range(iterations):
-            mid = math.sqrt(lo * hi)
-            mean = sum(residuals(mid, fit)) / len(fit)
-            if progress is not None:
-                progress(i, f"all-to-all network share {mid:.4f}: mean log residual {mean:+.4f}")
-            lo, hi = (mid, hi) if mean > 0 else (lo, mid)  # too slow: a higher share
-        share = round(math.sqrt(lo * hi), 3)
-    res = residuals(share, modelled)
-    return {"share": share, "fitted_on": [r.label for r in fit],
-            "held_out": [r.label for r in modelled if r.label not in set(fit_labels)],
-            "residuals": {r.label: round(math.exp(x) - 1, 4) for r, x in zip(modelled, res)}}
+        share = bisect_figure(lambda s: sum(residuals(s, fit)) / len(fit), lo, hi, iterations, progress,
+                              "all-to-all network share", 3)
+    return fit_record("share", share, fit, modelled, residuals(share, modelled))
 
 
 def a2a_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None) -> dict[str, Any]:
@@ -120,7 +106,7 @@ def a2a_recipes() -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from echo_plan.calibrate.fit_cli import fit_main
+    from echo_plan.calibrate.row_fit import fit_main
 
     return fit_main(argv, __doc__.splitlines()[0], a2a_recipes(), a2a_block,
                     lambda got: f"{KEY} {got['share']} fitted on {', '.join(got['fitted_on'])}", "nccl", merge)

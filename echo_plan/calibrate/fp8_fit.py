@@ -12,11 +12,11 @@ fit: each model's two smallest clusters); every other fp8 row stays held out. Th
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from echo_plan.calibrate.row_fit import bisect_figure, fit_record, log_residuals
 from echo_plan.errors import EchoPlanError
 
 SCALE_RANGE = (0.5, 1.5)
@@ -43,26 +43,10 @@ def fp8_fit(rows: Sequence[Any], fit_labels: set[str], cluster: Any, stack_name:
 
     def residuals(scale: float, which: Sequence[Any]) -> list[float]:
         compute = AnalyticalComputeModel(replace(base, fp8_gemm_efficiency_scale=scale).apply(consts))
-        out = []
-        for r in which:
-            p = sim.predict(r, compute=compute)
-            if p.step_s is None:
-                raise EchoPlanError(f"row {r.label!r}: {p.problem}")
-            out.append(math.log(p.step_s / r.measured_step_s))
-        return out
+        return log_residuals(lambda r: sim.predict(r, compute=compute), which)
 
-    lo, hi = SCALE_RANGE
-    for i in range(24):
-        mid = math.sqrt(lo * hi)
-        mean = sum(residuals(mid, fit)) / len(fit)
-        if progress is not None:
-            progress(i, f"fp8 scale {mid:.4f}: mean log residual {mean:+.4f}")
-        lo, hi = (mid, hi) if mean > 0 else (lo, mid)  # too slow: a higher scale
-    scale = round(math.sqrt(lo * hi), 4)
-    res = residuals(scale, fp8)
-    return {"scale": scale, "fitted_on": [r.label for r in fit],
-            "held_out": [r.label for r in fp8 if r.label not in fit_labels],
-            "residuals": {r.label: round(math.exp(x) - 1, 4) for r, x in zip(fp8, res)}}
+    scale = bisect_figure(lambda s: sum(residuals(s, fit)) / len(fit), *SCALE_RANGE, 24, progress, "fp8 scale", 4)
+    return fit_record("scale", scale, fit, fp8, residuals(scale, fp8))
 
 
 def fp8_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None) -> dict[str, Any] | None:
@@ -94,7 +78,7 @@ def merge(compute: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from echo_plan.calibrate.fit_cli import fit_main
+    from echo_plan.calibrate.row_fit import fit_main
     from echo_plan.calibrate.presets import _recipes
 
     recipes = {name: r for name, r in _recipes().items() if "suite" in r}
