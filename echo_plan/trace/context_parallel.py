@@ -55,6 +55,21 @@ def _join(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _bhsd(kernels.assemble([_sbhd(a), _sbhd(b)]))
 
 
+def _saved_output(ctx, q, kv, early, late, group: TPGroup, dropout_p: float) -> torch.Tensor:
+    """Join the early and late query chunks' (output, log-sum-exp), save what both CP variants' backward
+    reads (q, the local packed K/V, output, log-sum-exp), and return the output as [s_local, b, heads * d]."""
+    out, lse = _join(early[0], late[0]), _join(early[1], late[1])
+    ctx.save_for_backward(q, kv, out, lse)
+    ctx.group, ctx.p = group, dropout_p
+    return _sbhd(out).reshape(q.shape[0], q.shape[1], -1)
+
+
+def _saved_inputs(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What :func:`_saved_output` kept, with q and the incoming gradient as [b, heads, s, d] views."""
+    q, kv, out, lse = ctx.saved_tensors
+    return q, kv, out, lse, _bhsd(q), _bhsd(grad.reshape(q.shape[0], q.shape[1], q.shape[2], -1))
+
+
 class _RingAttention(torch.autograd.Function):
     """Ring attention on rank 0 of the CP group: q, k, v are [s_local, b, heads, d]."""
 
@@ -76,17 +91,13 @@ class _RingAttention(torch.autograd.Function):
                 part, part_lse = kernels.attention_with_lse(qb[:, :, c:], kb, vb, False, dropout_p)
                 late, late_lse = kernels.attn_out_correction(late, late_lse, part, part_lse)
             cur = nxt
-        out, lse = _join(early, late), _join(early_lse, late_lse)
-        ctx.save_for_backward(q, kv, out, lse)
-        ctx.group, ctx.p = group, dropout_p
-        return _sbhd(out).reshape(q.shape[0], q.shape[1], -1)
+        return _saved_output(ctx, q, kv, (early, early_lse), (late, late_lse), group, dropout_p)
 
     @staticmethod
     def backward(ctx, grad):
-        q, kv, out, lse = ctx.saved_tensors
+        q, kv, out, lse, qb, gb = _saved_inputs(ctx, grad)
         group, p = ctx.group, ctx.p
         cp, s, c = group.size, q.shape[0], q.shape[0] // 2
-        qb, gb = _bhsd(q), _bhsd(grad.reshape(q.shape[0], q.shape[1], q.shape[2], -1))
         cur, recv, own = kv, None, None
         dq_early = dq_late = None
         for i in range(cp):
@@ -136,19 +147,16 @@ class _AllGatherAttention(torch.autograd.Function):
         qb = _bhsd(q)
         early, early_lse = kernels.attention_with_lse(qb[:, :, :c], kb[:, :, :c], vb[:, :, :c], True, dropout_p)
         late, late_lse = kernels.attention_with_lse(qb[:, :, c:], kb, vb, True, dropout_p)  # all 2cp chunks
-        out, lse = _join(early, late), _join(early_lse, late_lse)
-        ctx.save_for_backward(q, kv, out, lse)  # TE keeps the local K/V and gathers again in backward
-        ctx.group, ctx.p = group, dropout_p
-        return _sbhd(out).reshape(q.shape[0], q.shape[1], -1)
+        # TE keeps the local K/V and gathers again in backward
+        return _saved_output(ctx, q, kv, (early, early_lse), (late, late_lse), group, dropout_p)
 
     @staticmethod
     def backward(ctx, grad):
-        q, kv, out, lse = ctx.saved_tensors
+        q, kv, out, lse, qb, gb = _saved_inputs(ctx, grad)
         group, p = ctx.group, ctx.p
         cp, c = group.size, q.shape[0] // 2
         full = _sequence_order(parallel.all_gather(kv, group), cp)
         kb, vb = _kv_views(full)
-        qb, gb = _bhsd(q), _bhsd(grad.reshape(q.shape[0], q.shape[1], q.shape[2], -1))
         dq_e, dk_e, dv_e = kernels.attention_backward(gb[:, :, :c], qb[:, :, :c], kb[:, :, :c], vb[:, :, :c],
                                                       out[:, :, :c], lse[:, :, :c], True, p)
         dq_l, dk, dv = kernels.attention_backward(gb[:, :, c:], qb[:, :, c:], kb, vb, out[:, :, c:], lse[:, :, c:],
