@@ -90,8 +90,9 @@ class SimulationMemo:
             self._defaults["interference"] = load_interference(None)
         return self._defaults["interference"]
 
-    def default_compute(self, cluster: ClusterSpec) -> "ComputeModel":
-        key = ("compute", cluster.model_dump_json())  # the GPU and the cluster's compute calibration
+    def default_compute(self, cluster: ClusterSpec, cluster_key: str | None = None) -> "ComputeModel":
+        """``cluster_key``: the cluster's ``model_dump_json()`` where the caller has it already."""
+        key = ("compute", cluster_key or cluster.model_dump_json())  # the GPU and the compute calibration
         if key not in self._defaults:
             from echo_plan.cost.kernel_db import compute_model_for
 
@@ -107,8 +108,8 @@ class SimulationMemo:
             self._defaults[key] = prediction_range(cluster, stack)
         return self._defaults[key]
 
-    def default_comm(self, cluster: ClusterSpec) -> "CollectiveModel":
-        key = ("comm", cluster.model_dump_json())
+    def default_comm(self, cluster: ClusterSpec, cluster_key: str | None = None) -> "CollectiveModel":
+        key = ("comm", cluster_key or cluster.model_dump_json())
         if key not in self._defaults:
             from echo_plan.cost.collectives import collective_model_for
 
@@ -199,13 +200,13 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
-    compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster), stack)
-    comm = comm if comm is not None else memo.default_comm(cluster)
+    cluster_key = cluster.model_dump_json()  # once: it keys the compute and comm models and every memo below
+    compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster, cluster_key), stack)
+    comm = comm if comm is not None else memo.default_comm(cluster, cluster_key)
     if interference is None:
         interference = memo.default_interference()
 
     traces = memo.traces(model, plan, cache, stack)
-    cluster_key = cluster.model_dump_json()
     timing = memo.timings(traces, compute, comm, cluster, cluster_key, plan, interference)
     paired = ep_overlap_pairs(model, plan, stack)  # the stack's MoE all-to-all overlap: F/B pairs
     if plan.schedule.split_backward or paired:  # (the pairs' savings come with the split timings)

@@ -235,11 +235,11 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
-    compute = with_stack_kernels(memo.default_compute(cluster), stack)
-    comm = comm if comm is not None else memo.default_comm(cluster)
+    ckey = cluster.model_dump_json()
+    compute = with_stack_kernels(memo.default_compute(cluster, ckey), stack)
+    comm = comm if comm is not None else memo.default_comm(cluster, ckey)
     interference = interference if interference is not None else memo.default_interference()
     traces = memo.traces(model, plan, cache, stack)
-    ckey = cluster.model_dump_json()
     timing = memo.timings(traces, compute, comm, cluster, ckey, plan, interference)
 
     def comm_time(kind: CollectiveKind, nbytes: int, group: Any) -> float:
