@@ -123,13 +123,7 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, pr
             for a in range(nc):
                 c = order_c[a]
                 for b in range(b_ptr[r * v + c + 1] - 1, b_ptr[r * v + c] - 1, -1):
-                    i = dp_base[r] + 1 + dp_cnt[r]
-                    dp_cnt[r] += 1
-                    work[i] = b_gather_s[b]
-                    dev[i] = r
-                    skind[i] = S_DP
-                    code[i] = kbase + k_gather
-                    cat[i] = C_DP
+                    i = _dp_task(work, dev, skind, code, cat, dp_base, dp_cnt, r, b_gather_s[b], kbase + k_gather)
                     gather_at[b] = i
         prev_send = -1
         last = 0
@@ -229,13 +223,7 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, pr
                         nd += 1
                     prev_piece = last
                     if mode == 2 and (kd == 1 or kd == 3):  # the bucket's reduction starts after its piece
-                        i = dp_base[r] + 1 + dp_cnt[r]
-                        dp_cnt[r] += 1
-                        work[i] = b_reduce_s[b]
-                        dev[i] = r
-                        skind[i] = S_DP
-                        code[i] = kbase + b_reduce_code[b]
-                        cat[i] = C_DP
+                        i = _dp_task(work, dev, skind, code, cat, dp_base, dp_cnt, r, b_reduce_s[b], kbase + b_reduce_code[b])
                         d_own[nd] = i
                         d_dep[nd] = last
                         nd += 1
@@ -261,13 +249,7 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, pr
             for a in range(nc):
                 c = order_c[a]
                 for b in range(b_ptr[r * v + c], b_ptr[r * v + c + 1]):
-                    i = dp_base[r] + 1 + dp_cnt[r]
-                    dp_cnt[r] += 1
-                    work[i] = b_reduce_s[b]
-                    dev[i] = r
-                    skind[i] = S_DP
-                    code[i] = kbase + b_reduce_code[b]
-                    cat[i] = C_DP
+                    i = _dp_task(work, dev, skind, code, cat, dp_base, dp_cnt, r, b_reduce_s[b], kbase + b_reduce_code[b])
                     d_own[nd] = i
                     d_dep[nd] = last_compute[r]
                     nd += 1
@@ -303,13 +285,7 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, pr
         if not overlap_gather:
             for b in range(b_ptr[r * v], b_ptr[r * v + v]):
                 if b_gather_s[b] > 0:
-                    j = dp_base[r] + 1 + dp_cnt[r]
-                    dp_cnt[r] += 1
-                    work[j] = b_gather_s[b]
-                    dev[j] = r
-                    skind[j] = S_DP
-                    code[j] = kbase + k_gather
-                    cat[j] = C_DP
+                    j = _dp_task(work, dev, skind, code, cat, dp_base, dp_cnt, r, b_gather_s[b], kbase + k_gather)
                     d_own[nd] = j
                     d_dep[nd] = i
                     nd += 1
@@ -333,6 +309,19 @@ def build(pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, pr
             d_dep[nd] = tied
             nd += 1
     return (ok, n, work, dev, skind, code, cat, islot, ishare, d_own[:nd], d_dep[:nd])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _dp_task(work, dev, skind, code, cat, dp_base, dp_cnt, r, w, task_code):
+    """Rank ``r``'s next data-parallel task (after its optimizer slot ``dp_base[r]``): its index."""
+    i = dp_base[r] + 1 + dp_cnt[r]
+    dp_cnt[r] += 1
+    work[i] = w
+    dev[i] = r
+    skind[i] = S_DP
+    code[i] = task_code
+    cat[i] = C_DP
+    return i
 
 
 @njit(cache=True, nogil=True, inline="always")
