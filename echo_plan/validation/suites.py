@@ -187,6 +187,9 @@ def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int,
     unit = rows[0].unit if rows else ""
     notes = [f"cluster {suite.cluster}, stack {suite.stack}; "
              f"{len(fit)} rows fitted the preset's calibration, {len(held)} held out"]
+    own = {m: ms["stack"] for m, ms in sorted((suite.model_settings or {}).items()) if ms.get("stack")}
+    if own:  # a model whose runs used another stack preset (model_settings ``stack:``)
+        notes.append("; ".join(f"{m} rows with stack {name}" for m, name in own.items()))
     waiting = sorted({r.not_modelled for r in rows if r.not_modelled})
     if waiting:
         notes.append(f"{sum(1 for r in rows if r.not_modelled)} rows not modelled yet: " + "; ".join(waiting))
