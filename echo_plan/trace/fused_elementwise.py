@@ -5,6 +5,11 @@ kernel each, recorded with its real shapes, saving what the fused kernel saves.
 * ``swiglu``: Megatron-LM's ``bias_swiglu_impl`` without bias (silu(gate) * up; saves the input).
 * ``bias_dropout_add``: Megatron-LM's ``bias_dropout_add_fused_train`` (residual + dropout(x + bias);
   saves a 1-byte mask), and ``dropout`` on its own.
+* ``clamped_geglu``: GPT-OSS's clamped gated unit as Megatron-Core's experts run it with
+  ``bias_activation_fusion`` (``weighted_bias_quick_geglu_impl`` in megatron/core/fusions/
+  fused_bias_geglu.py, called from experts.py with the GPT-OSS provider's ``glu_linear_offset`` 1 and
+  ``activation_func_clamp_value`` 7): gate.clamp(max=7) * sigmoid(1.702 gate) * (up.clamp(-7, 7) + 1),
+  one kernel forward and one backward; saves its input.
 """
 
 from __future__ import annotations
@@ -84,6 +89,46 @@ def _swiglu_bwd(ctx, grad):
 
 
 swiglu.register_autograd(_swiglu_bwd, setup_context=_swiglu_setup)
+
+
+CLAMP_LIMIT, CLAMPED_ALPHA = 7.0, 1.702  # GPT-OSS (OpenAI 2025 model card and reference implementation)
+
+
+def clamped_geglu_reference(h: Tensor) -> Tensor:
+    """The clamped gated unit on [..., 2f] (gate and up halves) in plain torch ops (unfused kernels)."""
+    gate, up = torch.chunk(h, 2, dim=-1)
+    gate = gate.clamp(max=CLAMP_LIMIT)
+    up = up.clamp(min=-CLAMP_LIMIT, max=CLAMP_LIMIT)
+    return gate * torch.sigmoid(gate * CLAMPED_ALPHA) * (up + 1)
+
+
+@torch.library.custom_op("echo_plan::clamped_geglu", mutates_args=())
+def clamped_geglu(h: Tensor) -> Tensor:
+    return clamped_geglu_reference(h)
+
+
+@torch.library.custom_op("echo_plan::clamped_geglu_backward", mutates_args=())
+def clamped_geglu_backward(grad: Tensor, h: Tensor) -> Tensor:
+    gate, up = (t.float() for t in torch.chunk(h, 2, dim=-1))
+    g = grad.float()
+    gate_c = gate.clamp(max=CLAMP_LIMIT)
+    up_c = up.clamp(min=-CLAMP_LIMIT, max=CLAMP_LIMIT)
+    sig = torch.sigmoid(CLAMPED_ALPHA * gate_c)
+    d_gate = g * (up_c + 1) * sig * (1 + CLAMPED_ALPHA * gate_c * (1 - sig)) * (gate <= CLAMP_LIMIT)
+    d_up = g * gate_c * sig * ((up >= -CLAMP_LIMIT) & (up <= CLAMP_LIMIT))
+    return torch.cat((d_gate, d_up), dim=-1).to(grad.dtype)
+
+
+clamped_geglu.register_fake(lambda h: h.new_empty((*h.shape[:-1], h.shape[-1] // 2)))
+clamped_geglu_backward.register_fake(lambda grad, h: torch.empty_like(h))
+
+
+def _clamped_geglu_bwd(ctx, grad):
+    (h,) = ctx.saved_tensors
+    return clamped_geglu_backward(grad, h)
+
+
+clamped_geglu.register_autograd(_clamped_geglu_bwd, setup_context=_swiglu_setup)
 
 
 @torch.library.custom_op("echo_plan::bias_dropout_add", mutates_args=())

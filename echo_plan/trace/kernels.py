@@ -38,11 +38,12 @@ Tensor = torch.Tensor
 # Megatron-LM's fused elementwise kernels (bias_gelu, swiglu, bias_dropout_add, dropout) live in
 # fused_elementwise.py; importing them here registers them and keeps ``kernels.swiglu`` etc. working.
 from echo_plan.trace.fused_elementwise import (  # noqa: E402
-    _keep_mask, bias_dropout_add, bias_gelu, dropout, dropout_backward, swiglu, swiglu_backward)
+    _keep_mask, bias_dropout_add, bias_gelu, clamped_geglu, clamped_geglu_backward, dropout, dropout_backward, swiglu,
+    swiglu_backward)
 
 __all__ = ["assemble", "attention", "attention_backward", "attention_with_lse", "attn_out_correction", "bias_dropout_add",
-           "bias_gelu", "cp_exchange", "dropout", "dropout_backward", "ring_exchange", "scaled_masked_softmax", "swiglu",
-           "swiglu_backward", "window_fraction"]
+           "bias_gelu", "clamped_geglu", "clamped_geglu_backward", "cp_exchange", "dropout", "dropout_backward",
+           "ring_exchange", "scaled_masked_softmax", "swiglu", "swiglu_backward", "window_fraction"]
 
 
 def _expand_kv(q: Tensor, t: Tensor) -> Tensor:

@@ -14,6 +14,7 @@ from torch import nn
 from echo_plan.specs import Norm
 from echo_plan.trace import kernels, parallel
 from echo_plan.trace.fake_pg import TPGroup
+from echo_plan.trace.fused_elementwise import clamped_geglu_reference
 
 RMS_EPS = 1e-5
 LN_EPS = 1e-5
@@ -184,12 +185,7 @@ def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
     return -(-vocab // multiple) * multiple
 
 
-CLAMP_LIMIT, CLAMPED_ALPHA = 7.0, 1.702  # GPT-OSS (OpenAI 2025 model card and reference implementation)
-
-
 def clamped_swiglu(h: torch.Tensor) -> torch.Tensor:
-    """GPT-OSS's gated unit on [..., 2f] (gate and up halves), as unfused elementwise kernels."""
-    gate, up = torch.chunk(h, 2, dim=-1)
-    gate = gate.clamp(max=CLAMP_LIMIT)
-    up = up.clamp(min=-CLAMP_LIMIT, max=CLAMP_LIMIT)
-    return gate * torch.sigmoid(gate * CLAMPED_ALPHA) * (up + 1)
+    """GPT-OSS's gated unit on [..., 2f] (gate and up halves), as unfused elementwise kernels (a dense
+    MLP; Megatron-Core's experts fuse it: ``fused_elementwise.clamped_geglu``)."""
+    return clamped_geglu_reference(h)

@@ -90,8 +90,9 @@ class Experts(nn.Module):
     """This rank's local experts (their FFN split by expert TP), as a grouped GEMM or one GEMM each."""
 
     def __init__(self, model: ModelSpec, local: int, etp: int, dtype: torch.dtype, grouped: bool,
-                 recompute_act=None, discard=None) -> None:
+                 recompute_act=None, discard=None, fused_act: bool = True) -> None:
         super().__init__()
+        self.fused_act = fused_act  # Megatron-Core's bias_activation_fusion (the stack's fused elementwise ops)
         self.recompute_act = recompute_act if discard is not None else None  # checkpoints a callable
         self.discard = discard
         assert model.moe is not None
@@ -104,8 +105,8 @@ class Experts(nn.Module):
         self.fp8 = None  # an fp8.Fp8State when the expert GEMMs run in FP8 (set by the block)
 
     def act(self, h: torch.Tensor) -> torch.Tensor:
-        if self.activation is Activation.SWIGLU_CLAMPED:
-            return clamped_swiglu(h)
+        if self.activation is Activation.SWIGLU_CLAMPED:  # experts.py: weighted_bias_quick_geglu_impl
+            return kernels.clamped_geglu(h) if self.fused_act else clamped_swiglu(h)
         if self.activation is Activation.SWIGLU:
             return kernels.swiglu(h)
         if self.activation is Activation.GELU:
@@ -157,7 +158,7 @@ class MoELayer(nn.Module):
         self.model, self.layout, self.groups = model, layout, groups
         self.router_weight = nn.Parameter(torch.empty(moe.num_experts, model.hidden_size, dtype=dtype))
         self.experts = Experts(model, moe.num_experts // layout.ep, layout.etp, dtype, stack.moe_grouped_gemm,
-                               recompute_act, discard)
+                               recompute_act, discard, fused_act=stack.fused_elementwise)
         self.shared = shared_mlp
         self.allgather = stack.moe_dispatcher is MoEDispatcher.ALLGATHER
         self.fused = stack.moe_permute_fusion

@@ -25,6 +25,7 @@ _SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_
             "scaled_masked_softmax", "scaled_masked_softmax_backward"}
 # echo_plan's fused elementwise kernels (trace/kernels.py) and torch's dropout kernels
 _FUSED_ELEMENTWISE = {"bias_gelu", "bias_gelu_backward", "swiglu", "swiglu_backward", "bias_dropout_add",
+                      "clamped_geglu", "clamped_geglu_backward",
                       "attn_out_correction", "dropout_backward", "rope", "rope_backward", "native_dropout", "native_dropout_backward",
                       # Transformer Engine's FP8 casts (trace/fp8_kernels.py): bandwidth-bound
                       "fp8_cast", "fp8_cast_transpose", "fp8_transpose", "fp8_block_cast", "fp8_weight_cast",

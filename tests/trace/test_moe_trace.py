@@ -74,3 +74,64 @@ def test_bad_moe_inputs_are_one_line_errors():
         validate_plan(PlanSpec(dp=8, ep=2, global_batch_size=8), dense, cluster)
     with pytest.raises(SpecError, match="ep x etp"):
         PlanSpec.build(dict(tp=1, dp=6, ep=4, global_batch_size=6))
+
+
+def _clamped(model: ModelSpec) -> ModelSpec:
+    return model.replace(activation="swiglu_clamped")
+
+
+def _expert_ops(trace, phase) -> list[str]:
+    return [op.name for op in trace.ops if op.phase is phase and op.module.endswith("experts")]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_clamped_experts_run_megatrons_fused_geglu_when_the_stack_fuses(fused):
+    """Megatron-Core's experts run GPT-OSS's clamped unit as one fused kernel each way
+    (weighted_bias_quick_geglu_impl); a stack without fused elementwise ops runs the plain torch ops."""
+    from echo_plan.specs import load_stack
+
+    stack = load_stack("megatron-core", {"fused_elementwise": fused})
+    trace = trace_stage(_clamped(tiny()), StageKind.BLOCK, tp=1, sequence_parallel=False, micro_batch_size=1,
+                        dtype="bf16", recompute="none", kind=MOE, layout=ExpertLayout(1, 1, 1.0), stack=stack)
+    fwd, bwd = _expert_ops(trace, Phase.FORWARD), _expert_ops(trace, Phase.BACKWARD)
+    if fused:
+        assert fwd.count("echo_plan.clamped_geglu.default") == 1 and "aten.clamp.default" not in fwd
+        assert bwd.count("echo_plan.clamped_geglu_backward.default") == 1 and "aten.sigmoid_backward.default" not in bwd
+    else:
+        assert "echo_plan.clamped_geglu.default" not in fwd and "aten.clamp.default" in fwd
+
+
+def test_fused_clamped_geglu_matches_the_plain_ops_both_ways():
+    """The fused kernel computes what the unfused ops compute, gradients included, clamped regions too."""
+    import torch
+
+    from echo_plan.trace.fused_elementwise import CLAMP_LIMIT, clamped_geglu, clamped_geglu_reference
+
+    gen = torch.Generator().manual_seed(0)
+    h = (torch.randn(64, 32, generator=gen, dtype=torch.float64) * 2 * CLAMP_LIMIT).requires_grad_()
+    h2 = h.detach().clone().requires_grad_()
+    grad = torch.randn(64, 16, generator=gen, dtype=torch.float64)
+    out, ref = clamped_geglu(h), clamped_geglu_reference(h2)
+    assert torch.allclose(out, ref)
+    out.backward(grad)
+    ref.backward(grad)
+    assert (h.abs() > CLAMP_LIMIT).any()  # the clamps are exercised
+    assert torch.allclose(h.grad, h2.grad)
+
+
+def test_fused_clamped_experts_never_cost_more_than_unfused():
+    """One fused pass each way moves fewer bytes than the chain of plain kernels it replaces."""
+    from echo_plan.cost.kernel_db import compute_model_for
+    from echo_plan.specs import DType, load_stack
+
+    cluster = load_cluster("h800", gpus=8)
+    compute = compute_model_for(cluster)
+
+    def seconds(fused: bool) -> float:
+        stack = load_stack("megatron-core", {"fused_elementwise": fused})
+        trace = trace_stage(_clamped(tiny()), StageKind.BLOCK, tp=1, sequence_parallel=False, micro_batch_size=1,
+                            dtype="bf16", recompute="none", kind=MOE, layout=ExpertLayout(1, 1, 1.0), stack=stack)
+        return sum(compute.op_time(op, cluster.gpu, DType.BF16) for op in trace.ops
+                   if op.collective is None and op.module.endswith("experts") and op.kind.value == "elementwise")
+
+    assert seconds(True) < seconds(False)
