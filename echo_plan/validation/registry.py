@@ -36,6 +36,7 @@ class TrainingSuite:
     open_issue: str = ""  # modelled, but known to miss its target: shown as FAIL, not counted against `validate`
     model_settings: Any = None  # model name -> stack settings from the run's config that the file lacks
     row_defaults: Any = None  # model name -> CSV column values the file's header states for every row
+    row_corrections: tuple = ()  # rows.RowCorrection: listed values the runs' own configs contradict
     seq_length: int = 2048  # tflops-table only
     vocab_size: int = 51200
     dtype: str = "fp16"
@@ -48,6 +49,22 @@ def _precision_tolerances(d: dict) -> tuple[tuple[str, float, float], ...]:
     out = []
     for precision, tol in (d.get("precision_tolerance") or {}).items():
         out.append((str(precision), float(tol["held_out_mean"]), float(tol["held_out_max"])))
+    return tuple(out)
+
+
+def _corrections(items) -> tuple:
+    """The registry's ``row_corrections`` (a list of {match, set, why}) as rows.RowCorrection."""
+    from types import MappingProxyType
+
+    from echo_plan.validation.rows import RowCorrection
+
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or not item.get("match") or not item.get("set") or not item.get("why"):
+            raise FileFormatError("validation_suites.yaml", "each row correction needs match, set and why")
+        out.append(RowCorrection(MappingProxyType({str(k): str(v) for k, v in dict(item["match"]).items()}),
+                                 MappingProxyType({str(k): str(v) for k, v in dict(item["set"]).items()}),
+                                 " ".join(str(item["why"]).split())))
     return tuple(out)
 
 
@@ -110,6 +127,7 @@ def training_suite(path: Path) -> TrainingSuite:
                              by_precision=_precision_tolerances(d),
                              row_defaults={str(k): {str(c): str(x) for c, x in dict(v).items()}
                                            for k, v in dict(d.get("row_defaults") or {}).items()},
+                             row_corrections=_corrections(d.get("row_corrections") or ()),
                              **{k: d[k] for k in ("seq_length", "vocab_size", "dtype", "recompute") if k in d})
     v = _directive(path)
 
@@ -153,4 +171,4 @@ def training_rows(suite: TrainingSuite):
                                                            suite.recompute))
     from echo_plan.validation.rows import read_step_times
 
-    return read_step_times(suite.path, suite.not_modelled, suite.row_defaults)
+    return read_step_times(suite.path, suite.not_modelled, suite.row_defaults, suite.row_corrections)

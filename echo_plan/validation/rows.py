@@ -114,10 +114,44 @@ def _why_not(rec: dict[str, str], suite_reason: str) -> str:
     return "; ".join(dict.fromkeys(reasons))
 
 
+@dataclass(frozen=True)
+class RowCorrection:
+    """A value the file lists that the run's own configuration contradicts: rows whose columns equal
+    ``match`` are predicted with the columns of ``values`` instead (their labels keep the listed values),
+    and ``why`` (the evidence) is shown beside the row."""
+
+    match: Mapping[str, str]
+    values: Mapping[str, str]
+    why: str
+
+
+def apply_corrections(path: Path, records: list[tuple[int, dict[str, str]]], header: list[str],
+                      corrections: tuple[RowCorrection, ...]) -> dict[int, str]:
+    """Apply ``corrections`` to the records in place; {line: what was changed and why}. A correction
+    naming a column the file lacks, or matching no row, is an error (a changed file must be noticed)."""
+    notes: dict[int, str] = {}
+    for fix in corrections:
+        unknown = [c for c in (*fix.match, *fix.values) if c not in header]
+        if unknown:
+            raise FileFormatError(str(path), f"a row correction names column(s) {', '.join(unknown)} that the file "
+                                             f"lacks (columns: {', '.join(header)})")
+        hits = [(line, rec) for line, rec in records if all(rec.get(c) == v for c, v in fix.match.items())]
+        if not hits:
+            wanted = ", ".join(f"{c}={v}" for c, v in fix.match.items())
+            raise FileFormatError(str(path), f"a row correction matches no row ({wanted})")
+        for line, rec in hits:
+            changed = ", ".join(f"{c} {v} (listed {rec.get(c)})" for c, v in fix.values.items())
+            rec.update(fix.values)
+            notes[line] = f"run as {changed}: {fix.why}"
+    return notes
+
+
 def read_step_times(path: Path, not_modelled: str = "",
-                    row_defaults: Mapping[str, Mapping[str, str]] | None = None) -> tuple[TrainingRow, ...]:
+                    row_defaults: Mapping[str, Mapping[str, str]] | None = None,
+                    corrections: tuple[RowCorrection, ...] = ()) -> tuple[TrainingRow, ...]:
     """Rows of a ``step-times`` suite (see the module docstring); labels are unique in the file.
-    ``row_defaults``: per model name, values of columns the file leaves out (its header states them)."""
+    ``row_defaults``: per model name, values of columns the file leaves out (its header states them);
+    ``corrections``: listed values the runs' own configs contradict (labels keep the listed values)."""
     from echo_plan.specs import ModelSpec
 
     header, records = csv_records(path)
@@ -134,11 +168,16 @@ def read_step_times(path: Path, not_modelled: str = "",
     labels: dict[str, int] = {}
     for _, rec in records:
         labels[_label(rec)] = labels.get(_label(rec), 0) + 1
-    rows = []
-    for line, rec in records:
+    named = {}
+    for line, rec in records:  # labels name the rows as the file lists them
         label = _label(rec)
         if labels[label] > 1:
             label += f" tp{rec.get('tp')} pp{rec.get('pp')} mbs{rec.get('mbs')} gbs{rec.get('gbs')}"
+        named[line] = label
+    corrected = apply_corrections(path, records, header, corrections) if corrections else {}
+    rows = []
+    for line, rec in records:
+        label = named[line]
         why = _why_not(rec, not_modelled)
         measured_col = "step_time_s" if rec.get("step_time_s") else "tflops_per_gpu"
         unit = STEP_UNIT if measured_col == "step_time_s" else TFLOPS_UNIT
@@ -154,7 +193,7 @@ def read_step_times(path: Path, not_modelled: str = "",
             rows.append(TrainingRow(label, measured, unit, model=preset, gpus=_num(rec, "gpus", path, line),
                                     plan=MappingProxyType(_plan_fields(rec, path, line, preset)),
                                     stack_overrides=MappingProxyType(_stack_fields(rec, path, line)),
-                                    flops_per_step=flops))
+                                    flops_per_step=flops, detail=corrected.get(line, "")))
             continue
         if absent:
             raise FileFormatError(str(path), f"row {label!r} cannot be simulated: no {', '.join(absent)}", line)
@@ -177,7 +216,7 @@ def read_step_times(path: Path, not_modelled: str = "",
         rows.append(TrainingRow(label, measured, unit, model=model, gpus=_num(rec, "gpus", path, line),
                                 plan=MappingProxyType(_plan_fields(rec, path, line)),
                                 stack_overrides=MappingProxyType(_stack_fields(rec, path, line)),
-                                flops_per_step=flops))
+                                flops_per_step=flops, detail=corrected.get(line, "")))
     return tuple(rows)
 
 

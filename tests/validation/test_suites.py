@@ -227,3 +227,42 @@ def test_a_models_runs_can_name_their_own_stack_and_tflops_rows_their_own_tolera
     groups = (("fp8", 0.08, 0.15), ("fp8 TFLOP/s", 0.10, 0.10))
     assert (row_group(tflops, groups), row_group(step, groups)) == ("fp8 TFLOP/s", "fp8")
     assert row_group(tflops, groups[:1]) == "fp8"
+
+
+def test_a_row_correction_runs_the_configs_value_and_keeps_the_listed_label(tmp_path):
+    from types import MappingProxyType
+
+    from echo_plan.validation.rows import RowCorrection
+
+    p = tmp_path / "runs.csv"
+    row = ("g175,96,12288,49152,96,96,51200,2048,gelu,layernorm,learned,true,0.1,128,4,8,6,1,{mbs},256,bf16,none,true,"
+           "true,true,true,true,bf16,{t}\n")
+    p.write_text(NEMO_HEADER + "\n" + row.format(mbs=4, t=8.3) + row.format(mbs=2, t=8.0))
+    fix = RowCorrection(MappingProxyType({"mbs": "4"}), MappingProxyType({"mbs": "1"}), "the run's config says so")
+    listed, corrected = read_step_times(p), read_step_times(p, corrections=(fix,))
+    assert [r.label for r in corrected] == [r.label for r in listed] and "mbs4" in corrected[0].label
+    assert corrected[0].plan["micro_batch_size"] == 1 and listed[0].plan["micro_batch_size"] == 4
+    assert corrected[0].detail == "run as mbs 1 (listed 4): the run's config says so" and not corrected[1].detail
+    assert corrected[1].plan == listed[1].plan  # rows it does not match are untouched
+    unknown = RowCorrection(MappingProxyType({"micro_batch": "4"}), MappingProxyType({"mbs": "1"}), "x")
+    with pytest.raises(FileFormatError, match="names column.*micro_batch.*the file lacks"):
+        read_step_times(p, corrections=(unknown,))
+    stale = RowCorrection(MappingProxyType({"mbs": "8"}), MappingProxyType({"mbs": "1"}), "x")
+    with pytest.raises(FileFormatError, match="matches no row"):
+        read_step_times(p, corrections=(stale,))
+    from echo_plan.validation.registry import _corrections
+
+    with pytest.raises(FileFormatError, match="needs match, set and why"):
+        _corrections([{"match": {"mbs": "4"}, "set": {"mbs": "1"}}])  # a correction must say why
+
+
+@pytest.mark.skipif(not (SHARED / "moe_h100.csv").exists(), reason=f"no moe_h100.csv under {SHARED}")
+def test_the_gpt_oss_25_11_row_runs_its_configs_micro_batch():
+    """Megatron-Bridge's H100 config for that run sets micro-batch 1 (the listed 4 contradicts its GA)."""
+    from echo_plan.validation.registry import training_rows
+
+    rows = {r.label: r for r in training_rows(training_suite(SHARED / "moe_h100.csv"))}
+    row = rows["gpt-oss-120b bf16 64 GPUs tp1 pp4 mbs4 gbs512"]
+    assert row.plan["micro_batch_size"] == 1 and row.detail.startswith("run as mbs 1 (listed 4)")
+    assert rows["gpt-oss-120b bf16 64 GPUs tp1 pp4 mbs1 gbs1280"].detail == ""
+
