@@ -99,13 +99,14 @@ class SimulationMemo:
             self._defaults[key] = compute_model_for(cluster)
         return self._defaults[key]
 
-    def prediction_range(self, cluster: ClusterSpec, cluster_key: str, stack: SoftwareSpec):
-        """How sure a step-time prediction is on this cluster with this stack (cost/ranges.py)."""
-        key = ("range", cluster_key, stack.name, stack.base)
+    def prediction_range(self, cluster: ClusterSpec, cluster_key: str, stack: SoftwareSpec, moe: bool = False):
+        """How sure a step-time prediction is on this cluster with this stack, for a dense or a
+        mixture-of-experts model (cost/ranges.py)."""
+        key = ("range", cluster_key, stack.name, stack.base, moe)
         if key not in self._defaults:
             from echo_plan.cost.ranges import prediction_range
 
-            self._defaults[key] = prediction_range(cluster, stack)
+            self._defaults[key] = prediction_range(cluster, stack, moe)
         return self._defaults[key]
 
     def default_comm(self, cluster: ClusterSpec, cluster_key: str | None = None) -> "CollectiveModel":
@@ -279,7 +280,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         notes.append(f"does not fit: stage {worst.stage} needs {worst.total_bytes / 2**30:.1f} GiB of "
                      f"{worst.usable_bytes / 2**30:.1f} GiB usable ({worst.capacity_bytes / 2**30:.0f} GiB less "
                      f"{worst.headroom_bytes / 2**30:.1f} GiB headroom; over by {worst.overflow_bytes / 2**30:.1f} GiB)")
-    rng = memo.prediction_range(cluster, cluster_key, stack)
+    rng = memo.prediction_range(cluster, cluster_key, stack, model.is_moe)
     exchange = dp_exchange_summary(plan, base)
     fault_report = None
     if effects is not None:

@@ -64,9 +64,15 @@ def a2a_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progres
     from echo_plan.validation.registry import training_rows, training_suite
 
     suite = training_suite(vdir / f"{recipe['a2a_suite']}.csv")
-    got = a2a_fit(training_rows(suite), [str(x) for x in recipe["fit_rows"]], cluster, suite.stack,
-                  suite.model_settings, cache, progress)
-    return {"suite": suite.name, **got}
+    rows = training_rows(suite)
+    got = a2a_fit(rows, [str(x) for x in recipe["fit_rows"]], cluster, suite.stack, suite.model_settings, cache,
+                  progress)
+    # the rows an MoE prediction's range is made from (cost/ranges.py): held out, in the precisions the
+    # suite is judged on (bf16; its fp8 rows are not a target), as the dense ranges use bf16 rows
+    judged = {str(r.plan.get("dtype", "bf16")) for r in rows} - {p for p, _, _ in suite.by_precision} - {"fp8"}
+    held = set(got["held_out"])
+    range_rows = [r.label for r in rows if r.label in held and str(r.plan.get("dtype", "bf16")) in judged]
+    return {"suite": suite.name, "stack": suite.stack, "range_rows": range_rows, **got}
 
 
 def merge(nccl: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
@@ -80,6 +86,8 @@ def merge(nccl: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
         "held_out": list(got["held_out"]),
         "residuals": dict(got["residuals"]),
     }
+    if got.get("stack"):  # the held-out rows an MoE prediction's range is made from (cost/ranges.py)
+        prov["all_to_all_fit"].update(stack=got["stack"], range_rows=list(got.get("range_rows") or ()))
     out["provenance"] = prov
     return out
 

@@ -135,11 +135,41 @@ class PredictionRange:
         return predicted * self.low_factor, predicted * self.high_factor
 
 
-def prediction_range(cluster: Any, stack: Any) -> PredictionRange:
-    """The range of a step-time prediction on ``cluster`` with ``stack`` (see the module docstring)."""
+def moe_residuals(calibration: Any) -> ResidualGroup | None:
+    """The held-out residuals of the mixture-of-experts suite that fitted the cluster's all-to-all share
+    (``calibrate/a2a_fit.py`` records each row's error and which held-out rows the ranges may use), as
+    log(predicted / measured); None when the cluster carries no such fit."""
+    fit = ((((calibration or {}).get("nccl") or {}).get("provenance") or {}).get("all_to_all_fit") or {})
+    errors, rows = fit.get("residuals") or {}, [str(r) for r in fit.get("range_rows") or ()]
+    res = tuple(math.log1p(float(errors[r])) for r in rows if r in errors)
+    if len(res) < 2 or not fit.get("stack"):
+        return None
+    suite = ", ".join(fit.get("fitted_on") or {}) or "the MoE suite"
+    return ResidualGroup(str(fit["stack"]), res, tuple(rows), f"{suite}: held-out bf16 MoE runs")
+
+
+def prediction_range(cluster: Any, stack: Any, moe: bool = False) -> PredictionRange:
+    """The range of a step-time prediction on ``cluster`` with ``stack`` (see the module docstring); for a
+    mixture-of-experts model, from the held-out MoE runs of that stack on this GPU where the cluster has them
+    (``moe_residuals``), else from the dense rows, and the basis says so."""
     cal = getattr(cluster, "calibration", None) or {}
-    table = RangeTable.from_mapping(cal["ranges"], cluster.name) if "ranges" in cal else None
     names = [stack.name] + ([stack.base] if getattr(stack, "base", "") and stack.base != stack.name else [])
+    if moe:
+        g = moe_residuals(cal)
+        if g is not None and g.stack in names:
+            lo, hi = g.log_interval()
+            return PredictionRange(math.exp(lo), math.exp(hi), NOMINAL_COVERAGE,
+                                   f"{NOMINAL_COVERAGE:.0%} range from {g.n} held-out mixture-of-experts validation "
+                                   f"rows of stack {g.stack} on this GPU ({g.source})")
+    dense = _dense_range(cluster, cal, stack, names)
+    if moe:
+        return PredictionRange(dense.low_factor, dense.high_factor, dense.coverage, dense.basis
+                               + "; no mixture-of-experts validation rows for this stack on this GPU, so dense runs'")
+    return dense
+
+
+def _dense_range(cluster: Any, cal: Any, stack: Any, names: list[str]) -> PredictionRange:
+    table = RangeTable.from_mapping(cal["ranges"], cluster.name) if "ranges" in cal else None
     if table is not None:
         for name in names:
             g = table.groups.get(name)

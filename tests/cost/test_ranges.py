@@ -59,3 +59,38 @@ def test_a_derived_stack_uses_its_base_presets_rows(tmp_path):
     f.write_text("base: megatron-core\nhidden_dropout: 0.1\n")
     r = prediction_range(load_cluster("h800"), load_stack(str(f)))
     assert "stack megatron-core" in r.basis and "widened" not in r.basis
+
+
+def _with_moe_fit(cluster, errors: dict, range_rows: list, stack: str = "megatron-core"):
+    cal = dict(cluster.calibration or {})
+    nccl = dict(cal.get("nccl") or {})
+    prov = dict(nccl.get("provenance") or {})
+    prov["all_to_all_fit"] = {"fitted_on": {"moe_suite": ["a"]}, "residuals": errors, "range_rows": range_rows,
+                              "stack": stack}
+    cal["nccl"] = {**nccl, "provenance": prov}
+    return cluster.replace(calibration=cal)
+
+
+def test_an_moe_prediction_takes_the_held_out_moe_runs_range():
+    """MoE runs the dense rows never saw decide an MoE prediction's range: 30% fast held-out runs put the
+    measured step above the prediction; a dense model on the same cluster keeps the dense rows' range."""
+    h100 = load_cluster("dgx-h100")
+    cluster = _with_moe_fit(h100, {"a": 0.0, "b": -0.30, "c": -0.31, "d": -0.05, "e": 0.9},
+                            ["b", "c", "d"])  # "a" was fitted, "e" is an fp8 row the ranges leave out
+    moe = prediction_range(cluster, load_stack(), moe=True)
+    assert "3 held-out mixture-of-experts validation rows" in moe.basis
+    assert moe.low_factor < 1.0 < moe.high_factor and math.sqrt(moe.low_factor * moe.high_factor) > 1.2
+    assert prediction_range(cluster, load_stack()) == prediction_range(h100, load_stack())
+    other = prediction_range(cluster, load_stack("megatron-lm-2021"), moe=True)  # not the suite's stack
+    assert "no mixture-of-experts validation rows" in other.basis and "widened" in other.basis
+    assert "no mixture-of-experts validation rows" in prediction_range(h100.replace(calibration={}), load_stack(),
+                                                                       moe=True).basis
+
+
+def test_shipped_moe_ranges_come_from_held_out_bf16_rows():
+    from echo_plan.cost.ranges import moe_residuals
+
+    fit = load_cluster("dgx-h100").calibration["nccl"]["provenance"]["all_to_all_fit"]
+    group = moe_residuals(load_cluster("dgx-h100").calibration)
+    assert group is not None and set(group.rows) <= set(fit["held_out"])
+    assert not any("fp8" in r for r in group.rows) and not set(group.rows) & set(fit["fitted_on"]["moe_h100"])

@@ -266,3 +266,19 @@ def test_the_gpt_oss_25_11_row_runs_its_configs_micro_batch():
     assert row.plan["micro_batch_size"] == 1 and row.detail.startswith("run as mbs 1 (listed 4)")
     assert rows["gpt-oss-120b bf16 64 GPUs tp1 pp4 mbs1 gbs1280"].detail == ""
 
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED / "moe_h100.csv").exists(), reason=f"no moe_h100.csv under {SHARED}")
+def test_shipped_moe_ranges_match_the_code(validated):
+    """An MoE prediction's range comes from the all-to-all fit's record of each row's error: it must be
+    what the code predicts now (re-run python -m echo_plan.calibrate.a2a_fit --write after a model change)."""
+    from echo_plan.specs import load_cluster
+
+    _, out = validated
+    (suite,) = [s for s in out["suites"] if s["name"] == "moe_h100"]
+    fit = load_cluster(suite["cluster"]).calibration["nccl"]["provenance"]["all_to_all_fit"]
+    errors = {r["label"]: r["error"] for r in suite["rows"] if r["error"] is not None}
+    assert fit["range_rows"]
+    for label in fit["range_rows"]:
+        assert fit["residuals"][label] == pytest.approx(errors[label], abs=2e-3), (
+            f"{label}: the shipped MoE ranges no longer match; run python -m echo_plan.calibrate.a2a_fit --write")
