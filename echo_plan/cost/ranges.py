@@ -164,7 +164,8 @@ def prediction_range(cluster: Any, stack: Any, moe: bool = False) -> PredictionR
     dense = _dense_range(cluster, cal, stack, names)
     if moe:
         return PredictionRange(dense.low_factor, dense.high_factor, dense.coverage, dense.basis
-                               + "; no mixture-of-experts validation rows for this stack on this GPU, so dense runs'")
+                               + "; no mixture-of-experts validation rows for this stack on this GPU, so the dense "
+                               "rows' range, narrower than MoE runs warrant (docs/validation.md, moe_h100)")
     return dense
 
 
