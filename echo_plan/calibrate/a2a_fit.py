@@ -69,9 +69,9 @@ def a2a_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progres
                   progress)
     # the rows an MoE prediction's range is made from (cost/ranges.py): held out, in the precisions the
     # suite is judged on (bf16; its fp8 rows are not a target), as the dense ranges use bf16 rows
-    judged = {str(r.plan.get("dtype", "bf16")) for r in rows} - {p for p, _, _ in suite.by_precision} - {"fp8"}
+    apart = {"fp8"} | {p for p, _, _ in suite.by_precision}
     held = set(got["held_out"])
-    range_rows = [r.label for r in rows if r.label in held and str(r.plan.get("dtype", "bf16")) in judged]
+    range_rows = [r.label for r in rows if r.label in held and str(r.plan.get("dtype", "bf16")) not in apart]
     return {"suite": suite.name, "stack": suite.stack, "range_rows": range_rows, **got}
 
 
