@@ -54,12 +54,16 @@ class _Progress:
 
 
 def distinct_ops(ops: Iterable[OpRecord]) -> list[OpRecord]:
-    """One op per kernel key, in first-seen order; views and collectives are not kernels to time."""
-    seen: dict[KernelKey, OpRecord] = {}
+    """One op per kernel key, in first-seen order; views and collectives are not kernels to time. A
+    sliding-window attention launch shares its key with the full launch of its shapes but is not that
+    kernel: each is kept (the windowed one is then skipped, and the full one measured)."""
+    from echo_plan.trace.kernels import windowed_attention
+
+    seen: dict[tuple[KernelKey, bool], OpRecord] = {}
     for op in ops:
         if op.kind in (OpKind.VIEW, OpKind.COLLECTIVE):
             continue
-        seen.setdefault(kernel_key(op), op)
+        seen.setdefault((kernel_key(op), op.kind is OpKind.ATTENTION and windowed_attention(op)), op)
     return list(seen.values())
 
 

@@ -172,6 +172,8 @@ def _scalar_arg(arg: Any, type_s: str, op: OpRecord, metas: list[TensorMeta], de
         return {"start": 0, "end": first[dim], "step": 1}[name]
     if name == "end" and out is not None:
         return out.numel if out.shape else 1
+    if name == "k" and out is not None and op.name.startswith("aten.topk"):
+        return out.shape[-1]  # top-k along the last dim (the default)
     if name == "num_weights" and out is not None:
         return out.shape[0]
     if name == "padding_idx":
@@ -230,6 +232,12 @@ def _normalized_shape(op: OpRecord, metas: list[TensorMeta]) -> list[int]:
 def _attention_call(op: OpRecord, device: str) -> Callable[[], Any]:
     import torch
     import torch.nn.functional as F
+
+    from echo_plan.trace.kernels import windowed_attention
+
+    if windowed_attention(op):  # SDPA takes no window: it would time the full launch under this op's key
+        raise CannotRun(f"{op.name}: sliding-window attention (SDPA has no window argument; the analytical "
+                        "model costs it)")
 
     four = [m for m in op.inputs if len(m.shape) == 4]
     backward = "backward" in op.name

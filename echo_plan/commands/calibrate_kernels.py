@@ -49,9 +49,32 @@ def default_output(gpu_name: str) -> Path:
     return (kernels_dir() or Path("kernels")) / f"{stem}.json"
 
 
+def expert_layouts(model, tp: int, eps: list[int], etps: list[int] | None) -> list:
+    """The expert layouts to trace an MoE layer with at ``tp``: every ep with every etp (default: etp =
+    tp, as Megatron-Core); SpecError naming the flag for a dense model or a layout that cannot shard."""
+    from echo_plan.specs.moe import ExpertLayout
+    from echo_plan.trace.keys import check_layout
+
+    if model.moe is None:
+        if eps != [1] or etps is not None:
+            raise SpecError("--ep", eps[0] if len(eps) == 1 else ",".join(map(str, eps)), f"expert layouts need a mixture-of-experts model; "
+                            f"{model.name} is dense (leave --ep and --etp out)")
+        return []
+    layouts = [ExpertLayout(ep=ep, etp=etp) for ep in eps for etp in (etps or [tp])]
+    for layout in layouts:
+        try:
+            check_layout(model, layout)
+        except SpecError as exc:
+            flag = "--ep" if exc.field == "ep" else "--etp"
+            raise SpecError(flag, exc.value, exc.valid) from None
+    return layouts
+
+
 def traced_ops(model, tps: list[int], mbs: list[int], sequence_parallel: bool, recompute: list, dtype,
-               stack=None) -> list:
-    """Every op of the block, embedding and output stages for each (tp, mbs, recompute) asked for."""
+               stack=None, eps: list[int] | None = None, etps: list[int] | None = None) -> list:
+    """Every op of the embedding and output stages and of each kind of block the model has (dense or
+    MoE, full or sliding-window attention; MoE blocks once per expert layout) for each (tp, mbs,
+    recompute) asked for."""
     from echo_plan.trace.records import StageKind
     from echo_plan.trace.tracer import trace_stage
 
@@ -60,13 +83,19 @@ def traced_ops(model, tps: list[int], mbs: list[int], sequence_parallel: bool, r
         sp = sequence_parallel and tp > 1
         if sp and model.seq_length % tp:
             raise SpecError("--tp", tp, f"sequence parallelism needs seq_length {model.seq_length} divisible by tp")
+        layouts = expert_layouts(model, tp, eps or [1], etps)
         for b in mbs:
             for stage in StageKind:
                 modes = recompute if stage is StageKind.BLOCK else recompute[:1]
+                variants = [{}]
+                if stage is StageKind.BLOCK:
+                    variants = [{"kind": kind, "layout": layout} for kind in model.distinct_kinds()
+                                for layout in (layouts if kind.moe else [None])]
                 for mode in modes:
-                    trace = trace_stage(model, stage, tp=tp, sequence_parallel=sp, micro_batch_size=b,
-                                        dtype=dtype, recompute=mode, cache=None, stack=stack)
-                    ops.extend(trace.ops)
+                    for variant in variants:
+                        trace = trace_stage(model, stage, tp=tp, sequence_parallel=sp, micro_batch_size=b,
+                                            dtype=dtype, recompute=mode, cache=None, stack=stack, **variant)
+                        ops.extend(trace.ops)
     return ops
 
 
@@ -78,6 +107,9 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
         mbs: str = typer.Option("1", "--mbs", help="micro-batch sizes to trace, comma-separated"),
         sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="trace with sequence parallelism"),
         recompute: str = typer.Option("none", "--recompute", help="recompute modes to trace: none, selective, full"),
+        ep: str = typer.Option("1", "--ep", help="MoE models: expert-parallel degrees to trace, comma-separated"),
+        etp: Optional[str] = typer.Option(None, "--etp", help="MoE models: expert tensor-parallel degrees, "
+                                          "comma-separated (default: each --tp, as Megatron-Core)"),
         dtype: str = typer.Option("bf16", "--dtype", help="training dtype: bf16 or fp16"),
         stack: Optional[str] = StackOpt,
         device: str = typer.Option("cuda", "--device", help="cuda (a real measurement) or cpu (tests the harness)"),
@@ -110,9 +142,14 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
         spec = load_model(model)
         stack_spec = resolve_stack(stack)
         tps, sizes, modes = parse_int_list(tp, "--tp"), parse_int_list(mbs, "--mbs"), parse_recompute(recompute)
-        typer.echo(f"tracing {spec.name} at tp={tps} mbs={sizes} recompute={[m.value for m in modes]} "
+        eps = parse_int_list(ep, "--ep")
+        etps = parse_int_list(etp, "--etp") if etp is not None else None
+        for t in tps:  # before tracing anything: a bad expert layout is one line, not minutes in
+            expert_layouts(spec, t, eps, etps)
+        experts = f" ep={eps} etp={etps or 'tp'}" if spec.is_moe else ""
+        typer.echo(f"tracing {spec.name} at tp={tps} mbs={sizes} recompute={[m.value for m in modes]}{experts} "
                    f"(stack {stack_spec.name}) ...", err=True)
-        ops = traced_ops(spec, tps, sizes, sequence_parallel, modes, dt, stack_spec)
+        ops = traced_ops(spec, tps, sizes, sequence_parallel, modes, dt, stack_spec, eps, etps)
 
         def progress(i: int, n: int, name: str) -> None:
             if i % 25 == 0:
@@ -122,6 +159,8 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
         settings = {"model": spec.name, "stack": stack_spec.name, "tp": tps, "mbs": sizes,
                     "sequence_parallel": sequence_parallel,
                     "recompute": [m.value for m in modes], "dtype": dt.value, "warmup": warmup, "iters": iters}
+        if spec.is_moe:
+            settings.update(ep=eps, etp=etps if etps is not None else "tp")
         data = database_json(run, device, settings)
         target = output if output is not None else default_output(data["gpu"]["name"])
         if not run.measured:

@@ -77,6 +77,13 @@ class KernelDatabase:
         return len(self.entries)
 
     def lookup(self, op: OpRecord) -> KernelEntry | None:
+        """The measured entry of ``op``'s key; none for a sliding-window attention launch, whose key
+        (shapes only) it shares with the full-attention launch of those shapes."""
+        if op.kind is OpKind.ATTENTION:
+            from echo_plan.trace.kernels import windowed_attention
+
+            if windowed_attention(op):
+                return None
         return self.entries.get(kernel_key(op))
 
     @staticmethod

@@ -43,7 +43,8 @@ from echo_plan.trace.fused_elementwise import (  # noqa: E402
 
 __all__ = ["assemble", "attention", "attention_backward", "attention_with_lse", "attn_out_correction", "bias_dropout_add",
            "bias_gelu", "clamped_geglu", "clamped_geglu_backward", "cp_exchange", "dropout", "dropout_backward",
-           "ring_exchange", "scaled_masked_softmax", "swiglu", "swiglu_backward", "window_fraction"]
+           "ring_exchange", "scaled_masked_softmax", "swiglu", "swiglu_backward", "window_fraction",
+           "windowed_attention"]
 
 
 def _expand_kv(q: Tensor, t: Tensor) -> Tensor:
@@ -90,6 +91,29 @@ def window_fraction(s_k: int, window: int) -> float:
         return 1.0
     seen = (s_k * window - window * (window - 1) / 2) / s_k
     return min(1.0, seen / ((s_k + 1) / 2))
+
+
+def windowed_attention(op) -> bool:
+    """Whether a traced fused-attention op (forward or backward) ran over a sliding window.
+
+    The window is an argument the record does not keep; it shows in the FLOPs, which the formulas
+    above scale by :func:`window_fraction`: a windowed op records fewer FLOPs than its shapes give
+    for attention over every (causal) key. Used where an op is identified by its shapes alone (a
+    measured kernel database), so that a windowed launch is never taken for the full one."""
+    shapes = [tuple(int(d) for d in m.shape) for m in op.inputs if len(m.shape) == 4]
+    if "backward" in op.name:
+        if len(shapes) < 4:
+            return False
+        g, q, k, v = shapes[:4]
+        b, h, _, d = q
+        full = sdpa_backward_flop_count(g, q, (b, h, k[2], d), (b, h, v[2], v[3]))
+    else:
+        if len(shapes) < 3:
+            return False
+        q, k, v = shapes[:3]
+        b, h, _, d = q
+        full = sdpa_flop_count(q, (b, h, k[2], d), (b, h, v[2], v[3]))
+    return op.flops < full
 
 
 def _fold_heads(g: Tensor, like: Tensor) -> Tensor:

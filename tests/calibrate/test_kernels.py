@@ -118,3 +118,62 @@ def test_int_lists_validated():
     for bad in ("", "0", "a,b"):
         with pytest.raises(SpecError):
             parse_int_list(bad, "--tp")
+
+
+TINY_MOE = dict(TINY, name="tiny-moe", num_layers=4, sliding_window=16, sliding_window_pattern=2, seq_length=64,
+                moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 32, "first_dense_layers": 1})
+
+
+def test_an_moe_model_is_measured_layer_kind_by_kind_and_expert_layout_by_layout(tmp_path):
+    from echo_plan.specs.moe import ExpertLayout
+
+    model_file = tmp_path / "tiny-moe.yaml"
+    model_file.write_text(json.dumps(TINY_MOE))
+    out = tmp_path / "cpu.json"
+    result = CliRunner().invoke(_app(), [
+        "calibrate", "kernels", "--model", str(model_file), "--tp", "1", "--ep", "1,2", "--device", "cpu",
+        "--warmup", "0", "--iters", "1", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    db = KernelDatabase.load(out)
+    assert db.provenance["ep"] == [1, 2] and db.provenance["etp"] == "tp"
+    spec = ModelSpec.build(TINY_MOE)
+    model = DatabaseComputeModel(db, AnalyticalComputeModel())
+    gpu = load_cluster("h800").gpu
+    for kind in spec.distinct_kinds():
+        for layout in ([ExpertLayout(1, 1), ExpertLayout(2, 1)] if kind.moe else [None]):
+            ops = trace_stage(spec, StageKind.BLOCK, tp=1, sequence_parallel=False, micro_batch_size=1,
+                              dtype=DType.BF16, recompute=Recompute.NONE, kind=kind, layout=layout).ops
+            experts = [op for op in ops if op.name == "aten.bmm.default"]
+            assert bool(experts) == kind.moe
+            assert all(db.lookup(op) is not None for op in experts)  # every layout's grouped expert GEMMs
+            attention = [op for op in ops if op.kind is OpKind.ATTENTION]
+            # full attention is measured; windowed attention never is (SDPA has no window): modelled
+            assert all((db.lookup(op) is None) == bool(kind.window) for op in attention)
+            plain = [op for op in ops if not op.name.startswith("echo_plan.")]
+            assert model.coverage(plain, gpu, DType.BF16).op_share >= 0.95
+    skipped = json.loads(result.stdout)["skipped"]
+    assert any("sliding-window" in s["reason"] for s in skipped)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ep", "3"], "--ep=3 is invalid: must divide num_experts 8"),
+    (["--etp", "5"], "--etp=5 is invalid: must divide expert_ffn_hidden_size 32"),
+    (["--ep", "0"], "--ep='0' is invalid"),
+])
+def test_bad_expert_layouts_are_one_line_errors_before_anything_is_traced(tmp_path, args, message):
+    model_file = tmp_path / "tiny-moe.yaml"
+    model_file.write_text(json.dumps(TINY_MOE))
+    out = tmp_path / "cpu.json"
+    result = CliRunner().invoke(_app(), ["calibrate", "kernels", "--model", str(model_file), "--device", "cpu",
+                                         "-o", str(out), *args])
+    assert result.exit_code != 0 and isinstance(result.exception, SpecError)
+    assert message in str(result.exception) and "tracing" not in result.output
+    assert not out.exists()
+
+
+def test_expert_layouts_on_a_dense_model_say_it_is_dense(tmp_path):
+    model_file = tmp_path / "tiny.yaml"
+    model_file.write_text(json.dumps(TINY))
+    result = CliRunner().invoke(_app(), ["calibrate", "kernels", "--model", str(model_file), "--device", "cpu",
+                                         "--ep", "2", "-o", str(tmp_path / "x.json")])
+    assert isinstance(result.exception, SpecError) and "tiny is dense" in str(result.exception)

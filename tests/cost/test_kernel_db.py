@@ -131,3 +131,40 @@ def test_compute_model_for_prefers_own_family(tmp_path):
 def test_key_includes_outputs():
     other_out = _op("aten.mm.default", OpKind.GEMM, [(256, 512), (512, 1024)], (1024, 256))
     assert kernel_key(other_out) != kernel_key(MM)
+
+
+def _attention_ops(window: int):
+    """The fused-attention ops (forward, backward) of a tiny model's block with or without a window."""
+    from echo_plan.specs import ModelSpec
+    from echo_plan.specs.moe import LayerKind
+    from echo_plan.trace.tracer import StageKind, trace_stage
+
+    spec = ModelSpec.build(dict(name="tiny-window", num_layers=2, hidden_size=64, num_attention_heads=4,
+                                num_kv_heads=2, vocab_size=128, seq_length=64, activation="swiglu", norm="rmsnorm",
+                                position_embedding="rotary", sliding_window=16, sliding_window_pattern=2))
+    kind = LayerKind(window=window) if window else LayerKind()
+    trace = trace_stage(spec, StageKind.BLOCK, tp=1, sequence_parallel=False, micro_batch_size=1, dtype="bf16",
+                        recompute="none", kind=kind)
+    ops = [op for op in trace.ops if op.kind is OpKind.ATTENTION]
+    assert len(ops) == 2
+    return ops
+
+
+def test_a_windowed_attention_launch_is_never_answered_from_the_full_launchs_entry():
+    from echo_plan.trace.kernels import windowed_attention
+
+    full, windowed = _attention_ops(0), _attention_ops(16)
+    assert not any(windowed_attention(op) for op in full) and all(windowed_attention(op) for op in windowed)
+    # same shapes, so the same key: a database measured on the full layer would answer the windowed one
+    assert [kernel_key(op) for op in full] == [kernel_key(op) for op in windowed]
+    data = _db_json()
+    data["entries"] = [{"op": op.name, "inputs": [[list(t.shape), t.dtype] for t in op.inputs],
+                        "outputs": [[list(t.shape), t.dtype] for t in op.outputs], "median_us": 999.0, "count": 5,
+                        "p10_us": 990.0, "p90_us": 1010.0} for op in full]
+    db = KernelDatabase.from_json(data)
+    fallback = AnalyticalComputeModel()
+    model = DatabaseComputeModel(db, fallback)
+    for f, w in zip(full, windowed):
+        assert db.lookup(f) is not None and db.lookup(w) is None
+        assert model.op_time(f, H800.gpu, DType.BF16) == pytest.approx(999e-6)
+        assert model.op_time(w, H800.gpu, DType.BF16) == fallback.op_time(w, H800.gpu, DType.BF16) < 999e-6
