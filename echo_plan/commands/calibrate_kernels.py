@@ -57,8 +57,9 @@ def expert_layouts(model, tp: int, eps: list[int], etps: list[int] | None) -> li
 
     if model.moe is None:
         if eps != [1] or etps is not None:
-            raise SpecError("--ep", eps[0] if len(eps) == 1 else ",".join(map(str, eps)), f"expert layouts need a mixture-of-experts model; "
-                            f"{model.name} is dense (leave --ep and --etp out)")
+            value = eps[0] if len(eps) == 1 else ",".join(map(str, eps))
+            raise SpecError("--ep", value, f"expert layouts need a mixture-of-experts model; {model.name} is dense "
+                            "(leave --ep and --etp out)")
         return []
     layouts = [ExpertLayout(ep=ep, etp=etp) for ep in eps for etp in (etps or [tp])]
     for layout in layouts:
