@@ -11,21 +11,27 @@ from echo_plan.report.chart import fmt_count
 # What the prediction accounts for and what it leaves out (DESIGN.md, stages 2-4).
 MODELLED = (
     "The transformer layer's operators and collectives, traced from PyTorch module code sharded as "
-    "Megatron-LM shards it, with their real shapes (FakeTensorMode, fake process group).",
+    "Megatron-LM shards it, with their real shapes (FakeTensorMode, fake process group): dense and "
+    "mixture-of-experts layers (router, expert-parallel dispatch and combine), context parallelism, FP8 casts.",
     "Kernel times from a per-GPU roofline model with shape-dependent GEMM and attention efficiency, "
     "or a measured kernel database when one is given.",
     "NCCL collectives analytically: ring, tree and NVLS algorithms, LL/LL128/Simple protocols, NVLink "
-    "inside a server and the NICs between servers.",
+    "inside a server and the NICs between servers; with --routing ecmp, this job's own flows colliding "
+    "on leaf uplinks.",
     "Slowdown of compute kernels that overlap communication (interference).",
     "The pipeline schedule with its point-to-point transfers and bubbles, data-parallel gradient "
     "reduction overlapped with backward, parameter all-gather, and the optimizer step.",
     "Memory per GPU: weights, gradients, optimizer states (with sharding), activations saved for "
     "backward, communication buffers.",
+    "Faults you name: a slow GPU, NIC, NVLink domain or server (simulate --fault, whatif sensitivity, "
+    "the fault sensitivity section); and goodput under failures, restarts and checkpoint writes at "
+    "published average rates (docs/resilience.md).",
 )
 NOT_MODELLED = (
-    "Data loading, checkpoint saving, evaluation, failures and restarts.",
-    "Stragglers, other jobs' traffic on the network, throttling: data- and tensor-parallel peers are "
-    "assumed identical.",
+    "Data loading, evaluation, logging, and offloading to CPU memory.",
+    "Stragglers and failures nobody names: a predicted step assumes healthy GPUs and links; failures "
+    "enter only as an average rate, in goodput.",
+    "Other jobs' traffic on the network, and thermal or power throttling.",
     "Allocator fragmentation and memory the framework reserves beyond the modelled buffers: keep some "
     "headroom below the capacity line.",
     "Differences between library versions and kernel choices at run time: predictions are as good as "
@@ -40,6 +46,8 @@ class Inputs:
     sources: tuple[str, ...]
     space: tuple[tuple[str, str], ...]
     run: tuple[tuple[str, str], ...]
+    summary: tuple[tuple[str, str], ...] = ()  # shown open: model, cluster, calibration in a line each
+    calibration: tuple[tuple[str, str], ...] = ()  # the cluster's calibration, one fitted figure or record a row
     modelled: tuple[str, ...] = MODELLED
     not_modelled: tuple[str, ...] = NOT_MODELLED
 
@@ -82,8 +90,33 @@ def cluster_rows(cluster: dict[str, Any]) -> list[tuple[str, str]]:
             rows.append(("routing", f"{net['routing']} across leaves ({net.get('flows_per_connection', 1)} flow(s) "
                                     f"per connection; {net.get('leaf_radix', '?')}-port leaves): docs/traffic.md"))
     if cluster.get("calibration"):
-        rows.append(("calibration", _value(cluster["calibration"])))
+        rows.append(("calibration", calibration_summary(cluster["calibration"]) + " (table below)"))
     return rows
+
+
+def calibration_summary(calibration: Any) -> str:
+    if not isinstance(calibration, dict) or not calibration:
+        return "none: the cost models' defaults"
+    return "fitted: " + ", ".join(str(k) for k in calibration)
+
+
+def flat_rows(value: Any, path: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """A nested mapping as (path, value) rows: ``compute · gemm efficiency scale`` -> ``0.8228``; a list
+    of plain values is one row."""
+    here = " · ".join(path)
+    if isinstance(value, dict):
+        rows: list[tuple[str, str]] = []
+        for k, v in value.items():
+            rows += flat_rows(v, (*path, str(k).replace("_", " ")))
+        return rows or [(here, "none")]
+    if isinstance(value, (list, tuple)):
+        if all(not isinstance(x, (dict, list, tuple)) for x in value):
+            return [(here, "; ".join(str(x) for x in value) or "none")]
+        rows = []
+        for n, v in enumerate(value, 1):
+            rows += flat_rows(v, (*path, f"#{n}"))
+        return rows
+    return [(here, str(value))]
 
 
 def _listing(v: Any) -> str:
@@ -105,7 +138,20 @@ def space_rows(space: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def summary_rows(model_rows_: list[tuple[str, str]], cluster: dict[str, Any]) -> list[tuple[str, str]]:
+    got = dict(model_rows_)
+    model = got.get("name", "?") + (f", {got['parameters']} parameters" if "parameters" in got else "")
+    nodes, per, gpu = cluster.get("num_nodes"), cluster.get("gpus_per_node"), (cluster.get("gpu") or {}).get("name")
+    size = f"{nodes} x {per} GPUs" if isinstance(nodes, int) and isinstance(per, int) else "?"
+    return [("model", model), ("cluster", f"{cluster.get('name', '?')}: {size}" + (f" {gpu}" if gpu else "")),
+            ("calibration", calibration_summary(cluster.get("calibration")))]
+
+
 def build_inputs(model: dict[str, Any], cluster: dict[str, Any], space: dict[str, Any],
                  run: list[tuple[str, str]]) -> Inputs:
-    return Inputs(tuple(model_rows(model)), tuple(cluster_rows(cluster)),
-                  tuple(str(s) for s in cluster.get("sources") or ()), tuple(space_rows(space)), tuple(run))
+    models = model_rows(model)
+    calibration = cluster.get("calibration")
+    return Inputs(tuple(models), tuple(cluster_rows(cluster)),
+                  tuple(str(s) for s in cluster.get("sources") or ()), tuple(space_rows(space)), tuple(run),
+                  tuple(summary_rows(models, cluster)),
+                  tuple(flat_rows(calibration)) if isinstance(calibration, dict) and calibration else ())

@@ -12,6 +12,7 @@
     document.body.dataset[name] = String(Math.round(performance.now()));
   }
   var payload = JSON.parse(document.getElementById("report-data").textContent);
+  document.body.dataset.chartsExpected = String(payload.charts.length);
   var config = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
 
   function drawFrom(i, drawn) {
