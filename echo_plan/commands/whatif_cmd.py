@@ -34,16 +34,19 @@ def register(app: typer.Typer) -> None:
         routing: Optional[str] = RoutingOpt,
         flows_per_connection: Optional[int] = FlowsOpt,
         as_json: bool = JsonOpt,
+        report: Optional[str] = typer.Option(None, "--report", help="also write an HTML report with the table and chart"),
         cache_dir: Optional[str] = CacheDirOpt,
     ) -> None:
         """Throughput lost to one slow GPU, NIC, NVLink domain or server, at a few severities (worst and best placement)."""
         from echo_plan.commands.common import check_cache_dir, check_tp_pp, data_parallel, resolve_specs, resolve_stack
+        from echo_plan.output_paths import check_output_file
         from echo_plan.resilience.sensitivity import sensitivity
         from echo_plan.simulate import SimulationMemo, simulate
         from echo_plan.specs import PlanSpec
         from echo_plan.trace.cache import TraceCache
 
         check_cache_dir(cache_dir)
+        check_output_file(report, "--report", (".html", ".htm"))
         check_tp_pp(tp, pp)
         model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, routing=routing,
                                                  flows_per_connection=flows_per_connection)
@@ -59,6 +62,10 @@ def register(app: typer.Typer) -> None:
                             faults=faults).step_time_s
 
         healthy, rows = sensitivity(plan, cluster_spec, step)
+        if report:
+            from echo_plan.report.whatif_page import write_whatif_report
+
+            write_whatif_report(report, model_spec, cluster_spec, plan, healthy, rows)
         if as_json:
             print_json({"model": model_spec.name, "cluster": cluster_spec.name, "num_gpus": cluster_spec.num_gpus,
                         "plan": plan.model_dump(mode="json"), "healthy_step_time_s": healthy,
@@ -70,3 +77,5 @@ def register(app: typer.Typer) -> None:
         for r in rows:
             typer.echo(f"  {r.what:<34}{r.worst_loss:>14.1%}{r.worst_stage:>10}{r.best_loss:>13.1%}{r.best_stage:>10}")
         typer.echo("  (share of throughput lost; the fault is placed on the first GPU of each stage tried)")
+        if report:
+            typer.echo(f"report written: {report}")

@@ -25,6 +25,7 @@ class Headline:
     metrics: tuple[Metric, ...]
     reasons: tuple[str, ...]  # why it wins
     notes: tuple[str, ...] = ()  # the simulator's notes on the plan
+    reasons_title: str = "Why this one"
 
 
 def plan_metrics(r: StepResult, tokens_budget: float | None, cap_gib: float | None) -> list[Metric]:

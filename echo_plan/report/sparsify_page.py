@@ -75,7 +75,8 @@ def render_sparsify_report(o, model_spec, cluster_spec, generated_at: datetime |
     headline = Headline(
         f"{best.method.value} pays below density {best.break_even_density:.3g}" if best else "No sparsifier pays",
         plan_in_words(o.plan), (Metric("dense step", fmt_seconds(o.dense_step_time_s)),
-                                Metric("data-parallel group", str(o.dp))), tuple(reasons))
+                                Metric("data-parallel group", str(o.dp))), tuple(reasons),
+        reasons_title="What the simulation says")
     view = SparsifyView(sparsify_table(o), sparsify_chart(o), "Break-even density per method for this plan.")
     run = [("echo-plan", __version__), ("report made", stamp), ("plan", short_label(o.plan))]
     context = {

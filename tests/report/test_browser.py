@@ -1,4 +1,6 @@
-"""The report as a person sees it: headless Chromium loads it from disk, the charts draw, no errors.
+"""The report as a person sees it: headless Chromium loads it from disk, the charts draw, no errors,
+and the page is laid out right (every report kind: search, compare, sparsify, whatif, and a search
+of an MoE model with its fault section).
 
 Skipped where Chromium is missing (``.ci/run`` installs Debian's ``chromium``).
 """
@@ -7,8 +9,10 @@ import re
 import struct
 
 import pytest
+import yaml
 from report_synthetic import compare_outcome, search_outcome
 
+from echo_plan.cli import main
 from echo_plan.report import browser
 from echo_plan.report.render import write_report
 
@@ -82,3 +86,113 @@ def test_search_report_with_fault_sensitivity_draws_it(tmp_path):
     load = browser.load(html, CHROMIUM, profile_root=tmp_path)
     check_drawn(load, 8)
     assert 'id="fault-sensitivity"' in load.dom and "loses 20% of its throughput" in load.dom
+
+
+# ---- layout: every report kind, and the probe's own faults ----------------------------------------
+
+SMALL_MOE = dict(name="small-moe", num_layers=4, hidden_size=512, num_attention_heads=8, num_kv_heads=4,
+                 vocab_size=4096, seq_length=512, activation="swiglu", norm="rmsnorm", position_embedding="rotary",
+                 ffn_hidden_size=1024, tied_embeddings=False,
+                 moe=dict(num_experts=16, top_k=2, expert_ffn_hidden_size=256, first_dense_layers=1))
+
+
+def _cli_report(tmp, name, argv):
+    out = tmp / f"{name}.html"
+    assert main([*argv, "--report", str(out), "--cache-dir", str(tmp / "cache")]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """One report of each kind, made as a user makes them (the synthetic search and compare outcomes
+    stand in for long searches)."""
+    tmp = tmp_path_factory.mktemp("reports")
+    outcome = search_outcome(40, seed=2)
+    model = tmp / "small-moe.yaml"
+    model.write_text(yaml.safe_dump(SMALL_MOE))
+    return {
+        "search": write_report(search_outcome(120, seed=5), tmp / "search.html"),
+        "search-faults": write_report(outcome, tmp / "faults.html", sensitivity=synthetic_sensitivity(outcome)),
+        "compare": write_report(compare_outcome(n_trials=30), tmp / "compare.html"),
+        "sparsify": _cli_report(tmp, "sparsify", ["sparsify", "--model", "llama3-8b", "--gpus", "16", "--tp", "2"]),
+        "whatif": _cli_report(tmp, "whatif", ["whatif", "sensitivity", "--model", "llama3-8b", "--gpus", "16",
+                                              "--tp", "2", "--pp", "2"]),
+        "moe-faults": _cli_report(tmp, "moe", ["search", "--model", str(model), "--gpus", "16", "--gbs", "64",
+                                               "--trials", "6"]),
+    }
+
+
+@pytest.mark.parametrize("kind", ["search", "search-faults", "compare", "sparsify", "whatif", "moe-faults"])
+def test_every_report_kind_is_laid_out_right(reports, kind, tmp_path):
+    check = browser.check_layout(reports[kind], CHROMIUM, profile_root=tmp_path)
+    assert check.all_problems() == []
+    assert check.facts["charts_ready"] == check.facts["charts_expected"] > 0
+    if kind in ("search-faults", "moe-faults", "whatif"):
+        assert 'href="#fault-sensitivity"' in reports[kind].read_text(encoding="utf-8")
+
+
+def _misplace(html_path, out):
+    """The page as it was before issue 29: the fault section written inside the navigation too."""
+    text = html_path.read_text(encoding="utf-8")
+    start = text.index('<section class="card" id="fault-sensitivity">')
+    end = text.index("</section>", text.index('id="sec-chart-fault-sensitivity"')) + len("</section>")
+    nav_end = text.index("</nav>")
+    out.write_text(text[:nav_end] + text[start:end] + text[nav_end:], encoding="utf-8")
+    return out
+
+
+def test_the_probe_finds_a_section_in_the_navigation(reports, tmp_path):
+    bad = _misplace(reports["search-faults"], tmp_path / "bad.html")
+    problems = "\n".join(browser.check_layout(bad, CHROMIUM, profile_root=tmp_path).all_problems())
+    for needle in ("is outside <main>", "the navigation holds section#fault-sensitivity",
+                   "id 'fault-sensitivity' is used more than once", "the recommendation starts",
+                   "(the navigation ends at"):
+        assert needle in problems, problems
+
+
+def test_the_probe_finds_overflow_walls_of_text_and_links_to_nowhere(reports, tmp_path):
+    text = reports["search"].read_text(encoding="utf-8")
+    text = text.replace("<main>", '<main><div style="width:3000px">wide</div>', 1)
+    text = text.replace('<a href="#ranked">', '<a href="#nowhere">', 1)
+    text = text.replace("</main>", "<dl class='kv'><dt>raw</dt><dd>" + "x " * 20000 + "</dd></dl></main>", 1)
+    bad = tmp_path / "bad.html"
+    bad.write_text(text, encoding="utf-8")
+    problems = "\n".join(browser.check_layout(bad, CHROMIUM, profile_root=tmp_path).all_problems())
+    for needle in ("overflows the page width", "points to #nowhere, which does not exist", "px tall"):
+        assert needle in problems, problems
+
+
+def test_the_probe_finds_sections_out_of_the_navigation_order(reports, tmp_path):
+    text = reports["search"].read_text(encoding="utf-8")
+    # the memory link before the breakdown link, while the sections stay in their order
+    mem, brk = '<a href="#sec-chart-memory">Memory</a>', '<a href="#sec-chart-breakdown">Breakdown</a>'
+    text = text.replace(brk, "@@BRK@@", 1).replace(mem, brk, 1).replace("@@BRK@@", mem, 1)
+    bad = tmp_path / "bad.html"
+    bad.write_text(text, encoding="utf-8")
+    problems = "\n".join(browser.check_layout(bad, CHROMIUM, profile_root=tmp_path).all_problems())
+    assert "against the navigation's order" in problems, problems
+
+
+def test_screenshot_waits_for_every_chart_and_keeps_the_old_file_on_failure(reports, tmp_path):
+    png = tmp_path / "shot.png"
+    page = browser.screenshot(reports["compare"], png, CHROMIUM, window=(1200, 1500), profile_root=tmp_path)
+    assert page.charts_ready == page.charts_expected == 9
+    assert png_size(png) == (1200, 1500)
+    before = png.read_bytes()
+    broken = tmp_path / "broken.html"
+    text = reports["compare"].read_text(encoding="utf-8")
+    broken.write_text(text.replace("Plotly.newPlot(el", "Plotly.nope(el", 1), encoding="utf-8")
+    with pytest.raises(browser.EchoPlanError):
+        browser.screenshot(broken, png, CHROMIUM, window=(1200, 1500), attempts=1, profile_root=tmp_path)
+    assert png.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".echo-plan-shot-")] == []
+
+
+def test_browser_command_line_checks_layout_and_takes_a_screenshot(reports, tmp_path, capsys):
+    png = tmp_path / "cli.png"
+    assert browser.main([str(reports["whatif"]), "--screenshot", str(png), "--layout", "--size", "1200x1400"]) == 0
+    assert png_size(png) == (1200, 1400)
+    assert "1 of 1 charts drawn" in capsys.readouterr().out
+    assert browser.main([str(tmp_path / "missing.html")]) == 2
+    assert browser.main([str(reports["whatif"]), "--size", "huge"]) == 2
+    assert browser.main([str(reports["whatif"]), "--screenshot", str(tmp_path / "x.jpg")]) == 2
