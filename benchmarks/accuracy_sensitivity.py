@@ -2,8 +2,8 @@
 TFLOP/s per GPU with the shipped dgx-a100 preset and the megatron-lm-2021 stack, and how
 sensitive the error is to what the table leaves open (micro-batch size and interleaving).
 
-Run: .venv/bin/python benchmarks/accuracy_sensitivity.py   (needs ../shared/validation or
-ECHO_PLAN_VALIDATION_DIR)
+Run: .venv/bin/python benchmarks/accuracy_sensitivity.py   (the table ships with the package:
+echo_plan/data/validation/)
 """
 
 from __future__ import annotations

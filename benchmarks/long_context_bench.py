@@ -1,8 +1,8 @@
 """Issue 13 (context parallelism): a cold search of Llama 3 70B at 128K tokens on 256 H800s, timed,
 and the bf16 CP rows of the long_context_h100 suite, per row.
 
-Run: .venv/bin/python benchmarks/long_context_bench.py   (the suite part needs ../shared/validation
-or ECHO_PLAN_VALIDATION_DIR). The search runs in a fresh subprocess with an empty trace cache, as
+Run: .venv/bin/python benchmarks/long_context_bench.py   (the suite ships with the package,
+echo_plan/data/validation/). The search runs in a fresh subprocess with an empty trace cache, as
 `echo-plan search --model llama3-70b --cluster h800 --gpus 256 --seq-length 131072 --storage memory`
 would, so the time includes starting Python and tracing. The CPU seconds are printed beside the wall
 time: on a shared machine the wall time also counts waiting for a core.

@@ -22,7 +22,7 @@ import yaml
 
 from echo_plan.errors import EchoPlanError
 
-MARKER = "# --- calibration: written by `python -m echo_plan.calibrate.presets` from ../shared/validation; do not edit ---"
+MARKER = "# --- calibration: written by `python -m echo_plan.calibrate.presets` from echo_plan/data/validation; do not edit ---"
 
 
 def _recipes() -> dict[str, Any]:

@@ -37,13 +37,18 @@ TABLE_COLUMNS = ("params_b", "heads", "hidden", "layers", "tp", "pp", "gpus", "g
                  "achieved_tflops_per_gpu")
 
 
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "data" / "validation"
+
+
 def validation_dir() -> Path:
-    """$ECHO_PLAN_VALIDATION_DIR, else ``<repo root>/../shared/validation``."""
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return Path(env)
-    root = Path(__file__).resolve().parents[2]
-    return root.parent / "shared" / "validation"
+    """The suites that ship with echo-plan (package data: echo_plan/data/validation/), the ones the
+    presets' calibration was fitted on."""
+    return SHIPPED_DIR
+
+
+def added_validation_dirs() -> list[Path]:
+    """Folders of more suites named by $ECHO_PLAN_VALIDATION_DIR (several separated by os.pathsep)."""
+    return [Path(p) for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p.strip()]
 
 
 @dataclass(frozen=True, slots=True)

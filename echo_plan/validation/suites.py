@@ -115,7 +115,7 @@ class SuiteResult:
         if self.kind == "training" and not self.modelled:
             return "not modelled"
         if not self.passed and self.open_issue:
-            return f"FAIL (open: {self.open_issue})"
+            return f"FAIL (known gap: {self.open_issue})"
         return "PASS" if self.passed else "FAIL"
 
     @property
@@ -148,16 +148,17 @@ class SuiteRef:
 
 
 def discover(dirs: list[Path]) -> list[SuiteRef]:
-    """Every suite in the given folders, in a stable order."""
-    refs: list[SuiteRef] = []
+    """Every suite in the given folders, in a stable order; a suite of the same name in a later
+    folder replaces the earlier one (an added folder overrides a shipped suite)."""
+    refs: dict[str, SuiteRef] = {}
     for d in dirs:
         for csv_path in sorted(d.glob("*.csv")):
-            refs.append(SuiteRef(csv_path.stem, "training", csv_path))
+            refs[csv_path.stem] = SuiteRef(csv_path.stem, "training", csv_path)
         nccl_root = d / "nccl-tests"
         if nccl_root.is_dir():
             for sub in sorted(p for p in nccl_root.iterdir() if p.is_dir() and any(p.glob("*.log"))):
-                refs.append(SuiteRef(f"nccl-tests/{sub.name}", "collective", sub))
-    return refs
+                refs[f"nccl-tests/{sub.name}"] = SuiteRef(f"nccl-tests/{sub.name}", "collective", sub)
+    return list(refs.values())
 
 
 def fitted_rows(cluster: Any, suite_name: str) -> set[str]:

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from echo_plan.errors import FileFormatError
 from echo_plan.interop.nccl_tests import parse_nccl_tests, parse_nccl_tests_text, render_nccl_tests
 from echo_plan.trace.records import CollectiveKind
+from echo_plan.validation.megatron import validation_dir
 
-LOGS = Path(__file__).resolve().parents[2].parent / "shared" / "validation" / "nccl-tests" / "azure-nd-a100-v4"
-needs_logs = pytest.mark.skipif(not LOGS.is_dir(), reason="validation logs not present")
+LOGS = validation_dir() / "nccl-tests" / "azure-nd-a100-v4"  # shipped with the package
 
 
-@needs_logs
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 16])
 def test_real_logs_parse(n):
     log = parse_nccl_tests(LOGS / f"nccl_allreduce_{n}gpu.log")

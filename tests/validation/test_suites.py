@@ -1,7 +1,7 @@
 """The validation suites: discovery, formats, settings lines, and fidelity held in CI.
 
-``test_every_suite_within_its_tolerance`` is the fidelity regression test: it runs every suite of
-../shared/validation exactly as ``echo-plan validate`` does and fails when a suite leaves its
+``test_every_suite_within_its_tolerance`` is the fidelity regression test: it runs every suite that
+ships with echo-plan (echo_plan/data/validation/) exactly as ``echo-plan validate`` does and fails when a suite leaves its
 tolerance, when the range coverage leaves 10 points of the nominal 80%, or when a preset's shipped
 ranges no longer match the held-out residuals the code produces (re-run
 ``python -m echo_plan.calibrate.presets --write`` after a change to the model)."""
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -20,8 +21,7 @@ from echo_plan.validation.registry import training_suite
 from echo_plan.validation.rows import read_step_times
 from echo_plan.validation.suites import discover
 
-SHARED = validation_dir()
-HAVE_DATA = (SHARED / TABLE).exists() and (SHARED / "nemo_h100_dgxc.csv").exists()
+SHARED = validation_dir()  # the suites shipped as package data
 NEMO_HEADER = ("model,num_layers,hidden_size,ffn_hidden_size,num_attention_heads,num_kv_heads,vocab_size,seq_length,"
                "activation,norm,position,tied_embeddings,dropout,gpus,tp,pp,vpp,cp,mbs,gbs,precision,recompute,"
                "sequence_parallel,tp_comm_overlap,distributed_optimizer,overlap_grad_sync,overlap_param_sync,"
@@ -91,7 +91,6 @@ def test_cli_unknown_suite_and_missing_dir(tmp_path, capsys):
     assert "no such folder" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not HAVE_DATA, reason=f"no validation suites under {SHARED}")
 def test_user_suite_in_the_same_format_runs(tmp_path, capsys):
     """A user suite of two rows (copied from the published table) runs through the CLI."""
     src = [ln for ln in (SHARED / TABLE).read_text().splitlines() if ln and not ln.startswith("#")]
@@ -117,7 +116,6 @@ def validated(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_DATA, reason=f"no validation suites under {SHARED}")
 def test_every_suite_within_its_tolerance(validated):
     code, out = validated
     suites = {s["name"]: s for s in out["suites"]}
@@ -141,7 +139,6 @@ def test_every_suite_within_its_tolerance(validated):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_DATA, reason=f"no validation suites under {SHARED}")
 def test_range_coverage_near_nominal_and_ranges_match_the_code(validated):
     from echo_plan.cost.ranges import loo_coverage
     from echo_plan.specs import load_cluster
@@ -256,7 +253,6 @@ def test_a_row_correction_runs_the_configs_value_and_keeps_the_listed_label(tmp_
         _corrections([{"match": {"mbs": "4"}, "set": {"mbs": "1"}}])  # a correction must say why
 
 
-@pytest.mark.skipif(not (SHARED / "moe_h100.csv").exists(), reason=f"no moe_h100.csv under {SHARED}")
 def test_the_gpt_oss_25_11_row_runs_its_configs_micro_batch():
     """Megatron-Bridge's H100 config for that run sets micro-batch 1 (the listed 4 contradicts its GA)."""
     from echo_plan.validation.registry import training_rows
@@ -268,7 +264,6 @@ def test_the_gpt_oss_25_11_row_runs_its_configs_micro_batch():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (SHARED / "moe_h100.csv").exists(), reason=f"no moe_h100.csv under {SHARED}")
 def test_shipped_moe_ranges_match_the_code(validated):
     """An MoE prediction's range comes from the all-to-all fit's record of each row's error: it must be
     what the code predicts now (re-run python -m echo_plan.calibrate.a2a_fit --write after a model change)."""
@@ -282,3 +277,70 @@ def test_shipped_moe_ranges_match_the_code(validated):
     for label in fit["range_rows"]:
         assert fit["residuals"][label] == pytest.approx(errors[label], abs=2e-3), (
             f"{label}: the shipped MoE ranges no longer match; run python -m echo_plan.calibrate.a2a_fit --write")
+
+
+# ---- the shipped suites, the folders that add more, and the exit status ---------------------------
+
+SHIPPED = ("megatron_weak_scaling_a100", "nemo_h100_dgxc", "moe_h100", "long_context_h100",
+           "nccl-tests/azure-nd-a100-v4")
+
+
+def test_the_suites_ship_with_the_package(monkeypatch, capsys):
+    """A plain install finds every suite: nothing outside the package is needed."""
+    monkeypatch.delenv("ECHO_PLAN_VALIDATION_DIR", raising=False)
+    assert main(["validate", "--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == sorted(SHIPPED[:4]) + [SHIPPED[4]]
+    assert (SHARED / "README.md").is_file()
+    import echo_plan
+
+    assert SHARED.is_relative_to(Path(echo_plan.__file__).parent)
+
+
+def test_the_shipped_suites_are_the_workspace_copies():
+    """The team receives data in ../shared/validation; the shipped copy must not drift from it."""
+    shared = Path(__file__).resolve().parents[2].parent / "shared" / "validation"
+    if not shared.is_dir():
+        pytest.skip("no ../shared/validation beside this checkout")
+    for path in sorted(p for p in SHARED.rglob("*") if p.is_file() and p.name != "README.md"):
+        twin = shared / path.relative_to(SHARED)
+        assert twin.is_file() and twin.read_bytes() == path.read_bytes(), f"{path.relative_to(SHARED)} differs"
+
+
+def test_added_folders_add_and_override(tmp_path, monkeypatch, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "extra.csv").write_text("params_b,heads\n")
+    (mine / "moe_h100.csv").write_text("params_b,heads\n")  # same name as a shipped suite: replaces it
+    monkeypatch.setenv("ECHO_PLAN_VALIDATION_DIR", str(mine))
+    assert main(["validate", "--list"]) == 0
+    lines = {ln.split()[0]: ln.split()[-1] for ln in capsys.readouterr().out.splitlines()}
+    assert set(lines) == set(SHIPPED) | {"extra"}
+    assert lines["moe_h100"] == str(mine / "moe_h100.csv") and lines["extra"] == str(mine / "extra.csv")
+    monkeypatch.setenv("ECHO_PLAN_VALIDATION_DIR", str(tmp_path / "nope"))
+    assert main(["validate", "--list"]) == 2
+    assert "ECHO_PLAN_VALIDATION_DIR" in capsys.readouterr().err
+
+
+def test_a_failing_suite_exits_1_and_says_so(tmp_path, capsys):
+    src = [ln for ln in (SHARED / TABLE).read_text().splitlines() if ln and not ln.startswith("#")]
+    (tmp_path / "tight.csv").write_text("# echo-plan: tolerance=0.000001\n" + "\n".join(src[:3]) + "\n")
+    code = main(["validate", "--dir", str(tmp_path), "--suite", "tight", "--summary-only",
+                 "--cache-dir", str(tmp_path / "c")])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert out.splitlines()[-1] == "validate: 0 of 1 suites passed; failed: tight (exit status 1)"
+
+
+def test_the_verdict_names_known_gaps():
+    from types import SimpleNamespace as NS
+
+    from echo_plan.commands.validate_cmd import verdict
+
+    ok = NS(name="a", passed=True, acceptable=True, open_issue="")
+    gap = NS(name="moe", passed=False, acceptable=True, open_issue="issue 12: rows 31% fast")
+    bad = NS(name="b", passed=False, acceptable=False, open_issue="")
+    assert verdict([ok, gap]) == ("validate: 1 of 2 suites passed; failing as known gaps: moe (issue 12: rows 31% "
+                                  "fast) (exit status 0: known gaps do not fail validate)")
+    assert verdict([ok, gap, bad]).endswith("; failed: b (exit status 1)")
+    assert verdict([ok]) == "validate: 1 of 1 suites passed (exit status 0)"
