@@ -80,9 +80,25 @@ def run(args: list[str], env: dict[str, str] | None = None) -> tuple[float, floa
     return wall, sum(seen.values())
 
 
+def machine() -> str:
+    """The CPU model, its count and the memory, for the figures' caption (Linux; what is known elsewhere)."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    try:
+        mem = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    except (ValueError, OSError, AttributeError):
+        mem = ""
+    return f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores of {model}{mem}"
+
+
 def main() -> None:
     from echo_plan.search.process_pool import auto_processes
 
+    print(f"machine: {machine()}")
     print(f"default --processes on this machine: {auto_processes(100)}; load average now "
           f"{os.getloadavg()[0]:.2f} (other processes share the CPUs: compare CPU times)")
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,7 @@ def register_interference(calibrate_app: typer.Typer) -> None:
     def fit(
         csv_path: Path = typer.Argument(..., help="measurement CSV: compute_kind,comm_kind,isolated_us,"
                                                   "overlapped_us[,slowed][,source]"),
-        out: Path = typer.Option(..., "--out", "-o", help="interference YAML to write (use it with --interference)"),
+        out: Path = typer.Option(..., "--output", "-o", "--out", help="interference YAML to write (use it with --interference); --out: the older name"),
         as_json: bool = JsonOpt,
     ) -> None:
         """Fit the median overlapped/isolated ratio per (compute kind, communication kind)."""
@@ -28,7 +28,7 @@ def register_interference(calibrate_app: typer.Typer) -> None:
         from echo_plan.output_paths import check_output_file
         from echo_plan.replay.interference import load_interference
 
-        check_output_file(out, "--out", (".yaml", ".yml"))
+        check_output_file(out, "--output", (".yaml", ".yml"))
         result = fit_interference(read_measurements(csv_path), str(csv_path))
         path = write_atomic(out, result.to_yaml())
         load_interference(str(path))  # what we wrote must load
@@ -47,7 +47,7 @@ def register_interference(calibrate_app: typer.Typer) -> None:
 
     @app.command("measure")
     def measure(
-        out: Path = typer.Option(..., "--out", "-o", help="measurement CSV to write"),
+        out: Path = typer.Option(..., "--output", "-o", "--out", help="measurement CSV to write; --out: the older name"),
         mode: str = typer.Option("auto", "--mode", help="auto (NCCL with several GPUs, else stand-ins) | nccl | standin"),
         iters: int = typer.Option(20, "--iters", min=1, max=100_000, help="timed launches per measurement"),
         gemm_n: int = typer.Option(8192, "--gemm-n", min=64, max=65_536, help="size of the square bf16 matmul"),
@@ -59,7 +59,7 @@ def register_interference(calibrate_app: typer.Typer) -> None:
         from echo_plan.errors import SpecError
         from echo_plan.output_paths import check_output_file
 
-        check_output_file(out, "--out", (".csv",))
+        check_output_file(out, "--output", (".csv",))
         try:
             m = MeasureMode(mode)
         except ValueError:

@@ -29,9 +29,20 @@ def register(app: typer.Typer) -> None:
                        f"heads={m.num_attention_heads}/{m.kv_heads} seq={m.seq_length} {m.activation.value}")
         typer.echo("Clusters:")
         for c in clusters:
-            calibrated = "calibrated: " + ", ".join(sorted(c.calibration)) if c.calibration else "not calibrated"
+            calibrated = "calibrated: " + ", ".join(calibrated_parts(c.calibration)) if c.calibration else \
+                "not calibrated"
             typer.echo(f"  {c.name:<12} {c.num_nodes} x {c.gpus_per_node} {c.gpu.name}, "
                        f"{c.network.nics_per_node} x {c.network.nic_bw_Gbps:g} Gb/s per node ({calibrated})")
         typer.echo("Software stacks (--stack; a YAML file with base: NAME changes some settings):")
         for s in stacks:
             typer.echo(f"  {s.name:<20} {s.description}")
+
+
+def calibrated_parts(calibration: dict) -> list[str]:
+    """The calibrated parts of a cluster, saying when its NCCL figures are only the MoE all-to-all share
+    (the H100/H800 presets: no nccl-tests logs of those clusters are held)."""
+    parts = []
+    for name in sorted(calibration):
+        params = set(((calibration.get(name) or {}).get("params") or {})) if name == "nccl" else set()
+        parts.append("nccl (MoE all-to-all share only)" if params == {"all_to_all_net_efficiency"} else name)
+    return parts

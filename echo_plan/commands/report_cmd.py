@@ -15,7 +15,8 @@ def register(app: typer.Typer) -> None:
     def report(
         source: Optional[str] = typer.Argument(
             None, help="a saved result (`search --json` / `compare --json` output, .json) or a study database (.db)"),
-        output: Path = typer.Option(..., "--output", "-o", help="the HTML file to write (atomically)"),
+        output: Path = typer.Option(..., "--report", "--output", "-o",
+                                   help="the HTML file to write (atomically); --report as in search, compare, sparsify and whatif (-o, --output: the older names)"),
         storage: Optional[str] = typer.Option(
             None, "--storage", help="Optuna storage URL of the study (default: where `echo-plan search` keeps them)"),
         study_name: Optional[str] = typer.Option(None, "--study-name", help="the study in that storage"),
@@ -32,7 +33,7 @@ def register(app: typer.Typer) -> None:
         from echo_plan.report.load import load_source
         from echo_plan.output_paths import check_output_file
 
-        check_output_file(output, "--output", (".html", ".htm"))
+        check_output_file(output, "--report", (".html", ".htm"))
         outcome = load_source(source, storage, study_name)
         written = make_report(outcome, output, fill_timeline=not no_simulate, simulator=timeline_simulator(cache_dir))
         if written.timeline_note:

@@ -133,6 +133,10 @@ def test_cli_fit_and_measure(tmp_path):
     assert load_interference(str(out)).compute_slowdown[(G, AG)] == pytest.approx(1.702)
     r = runner.invoke(cli(), ["calibrate", "interference", "fit", str(example_path()), "-o", str(out), "--json"])
     assert r.exit_code == 0 and '"factor"' in r.output
+    for flag in ("--output", "--out"):  # the name every command uses, and the older one
+        named = tmp_path / f"{flag.strip('-')}.yaml"
+        r = runner.invoke(cli(), ["calibrate", "interference", "fit", str(example_path()), flag, str(named)])
+        assert r.exit_code == 0 and named.exists(), r.output
     import torch
 
     if not torch.cuda.is_available():

@@ -26,3 +26,15 @@ def test_report_errors_are_one_line_with_exit_2(tmp_path, capsys):
     assert main(["report", str(src), "-o", str(tmp_path / "r.txt"), "--no-simulate"]) == 2
     assert ".html" in capsys.readouterr().err
     assert not (tmp_path / "r.txt").exists()
+
+
+def test_report_takes_the_same_output_flag_as_search(tmp_path, capsys):
+    """--report names the HTML file in every command that writes one; -o / --output stay as aliases."""
+    src = tmp_path / "result.json"
+    src.write_text(json.dumps(outcome_to_json(search_outcome(10, seed=6, gbs=256))))
+    for flag in ("--report", "--output", "-o"):
+        out = tmp_path / f"r{flag.strip('-')}.html"
+        assert main(["report", str(src), flag, str(out), "--no-simulate"]) == 0
+        assert out.stat().st_size > 1_000_000
+    assert main(["report", str(src), "--report", str(tmp_path / "r.txt"), "--no-simulate"]) == 2
+    assert "--report" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""The README is true about the command line: every `echo-plan` command in its fenced code blocks (and
+in its inline code) exists, answers --help, and takes every flag the README gives it."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+
+from echo_plan.cli import app, main
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _fenced_lines(text: str) -> list[str]:
+    """Shell lines of the README's fenced blocks, continuation lines joined, comments dropped."""
+    lines: list[str] = []
+    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        lines += [ln.split(" #")[0].strip() for ln in joined.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return lines
+
+
+def _inline_lines(text: str) -> list[str]:
+    return [m for m in re.findall(r"`(echo-plan [^`]+)`", text)]
+
+
+def _invocations(lines: list[str]) -> list[list[str]]:
+    """The argument lists of every echo-plan call in the lines (after `&&`, `|`, `;` splits)."""
+    calls = []
+    for line in lines:
+        for part in re.split(r"&&|\|\||;|\|", line):
+            try:
+                words = shlex.split(part)
+            except ValueError:
+                words = part.split()
+            for i, w in enumerate(words):
+                if w == "echo-plan" or w.endswith("/echo-plan"):
+                    rest = words[i + 1:]
+                    if not (rest and rest[0].isupper()):  # `echo-plan COMMAND --help` is a pattern, not a call
+                        calls.append(rest)
+                    break
+    return calls
+
+
+def _resolve(group, args: list[str]):
+    """The command path the arguments name, and its command (typer vendors click: duck-typed)."""
+    path, cmd = [], group
+    for word in args:
+        if hasattr(cmd, "commands") and not word.startswith("-") and word in cmd.commands:
+            path.append(word)
+            cmd = cmd.commands[word]
+        else:
+            break
+    return path, cmd
+
+
+def _flags(cmd) -> set[str]:
+    names = {"--help"}
+    for p in cmd.params:
+        names.update(p.opts)
+        names.update(p.secondary_opts)
+    return names
+
+
+CALLS = _invocations(_fenced_lines(README.read_text(encoding="utf-8")) + _inline_lines(README.read_text(encoding="utf-8")))
+
+
+def test_the_readme_has_commands_to_check():
+    assert len(CALLS) >= 20
+    assert ["search", "--report", "reports/quickstart.html"] in CALLS  # the main command
+
+
+@pytest.mark.parametrize("args", CALLS, ids=[" ".join(c)[:60] for c in CALLS])
+def test_every_readme_command_and_flag_exists(args):
+    root = typer.main.get_command(app)
+    path, cmd = _resolve(root, args)
+    if not args or args[0].startswith("-"):
+        pytest.skip("the bare program (--help or --version)")
+    assert path, f"echo-plan {args[0]}: no such command"
+    assert not hasattr(cmd, "commands"), f"echo-plan {' '.join(path)} needs a subcommand"
+    known = _flags(cmd)
+    unknown = [w.split("=")[0] for w in args[len(path):] if w.startswith("-") and w.split("=")[0] not in known
+               and not re.fullmatch(r"-\d.*", w)]
+    assert not unknown, f"echo-plan {' '.join(path)}: no flag {unknown} (has {sorted(known)})"
+
+
+def test_every_readme_command_answers_help(capsys):
+    paths = sorted({tuple(_resolve(typer.main.get_command(app), c)[0]) for c in CALLS if c and c[0][0] != "-"})
+    assert len(paths) >= 10
+    for path in paths:
+        assert main([*path, "--help"]) == 0, path
+    capsys.readouterr()
+
+
+def test_the_checker_catches_a_made_up_flag():
+    root = typer.main.get_command(app)
+    _, cmd = _resolve(root, ["search", "--no-such-flag"])
+    assert "--no-such-flag" not in _flags(cmd) and "--report" in _flags(cmd)
+    assert _resolve(root, ["whatif", "sensitivity"])[0] == ["whatif", "sensitivity"]
