@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from echo_plan.replay.breakdown import critical_rank, step_breakdown
 from echo_plan.replay.dp import dp_exchange_summary
-from echo_plan.replay.layer_mix import all_to_all_note
+from echo_plan.layout.layer_mix import all_to_all_note
 from echo_plan.replay.metrics import throughput
 from echo_plan.replay.pipeline import build_tasks
+from echo_plan.replay.pipeline_fast import zb_v_actions
 from echo_plan.replay.results import StepResult
-from echo_plan.replay.schedules import build_schedule, schedule_shape
+from echo_plan.layout.schedules import build_schedule, schedule_shape
 from echo_plan.replay.step_costs import ep_overlap_pairs, stack_notes, step_costs
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
@@ -59,9 +60,9 @@ class SimulationMemo:
         key = (schedule, pp, microbatches, virtual_stages, times, paired)
         sched = self._schedules.get(key)
         if sched is None:
-            sched = build_schedule(schedule, pp, microbatches, virtual_stages, times)
+            sched = build_schedule(schedule, pp, microbatches, virtual_stages, times, zb_v_lister=zb_v_actions)
             if paired:
-                from echo_plan.replay.schedules import pair_forward_backward
+                from echo_plan.layout.schedules import pair_forward_backward
 
                 sched = pair_forward_backward(sched)
             self._schedules[key] = sched

@@ -30,10 +30,10 @@ interleaved schedule gives rank i (p - i - 1) x 2 + (v - 1) x p warm-up model-ch
 plus one, each chunk holding layers / v (capped at m x v chunk passes).
 
 The schedules that split the backward (ZB-H1, ZB-V, DualPipe) are walked pass by pass over the
-rank's action list (``replay/schedules_zb.py``): a forward adds its chunk's saved bytes; a whole
+rank's action list (``layout/schedules_zb.py``): a forward adds its chunk's saved bytes; a whole
 backward frees them; an input-gradient pass frees them but keeps what the deferred weight-gradient
 pass reads (``retained``: the linears' inputs and the gradients of their outputs, measured from the
-trace by ``replay/split.py``) until that W runs. The peak of that walk is the rank's activations.
+trace by ``layout/backward_split.py``) until that W runs. The peak of that walk is the rank's activations.
 DualPipe's ranks hold two copies' stages (s and pp - 1 - s): twice the parameters, gradients and
 optimizer states of a one-copy stage, as DeepSeek-V3's report states (section 3.2.1).
 """
@@ -51,7 +51,7 @@ from echo_plan.files import safe_load
 import yaml
 
 from echo_plan.errors import FileFormatError
-from echo_plan.replay.results import StageMemory
+from echo_plan.cost.stage_memory import StageMemory
 from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
 from echo_plan.specs.moe import DENSE, LayerKind
@@ -60,6 +60,10 @@ from echo_plan.specs.software import OptimizerSharding, SoftwareSpec
 from echo_plan.cost.activation_memory import (embedding_activation_bytes, layer_activation_bytes,
                                                output_activation_bytes)
 from echo_plan.trace.records import LayerTrace
+from echo_plan.layout.backward_split import retained_bytes, split_backward
+from echo_plan.layout.layer_mix import all_stage_kind_counts, layer_params_per_rank as mixed, stage_kind_counts
+from echo_plan.layout.schedules_zb import split_layout
+from echo_plan.cost.schedule_memory import held_profile, profile_microbatches, walk_stage
 
 GiB = 2**30
 
@@ -133,7 +137,6 @@ def stage_params_split(model: ModelSpec, plan: PlanSpec, stage: int,
                        counts: Mapping[LayerKind, int] | None = None) -> tuple[int, int]:
     """(parameters sharded like dense ones, routed-expert parameters) of pipeline rank ``stage``;
     ``counts``: its layers of each kind when the caller has them (layer_mix.stage_kind_counts)."""
-    from echo_plan.replay.layer_mix import layer_params_per_rank as mixed, stage_kind_counts
 
     n = experts = 0
     counts = counts if counts is not None else stage_kind_counts(model, plan, stage)
@@ -167,7 +170,6 @@ def fp8_weight_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, stag
     FP8 copies of its transformer layers' weights, less their bf16 copies with ``fp8_param_gather``."""
     if plan.dtype is not DType.FP8:
         return 0.0
-    from echo_plan.replay.layer_mix import layer_params_per_rank as mixed, stage_kind_counts
 
     layer = sum(count * sum(mixed(model, plan, kind)) for kind, count in stage_kind_counts(model, plan, stage).items())
     if stage == plan.pp - 1 and model.mtp_layers:
@@ -206,7 +208,6 @@ def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces:
     """Per-stage peak memory with activations from the traces' saved bytes (one micro-batch each)."""
     retained = None
     if plan.schedule.split_backward:
-        from echo_plan.replay.split import retained_bytes, split_backward
 
         def keep(trace) -> int:
             return retained_bytes(trace, split_backward(trace)[1])
@@ -258,7 +259,6 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
     """``saved``: per layer kind, (bytes one layer saves under the plan's recompute, without recompute);
     ``retained``: for schedules that split the backward, (per kind, embedding, output) bytes kept
     from an input-gradient pass until its weight-gradient pass."""
-    from echo_plan.replay.layer_mix import all_stage_kind_counts
 
     c = consts or load_memory_constants()
     w_b, _, o_b = c.bytes_per_param[plan.param_dtype]
@@ -278,8 +278,6 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
     dual = plan.schedule is Schedule.DUALPIPE
     sched = None
     if plan.schedule.split_backward:
-        from echo_plan.cost.schedule_memory import held_profile, profile_microbatches, walk_stage
-        from echo_plan.replay.schedules_zb import split_layout
 
         sched = split_layout(plan.schedule, plan.pp, plan.virtual_stages)
         profile = held_profile(plan.schedule, plan.pp, profile_microbatches(plan.schedule, plan.pp,

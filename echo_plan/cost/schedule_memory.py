@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from echo_plan.layout.layer_mix import kind_counts
+from echo_plan.layout.schedules import Pass, build_schedule
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec, Schedule
 
@@ -19,7 +21,6 @@ from echo_plan.specs.plan import PlanSpec, Schedule
 def walk_peak(actions, held: list[float], retained: list[float]) -> float:
     """Peak bytes over one rank's action list: ``held[c]`` per forward of chunk c until its backward
     (or its input-gradient pass), ``retained[c]`` from an input-gradient pass until its W."""
-    from echo_plan.replay.schedules import Pass
 
     live = peak = 0.0
     for a in actions:
@@ -41,7 +42,6 @@ def held_profile(schedule: Schedule, pp: int, m: int, v: int) -> tuple[tuple[tup
     """Per rank, the distinct maximal (forwards held per chunk..., W pending per chunk...) counts over
     its action list: the peak of any ``walk_peak`` is the largest of these dotted with (held, retained),
     so the search's memory estimate walks each schedule shape once, not once per candidate."""
-    from echo_plan.replay.schedules import Pass, build_schedule
 
     sched = build_schedule(schedule, pp, m, v)
     chunks = sched.virtual_stages
@@ -95,7 +95,6 @@ def walk_stage(model: ModelSpec, plan: PlanSpec, sched, profile, rank: int, save
                 embed_saved: int, output_saved: int, cache: dict | None = None) -> float:
     """Activations of one rank of a schedule that splits the backward: the peak of its action list.
     ``cache``: a dict the caller keeps across the ranks of one plan (its layer split, once)."""
-    from echo_plan.replay.layer_mix import kind_counts
 
     cache = cache if cache is not None else {}
     split = cache.get("split")

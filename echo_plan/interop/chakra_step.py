@@ -31,7 +31,7 @@ from echo_plan.cost.base import with_stack_kernels
 from echo_plan.replay.engine import replay
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.layer import phase_tasks
-from echo_plan.replay.schedules import Pass
+from echo_plan.layout.schedules import Pass
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec

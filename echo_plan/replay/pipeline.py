@@ -37,7 +37,7 @@ from enum import Enum
 from echo_plan.replay.engine import ReplayResult, Task, replay_columns
 from echo_plan.replay.interference import InterferenceModel, Mix
 from echo_plan.replay.kinds import TaskKind
-from echo_plan.replay.schedules import Pass, PipelineSchedule
+from echo_plan.layout.schedules import Pass, PipelineSchedule
 
 COMPUTE, PP_FWD, PP_BWD, DP = "compute", "pp_fwd", "pp_bwd", "dp_comm"
 PP_GATHER = "pp_gather"  # the receiving stage's TP all-gather of a message sent scattered over TP

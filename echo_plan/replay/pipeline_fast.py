@@ -24,7 +24,7 @@ from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.outcome import ReplayResult
 from echo_plan.replay.results import Breakdown
 from echo_plan.replay.pipeline import Category, StepCosts, TaskInfo, _compute_kind, _overlapped
-from echo_plan.replay.schedules import Pass, PipelineSchedule
+from echo_plan.layout.schedules import Action, Pass, PipelineSchedule
 
 _PASS_CODE = {Pass.FORWARD: 0, Pass.BACKWARD: 1, Pass.INPUT_GRAD: 2, Pass.WEIGHT_GRAD: 3}
 _CATEGORIES = (Category.FORWARD, Category.BACKWARD, Category.INPUT_GRAD, Category.WEIGHT_GRAD, Category.P2P,
@@ -59,8 +59,8 @@ def _load() -> Any:
         _state["build"] = _build_kernel
         from echo_plan.replay.interference import load_interference
         from echo_plan.replay.pipeline import DpBucket, PhaseCost, StageCosts, build_tasks
-        from echo_plan.replay.schedules import build_schedule
-        from echo_plan.replay.schedules_zb import _zb_v
+        from echo_plan.layout.schedules import build_schedule
+        from echo_plan.layout.schedules_zb import _zb_v
         from echo_plan.specs.plan import Schedule
 
         ph = PhaseCost(1.0, 0.8, 0.1, 0.1, ((TaskKind.GEMM, 0.7), (TaskKind.MEMORY, 0.3)))
@@ -323,3 +323,23 @@ def _profile(kind: TaskKind, mix) -> tuple | None:
     if any(not k.is_compute for k, _ in mix) or not kind.is_compute:
         return None
     return (kind, tuple(sorted(((k, w / total) for k, w in mix), key=lambda kw: kw[0].value)))
+
+
+def zb_v_actions(pp: int, m: int, times: tuple[float, float, float]) -> tuple[tuple[Action, ...], ...] | None:
+    """ZB-V's list schedule (layout/schedules_zb.py ``_zb_v``) in compiled code (``_build_kernel.py``, the
+    same picks), where the compiled level 2 is loaded (a search, which lists a ZB-V order per candidate);
+    None elsewhere, or where it fails (the Python list schedule then runs and raises with its message)."""
+    if not available():
+        return None
+    out, nout, ok = _state["build"].zb_v(pp, m, float(times[0]), float(times[1]), float(times[2]))
+    if not ok:
+        return None
+    kinds = (Pass.FORWARD, Pass.BACKWARD, Pass.INPUT_GRAD, Pass.WEIGHT_GRAD)
+    made: dict[tuple[int, int, int], Action] = {}  # actions are immutable: one object per (pass, mb, chunk)
+
+    def action(k: int, i: int, c: int) -> Action:
+        a = made.get((k, i, c))
+        if a is None:
+            a = made[(k, i, c)] = Action(kinds[k], i, c)
+        return a
+    return tuple(tuple(action(k, i, c) for k, i, c in out[r, :nout[r]].tolist()) for r in range(pp))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+from echo_plan.cost.stage_memory import StageMemory
 
 GiB = float(2**30)
 
@@ -35,50 +37,6 @@ class Breakdown:
             "interference": self.interference_s,
             "optimizer": self.optimizer_s,
         }
-
-
-@dataclass(frozen=True, slots=True)
-class StageMemory:
-    """Peak memory of one pipeline stage's GPU, in bytes, by what holds it."""
-
-    stage: int
-    weights_bytes: int
-    gradients_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    buffers_bytes: int
-    capacity_bytes: int
-    headroom_bytes: int = 0  # kept free below capacity for a plan to count as fitting (--memory-headroom)
-
-    @property
-    def total_bytes(self) -> int:
-        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.buffers_bytes)
-
-    @property
-    def usable_bytes(self) -> int:
-        """What a plan may use: capacity less the headroom."""
-        return self.capacity_bytes - self.headroom_bytes
-
-    @property
-    def fits(self) -> bool:
-        return self.total_bytes <= self.usable_bytes
-
-    @property
-    def overflow_bytes(self) -> int:
-        """Bytes over the usable memory (capacity less headroom)."""
-        return max(0, self.total_bytes - self.usable_bytes)
-
-    @property
-    def free_bytes(self) -> int:
-        """Bytes left of the whole capacity at the peak (negative when over it)."""
-        return self.capacity_bytes - self.total_bytes
-
-    def as_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(total_gib=self.total_bytes / GiB, capacity_gib=self.capacity_bytes / GiB,
-                 headroom_gib=self.headroom_bytes / GiB, free_gib=self.free_bytes / GiB, fits=self.fits)
-        return d
 
 
 @dataclass(frozen=True, slots=True)

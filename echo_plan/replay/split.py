@@ -1,4 +1,7 @@
-"""Level 1 for the zero-bubble and DualPipe schedules: a traced backward split into its two parts.
+"""Level 1 for the zero-bubble and DualPipe schedules: the two parts of a traced backward, timed.
+
+Which ops are which part follows from the trace alone (layout/backward_split.py); this module
+replays each part. What follows is how the split is made, for the reader of the timings.
 
 Zero-bubble schedules (Qi et al., ICLR 2024) run a layer's backward as two separately scheduled
 passes: B, the input gradient (what the previous stage waits for), and W, the weight gradients
@@ -31,14 +34,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from echo_plan.layout.backward_split import retained_bytes, split_backward
 from echo_plan.replay.engine import replay
 from echo_plan.replay.interference import InterferenceModel
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.layer import PhaseTiming, _phase, phase_tasks
-from echo_plan.trace.records import LayerTrace, OpKind, OpRecord, Phase, StageKind
+from echo_plan.trace.records import LayerTrace, Phase
 
-__all__ = ["SplitTiming", "split_backward", "replay_split", "split_timings", "pair_saving", "retained_bytes",
-           "pair_saving_of", "zb_v_times"]
+__all__ = ["SplitTiming", "replay_split", "split_timings", "pair_saving", "pair_saving_of", "zb_v_times"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,72 +52,6 @@ class SplitTiming:
     weight_grad: PhaseTiming
     retained_bytes: int  # activations and gradients W reads, alive from B until W
     pair_saving_s: float  # DualPipe: forward + backward overlapped is this much shorter (>= 0)
-
-
-def split_backward(trace: LayerTrace) -> tuple[tuple[OpRecord, ...], tuple[OpRecord, ...]]:
-    """(B ops, W ops) of the trace's backward (recompute ops included), each in trace order."""
-    ops = trace.ops
-    bwd = [op for op in ops if op.phase is not Phase.FORWARD]
-    if trace.key.stage == StageKind.EMBEDDING:
-        return (), tuple(bwd)  # token ids have no gradient: the embedding's backward is all weight gradient
-    by_index = {op.index: op for op in ops}
-    fwd_origin: dict[int, bool] = {}
-
-    def from_forward(i: int) -> bool:
-        """Op ``i`` produced (or re-gathered) a forward or recomputed activation."""
-        hit = fwd_origin.get(i)
-        if hit is None:
-            op = by_index[i]
-            if op.phase is not Phase.BACKWARD:
-                hit = True
-            elif op.kind in (OpKind.COLLECTIVE, OpKind.VIEW) and op.deps:
-                hit = all(from_forward(d) for d in op.deps)
-            else:
-                hit = False
-            fwd_origin[i] = hit
-        return hit
-
-    w: set[int] = set()
-    for op in bwd:
-        if op.kind is OpKind.GEMM and op.phase is Phase.BACKWARD and any(from_forward(d) for d in op.deps):
-            w.add(op.index)
-        elif op.deps and any(d in w for d in op.deps) and op.phase is Phase.BACKWARD:
-            w.add(op.index)  # computed from a weight gradient (main-grad accumulation, views of it)
-    consumers: dict[int, list[int]] = {}
-    for op in bwd:
-        for d in op.deps:
-            consumers.setdefault(d, []).append(op.index)
-    kind_of = {op.index: op.kind for op in bwd}
-    for op in reversed(bwd):  # an op only W reads (the input re-gather for a weight gradient) is W
-        users = [u for u in consumers.get(op.index, ()) if kind_of[u] is not OpKind.VIEW or consumers.get(u)]
-        if op.index not in w and users and all(u in w for u in users):
-            w.add(op.index)
-    return tuple(op for op in bwd if op.index not in w), tuple(op for op in bwd if op.index in w)
-
-
-def retained_bytes(trace: LayerTrace, w_ops: tuple[OpRecord, ...]) -> int:
-    """Bytes W reads that other passes produced: kept alive from B until W (one micro-batch)."""
-    by_index = {op.index: op for op in trace.ops}
-    in_w = {op.index for op in w_ops}
-    kept: dict[tuple[int, int], int] = {}
-    for op in w_ops:
-        sizes = {m.numel for m in op.inputs}
-        for d in op.deps:
-            if d in in_w:
-                continue
-            src = by_index[d]
-            if src.kind is OpKind.VIEW:
-                continue
-            for k, out in enumerate(src.outputs):
-                if out.numel in sizes:
-                    kept[(d, k)] = out.numel * _itemsize(out.dtype)
-                    break
-    return sum(kept.values())
-
-
-def _itemsize(dtype: str) -> int:
-    return {"float32": 4, "float64": 8, "int64": 8, "int32": 4, "bool": 1, "uint8": 1, "int8": 1,
-            "float8_e4m3fn": 1, "float8_e5m2": 1}.get(dtype, 2)
 
 
 def replay_split(trace: LayerTrace, compute, comm, cluster, dtype, interference: InterferenceModel,

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from echo_plan.replay.dp import chunk_buckets, edp_group, optimizer_op
-from echo_plan.replay.layer_mix import kind_counts, layer_params_per_rank
+from echo_plan.layout.layer_mix import kind_counts, layer_params_per_rank
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts
-from echo_plan.replay.schedules import build_schedule
+from echo_plan.layout.schedules import build_schedule
 from echo_plan.replay.split import pair_saving_of, zb_v_times
 from echo_plan.replay.transfers import _p2p_gather_time, _p2p_time, _params, _tied_time
 from echo_plan.specs.cluster import ClusterSpec, DType

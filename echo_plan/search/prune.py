@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Any, Callable
 
 from echo_plan.errors import EchoPlanError, SpecError
-from echo_plan.replay.results import StageMemory
+from echo_plan.cost.stage_memory import StageMemory
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import balanced_split, PlanSpec, Recompute, Schedule, schedule_rule, validate_plan

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from echo_plan.errors import FileFormatError
-from echo_plan.replay.results import Breakdown, StageMemory, StepResult, TimelineEvent
+from echo_plan.cost.stage_memory import StageMemory
+from echo_plan.replay.results import Breakdown, StepResult, TimelineEvent
 from echo_plan.search.results import CompareOutcome, CompareRow, SearchOutcome, TrialRecord, TrialState
 
 FORMAT = "echo-plan/search-outcome"

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from echo_plan.cost.memory import estimate_memory
 from echo_plan.cost.schedule_memory import held_profile, profile_microbatches, profile_peak, walk_peak
-from echo_plan.replay.schedules import build_schedule
+from echo_plan.layout.schedules import build_schedule
 from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
 from echo_plan.specs.plan import Schedule
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from echo_plan.replay.schedules import Pass, build_schedule, pair_forward_backward
+from echo_plan.layout.schedules import Pass, build_schedule, pair_forward_backward
 from echo_plan.simulate import SimulationMemo, simulate
 from echo_plan.specs import ModelSpec, PlanSpec, load_cluster, load_stack
 from echo_plan.specs.plan import Schedule

@@ -11,7 +11,7 @@ from echo_plan.replay.engine import replay
 from echo_plan.replay.interference import InterferenceModel, load_interference
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.pipeline import DpBucket, PhaseCost, StageCosts, StepCosts, build_tasks
-from echo_plan.replay.schedules import build_schedule
+from echo_plan.layout.schedules import build_schedule
 from echo_plan.replay.split import zb_v_times
 from echo_plan.specs.plan import Schedule
 

@@ -12,7 +12,7 @@ from echo_plan.replay import engine_jit, pipeline_fast
 from echo_plan.replay.breakdown import critical_rank, step_breakdown
 from echo_plan.replay.interference import InterferenceModel, load_interference
 from echo_plan.replay.pipeline import DpBucket, build_tasks
-from echo_plan.replay.schedules import Pass
+from echo_plan.layout.schedules import Pass
 from echo_plan.specs.plan import Schedule
 
 from tests.replay.test_pipeline import configs, costs_from, make_costs
@@ -101,7 +101,8 @@ def test_split_passes_without_their_costs_go_to_python():
 @given(pp=st.integers(2, 12), mult=st.integers(1, 6), extra=st.integers(0, 3),
        times=st.tuples(*[st.sampled_from([1.0, 0.5, 2.0, 0.37, 1.61])] * 3))
 def test_compiled_zb_v_order_is_the_python_one(pp, mult, extra, times):
-    from echo_plan.replay.schedules_zb import _zb_v, _zb_v_compiled
+    from echo_plan.layout.schedules_zb import _zb_v
+    from echo_plan.replay.pipeline_fast import zb_v_actions as _zb_v_compiled
 
     m = pp * mult + extra
     assert _zb_v_compiled(pp, m, times) == _zb_v(pp, m, times)
@@ -125,7 +126,7 @@ def test_a_builder_that_cannot_run_leaves_the_python_path_with_a_warning(monkeyp
 def test_ep_overlap_pairs_same_replay(schedule, pp, v):
     """The MoE all-to-all overlap's forward/backward pairs of 1F1B and interleaved 1F1B (the stack's
     moe_a2a_overlap, schedules.pair_forward_backward) replay the same compiled as in Python."""
-    from echo_plan.replay.schedules import pair_forward_backward
+    from echo_plan.layout.schedules import pair_forward_backward
 
     costs = make_costs(pp=pp, m=16, v=v, schedule=schedule, buckets=3, gather_s=0.2, pair_saving=0.1)
     costs = replace(costs, schedule=pair_forward_backward(costs.schedule))

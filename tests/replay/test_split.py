@@ -6,7 +6,8 @@ import pytest
 
 from echo_plan.replay.interference import InterferenceModel, load_interference
 from echo_plan.replay.layer import replay_layer
-from echo_plan.replay.split import pair_saving, replay_split, split_backward
+from echo_plan.layout.backward_split import split_backward
+from echo_plan.replay.split import pair_saving, replay_split
 from echo_plan.specs import PlanSpec, load_cluster, load_model
 from echo_plan.trace.records import OpKind, Phase
 

@@ -11,7 +11,8 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from echo_plan.replay.results import Breakdown, StageMemory, StepResult, TimelineEvent
+from echo_plan.cost.stage_memory import StageMemory
+from echo_plan.replay.results import Breakdown, StepResult, TimelineEvent
 from echo_plan.search.results import CompareOutcome, CompareRow, SearchOutcome, TrialRecord, TrialState
 
 GiB = 2**30

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from echo_plan.replay.results import Breakdown, StageMemory, StepResult
+from echo_plan.cost.stage_memory import StageMemory
+from echo_plan.replay.results import Breakdown, StepResult
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec
 
 GiB = 2**30

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from echo_plan.errors import SpecError
-from echo_plan.replay.schedules import Action, Pass, action_deps, build_schedule
+from echo_plan.layout.schedules import Action, Pass, action_deps, build_schedule
 from echo_plan.specs.plan import Schedule
 
 
@@ -146,7 +146,7 @@ def test_bad_shapes_raise_spec_error():
 ])
 def test_the_shape_without_actions_is_the_built_schedule_and_fails_the_same_way(schedule, pp, m, v):
     from echo_plan.errors import SpecError
-    from echo_plan.replay.schedules import schedule_shape
+    from echo_plan.layout.schedules import schedule_shape
 
     try:
         built = build_schedule(schedule, pp, m, v)

@@ -26,18 +26,24 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from typing import Callable
 
 from echo_plan.errors import SpecError
-from echo_plan.replay.schedules import Action, Layout, Pass, PipelineSchedule
+from echo_plan.layout.schedules import Action, Layout, Pass, PipelineSchedule
 from echo_plan.specs.plan import Schedule, schedule_rule
+
+# (pp, micro-batches, (forward, input-gradient, weight-gradient) times) -> per-rank actions, or None
+ZbVLister = Callable[[int, int, tuple[float, float, float]], "tuple[tuple[Action, ...], ...] | None"]
 
 F, B, BI, W = Pass.FORWARD, Pass.BACKWARD, Pass.INPUT_GRAD, Pass.WEIGHT_GRAD
 
 
 def build_split_schedule(schedule: Schedule, pp: int, m: int, virtual_stages: int,
-                         times: tuple[float, float, float] | None = None) -> PipelineSchedule:
+                         times: tuple[float, float, float] | None = None,
+                         zb_v_lister: ZbVLister | None = None) -> PipelineSchedule:
     """``times``: ZB-V's (forward, input-gradient, weight-gradient) chunk times to list-schedule with
-    (default equal, as the paper's analysis assumes)."""
+    (default equal, as the paper's analysis assumes). ``zb_v_lister``: a faster twin of ZB-V's list
+    schedule (the replay's compiled one) that gives the same action lists, or None where it cannot."""
     why = schedule_rule(schedule, pp, virtual_stages, m)
     if why is not None:
         raise SpecError("schedule", schedule.value, why)
@@ -45,7 +51,7 @@ def build_split_schedule(schedule: Schedule, pp: int, m: int, virtual_stages: in
         return PipelineSchedule(schedule, pp, 1, m, tuple(_zb_h1(s, pp, m) for s in range(pp)))
     if schedule is Schedule.ZB_V:
         t = times or (1.0, 1.0, 1.0)
-        return PipelineSchedule(schedule, pp, 2, m, _zb_v_compiled(pp, m, t) or _zb_v(pp, m, t), Layout.V, times)
+        return PipelineSchedule(schedule, pp, 2, m, (zb_v_lister(pp, m, t) if zb_v_lister else None) or _zb_v(pp, m, t), Layout.V, times)
     return PipelineSchedule(schedule, pp, 2, m, tuple(_dualpipe(s, pp, m) for s in range(pp)), Layout.DUAL)
 
 
@@ -77,27 +83,6 @@ def _zb_h1(s: int, pp: int, m: int) -> tuple[Action, ...]:
         backward(i)
     out.extend(Action(W, i, 0) for i in pending)
     return tuple(out)
-
-
-def _zb_v_compiled(pp: int, m: int, times: tuple[float, float, float]) -> tuple[tuple[Action, ...], ...] | None:
-    """:func:`_zb_v` in compiled code (``replay/_build_kernel.py``, the same picks), where the compiled level
-    2 is loaded (a search, which lists a ZB-V order per candidate); None elsewhere, or where it fails."""
-    from echo_plan.replay import pipeline_fast
-
-    if not pipeline_fast.available():
-        return None
-    out, nout, ok = pipeline_fast._state["build"].zb_v(pp, m, float(times[0]), float(times[1]), float(times[2]))
-    if not ok:
-        return None  # the Python list schedule raises with its message
-    kinds = (F, B, BI, W)
-    made: dict[tuple[int, int, int], Action] = {}  # actions are immutable: one object per (pass, mb, chunk)
-
-    def action(k: int, i: int, c: int) -> Action:
-        a = made.get((k, i, c))
-        if a is None:
-            a = made[(k, i, c)] = Action(kinds[k], i, c)
-        return a
-    return tuple(tuple(action(k, i, c) for k, i, c in out[r, :nout[r]].tolist()) for r in range(pp))
 
 
 def _zb_v(pp: int, m: int, times: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> tuple[tuple[Action, ...], ...]:

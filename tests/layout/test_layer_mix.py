@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from echo_plan.replay.layer_mix import all_stage_kind_counts, kind_counts, stage_kind_counts
+from echo_plan.layout.layer_mix import all_stage_kind_counts, kind_counts, stage_kind_counts
 from echo_plan.specs import ModelSpec, PlanSpec
 
 

@@ -118,15 +118,16 @@ class PipelineSchedule:
 
 
 def build_schedule(schedule: Schedule, pp: int, num_microbatches: int, virtual_stages: int = 1,
-                   times: tuple[float, float, float] | None = None) -> PipelineSchedule:
+                   times: tuple[float, float, float] | None = None, zb_v_lister=None) -> PipelineSchedule:
     """Per-rank action lists for ``schedule``; raises SpecError when the shape cannot run it.
-    ``times``: ZB-V's (forward, input-gradient, weight-gradient) chunk times (schedules_zb.py)."""
+    ``times``: ZB-V's (forward, input-gradient, weight-gradient) chunk times; ``zb_v_lister``: a
+    faster twin of its list schedule (schedules_zb.py)."""
     if pp < 1 or num_microbatches < 1 or virtual_stages < 1:
         raise SpecError("pp/microbatches/virtual_stages", (pp, num_microbatches, virtual_stages), "positive integers")
     if schedule in (Schedule.ZB_H1, Schedule.ZB_V, Schedule.DUALPIPE):
-        from echo_plan.replay.schedules_zb import build_split_schedule
+        from echo_plan.layout.schedules_zb import build_split_schedule
 
-        return build_split_schedule(schedule, pp, num_microbatches, virtual_stages, times)
+        return build_split_schedule(schedule, pp, num_microbatches, virtual_stages, times, zb_v_lister)
     if schedule is Schedule.INTERLEAVED and virtual_stages > 1:
         if num_microbatches % pp:
             raise SpecError("num_microbatches", num_microbatches,
@@ -165,7 +166,7 @@ def schedule_shape(schedule: Schedule, pp: int, num_microbatches: int, virtual_s
     if pp < 1 or num_microbatches < 1 or virtual_stages < 1:
         raise SpecError("pp/microbatches/virtual_stages", (pp, num_microbatches, virtual_stages), "positive integers")
     if schedule in (Schedule.ZB_H1, Schedule.ZB_V, Schedule.DUALPIPE):
-        from echo_plan.replay.schedules_zb import split_layout
+        from echo_plan.layout.schedules_zb import split_layout
         from echo_plan.specs.plan import schedule_rule
 
         why = schedule_rule(schedule, pp, virtual_stages, num_microbatches)
