@@ -26,7 +26,7 @@ from pathlib import Path
 from echo_plan.resilience.diagnose.analyze import diagnose_paths
 from echo_plan.resilience.diagnose.parallel_load import processes_for
 from echo_plan.resilience.diagnose.emit import RecordFormat, emit_job, prepare_job
-from echo_plan.resilience.faults import nic_ranks, parse_fault
+from echo_plan.specs.faults import nic_ranks, parse_fault
 from echo_plan.specs import PlanSpec, load_cluster, load_model
 
 # (model, cluster, nodes, tp, pp, micro-batches per DP rank): several shapes of group and placement

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from echo_plan.resilience.goodput import FailureModel, ettr
+from echo_plan.cost.goodput import FailureModel, ettr
 
 
 def main() -> None:

@@ -184,7 +184,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     A plan fits when every GPU keeps ``memory_headroom_bytes`` free (default: memory.yaml's share).
     ``interference=None`` uses the default factors (data file); pass ``InterferenceModel.none()`` to
     switch interference off. ``work_scale`` (one factor per pipeline stage, > 0) slows that stage's
-    GPUs for a what-if; ``faults`` (resilience/faults.py) slow the stages that hold the GPUs and links
+    GPUs for a what-if; ``faults`` (specs/faults.py) slow the stages that hold the GPUs and links
     they hit, and the result carries the healthy step beside it. ``traffic`` adds, under a cluster
     routing other than none, each collective group's ECMP and planned slowdowns (docs/traffic.md).
     Raises SpecError for a bad plan, or one the stack cannot run."""
@@ -220,7 +220,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
 
     stage_timing = stage_comm = effects = None
     if faults:
-        from echo_plan.resilience.apply import fault_hooks
+        from echo_plan.replay.faults import fault_hooks
 
         effects, work_scale, stage_timing, stage_comm = fault_hooks(
             faults, cluster, cluster_key, plan, traces, timing, work_scale, memo, compute, comm, interference)
@@ -285,7 +285,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     exchange = dp_exchange_summary(plan, base)
     fault_report = None
     if effects is not None:
-        from echo_plan.resilience.apply import fault_summary
+        from echo_plan.replay.faults import fault_summary
 
         healthy = simulate(model, cluster, plan, stack=stack, cache=cache, compute=compute, comm=comm,
                            interference=interference, memo=memo, memory_headroom_bytes=memory_headroom_bytes)
@@ -294,7 +294,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                      f"(+{step_s / healthy.step_time_s - 1:.1%})")
     traffic_json = None
     if traffic and cluster.network.routing.value != "none":
-        from echo_plan.resilience.traffic import step_traffic
+        from echo_plan.cost.traffic import step_traffic
 
         traffic_json, note = step_traffic(cluster, effects, traces, memo.timed_collectives(cluster_key))
         notes.append(note)

@@ -124,7 +124,7 @@ def measure_to_csv(out: str | Path, config: MeasureConfig = MeasureConfig()) -> 
     """Measure on the local CUDA GPU(s) and write the CSV atomically. Without CUDA, write nothing
     and say that the default factors stay."""
     from echo_plan.calibrate import interference_cuda as cuda
-    from echo_plan.commands.common import write_atomic
+    from echo_plan.files import write_atomic
 
     if not cuda.cuda_available():
         from echo_plan.replay.interference import load_interference

@@ -198,8 +198,8 @@ def dp_comm_fields(dp_comm: str, density: float | None) -> dict:
 
 
 def failure_model(rate: float | None, ckpt: float | None, restart: float | None, detect: float | None):
-    """The goodput model's inputs (resilience/goodput.py), defaults where an option is not given."""
-    from echo_plan.resilience.goodput import FailureModel
+    """The goodput model's inputs (cost/goodput.py), defaults where an option is not given."""
+    from echo_plan.cost.goodput import FailureModel
 
     given = {k: v for k, v in (("interruptions_per_gpu_day", rate), ("checkpoint_GBps_per_gpu", ckpt),
                                ("restart_min", restart), ("detect_min", detect)) if v is not None}

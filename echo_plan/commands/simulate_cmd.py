@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
             raise SpecError("--fault", hangs[0].label(), "a hang stops the job and has no step time; give it with "
                                                          "--emit-records DIR to write the hung job's records")
         if hangs:
-            from echo_plan.resilience.faults import check_faults
+            from echo_plan.specs.faults import check_faults
 
             check_faults(faults, plan, cluster_spec)
             faults = tuple(f for f in faults if not f.kind.hang)

@@ -164,7 +164,7 @@ def export_chakra(graph: StepGraph, out: str | Path, ranks: Iterable[int] | None
         path = base.parent / f"{base.name}.{rank}.et"
         head, *nodes = rank_messages(graph, rank, meta)
         written.append(cio.write_et(path, head, nodes))
-    from echo_plan.commands.common import write_atomic
+    from echo_plan.files import write_atomic
 
     written.append(write_atomic(base.parent / f"{base.name}.comm_groups.json",
                                 json.dumps(all_groups(plan, graph), indent=1) + "\n"))

@@ -74,15 +74,15 @@ class StepResult:
     range_coverage: float | None = None  # nominal share of measured runs inside the range
     range_basis: str = ""  # where the range comes from (or why it is a judgement)
     dp_exchange: dict[str, Any] | None = None  # a sparse dp_comm's parts per step (simulate.dp_exchange_summary)
-    faults: dict[str, Any] | None = None  # faults applied, the healthy step and waits (resilience/apply.py)
-    goodput: dict[str, Any] | None = None  # under failures: ETTR and goodput (resilience/goodput.py)
-    traffic: dict[str, Any] | None = None  # routing and per-group ECMP slowdowns (resilience/traffic.py)
+    faults: dict[str, Any] | None = None  # faults applied, the healthy step and waits (replay/faults.py)
+    goodput: dict[str, Any] | None = None  # under failures: ETTR and goodput (cost/goodput.py)
+    traffic: dict[str, Any] | None = None  # routing and per-group ECMP slowdowns (cost/traffic.py)
 
     def with_goodput(self, plan: Any, failure_model: Any = None) -> "StepResult":
-        """This result with its goodput under ``failure_model`` (default: resilience/goodput.py's)."""
+        """This result with its goodput under ``failure_model`` (default: cost/goodput.py's)."""
         from dataclasses import replace
 
-        from echo_plan.resilience.goodput import goodput
+        from echo_plan.cost.goodput import goodput
 
         return replace(self, goodput=goodput(self, plan, failure_model).as_json())
 

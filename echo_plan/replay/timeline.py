@@ -72,6 +72,6 @@ def _tid(stream: str, n: int) -> int:
 
 def write_chrome_trace(path: str | Path, step: StepResult) -> Path:
     """Write the trace atomically (a temporary file, then a rename)."""
-    from echo_plan.commands.common import write_atomic
+    from echo_plan.files import write_atomic
 
     return write_atomic(path, json.dumps(chrome_trace(step)))

@@ -185,7 +185,7 @@ def render_report(outcome: Outcome, **kwargs: Any) -> str:
 
 def write_report(outcome: Outcome, path: str | Path, **kwargs: Any) -> Path:
     """Render and write the report atomically (a whole file or none); returns the path written."""
-    from echo_plan.commands.common import write_atomic
+    from echo_plan.files import write_atomic
 
     target = Path(path)
     if target.suffix.lower() not in (".html", ".htm"):

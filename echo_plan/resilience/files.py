@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from echo_plan.errors import FileFormatError
-from echo_plan.resilience.faults import MAX_FAULTS, Fault, fault_from_mapping, parse_fault
+from echo_plan.specs.faults import MAX_FAULTS, Fault, fault_from_mapping, parse_fault
 
 
 def read_faults(texts: Iterable[str], path: str | None = None) -> tuple[Fault, ...]:

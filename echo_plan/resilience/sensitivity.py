@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from echo_plan.resilience.faults import Fault, FaultKind, fault_from_mapping
+from echo_plan.specs.faults import Fault, FaultKind, fault_from_mapping
 
 SEVERITIES: dict[FaultKind, tuple[float, ...]] = {
     FaultKind.STRAGGLER: (1.1, 1.25, 1.5),  # compute slower by this factor

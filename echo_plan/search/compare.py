@@ -176,7 +176,7 @@ def build_compare(base: SearchConfig, outcomes: list[tuple[int, SearchOutcome]],
                 cost = hours * price if price is not None else None
         good = ettr = train_f = None
         if best is not None:
-            from echo_plan.resilience.goodput import goodput
+            from echo_plan.cost.goodput import goodput
             from echo_plan.specs.plan import PlanSpec
 
             g = goodput(best, PlanSpec.build(best.plan), failure_model)
@@ -196,7 +196,7 @@ def goodput_notes(rows: list[CompareRow]) -> list[str]:
     if len(sized) < 2:
         return []
     best = max(sized, key=lambda x: x[1])
-    out = [f"with failures counted (goodput = throughput x effective training time ratio, resilience/goodput.py), "
+    out = [f"with failures counted (goodput = throughput x effective training time ratio, cost/goodput.py), "
            f"ETTR falls from {sized[0][2]:.1%} on {sized[0][0]} GPUs to {sized[-1][2]:.1%} on {sized[-1][0]}"]
     if best[0] != sized[-1][0]:
         out.append(f"adding GPUs stops paying at {best[0]} GPUs: beyond it goodput falls "

@@ -72,7 +72,7 @@ class CompareRow:
     train_time_s: float | None  # time to train the token budget
     gpu_hours: float | None
     cost: float | None  # gpu_hours x price, when a price was given
-    goodput_tokens_per_s: float | None = None  # healthy throughput x ETTR (resilience/goodput.py)
+    goodput_tokens_per_s: float | None = None  # healthy throughput x ETTR (cost/goodput.py)
     ettr: float | None = None  # effective training time ratio under the failure model
     train_time_failures_s: float | None = None  # the token budget at the goodput
 

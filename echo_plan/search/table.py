@@ -69,7 +69,7 @@ def format_ranked(outcome: SearchOutcome, top: int) -> list[str]:
     good = outcome.ranked[0].goodput if outcome.ranked else None
     if good:
         lines.append(f"goodput: tokens/s x effective training time ratio {good['effective_training_time_ratio']:.1%} "
-                     "under interruptions (resilience/goodput.py; the same for every plan of one cluster size)")
+                     "under interruptions (cost/goodput.py; the same for every plan of one cluster size)")
     stack = outcome.stack.get("name") if outcome.stack else None
     if stack:
         lines.append(f"software stack: {stack}")

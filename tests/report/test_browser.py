@@ -71,7 +71,7 @@ def test_a_script_error_is_caught_and_reported(tmp_path):
 
 def synthetic_sensitivity(outcome):
     from echo_plan.report.sensitivity_view import sensitivity_view
-    from echo_plan.resilience.faults import FaultKind
+    from echo_plan.specs.faults import FaultKind
     from echo_plan.resilience.sensitivity import SensitivityRow
 
     data = [(r.plan, [SensitivityRow(FaultKind.STRAGGLER, 1.25, 0.2 - 0.02 * i, 1, 0.1, 0),

@@ -163,7 +163,7 @@ def test_empty_search_and_compare_still_render():
 def test_search_report_has_a_fault_sensitivity_section(tmp_path):
     from echo_plan.report.render import render_report
     from echo_plan.report.sensitivity_view import sensitivity_view
-    from echo_plan.resilience.faults import FaultKind
+    from echo_plan.specs.faults import FaultKind
     from echo_plan.resilience.sensitivity import SensitivityRow
 
     outcome = search_outcome(30, seed=1)

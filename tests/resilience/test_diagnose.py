@@ -9,7 +9,7 @@ import pytest
 
 from echo_plan.resilience.diagnose.analyze import diagnose_paths
 from echo_plan.resilience.diagnose.emit import RecordFormat, emit_job, prepare_job
-from echo_plan.resilience.faults import nic_ranks, parse_fault
+from echo_plan.specs.faults import nic_ranks, parse_fault
 from echo_plan.specs import ModelSpec, PlanSpec, load_cluster
 
 MODEL = ModelSpec(name="gpt-diagnose", num_layers=4, hidden_size=1024, num_attention_heads=16, vocab_size=8192,

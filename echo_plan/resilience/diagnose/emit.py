@@ -74,7 +74,7 @@ def emit_job(job: tuple, faults, *, out: str, fmt: RecordFormat, steps: int, noi
              buffer: int) -> dict:
     from echo_plan.resilience.diagnose.emit_sim import run_job
     from echo_plan.resilience.diagnose.program import rank_faults
-    from echo_plan.resilience.faults import check_faults
+    from echo_plan.specs.faults import check_faults
 
     plan, cluster, programs, comm = job
     check_faults(tuple(faults), plan, cluster)

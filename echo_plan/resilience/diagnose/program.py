@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from echo_plan.resilience.faults import Fault, FaultKind, StageEffect, nic_ranks, slowed_cluster
+from echo_plan.specs.faults import Fault, FaultKind, StageEffect, nic_ranks, slowed_cluster
 from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
 
 COMP, COLL, SEND, RECV = 0, 1, 2, 3

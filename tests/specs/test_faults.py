@@ -6,7 +6,7 @@ import pytest
 
 from echo_plan.cli import main
 from echo_plan.errors import SpecError
-from echo_plan.resilience.faults import FaultKind, parse_fault, stage_effects
+from echo_plan.specs.faults import FaultKind, parse_fault, stage_effects
 from echo_plan.simulate import SimulationMemo, simulate
 from echo_plan.specs import ModelSpec, PlanSpec, load_cluster
 

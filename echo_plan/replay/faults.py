@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from echo_plan.resilience.faults import Fault, check_faults, slowed_cluster, stage_effects
+from echo_plan.specs.faults import Fault, check_faults, slowed_cluster, stage_effects
 
 
 def fault_hooks(faults: tuple[Fault, ...], cluster, cluster_key: str, plan, traces, timing: dict, work_scale, memo,

@@ -8,7 +8,7 @@ import pytest
 
 from echo_plan.cli import main
 from echo_plan.errors import SpecError
-from echo_plan.resilience.faults import parse_fault
+from echo_plan.specs.faults import parse_fault
 from echo_plan.simulate import SimulationMemo, simulate
 from echo_plan.specs import ModelSpec, PlanSpec, load_cluster
 
@@ -108,7 +108,7 @@ def test_cli_simulate_prints_the_traffic_table(capsys, tmp_path):
 
 
 def test_whatif_sensitivity_adds_uplink_failures_under_a_routing(memo):
-    from echo_plan.resilience.faults import FaultKind
+    from echo_plan.specs.faults import FaultKind
     from echo_plan.resilience.sensitivity import sensitivity
 
     plan = PLANS[0]

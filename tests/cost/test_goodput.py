@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from echo_plan.resilience.goodput import FailureModel, ettr
+from echo_plan.cost.goodput import FailureModel, ettr
 
 
 def test_llama3_effective_training_time_is_about_90_percent():

@@ -67,7 +67,7 @@ def step_traffic(cluster: ClusterSpec, effects, traces, timed) -> tuple[dict[str
     carry failed uplinks, so the section shows the fabric the faulty step sees."""
     fabric = cluster
     if effects and effects[0].failed_uplinks:
-        from echo_plan.resilience.faults import StageEffect, slowed_cluster
+        from echo_plan.specs.faults import StageEffect, slowed_cluster
 
         fabric = slowed_cluster(cluster, StageEffect(failed_uplinks=effects[0].failed_uplinks))
     report = traffic_report(fabric, step_collectives(traces, timed))
