@@ -29,6 +29,7 @@ from echo_plan.errors import EchoPlanError
 from echo_plan.interop.nccl_tests import NcclTestsLog
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
+from echo_plan.validation.suites import NcclFitter
 
 # (field, protocol index or None for a scalar, lower bound, upper bound)
 NVLINK_KNOBS: tuple[tuple[str, int | None, float, float], ...] = (
@@ -243,3 +244,8 @@ def fit_nccl(logs: Sequence[NcclTestsLog], cluster: ClusterSpec, fit_max_gpus: i
         fit_logs=fit_names, holdout_logs=tuple(lg.name for lg in holdout), skipped=skipped,
         rows=tuple(rows), iterations=best.iterations,
     )
+
+
+def nccl_fitter():
+    """This module's fit and evaluation as the validation runner takes them (``validation.suites.NcclFitter``)."""
+    return NcclFitter(fit_nccl, evaluate)

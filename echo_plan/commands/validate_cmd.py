@@ -32,6 +32,7 @@ def register(app: typer.Typer) -> None:
         its line then says FAIL (known gap: ...) and the last line says why the exit status is 0.
         """
         from echo_plan.validation.megatron import ENV_VAR, added_validation_dirs, validation_dir
+        from echo_plan.calibrate.nccl_fit import nccl_fitter
         from echo_plan.validation.suites import discover, run_suite
 
         for d in added_validation_dirs():
@@ -63,7 +64,7 @@ def register(app: typer.Typer) -> None:
             progress = _progress(ref.name) if not as_json and stderr_is_tty() else None
             if not as_json and progress is None:
                 typer.echo(f"running {ref.name} ...", err=True)
-            results.append(run_suite(ref, cache, progress))
+            results.append(run_suite(ref, cache, progress, nccl_fitter()))
         if as_json:
             print_json({"suites": [r.as_json() for r in results], "passed": all(r.acceptable for r in results)})
         else:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from echo_plan.errors import EchoPlanError
 from echo_plan.validation.registry import collective_suite, training_rows, training_suite
 
 NCCL_MIN_SIZE = 1 << 20  # held-out collective rows: 1 MiB and up (below, latency jitter dominates)
@@ -211,8 +212,16 @@ def row_group(row: Any, groups: tuple[tuple[str, float, float], ...]) -> str:
     return own if row.unit == TFLOPS_UNIT and any(g == own for g, _, _ in groups) else dtype
 
 
-def run_collective(ref: SuiteRef) -> SuiteResult:
-    from echo_plan.calibrate.nccl_fit import evaluate, fit_nccl
+@dataclass(frozen=True, slots=True)
+class NcclFitter:
+    """The collective model's fitter and its evaluation (``calibrate/nccl_fit.py``: ``fit_nccl`` and
+    ``evaluate``), handed down by the caller: calibration sits above validation, which it reads."""
+
+    fit: Callable[..., Any]  # (logs, cluster, fit_max_gpus=, base=) -> a fit with rows, fit_logs, holdout_logs
+    evaluate: Callable[..., Any]  # (logs, cluster, params) -> rows with predicted and measured times
+
+
+def run_collective(ref: SuiteRef, nccl: NcclFitter) -> SuiteResult:
     from echo_plan.cost.collectives import params_from_calibration
     from echo_plan.interop.nccl_tests import parse_nccl_tests
     from echo_plan.specs import load_cluster
@@ -221,7 +230,7 @@ def run_collective(ref: SuiteRef) -> SuiteResult:
     cluster = load_cluster(suite.cluster)
     logs = sorted((parse_nccl_tests(p) for p in sorted(ref.path.glob("*.log"))), key=lambda lg: lg.nranks)
     shipped = params_from_calibration(cluster.calibration, context=cluster.name)
-    fit = fit_nccl(logs, cluster, fit_max_gpus=suite.fit_max_gpus, base=shipped)
+    fit = nccl.fit(logs, cluster, fit_max_gpus=suite.fit_max_gpus, base=shipped)
     net_fit = (((cluster.calibration or {}).get("nccl") or {}).get("provenance") or {}).get("network_fit") or {}
 
     def in_network_fit(log: str, size: int) -> bool:
@@ -246,7 +255,7 @@ def run_collective(ref: SuiteRef) -> SuiteResult:
     for lg in logs:
         if lg.nranks < 2:
             continue
-        rows_lg = [r for r in evaluate([lg], cluster, shipped) if r.placement == "out-of-place" and not r.outlier]
+        rows_lg = [r for r in nccl.evaluate([lg], cluster, shipped) if r.placement == "out-of-place" and not r.outlier]
         big = [abs(r.error_pct) / 100 for r in rows_lg if r.size_bytes >= NCCL_MIN_SIZE]
         every = [abs(r.error_pct) / 100 for r in rows_lg]
         mean = sum(big) / len(big)
@@ -258,5 +267,11 @@ def run_collective(ref: SuiteRef) -> SuiteResult:
                        suite.held_out_max, rows, None, tuple(notes))
 
 
-def run_suite(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int, str], None] | None = None) -> SuiteResult:
-    return run_training(ref, cache, progress) if ref.kind == "training" else run_collective(ref)
+def run_suite(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int, str], None] | None = None,
+              nccl: NcclFitter | None = None) -> SuiteResult:
+    """One suite's result; a collective suite needs ``nccl`` (``calibrate.nccl_fit.nccl_fitter()``)."""
+    if ref.kind == "training":
+        return run_training(ref, cache, progress)
+    if nccl is None:
+        raise EchoPlanError(f"suite {ref.name}: a collective suite is refitted, and no NCCL fitter was given")
+    return run_collective(ref, nccl)
