@@ -2,12 +2,65 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import typer
+from typer.core import TyperGroup
 
 from echo_plan.errors import EchoPlanError
+
+# Every command, in the order `echo-plan --help` lists them, with the module that registers it.
+COMMANDS: tuple[str, ...] = ("presets", "trace", "comm", "simulate", "search", "compare", "report", "calibrate",
+                             "validate", "export", "import", "sparsify", "whatif", "diagnose")
+
+
+def command_module(name: str):
+    """The module that registers command ``name`` (``register(app)``). Imported here, only when that
+    command is looked up (run, or its help shown): a command does not pay for importing the others."""
+    match name:
+        case "presets":
+            from echo_plan.commands import presets_cmd as module
+        case "trace":
+            from echo_plan.commands import trace_cmd as module
+        case "comm":
+            from echo_plan.commands import comm_cmd as module
+        case "simulate":
+            from echo_plan.commands import simulate_cmd as module
+        case "search" | "compare":
+            from echo_plan.commands import search_cmd as module
+        case "report":
+            from echo_plan.commands import report_cmd as module
+        case "calibrate":
+            from echo_plan.commands import calibrate_cmd as module
+        case "validate":
+            from echo_plan.commands import validate_cmd as module
+        case "export" | "import":
+            from echo_plan.commands import interop_cmd as module
+        case "sparsify":
+            from echo_plan.commands import sparsify_cmd as module
+        case "whatif":
+            from echo_plan.commands import whatif_cmd as module
+        case "diagnose":
+            from echo_plan.commands import diagnose_cmd as module
+        case _:
+            return None
+    return module
+
+
+class LazyCommands(TyperGroup):
+    """The root group: lists :data:`COMMANDS` and builds a command from its module when it is looked up."""
+
+    def list_commands(self, ctx) -> list[str]:  # noqa: ANN001
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name: str):  # noqa: ANN001
+        module = command_module(name)
+        if module is None:
+            return None
+        sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        module.register(sub)
+        return typer.main.get_group(sub).commands.get(name)
+
 
 app = typer.Typer(
     name="echo-plan",
@@ -15,42 +68,13 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=LazyCommands,
 )
-
-# Each module has ``register(app)``; they import heavy libraries only inside their commands.
-COMMAND_MODULES = [
-    "echo_plan.commands.presets_cmd",
-    "echo_plan.commands.trace_cmd",
-    "echo_plan.commands.comm_cmd",
-    "echo_plan.commands.simulate_cmd",
-    "echo_plan.commands.search_cmd",
-    "echo_plan.commands.report_cmd",
-    "echo_plan.commands.calibrate_cmd",
-    "echo_plan.commands.validate_cmd",
-    "echo_plan.commands.interop_cmd",
-    "echo_plan.commands.sparsify_cmd",
-    "echo_plan.commands.whatif_cmd",
-    "echo_plan.commands.diagnose_cmd",
-]
-
-
-def _register_all() -> None:
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # that command is not built yet
-                continue
-            raise
-        module.register(app)
 
 
 @app.callback()
 def _root() -> None:
     """Find the fastest LLM training plan that fits, by simulating it (Echo-style)."""
-
-
-_register_all()
 
 
 def _plain_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001

@@ -50,11 +50,11 @@ def _resolve(group, args: list[str]):
     """The command path the arguments name, and its command (typer vendors click: duck-typed)."""
     path, cmd = [], group
     for word in args:
-        if hasattr(cmd, "commands") and not word.startswith("-") and word in cmd.commands:
-            path.append(word)
-            cmd = cmd.commands[word]
-        else:
+        sub = cmd.get_command(None, word) if hasattr(cmd, "get_command") and not word.startswith("-") else None
+        if sub is None:
             break
+        path.append(word)
+        cmd = sub
     return path, cmd
 
 
@@ -81,7 +81,7 @@ def test_every_readme_command_and_flag_exists(args):
     if not args or args[0].startswith("-"):
         pytest.skip("the bare program (--help or --version)")
     assert path, f"echo-plan {args[0]}: no such command"
-    assert not hasattr(cmd, "commands"), f"echo-plan {' '.join(path)} needs a subcommand"
+    assert not hasattr(cmd, "get_command"), f"echo-plan {' '.join(path)} needs a subcommand"
     known = _flags(cmd)
     unknown = [w.split("=")[0] for w in args[len(path):] if w.startswith("-") and w.split("=")[0] not in known
                and not re.fullmatch(r"-\d.*", w)]
