@@ -43,7 +43,8 @@ def cli_time(model: str, cache_dir: Path) -> tuple[float, float]:
 
 def in_process(model_name: str, repeat: int, cache_dir: Path) -> dict[str, float]:
     from echo_plan.specs import DType, Recompute, load_model
-    from echo_plan.trace import TraceCache, trace_stage
+    from echo_plan.trace.cache import TraceCache
+    from echo_plan.trace.tracer import trace_stage
     from echo_plan.trace.records import StageKind
 
     model = load_model(model_name)

@@ -52,13 +52,23 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imports(path: Path) -> list[tuple[str, int, bool]]:
-    """(imported module, line, inside a function) for each echo_plan import of the file."""
+def _type_only(tree: ast.AST) -> set[int]:
+    """Nodes under ``if TYPE_CHECKING:``: read by type checkers, never run."""
+    return {id(n) for f in ast.walk(tree) if isinstance(f, ast.If) and getattr(f.test, "id", "") == "TYPE_CHECKING"
+            for b in f.body for n in ast.walk(b)}
+
+
+def imports(path: Path, runtime_only: bool = False) -> list[tuple[str, int, bool]]:
+    """(imported module, line, inside a function) for each echo_plan import of the file; with
+    ``runtime_only``, without the imports under ``if TYPE_CHECKING:``."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                    for n in ast.walk(f)}
+    skip = _type_only(tree) if runtime_only else set()
     out = []
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         names: list[str] = []
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
@@ -122,12 +132,12 @@ def test_floors_by_most_specific_prefix(module, floor):
 
 
 def file_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the echo_plan modules it imports (module level and inside functions)."""
+    """Module -> the echo_plan modules it imports when it runs (module level and inside functions)."""
     graph: dict[str, set[str]] = {}
     for path in sorted(root.rglob("*.py")):
         here = module_name(path)
         graph.setdefault(here, set())
-        for name, _, _ in imports(path):
+        for name, _, _ in imports(path, runtime_only=True):
             there = target(name)
             if there != here and not (here.startswith(there + ".") and there == "echo_plan"):
                 graph[here].add(there)

@@ -18,7 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from echo_plan.calibrate.row_fit import bisect_figure, fit_record, log_residuals
+from echo_plan.calibrate.preset_files import recipes
+from echo_plan.calibrate.row_fit import bisect_figure, fit_main, fit_record, log_residuals
 from echo_plan.errors import EchoPlanError
 
 SHARE_RANGE = (0.2, 1.0)
@@ -108,14 +109,10 @@ def keep_share(record: dict[str, Any], calibration: Any) -> dict[str, Any]:
 
 
 def a2a_recipes() -> dict[str, dict]:
-    from echo_plan.calibrate.presets import _recipes
-
-    return {name: r for name, r in _recipes().items() if "a2a_suite" in r}
+    return {name: r for name, r in recipes().items() if "a2a_suite" in r}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from echo_plan.calibrate.row_fit import fit_main
-
     return fit_main(argv, __doc__.splitlines()[0], a2a_recipes(), a2a_block,
                     lambda got: f"{KEY} {got['share']} fitted on {', '.join(got['fitted_on'])}", "nccl", merge)
 

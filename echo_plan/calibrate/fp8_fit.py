@@ -16,7 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from echo_plan.calibrate.row_fit import bisect_figure, fit_record, log_residuals
+from echo_plan.calibrate.preset_files import fit_labels, recipes
+from echo_plan.calibrate.row_fit import bisect_figure, fit_main, fit_record, log_residuals
 from echo_plan.errors import EchoPlanError
 
 SCALE_RANGE = (0.5, 1.5)
@@ -51,7 +52,6 @@ def fp8_fit(rows: Sequence[Any], fit_labels: set[str], cluster: Any, stack_name:
 
 def fp8_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None) -> dict[str, Any] | None:
     """The fp8 part of a compute recipe's calibration, or None when its suite has no fp8 row."""
-    from echo_plan.calibrate.presets import fit_labels
     from echo_plan.validation.registry import training_rows, training_suite
 
     suite = training_suite(vdir / f"{recipe['suite']}.csv")
@@ -78,11 +78,8 @@ def merge(compute: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from echo_plan.calibrate.row_fit import fit_main
-    from echo_plan.calibrate.presets import _recipes
-
-    recipes = {name: r for name, r in _recipes().items() if "suite" in r}
-    return fit_main(argv, __doc__.splitlines()[0], recipes, fp8_block,
+    fp8_recipes = {name: r for name, r in recipes().items() if "suite" in r}
+    return fit_main(argv, __doc__.splitlines()[0], fp8_recipes, fp8_block,
                     lambda got: f"fp8_gemm_efficiency_scale {got['scale']} fitted on {len(got['fitted_on'])} rows",
                     "compute", merge)
 

@@ -1,19 +1,24 @@
 """The CUDA side of interference measurement: kernels, stream timing, and NCCL worker processes.
 
-Imported only by ``interference_measure.measure_to_csv`` when it runs, so torch stays out of
-``echo-plan --help``. The protocol itself (what is timed against what) lives in
-``interference_measure.run_protocol``.
+``measure_to_csv`` is what ``calibrate interference measure`` runs: it measures on the local CUDA
+GPU(s) and writes the CSV. torch is imported only inside the functions that time kernels, so importing
+this module (or ``echo-plan --help``) does not load it. The protocol itself (what is timed against
+what) lives in ``interference_measure.run_protocol``.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 import math
 import tempfile
 from pathlib import Path
 
-from echo_plan.calibrate.interference_measure import Kernel, MeasureConfig, MeasureMode, Row, run_protocol
+from echo_plan.calibrate.interference_measure import (Kernel, MeasureConfig, MeasureMode, Row, rows_to_csv,
+                                                     run_protocol)
 from echo_plan.errors import EchoPlanError
+from echo_plan.files import write_atomic
+from echo_plan.replay.interference import load_interference
 from echo_plan.replay.kinds import TaskKind
 
 WARMUP = 3
@@ -198,3 +203,25 @@ def _worker(rank: int, world: int, init: str, out: str, config: MeasureConfig) -
             Path(out).write_text(json.dumps(data), encoding="utf-8")
     finally:
         dist.destroy_process_group()
+
+
+@dataclass(frozen=True, slots=True)
+class MeasureOutcome:
+    measured: bool
+    message: str  # what was done (or why nothing was), for the user
+    path: Path | None = None
+    rows: tuple[Row, ...] = ()
+
+
+def measure_to_csv(out: str | Path, config: MeasureConfig = MeasureConfig()) -> MeasureOutcome:
+    """Measure on the local CUDA GPU(s) and write the CSV atomically. Without CUDA, write nothing
+    and say that the default factors stay."""
+    if not cuda_available():
+        src = load_interference(None).source
+        return MeasureOutcome(False, "no CUDA GPU here: nothing measured. The replay keeps the default "
+                                     f"interference factors ({src}).")
+    rows, how = measure(config)
+    note = (f"Measured by `echo-plan calibrate interference measure` ({how}).\n"
+            "Fit with: echo-plan calibrate interference fit THIS.csv -o interference.yaml")
+    path = write_atomic(out, rows_to_csv(rows, note))
+    return MeasureOutcome(True, f"measured {len(rows)} rows ({how}); wrote {path}", path, tuple(rows))

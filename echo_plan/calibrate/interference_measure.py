@@ -26,7 +26,6 @@ import csv
 import io
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from echo_plan.replay.kinds import TaskKind
@@ -110,30 +109,3 @@ def rows_to_csv(rows: Sequence[Row], note: str) -> str:
         w.writerow([r.compute_kind.value, r.comm_kind.value, f"{r.isolated_us:.3f}", f"{r.overlapped_us:.3f}",
                     r.slowed, r.source])
     return buf.getvalue()
-
-
-@dataclass(frozen=True, slots=True)
-class MeasureOutcome:
-    measured: bool
-    message: str  # what was done (or why nothing was), for the user
-    path: Path | None = None
-    rows: tuple[Row, ...] = ()
-
-
-def measure_to_csv(out: str | Path, config: MeasureConfig = MeasureConfig()) -> MeasureOutcome:
-    """Measure on the local CUDA GPU(s) and write the CSV atomically. Without CUDA, write nothing
-    and say that the default factors stay."""
-    from echo_plan.calibrate import interference_cuda as cuda
-    from echo_plan.files import write_atomic
-
-    if not cuda.cuda_available():
-        from echo_plan.replay.interference import load_interference
-
-        src = load_interference(None).source
-        return MeasureOutcome(False, "no CUDA GPU here: nothing measured. The replay keeps the default "
-                                     f"interference factors ({src}).")
-    rows, how = cuda.measure(config)
-    note = (f"Measured by `echo-plan calibrate interference measure` ({how}).\n"
-            "Fit with: echo-plan calibrate interference fit THIS.csv -o interference.yaml")
-    path = write_atomic(out, rows_to_csv(rows, note))
-    return MeasureOutcome(True, f"measured {len(rows)} rows ({how}); wrote {path}", path, tuple(rows))

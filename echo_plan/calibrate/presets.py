@@ -18,17 +18,12 @@ import datetime as _dt
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from echo_plan.calibrate.a2a_fit import a2a_block, merge as merge_a2a
+from echo_plan.calibrate.fp8_fit import fp8_block, is_fp8, merge
+from echo_plan.calibrate.preset_files import MARKER, fit_labels, recipes, write_block
 from echo_plan.errors import EchoPlanError
 
-MARKER = "# --- calibration: written by `python -m echo_plan.calibrate.presets` from echo_plan/data/validation; do not edit ---"
-
-
-def _recipes() -> dict[str, Any]:
-    from echo_plan.validation.registry import _registry
-
-    return dict(_registry().get("calibration_recipes") or {})
+__all__ = ["MARKER", "build_blocks", "compute_block", "network_block", "write_block", "main"]
 
 
 def network_block(recipe: dict, vdir: Path) -> dict[str, Any]:
@@ -59,23 +54,9 @@ def network_block(recipe: dict, vdir: Path) -> dict[str, Any]:
     }}
 
 
-def fit_labels(rows, rule: str) -> set[str]:
-    simulable = [r for r in rows if not r.not_modelled]
-    if rule == "even":
-        return {r.label for r in simulable[0::2]}
-    if rule == "smallest-two-per-model":
-        by: dict[str, list] = {}
-        for r in simulable:
-            by.setdefault(r.model.name, []).append(r)
-        return {r.label for group in by.values() for r in sorted(group, key=lambda r: r.gpus)[:2]}
-    raise EchoPlanError(f"unknown fit_rows rule {rule!r}: even, smallest-two-per-model")
-
-
 def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None) -> dict[str, Any]:
     from echo_plan.calibrate.steps import calibrate_rows, calibration_block
     from echo_plan.validation.registry import training_rows, training_suite
-
-    from echo_plan.calibrate.fp8_fit import is_fp8
 
     suite = training_suite(vdir / f"{recipe['suite']}.csv")
     rows = [r for r in training_rows(suite) if not is_fp8(r)]  # fp8 rows fit their own figure (fp8_fit.py)
@@ -91,20 +72,19 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None) -> dict[str, dict
     """Preset name -> its whole calibration block."""
     from echo_plan.specs import load_cluster
 
-    recipes = _recipes()
+    every = recipes()
     blocks: dict[str, dict[str, Any]] = {}
-    for name, recipe in recipes.items():
+    for name, recipe in every.items():
         if "logs" in recipe:
             nccl = network_block(recipe, vdir)
             for preset in recipe["presets"]:
                 blocks.setdefault(preset, {})["nccl"] = nccl
-    for name, recipe in recipes.items():
+    for name, recipe in every.items():
         if "suite" not in recipe:
             continue
         first = recipe["presets"][0]
         cluster = load_cluster(first).replace(calibration=blocks.get(first, {}))
         block = compute_block(recipe, vdir, cluster, cache, progress)
-        from echo_plan.calibrate.fp8_fit import fp8_block, merge
 
         fp8 = fp8_block(recipe, vdir, cluster.replace(calibration={**blocks.get(first, {}), **block}), cache, progress)
         if fp8 is not None:
@@ -113,9 +93,8 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None) -> dict[str, dict
             merged = dict(blocks.get(preset, {}))
             merged["compute"], merged["ranges"] = block["compute"], block["ranges"]
             blocks[preset] = merged
-    from echo_plan.calibrate.a2a_fit import a2a_block, merge as merge_a2a
 
-    for name, recipe in recipes.items():  # last: on top of the compute calibration it needs
+    for name, recipe in every.items():  # last: on top of the compute calibration it needs
         if "a2a_suite" not in recipe:
             continue
         first = recipe["presets"][0]
@@ -125,15 +104,6 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None) -> dict[str, dict
             merged["nccl"] = merge_a2a(dict(merged.get("nccl") or {}), got)
             blocks[preset] = merged
     return blocks
-
-
-def write_block(path: Path, block: dict[str, Any]) -> None:
-    from echo_plan.files import read_text, write_atomic
-
-    text = read_text(path)
-    head = text.split(MARKER)[0].rstrip("\n")
-    body = yaml.safe_dump({"calibration": block}, sort_keys=False, width=110)
-    write_atomic(path, f"{head}\n{MARKER}\n{body}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from echo_plan.calibrate.preset_files import write_block
 from echo_plan.errors import EchoPlanError
 
 
@@ -49,7 +50,6 @@ def fit_main(argv: list[str] | None, description: str, recipes: dict[str, dict],
     """``fit(recipe, vdir, cluster, cache, progress)`` gives the figure (a dict with ``residuals`` and
     ``fitted_on``) or None; ``headline`` says it in one line; ``merge`` puts it into the presets'
     ``calibration[section]``."""
-    from echo_plan.calibrate.presets import write_block
     from echo_plan.specs import load_cluster
     from echo_plan.specs.presets import clusters_dir
     from echo_plan.trace.cache import TraceCache

@@ -55,7 +55,8 @@ def register_interference(calibrate_app: typer.Typer) -> None:
         comm_mib: int = typer.Option(256, "--comm-mib", min=1, max=65_536, help="collective (or stand-in) buffer size"),
     ) -> None:
         """Time compute kernels alone and beside a communication kernel on another stream (CUDA only)."""
-        from echo_plan.calibrate.interference_measure import MeasureConfig, MeasureMode, measure_to_csv
+        from echo_plan.calibrate.interference_cuda import measure_to_csv  # torch only when it measures
+        from echo_plan.calibrate.interference_measure import MeasureConfig, MeasureMode
         from echo_plan.errors import SpecError
         from echo_plan.output_paths import check_output_file
 

@@ -130,7 +130,8 @@ def register(app: typer.Typer) -> None:
         """Trace the model's transformer layer, embedding and output stage (or one of them) for one micro-batch."""
         from echo_plan.commands.common import resolve_stack
         from echo_plan.specs import DType, Recompute, load_model
-        from echo_plan.trace import TraceCache, TraceCacheWarning, trace_stage
+        from echo_plan.trace.cache import TraceCache, TraceCacheWarning
+        from echo_plan.trace.tracer import trace_stage
         from echo_plan.trace.records import StageKind
 
         from echo_plan.commands.common import check_cache_dir

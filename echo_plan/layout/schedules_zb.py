@@ -29,7 +29,7 @@ from collections import deque
 from typing import Callable
 
 from echo_plan.errors import SpecError
-from echo_plan.layout.schedules import Action, Layout, Pass, PipelineSchedule
+from echo_plan.layout.actions import Action, Layout, Pass, PipelineSchedule
 from echo_plan.specs.plan import Schedule, schedule_rule
 
 # (pp, micro-batches, (forward, input-gradient, weight-gradient) times) -> per-rank actions, or None

@@ -1,10 +1,6 @@
 """Ex-situ tracing: real PyTorch module code run under FakeTensorMode and a fake process group.
 
-Public API: ``trace_stage``, ``trace_model``, ``ModelTraces`` (tracer.py) and ``TraceCache``
-(cache.py). Importing this package does not import torch; tracing does.
+Entry points: ``trace_stage``, ``trace_model`` and ``ModelTraces`` in ``tracer.py``, ``TraceCache`` in
+``cache.py``. The package imports nothing itself, so a module that needs one part (the records, the
+cache) does not load the tracer, and importing it never imports torch; tracing does.
 """
-
-from echo_plan.trace.cache import TraceCache, TraceCacheWarning
-from echo_plan.trace.tracer import ModelTraces, trace_model, trace_stage
-
-__all__ = ["ModelTraces", "TraceCache", "TraceCacheWarning", "trace_model", "trace_stage"]

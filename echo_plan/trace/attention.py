@@ -24,7 +24,7 @@ from torch import nn
 
 from echo_plan.errors import SpecError
 from echo_plan.specs import AttentionKernel, ModelSpec, Norm, PositionEmbedding, SoftwareSpec
-from echo_plan.trace import kernels, parallel
+from echo_plan.trace import kernels, linears
 from echo_plan.trace.context_parallel import context_parallel_attention
 from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.layers import Rotary, make_norm
@@ -91,7 +91,7 @@ class Attention(nn.Module):
         return ctx.view(b, heads, s, d).permute(2, 0, 1, 3).contiguous().view(s, b, heads * d)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        qkv = parallel.column_parallel_linear(x, self.qkv_weight, self.qkv_bias, self.group, self.sp,
+        qkv = linears.column_parallel_linear(x, self.qkv_weight, self.qkv_bias, self.group, self.sp,
                                               self.accumulate_unfused, self.overlap, self.fp8)
         s, b = qkv.shape[0], qkv.shape[1]
         group_width = (self.heads // self.kv_heads + 2) * self.head_dim  # Megatron's grouped QKV layout
@@ -103,6 +103,6 @@ class Attention(nn.Module):
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         ctx = self.checkpoint_core(self.core, q, k, v) if self.checkpoint_core else self.core(q, k, v)
-        out = parallel.row_parallel_linear(ctx, self.proj_weight, self.group, self.sp, self.accumulate_unfused,
+        out = linears.row_parallel_linear(ctx, self.proj_weight, self.group, self.sp, self.accumulate_unfused,
                                            self.overlap, self.fp8)
         return out, self.proj_bias

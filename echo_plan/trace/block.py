@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from echo_plan.specs import Activation, ModelSpec, Recompute, RecomputeModule, SoftwareSpec
-from echo_plan.trace import kernels, parallel
+from echo_plan.trace import kernels, linears
 from echo_plan.trace.attention import Attention
 from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
 from echo_plan.trace.fake_pg import TPGroup, TraceGroups
@@ -103,10 +103,10 @@ class MLP(nn.Module):
         return torch.pow(F.relu(h), 2)  # squared ReLU, as Megatron-Core writes it (no fused kernel)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        h = parallel.column_parallel_linear(x, self.fc1_weight, None, self.group, self.sp,
+        h = linears.column_parallel_linear(x, self.fc1_weight, None, self.group, self.sp,
                                             self.accumulate_unfused, self.overlap, self.fp8)
         h = self.act(h)
-        out = parallel.row_parallel_linear(h, self.fc2_weight, self.group, self.sp, self.accumulate_unfused,
+        out = linears.row_parallel_linear(h, self.fc2_weight, self.group, self.sp, self.accumulate_unfused,
                                            self.overlap, self.fp8)
         return out, self.fc2_bias
 

@@ -198,7 +198,7 @@ class _Fp8PipelinedReduceScatterLinear(torch.autograd.Function):
 
 def fp8_column_linear(x, weight, bias, group: TPGroup | None, sequence_parallel: bool, accumulate_unfused: bool,
                       overlap: bool, fp8: Fp8State) -> Tensor:
-    """``parallel.column_parallel_linear`` with FP8 GEMMs."""
+    """``linears.column_parallel_linear`` with FP8 GEMMs."""
     if group is None:
         return _Fp8Linear.apply(x, weight, bias, None, False, None, accumulate_unfused, fp8, False)
     reduce_grad = "reduce_scatter" if sequence_parallel else "all_reduce"
@@ -208,7 +208,7 @@ def fp8_column_linear(x, weight, bias, group: TPGroup | None, sequence_parallel:
 
 def fp8_row_linear(x, weight, group: TPGroup | None, sequence_parallel: bool, accumulate_unfused: bool,
                    overlap: bool, fp8: Fp8State) -> Tensor:
-    """``parallel.row_parallel_linear`` with FP8 GEMMs (its output reduced as the bf16 one is)."""
+    """``linears.row_parallel_linear`` with FP8 GEMMs (its output reduced as the bf16 one is)."""
     if overlap and sequence_parallel and group is not None:
         return _Fp8PipelinedReduceScatterLinear.apply(x, weight, group, accumulate_unfused, fp8)
     out = _Fp8Linear.apply(x, weight, None, group, False, None, accumulate_unfused, fp8, False)

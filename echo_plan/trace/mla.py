@@ -20,7 +20,7 @@ from torch import nn
 from echo_plan.specs import ModelSpec, Norm, SoftwareSpec
 from echo_plan.specs.software import AttentionKernel, RecomputeModule
 from echo_plan.errors import SpecError
-from echo_plan.trace import kernels, parallel
+from echo_plan.trace import kernels, linears, parallel
 from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.layers import Rotary, make_norm
 
@@ -59,7 +59,7 @@ class MLAttention(nn.Module):
 
     def _local(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """A linear with no communication (replicated weights, or the head shard of an up-projection)."""
-        return parallel.column_parallel_linear(x, weight, None, None, False, self.acc, fp8=self.fp8)
+        return linears.column_parallel_linear(x, weight, None, None, False, self.acc, fp8=self.fp8)
 
     def _gathered(self, t: torch.Tensor) -> torch.Tensor:
         return parallel.gather_from_sp(t, self.group) if self.sp else t
@@ -102,5 +102,5 @@ class MLAttention(nn.Module):
         if self.recompute_up:
             for t in (q, k, v):
                 self.discard(t)
-        out = parallel.row_parallel_linear(ctx, self.proj_weight, self.group, self.sp, self.acc, fp8=self.fp8)
+        out = linears.row_parallel_linear(ctx, self.proj_weight, self.group, self.sp, self.acc, fp8=self.fp8)
         return out, None

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from echo_plan.specs import ModelSpec, PositionEmbedding, SoftwareSpec
-from echo_plan.trace import kernels, parallel
+from echo_plan.trace import kernels, linears, parallel
 from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.layers import VocabParallelEmbedding, make_norm, padded_vocab, vocab_parallel_cross_entropy
 
@@ -62,7 +62,7 @@ class OutputStage(nn.Module):
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:  # x: [s(/tp), b, h], labels [b, s]
         x = self.norm(x)
-        logits = parallel.column_parallel_linear(x, self.output_weight, None, self.group, self.sp,
+        logits = linears.column_parallel_linear(x, self.output_weight, None, self.group, self.sp,
                                                  self.accumulate_unfused)
         losses = vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous(), self.group)
         return losses.mean()

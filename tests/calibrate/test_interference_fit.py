@@ -9,8 +9,9 @@ import typer
 from typer.testing import CliRunner
 
 from echo_plan.calibrate.interference_fit import Slowed, fit_interference, parse_measurements, read_measurements
+from echo_plan.calibrate.interference_cuda import measure_to_csv
 from echo_plan.calibrate.interference_measure import (
-    Kernel, MeasureConfig, measure_to_csv, rows_to_csv, run_protocol,
+    Kernel, MeasureConfig, rows_to_csv, run_protocol,
 )
 from echo_plan.commands.calibrate_interference import register_interference
 from echo_plan.errors import FileFormatError

@@ -6,7 +6,8 @@ import warnings
 import pytest
 
 from echo_plan.specs import DType, Recompute
-from echo_plan.trace import TraceCache, TraceCacheWarning, trace_stage
+from echo_plan.trace.cache import TraceCache, TraceCacheWarning
+from echo_plan.trace.tracer import trace_stage
 from echo_plan.trace.keys import make_key
 from echo_plan.trace.records import StageKind
 

@@ -3,7 +3,7 @@
 from hypothesis import given, settings, strategies as st
 
 from echo_plan.specs import DType, ModelSpec, Recompute, load_stack
-from echo_plan.trace import trace_stage
+from echo_plan.trace.tracer import trace_stage
 from echo_plan.trace.records import CollectiveKind, OpKind, Phase, StageKind
 
 

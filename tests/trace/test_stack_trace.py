@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from echo_plan.specs import DType, ModelSpec, PlanSpec, Recompute, load_cluster, load_model, load_stack
-from echo_plan.trace import trace_stage
+from echo_plan.trace.tracer import trace_stage
 from echo_plan.trace.records import OpKind, Phase, StageKind
 
 GPT3 = load_model("gpt3-175b")

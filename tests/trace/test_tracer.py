@@ -4,7 +4,7 @@ import pytest
 
 from echo_plan.errors import SpecError
 from echo_plan.specs import DType, PlanSpec, Recompute, load_stack
-from echo_plan.trace import trace_model, trace_stage
+from echo_plan.trace.tracer import trace_model, trace_stage
 from echo_plan.trace.records import CollectiveKind, GroupKind, OpKind, Phase, StageKind, Stream
 
 

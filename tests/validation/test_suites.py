@@ -143,7 +143,7 @@ def test_range_coverage_near_nominal_and_ranges_match_the_code(validated):
     from echo_plan.cost.ranges import loo_coverage
     from echo_plan.specs import load_cluster
 
-    from echo_plan.calibrate.presets import _recipes
+    from echo_plan.calibrate.preset_files import recipes as _recipes
 
     _, out = validated
     calibration_suites = {r["suite"] for r in _recipes().values() if "suite" in r}

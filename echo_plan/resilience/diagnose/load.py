@@ -9,11 +9,15 @@ Every problem is a FileFormatError naming the file.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Iterable
 
 from echo_plan.errors import FileFormatError
-from echo_plan.limits import MAX_GPUS
-from echo_plan.resilience.diagnose.records import RecordTable, TableBuilder
+from echo_plan.replay.no_gc import paused_gc
+from echo_plan.resilience.diagnose.parallel_load import load_parallel, processes_for
+from echo_plan.resilience.diagnose.read import cluster_node_of, read_files
+from echo_plan.resilience.diagnose.records import RecordTable
+
+__all__ = ["MAX_RECORD_FILES", "record_files", "load_records", "load_files", "cluster_node_of"]
 
 MAX_RECORD_FILES = 1 << 17  # 131,072 ranks: well above any job whose dumps one machine would read
 
@@ -53,9 +57,6 @@ def load_files(files: list[Path], gpus_per_node: int | None, processes: int | No
     CPU (at most 4) for a set of 128 files or more, or ``$ECHO_PLAN_PROCESSES`` when set."""
     import os
 
-    from echo_plan.replay.no_gc import paused_gc
-    from echo_plan.resilience.diagnose.parallel_load import load_parallel, processes_for
-
     if processes is None:
         env = os.environ.get("ECHO_PLAN_PROCESSES", "")
         processes = int(env) if env.isdigit() and int(env) > 0 else processes_for(len(files))
@@ -63,45 +64,4 @@ def load_files(files: list[Path], gpus_per_node: int | None, processes: int | No
         return load_parallel(files, gpus_per_node, min(processes, len(files)))
     node_of = cluster_node_of(gpus_per_node) if gpus_per_node else (lambda rank: -1)
     with paused_gc():  # millions of live numbers and no cycles: the collector would only rescan them
-        return _load(files, node_of)
-
-
-def _load(files: list[Path], node_of: Callable[[int], int], build: bool = True) -> Any:
-    from echo_plan.files import read_bytes
-    from echo_plan.resilience.diagnose import flight_recorder, plain
-
-    builder = TableBuilder()
-    owner: dict[int, str] = {}
-    for path in files:
-        groups_before, conns_before = len(builder.group_ranks), len(builder.conn["peer"])
-        data = read_bytes(path)
-        where = str(path)
-        suffix = path.suffix.lower()
-        if suffix in (".jsonl", ".json", ".csv"):
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise FileFormatError(where, "not UTF-8 text: not a JSONL/CSV record file") from None
-            reader = plain.read_csv if suffix == ".csv" else plain.read_jsonl
-            ranks = reader(text, where, builder, node_of)
-            if not ranks:
-                raise FileFormatError(where, "holds no records")
-        else:
-            if not data.startswith(b"\x80"):
-                raise FileFormatError(where, "neither a flight-recorder pickle nor a .jsonl/.csv record file")
-            ranks = {flight_recorder.read_dump(path, data, builder, node_of)}
-        members = [m for g in builder.group_ranks[groups_before:] for m in g] + builder.conn["peer"][conns_before:]
-        bad = [r for r in list(ranks) + members if not 0 <= r < MAX_GPUS]
-        if bad:
-            raise FileFormatError(where, f"rank {bad[0]} is outside 0 to {MAX_GPUS - 1:,} (ranks of one job)")
-        for r in ranks:
-            if r in owner and owner[r] != where:
-                raise FileFormatError(where, f"rank {r} also has records in {owner[r]}; give each rank's records once")
-            owner[r] = where
-            builder.add_file(r, where)
-    return builder.build() if build else builder
-
-
-def cluster_node_of(gpus_per_node: int) -> Callable[[int], int]:
-    return lambda rank: rank // gpus_per_node
-
+        return read_files(files, node_of)

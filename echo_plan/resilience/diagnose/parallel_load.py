@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from echo_plan.errors import EchoPlanError, FileFormatError
+from echo_plan.replay.no_gc import paused_gc
+from echo_plan.resilience.diagnose.read import cluster_node_of, read_files
 from echo_plan.resilience.diagnose.records import RecordTable, TableBuilder
 
 MIN_FILES_PER_PROCESS = 64  # below this, starting a worker costs more than reading the files
@@ -44,13 +46,11 @@ def processes_for(n_files: int) -> int:
 
 def read_share(files: list[str], gpus_per_node: int | None) -> Share:
     """One worker's files, read as a single process reads them (load.load_files)."""
-    from echo_plan.replay.no_gc import paused_gc
-    from echo_plan.resilience.diagnose.load import _load, cluster_node_of
 
     node_of = cluster_node_of(gpus_per_node) if gpus_per_node else (lambda rank: -1)
     try:
         with paused_gc():
-            builder = _load([Path(f) for f in files], node_of, build=False)
+            builder = read_files([Path(f) for f in files], node_of, build=False)
     except EchoPlanError as exc:
         return Share({}, [], [], [], {}, {}, error=str(exc))
     return Share(builder.columns(), builder.group_names, builder.group_ranks, builder.op_names, builder.conn, builder.files)

@@ -1,0 +1,39 @@
+"""What every calibration fit shares about the preset files: the recipes that say which rows fit which
+figures (``calibration_recipes`` in ``echo_plan/data/validation_suites.yaml``), the rule that picks a
+recipe's rows, and the block each preset file carries after ``MARKER``, written in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from echo_plan.errors import EchoPlanError
+from echo_plan.files import read_text, write_atomic
+from echo_plan.validation.registry import _registry
+
+MARKER = "# --- calibration: written by `python -m echo_plan.calibrate.presets` from echo_plan/data/validation; do not edit ---"
+
+
+def recipes() -> dict[str, Any]:
+    return dict(_registry().get("calibration_recipes") or {})
+
+
+def fit_labels(rows, rule: str) -> set[str]:
+    simulable = [r for r in rows if not r.not_modelled]
+    if rule == "even":
+        return {r.label for r in simulable[0::2]}
+    if rule == "smallest-two-per-model":
+        by: dict[str, list] = {}
+        for r in simulable:
+            by.setdefault(r.model.name, []).append(r)
+        return {r.label for group in by.values() for r in sorted(group, key=lambda r: r.gpus)[:2]}
+    raise EchoPlanError(f"unknown fit_rows rule {rule!r}: even, smallest-two-per-model")
+
+
+def write_block(path: Path, block: dict[str, Any]) -> None:
+    text = read_text(path)
+    head = text.split(MARKER)[0].rstrip("\n")
+    body = yaml.safe_dump({"calibration": block}, sort_keys=False, width=110)
+    write_atomic(path, f"{head}\n{MARKER}\n{body}")
