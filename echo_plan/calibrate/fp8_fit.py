@@ -30,7 +30,7 @@ def is_fp8(row: Any) -> bool:
 def fp8_fit(rows: Sequence[Any], fit_labels: set[str], cluster: Any, stack_name: str, model_settings: Any = None,
             cache: Any = None, progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
     """The fitted scale and each fp8 row's residual: {scale, fitted_on, held_out, residuals}."""
-    from echo_plan.cost.calibration import ComputeCalibration
+    from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
     from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
     from echo_plan.validation.predict import RowSimulator
 
@@ -43,7 +43,7 @@ def fp8_fit(rows: Sequence[Any], fit_labels: set[str], cluster: Any, stack_name:
     consts = load_compute_constants()
 
     def residuals(scale: float, which: Sequence[Any]) -> list[float]:
-        compute = AnalyticalComputeModel(replace(base, fp8_gemm_efficiency_scale=scale).apply(consts))
+        compute = AnalyticalComputeModel(calibrated_constants(replace(base, fp8_gemm_efficiency_scale=scale), consts))
         return log_residuals(lambda r: sim.predict(r, compute=compute), which)
 
     scale = bisect_figure(lambda s: sum(residuals(s, fit)) / len(fit), *SCALE_RANGE, 24, progress, "fp8 scale", 4)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from echo_plan.calibrate.steps_fit import DEFAULT_FIT, StepFit, calibration_record, fit_compute
-from echo_plan.cost.calibration import ComputeCalibration
+from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
 from echo_plan.errors import EchoPlanError
 from echo_plan.validation.rows import TrainingRow
 
@@ -77,7 +77,7 @@ def calibrate_rows(rows: Sequence[TrainingRow], cluster: Any, stack_name: str, h
     consts = load_compute_constants()
 
     def predict(cal: ComputeCalibration, which: Sequence[TrainingRow] = fit_rows) -> list[float]:
-        compute = AnalyticalComputeModel(cal.apply(consts))
+        compute = AnalyticalComputeModel(calibrated_constants(cal, consts))
         out = []
         for r in which:
             p = sim.predict(r, compute=compute)

@@ -318,11 +318,11 @@ def find_database(gpu: GPUSpec, folder: str | Path | None = None) -> KernelDatab
 def compute_model_for(cluster: ClusterSpec, kernels_dir: str | Path | None = None, *, fallback: Any = None) -> Any:
     """The compute model for ``cluster``: database-backed when a database serves its GPU, else the
     analytical model with the cluster's compute calibration (``calibration.compute``) applied."""
-    from echo_plan.cost.calibration import ComputeCalibration
+    from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
     from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
 
     if fallback is None:
-        fallback = AnalyticalComputeModel(ComputeCalibration.of(cluster).apply(load_compute_constants()))
+        fallback = AnalyticalComputeModel(calibrated_constants(ComputeCalibration.of(cluster), load_compute_constants()))
     base = fallback
     db = find_database(cluster.gpu, kernels_dir)
     return DatabaseComputeModel(db, base) if db is not None else base

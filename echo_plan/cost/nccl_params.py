@@ -15,25 +15,13 @@ import yaml
 
 from echo_plan.cost.base import Protocol_
 from echo_plan.errors import FileFormatError, SpecError
+from echo_plan.specs.calibration import CALIBRATABLE, check_nccl_value
 
 PROTOCOLS: tuple[Protocol_, ...] = (Protocol_.LL, Protocol_.LL128, Protocol_.SIMPLE)
 PROTO_INDEX: dict[Protocol_, int] = {p: i for i, p in enumerate(PROTOCOLS)}
 Triple = tuple[float, float, float]
 
 # The fields a calibration may set, with their shape: "triple" (per protocol) or "scalar".
-CALIBRATABLE: dict[str, str] = {
-    "base_latency_scale": "triple",
-    "nvlink_latency_scale": "triple",
-    "net_latency_scale": "triple",
-    "protocol_bw_scale": "triple",
-    "nvlink_bw_efficiency": "scalar",
-    "net_bw_efficiency": "scalar",
-    "nvlink_group_loss": "fraction",
-    "all_to_all_nvlink_efficiency": "efficiency",
-    "all_to_all_net_efficiency": "efficiency",
-}
-
-
 @dataclass(frozen=True, slots=True)
 class NcclParams:
     # NCCL's constants (see nccl.yaml for each one's meaning and source)
@@ -83,7 +71,7 @@ class NcclParams:
             shape = CALIBRATABLE.get(name)
             if shape is None:
                 raise SpecError(name, value, f"one of {', '.join(CALIBRATABLE)}", context)
-            changes[name] = _check_value(name, value, shape, context)
+            changes[name] = check_nccl_value(name, value, shape, context)
         return replace(self, **changes)
 
     def identity(self) -> tuple:
@@ -91,37 +79,6 @@ class NcclParams:
         return tuple(getattr(self, f.name) for f in fields(self) if f.name in CALIBRATABLE)
 
 
-def _check_value(name: str, value: Any, shape: str, context: str) -> Any:
-    def positive(v: Any) -> float:
-        try:
-            x = float(v)
-        except (TypeError, ValueError):
-            raise SpecError(name, value, "positive numbers", context) from None
-        if not x > 0 or x != x or x == float("inf"):
-            raise SpecError(name, value, "positive finite numbers", context)
-        return x
-
-    if shape == "triple":
-        if not isinstance(value, (list, tuple)) or len(value) != 3:
-            raise SpecError(name, value, "a list of 3 numbers [LL, LL128, Simple]", context)
-        return tuple(positive(v) for v in value)
-    if shape == "efficiency":
-        try:
-            x = float(value)
-        except (TypeError, ValueError):
-            raise SpecError(name, value, "a number in (0, 1]", context) from None
-        if not 0.0 < x <= 1.0:
-            raise SpecError(name, value, "a number in (0, 1]", context)
-        return x
-    if shape == "fraction":
-        try:
-            x = float(value)
-        except (TypeError, ValueError):
-            raise SpecError(name, value, "a number in [0, 0.9]", context) from None
-        if not 0.0 <= x <= 0.9:
-            raise SpecError(name, value, "a number in [0, 0.9]", context)
-        return x
-    return positive(value)
 
 
 def _triple(data: Any, where: str) -> Triple:

@@ -13,115 +13,23 @@ this rule actually reached, leave-one-out, on the held-out rows.
 
 When the cluster has no residuals for the stack, the range falls back, and says so: to another
 stack of the same GPU generation widened by ``OTHER_STACK_WIDENING``, else to ``JUDGEMENT_SD``.
-Both are judgements (stated where they are defined here and in the result's ``range_basis``).
+Both are judgements (stated where they are defined, here and in specs/calibration.py, and in the
+result's ``range_basis``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-from echo_plan.errors import SpecError
+from echo_plan.specs.calibration import JUDGEMENT_SD, NOMINAL_COVERAGE, T90, Z90, RangeTable, ResidualGroup, t90
 
-NOMINAL_COVERAGE = 0.80
-# Student-t 0.90 quantiles (two-sided 80%) by degrees of freedom; standard tables (e.g. NIST/SEMATECH
-# e-Handbook of Statistical Methods, table 1.3.6.7.2). Between entries the next smaller df is used.
-T90 = ((1, 3.078), (2, 1.886), (3, 1.638), (4, 1.533), (5, 1.476), (6, 1.440), (7, 1.415), (8, 1.397),
-       (9, 1.383), (10, 1.372), (12, 1.356), (15, 1.341), (20, 1.325), (25, 1.316), (30, 1.310), (40, 1.303),
-       (60, 1.296), (120, 1.289))
-Z90 = 1.2816
-# JUDGEMENT: with no validation rows for the GPU generation, a log-error spread of 0.15 (about
-# +-19% at 80%): the size of the errors this project saw against unseen published runs before it
-# was calibrated (10-30% optimistic, issue 11), centred on the prediction.
-JUDGEMENT_SD = 0.15
+__all__ = ["NOMINAL_COVERAGE", "T90", "Z90", "JUDGEMENT_SD", "OTHER_STACK_WIDENING", "RangeTable", "ResidualGroup",
+           "PredictionRange", "t90", "moe_residuals", "prediction_range", "loo_coverage"]
+
 # JUDGEMENT: a stack without rows of its own borrows another stack's residuals, 1.5x as wide.
 OTHER_STACK_WIDENING = 1.5
-
-
-def t90(df: int) -> float:
-    """The 0.90 quantile of Student's t with ``df`` degrees of freedom (the table's next smaller df:
-    slightly wide, never narrow)."""
-    if df < 1:
-        raise ValueError("a t quantile needs at least one degree of freedom")
-    return next(q for d, q in reversed(T90) if df >= d)
-
-
-@dataclass(frozen=True)
-class ResidualGroup:
-    """Held-out residuals log(predicted / measured) of one stack on one GPU generation."""
-
-    stack: str
-    residuals: tuple[float, ...]
-    rows: tuple[str, ...] = ()
-    source: str = ""
-
-    @property
-    def n(self) -> int:
-        return len(self.residuals)
-
-    @property
-    def mean(self) -> float:
-        return sum(self.residuals) / self.n
-
-    @property
-    def sd(self) -> float:
-        if self.n < 2:
-            return JUDGEMENT_SD
-        m = self.mean
-        return math.sqrt(sum((r - m) ** 2 for r in self.residuals) / (self.n - 1))
-
-    def log_interval(self, widen: float = 1.0) -> tuple[float, float]:
-        """(low, high) of log(measured / predicted) at the nominal coverage."""
-        if self.n < 2:
-            return -JUDGEMENT_SD * Z90 * widen, JUDGEMENT_SD * Z90 * widen
-        hw = t90(self.n - 1) * self.sd * math.sqrt(1.0 + 1.0 / self.n) * widen
-        return -self.mean - hw, -self.mean + hw
-
-    def as_json(self) -> dict[str, Any]:
-        return {"residuals": [round(r, 6) for r in self.residuals], "rows": list(self.rows), "source": self.source}
-
-
-@dataclass(frozen=True)
-class RangeTable:
-    nominal_coverage: float
-    groups: Mapping[str, ResidualGroup]
-
-    @classmethod
-    def from_mapping(cls, data: Any, context: str = "calibration") -> "RangeTable":
-        where = "calibration.ranges"
-        if not isinstance(data, Mapping):
-            raise SpecError(where, data, "a mapping with nominal_coverage and by_stack", context)
-        unknown = set(data) - {"nominal_coverage", "by_stack", "source"}
-        if unknown:
-            key = sorted(unknown)[0]
-            raise SpecError(f"{where}.{key}", data[key], "unknown key; valid: nominal_coverage, by_stack, source", context)
-        cov = data.get("nominal_coverage", NOMINAL_COVERAGE)
-        if cov != NOMINAL_COVERAGE:
-            raise SpecError(f"{where}.nominal_coverage", cov, f"{NOMINAL_COVERAGE} (the coverage the t table is for)",
-                            context)
-        groups = {}
-        by_stack = data.get("by_stack") or {}
-        if not isinstance(by_stack, Mapping):
-            raise SpecError(f"{where}.by_stack", by_stack, "a mapping of stack name to residuals", context)
-        for name, g in by_stack.items():
-            field = f"{where}.by_stack.{name}"
-            if not isinstance(g, Mapping) or not isinstance(g.get("residuals"), Sequence) or not g["residuals"]:
-                raise SpecError(field, g, "a mapping with a non-empty list of residuals", context)
-            try:
-                res = tuple(float(r) for r in g["residuals"])
-            except (TypeError, ValueError):
-                raise SpecError(f"{field}.residuals", g["residuals"], "numbers (log predicted / measured)", context) from None
-            if not all(math.isfinite(r) and abs(r) < 3 for r in res):
-                raise SpecError(f"{field}.residuals", g["residuals"], "finite log-ratios between -3 and 3", context)
-            groups[str(name)] = ResidualGroup(str(name), res, tuple(str(r) for r in g.get("rows") or ()),
-                                              str(g.get("source") or ""))
-        return cls(float(cov), MappingProxyType(groups))
-
-    def as_json(self) -> dict[str, Any]:
-        return {"nominal_coverage": self.nominal_coverage,
-                "by_stack": {k: g.as_json() for k, g in sorted(self.groups.items())}}
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from echo_plan import limits as L
 from echo_plan.specs.base import Spec
+from echo_plan.specs.calibration import check_calibration
 from echo_plan.errors import SpecError
 
 
@@ -184,8 +185,6 @@ class ClusterSpec(Spec):
             raise ValueError(f"{self.num_nodes:,} nodes x {self.gpus_per_node} GPUs = {self.num_gpus:,} GPUs; "
                              f"at most {L.MAX_GPUS:,}")
         if self.calibration:
-            from echo_plan.cost.calibration import check_calibration
-
             check_calibration(self.calibration, self.name)
         for leaf, _ in self.network.failed_uplinks:
             if leaf >= self.num_leaves:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from echo_plan.cost.calibration import ComputeCalibration, check_calibration
+from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants, check_calibration
 from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
 from echo_plan.errors import SpecError
 from echo_plan.specs import DType, load_cluster
@@ -27,13 +27,13 @@ def _copy(n=1 << 26):
 def test_scales_slow_the_kernels_they_name():
     base = AnalyticalComputeModel(load_compute_constants())
     cal = ComputeCalibration(gemm_efficiency_scale=0.8, memory_bandwidth_scale=0.5, kernel_overhead_us=10.0)
-    slow = AnalyticalComputeModel(cal.apply(load_compute_constants()))
+    slow = AnalyticalComputeModel(calibrated_constants(cal, load_compute_constants()))
     t0, t1 = base.op_time(_mm(), GPU, DType.BF16), slow.op_time(_mm(), GPU, DType.BF16)
     launch0 = load_compute_constants().launch_overhead_s
     assert (t1 - 10e-6) == pytest.approx((t0 - launch0) / 0.8, rel=1e-6)
     c0, c1 = base.op_time(_copy(), GPU, DType.BF16), slow.op_time(_copy(), GPU, DType.BF16)
     assert c1 > 1.9 * (c0 - launch0)
-    assert ComputeCalibration().apply(load_compute_constants()) == load_compute_constants()
+    assert calibrated_constants(ComputeCalibration(), load_compute_constants()) == load_compute_constants()
 
 
 def test_the_shipped_presets_apply_their_calibration():

@@ -225,11 +225,11 @@ def test_flash_attn_2_never_faster_than_cudnn_on_hopper_and_same_elsewhere(s, d,
 
 
 def test_attention_library_siblings_are_shared_and_calibrated():
-    from echo_plan.cost.calibration import ComputeCalibration
+    from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
 
     assert MODEL.with_attention_library("flash-attn-2") is MODEL.with_attention_library("flash-attn-2")
     assert MODEL.with_attention_library("flash-attn-2").with_attention_library("cudnn") is MODEL
     arch = MODEL.constants.arch_params(90)
-    scaled = ComputeCalibration(attention_efficiency_scale=0.5).apply(MODEL.constants).arch_params(90)
+    scaled = calibrated_constants(ComputeCalibration(attention_efficiency_scale=0.5), MODEL.constants).arch_params(90)
     assert scaled.fa2_forward_eff == pytest.approx(arch.fa2_forward_eff * 0.5)
     assert scaled.fa2_backward_eff == pytest.approx(arch.fa2_backward_eff * 0.5)
