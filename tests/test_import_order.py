@@ -20,8 +20,6 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("echo_plan.trace",),
     ("echo_plan.layout",),
     ("echo_plan.cost",),
-    ("echo_plan.specs.faults", "echo_plan.cost.goodput", "echo_plan.replay.faults",
-     "echo_plan.cost.traffic"),
     ("echo_plan.replay",),
     ("echo_plan.simulate",),
     ("echo_plan.interop",),

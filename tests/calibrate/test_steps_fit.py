@@ -9,7 +9,7 @@ import yaml
 
 from echo_plan.calibrate.steps_fit import fit_compute
 from echo_plan.cli import main
-from echo_plan.cost.calibration import ComputeCalibration
+from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
 from echo_plan.errors import EchoPlanError
 
 
@@ -65,7 +65,7 @@ def test_recovers_a_gemm_scale_through_the_real_simulator(tmp_path):
     cache = TraceCache(tmp_path / "traces")
     truth = ComputeCalibration(gemm_efficiency_scale=0.75)
     sim = RowSimulator(cluster, "megatron-core", cache)
-    compute = AnalyticalComputeModel(truth.apply(load_compute_constants()))
+    compute = AnalyticalComputeModel(calibrated_constants(truth, load_compute_constants()))
     measured = [sim.predict(r, compute=compute).step_s for r in rows]
     rows = tuple(type(r)(r.label, m, r.unit, model=r.model, gpus=r.gpus, plan=r.plan) for r, m in zip(rows, measured))
     cal = calibrate_rows(rows, cluster, "megatron-core", set(), fit=("gemm_efficiency_scale",), cache=cache)

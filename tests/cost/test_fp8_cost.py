@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from echo_plan.cost.calibration import ComputeCalibration
+from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
 from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
 from echo_plan.cost.kernel_db import compute_model_for
 from echo_plan.cost.memory import FP8_COPY_BYTES, estimate_memory, fp8_weight_bytes
@@ -54,7 +54,8 @@ def test_blockwise_scaling_costs_a_little_and_the_fp8_scale_touches_fp8_only():
     op, op_bw = gemm(8192, 8192, 8192, True), gemm(8192, 8192, 8192, True, blockwise=True)
     model = AnalyticalComputeModel()
     assert model.op_time(op, H100.gpu, DType.FP8) < model.op_time(op_bw, H100.gpu, DType.FP8)
-    scaled = AnalyticalComputeModel(ComputeCalibration(fp8_gemm_efficiency_scale=0.8).apply(load_compute_constants()))
+    scaled = AnalyticalComputeModel(calibrated_constants(ComputeCalibration(fp8_gemm_efficiency_scale=0.8),
+                                                         load_compute_constants()))
     bf16 = gemm(8192, 8192, 8192, False)
     assert scaled.op_time(bf16, H100.gpu, DType.BF16) == model.op_time(bf16, H100.gpu, DType.BF16)
     assert scaled.op_time(op, H100.gpu, DType.FP8) > model.op_time(op, H100.gpu, DType.FP8)
