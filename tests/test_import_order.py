@@ -123,8 +123,9 @@ def test_the_check_finds_an_upward_import(tmp_path):
     assert found == ["echo_plan/cost/memory.py:2 imports echo_plan.replay.engine in a function (floor 5 above 4)"]
 
 
-@pytest.mark.parametrize("module,floor", [("echo_plan.cost.memory", 4), ("echo_plan.cost.goodput", 5),
-                                          ("echo_plan.resilience.diagnose.emit", 10), ("echo_plan.files", 0)])
+@pytest.mark.parametrize("module,floor", [("echo_plan.cost.memory", 4), ("echo_plan.cost.goodput", 4),
+                                          ("echo_plan.layout.schedules", 3), ("echo_plan.resilience.diagnose.emit", 9),
+                                          ("echo_plan.files", 0), ("echo_plan.cli", 14)])
 def test_floors_by_most_specific_prefix(module, floor):
     assert floor_of(module) == floor
 
