@@ -40,19 +40,32 @@ def package(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def walk() -> dict:
+GPT3_PLAN = dict(tp=8, pp=8, dp=16, micro_batch_size=1, global_batch_size=1536, virtual_stages=2,
+                 schedule="interleaved", sequence_parallel=True, distributed_optimizer=True)
+
+
+def walk(with_faults: bool = False, model_name: str = "gpt3-175b", gpus: int = 1024,
+         plan_fields: dict | None = None) -> dict:
     import echo_plan
     from echo_plan.simulate import simulate
     from echo_plan.specs import PlanSpec, load_cluster, load_model
     from echo_plan.trace.cache import TraceCache
 
     root = Path(echo_plan.__file__).resolve().parent
-    model, cluster = load_model("gpt3-175b"), load_cluster("h800").resized(gpus=1024)
-    plan = PlanSpec.build(dict(tp=8, pp=8, dp=16, micro_batch_size=1, global_batch_size=1536, virtual_stages=2,
-                               schedule="interleaved", sequence_parallel=True, distributed_optimizer=True), "plan")
+    model, cluster = load_model(model_name), load_cluster("h800").resized(gpus=gpus)
+    plan = PlanSpec.build(dict(plan_fields or GPT3_PLAN), "plan")
+    faults = ()
+    if with_faults:  # a slow GPU and a slow NIC: the path that re-times stages on their own cluster view
+        try:
+            from echo_plan.specs.faults import fault_from_mapping
+        except ImportError:  # a tree from before issue 30 (resilience/faults.py)
+            from echo_plan.resilience.faults import fault_from_mapping
+
+        faults = (fault_from_mapping({"kind": "straggler", "rank": 1, "compute": 1.25}, "walk"),
+                  fault_from_mapping({"kind": "link", "node": 1, "nic": 1, "bw": 0.5}, "walk"))
     with tempfile.TemporaryDirectory() as tmp:
         cache = TraceCache(tmp)
-        simulate(model, cluster, plan, cache=cache)  # traces into the cache: the walk is of a warm simulate
+        simulate(model, cluster, plan, cache=cache, faults=faults)  # traces into the cache: the walk is of a warm simulate
         moves: collections.Counter = collections.Counter()
         names: dict[str, str | None] = {}
 
@@ -72,7 +85,7 @@ def walk() -> dict:
 
         sys.setprofile(profile)
         try:
-            simulate(model, cluster, plan, cache=cache)
+            simulate(model, cluster, plan, cache=cache, faults=faults)
         finally:
             sys.setprofile(None)
     visited = {m for pair in moves for m in pair}
@@ -83,8 +96,12 @@ def walk() -> dict:
 
 
 def main() -> None:
-    got = walk()
-    print(f"echo_plan at {got['root']}")
+    for with_faults in (False, True):
+        report(walk(with_faults), "with a slow GPU and a slow NIC" if with_faults else "healthy")
+
+
+def report(got: dict, label: str) -> None:
+    print(f"== {label}: echo_plan at {got['root']}")
     print(f"modules visited: {len(got['visited'])}; distinct caller->callee module moves: {len(got['moves'])}")
     print(f"moves climbing back up (callee on a higher floor): {len(got['climbs'])} distinct, "
           f"{sum(got['climbs'].values())} calls")

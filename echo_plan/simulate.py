@@ -9,19 +9,18 @@ kept in a :class:`SimulationMemo` that the caller may keep across calls (the sea
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from echo_plan.replay.breakdown import critical_rank, step_breakdown
 from echo_plan.replay.dp import dp_exchange_summary
 from echo_plan.layout.layer_mix import all_to_all_note
 from echo_plan.replay.metrics import throughput
-from echo_plan.replay.pipeline import build_tasks
-from echo_plan.replay.pipeline_fast import zb_v_actions
+from echo_plan.cost.collectives import CollectiveTimes
 from echo_plan.replay.results import StepResult
-from echo_plan.layout.schedules import build_schedule, schedule_shape
+from echo_plan.replay.step_replay import ScheduleCache, StepReplayer
+from echo_plan.layout.schedules import schedule_shape
 from echo_plan.replay.step_costs import ep_overlap_pairs, stack_notes, step_costs
 from echo_plan.specs.cluster import ClusterSpec
+from echo_plan.specs.faults import Fault, check_faults, slowed_cluster, stage_effects
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
 from echo_plan.specs.software import SoftwareSpec, check_stack_supports
@@ -47,35 +46,10 @@ class SimulationMemo:
         self._traces: dict[tuple, Any] = {}
         self._layers: dict[tuple, Any] = {}
         self._comm: dict[tuple, float] = {}
-        self._schedules: dict[tuple, Any] = {}
-        self._schedule_arrays: dict[int, tuple] = {}  # id(schedule) -> (schedule, its arrays)
+        self.schedules = ScheduleCache()  # action lists and their arrays, shared by plans with them
         self._defaults: dict[str, Any] = {}
         self.layer_hits = 0
         self.layer_misses = 0
-
-    def schedule(self, schedule: Schedule, pp: int, microbatches: int, virtual_stages: int, times=None,
-                 paired: bool = False):
-        """The (pure, immutable) action lists, shared by every plan and steady-state sample with them;
-        ``paired``: with the steady state's forward/backward pairs marked (``pair_forward_backward``)."""
-        key = (schedule, pp, microbatches, virtual_stages, times, paired)
-        sched = self._schedules.get(key)
-        if sched is None:
-            sched = build_schedule(schedule, pp, microbatches, virtual_stages, times, zb_v_lister=zb_v_actions)
-            if paired:
-                from echo_plan.layout.schedules import pair_forward_backward
-
-                sched = pair_forward_backward(sched)
-            self._schedules[key] = sched
-        return sched
-
-    def schedule_arrays(self, sched):
-        """``pipeline_fast.schedule_arrays`` of a schedule, kept with it."""
-        hit = self._schedule_arrays.get(id(sched))
-        if hit is None or hit[0] is not sched:
-            from echo_plan.replay.pipeline_fast import schedule_arrays
-
-            hit = self._schedule_arrays[id(sched)] = (sched, schedule_arrays(sched))
-        return hit[1]
 
     def default_stack(self) -> SoftwareSpec:
         if "stack" not in self._defaults:
@@ -164,13 +138,24 @@ class SimulationMemo:
         return split_timings(self._layers, traces, timing, compute, comm, cluster, cluster_key, plan.dtype,
                              interference)
 
-    def comm_time(self, comm, cluster_key: str, cluster: ClusterSpec, kind: CollectiveKind, nbytes: int,
-                  group: CommGroup) -> float:
-        key = (comm, cluster_key, kind, nbytes, group)
-        t = self._comm.get(key)
-        if t is None:
-            t = self._comm[key] = comm.time(kind, nbytes, group, cluster).time_s
-        return t
+    def comm_times(self, comm, cluster_key: str, cluster: ClusterSpec) -> CollectiveTimes:
+        """The collective times of ``comm`` on ``cluster``, remembered with every other model's and cluster's."""
+        return CollectiveTimes(comm, cluster, cluster_key, self._comm)
+
+
+def fault_hooks(faults: tuple[Fault, ...], cluster: ClusterSpec, cluster_key: str, plan: PlanSpec, traces,
+                timing: dict, work_scale, memo: SimulationMemo, compute, comm, interference):
+    """(effects, work_scale, stage_timing, stage_comm) for ``step_costs``: per pipeline stage, its level-1
+    timings and collective times on the cluster as that stage sees it (the healthy ones where it is)."""
+    check_faults(faults, plan, cluster)
+    effects = stage_effects(faults, plan, cluster)
+    scale = tuple((work_scale[i] if work_scale else 1.0) * e.compute_scale for i, e in enumerate(effects))
+    clusters = [slowed_cluster(cluster, e) for e in effects]
+    keys = [c.model_dump_json() if c is not cluster else cluster_key for c in clusters]
+    stage_timing = tuple(timing if c is cluster else memo.timings(traces, compute, comm, c, k, plan, interference)
+                         for c, k in zip(clusters, keys))
+    stage_comm = tuple(memo.comm_times(comm, k, c) for c, k in zip(clusters, keys))
+    return effects, (scale if any(x != 1.0 for x in scale) else work_scale), stage_timing, stage_comm
 
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: SoftwareSpec | None = None,
@@ -192,7 +177,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     from echo_plan.cost.memory import stage_memory
     from echo_plan.errors import SpecError
     from echo_plan.replay.no_gc import paused_gc
-    from echo_plan.replay.steady import StepReplay, steady_state_step
+    from echo_plan.replay.steady import steady_state_step
 
     validate_plan(plan, model, cluster)
     if work_scale is not None and (len(work_scale) != plan.pp or min(work_scale) <= 0):
@@ -215,13 +200,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         timing = dict(timing, split=memo.split_timings(traces, timing, compute, comm, cluster, cluster_key, plan,
                                                        interference))
 
-    def comm_time(kind: CollectiveKind, nbytes: int, group: CommGroup) -> float:
-        return memo.comm_time(comm, cluster_key, cluster, kind, nbytes, group)
-
+    comm_time = memo.comm_times(comm, cluster_key, cluster)
     stage_timing = stage_comm = effects = None
     if faults:
-        from echo_plan.replay.faults import fault_hooks
-
         effects, work_scale, stage_timing, stage_comm = fault_hooks(
             faults, cluster, cluster_key, plan, traces, timing, work_scale, memo, compute, comm, interference)
     # the stage costs need the schedule's layout only; its action lists are built (and kept in the
@@ -229,23 +210,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, schedule_shape, stack,
                       stage_timing, stage_comm)
 
-    prepared: dict = {}  # the compiled path's view of the stage costs, for every micro-batch count
-
-    def replay_at(m: int) -> StepReplay:  # the stage costs do not depend on the micro-batch count
-        costs = replace(base, schedule=memo.schedule(base.schedule.schedule, plan.pp, m, plan.virtual_stages,
-                                                     base.schedule.times, paired))
-        if not timeline:  # compiled where the compiled loop is loaded (a search); same result as below
-            from echo_plan.replay.pipeline_fast import replay_step
-
-            fast = replay_step(costs, interference, memo.schedule_arrays, lambda: build_tasks(costs).tasks,
-                               prepared)
-            if fast is not None:
-                return StepReplay(m, fast.makespan_s, fast.breakdown, fast.rank, fast.n)
-        steps = build_tasks(costs)
-        result = steps.replay(interference)
-        rank = critical_rank(result, plan.pp)
-        return StepReplay(m, result.makespan_s, step_breakdown(steps, result, rank), rank, len(steps.work),
-                          steps, result)
+    replay_at = StepReplayer(base, interference, memo.schedules, plan.pp, plan.virtual_stages, paired, timeline)
 
     with paused_gc():  # level 2 allocates many long-lived small objects and no cycles
         step = steady_state_step(plan.pp, plan.virtual_stages, plan.num_microbatches, replay_at, exact=timeline,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from echo_plan.cost import nccl_algos as algos
-from echo_plan.cost.base import Algorithm, CollectiveEstimate, Protocol_
+from echo_plan.cost.base import Algorithm, CollectiveEstimate, CollectiveModel, Protocol_
 from echo_plan.cost.nccl_algos import Line, Topo, bus_factor
 from echo_plan.cost.nccl_params import PROTOCOLS, NcclParams, load_default_params
 from echo_plan.errors import SpecError
@@ -184,3 +184,21 @@ def params_from_calibration(calibration: Mapping[str, Any], base: NcclParams | N
 def collective_model_for(cluster: ClusterSpec) -> NcclModel:
     """The NCCL model for ``cluster``, calibrated when the cluster file carries a calibration."""
     return NcclModel(params_from_calibration(cluster.calibration, context=cluster.name))
+
+
+class CollectiveTimes:
+    """``(kind, nbytes, group) -> seconds`` of one collective model on one cluster, remembered in
+    ``store``: a dict its owner keeps and may share between instances (the simulation memo keeps one
+    for every model and cluster it sees), keyed by the model, the cluster's key and the collective."""
+
+    __slots__ = ("model", "cluster", "cluster_key", "store")
+
+    def __init__(self, model: CollectiveModel, cluster: ClusterSpec, cluster_key: str, store: dict) -> None:
+        self.model, self.cluster, self.cluster_key, self.store = model, cluster, cluster_key, store
+
+    def __call__(self, kind: CollectiveKind, nbytes: int, group: CommGroup) -> float:
+        key = (self.model, self.cluster_key, kind, nbytes, group)
+        t = self.store.get(key)
+        if t is None:
+            t = self.store[key] = self.model.time(kind, nbytes, group, self.cluster).time_s
+        return t

@@ -242,8 +242,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     traces = memo.traces(model, plan, cache, stack)
     timing = memo.timings(traces, compute, comm, cluster, ckey, plan, interference)
 
-    def comm_time(kind: CollectiveKind, nbytes: int, group: Any) -> float:
-        return memo.comm_time(comm, ckey, cluster, kind, nbytes, group)
+    comm_time = memo.comm_times(comm, ckey, cluster)
 
     costs = step_costs(model, cluster, plan, timing, compute, comm_time, stack=stack)
     simulated = replay(build_tasks(costs).tasks, interference).makespan_s

@@ -37,14 +37,15 @@ __all__ = ["Action", "Layout", "Pass", "PipelineSchedule", "build_schedule", "pa
 
 
 def build_schedule(schedule: Schedule, pp: int, num_microbatches: int, virtual_stages: int = 1,
-                   times: tuple[float, float, float] | None = None, zb_v_lister=None) -> PipelineSchedule:
+                   times: tuple[float, float, float] | None = None,
+                   zb_v_order: tuple[tuple[Action, ...], ...] | None = None) -> PipelineSchedule:
     """Per-rank action lists for ``schedule``; raises SpecError when the shape cannot run it.
-    ``times``: ZB-V's (forward, input-gradient, weight-gradient) chunk times; ``zb_v_lister``: a
-    faster twin of its list schedule (schedules_zb.py)."""
+    ``times``: ZB-V's (forward, input-gradient, weight-gradient) chunk times; ``zb_v_order``: its
+    action lists already listed for them (schedules_zb.py)."""
     if pp < 1 or num_microbatches < 1 or virtual_stages < 1:
         raise SpecError("pp/microbatches/virtual_stages", (pp, num_microbatches, virtual_stages), "positive integers")
     if schedule in (Schedule.ZB_H1, Schedule.ZB_V, Schedule.DUALPIPE):
-        return build_split_schedule(schedule, pp, num_microbatches, virtual_stages, times, zb_v_lister)
+        return build_split_schedule(schedule, pp, num_microbatches, virtual_stages, times, zb_v_order)
     if schedule is Schedule.INTERLEAVED and virtual_stages > 1:
         if num_microbatches % pp:
             raise SpecError("num_microbatches", num_microbatches,

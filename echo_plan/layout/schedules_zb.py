@@ -26,24 +26,20 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Callable
 
 from echo_plan.errors import SpecError
 from echo_plan.layout.actions import Action, Layout, Pass, PipelineSchedule
 from echo_plan.specs.plan import Schedule, schedule_rule
-
-# (pp, micro-batches, (forward, input-gradient, weight-gradient) times) -> per-rank actions, or None
-ZbVLister = Callable[[int, int, tuple[float, float, float]], "tuple[tuple[Action, ...], ...] | None"]
 
 F, B, BI, W = Pass.FORWARD, Pass.BACKWARD, Pass.INPUT_GRAD, Pass.WEIGHT_GRAD
 
 
 def build_split_schedule(schedule: Schedule, pp: int, m: int, virtual_stages: int,
                          times: tuple[float, float, float] | None = None,
-                         zb_v_lister: ZbVLister | None = None) -> PipelineSchedule:
+                         zb_v_order: tuple[tuple[Action, ...], ...] | None = None) -> PipelineSchedule:
     """``times``: ZB-V's (forward, input-gradient, weight-gradient) chunk times to list-schedule with
-    (default equal, as the paper's analysis assumes). ``zb_v_lister``: a faster twin of ZB-V's list
-    schedule (the replay's compiled one) that gives the same action lists, or None where it cannot."""
+    (default equal, as the paper's analysis assumes). ``zb_v_order``: ZB-V's action lists for these
+    times, already listed (by the replay's compiled twin of :func:`_zb_v`, the same order), or None."""
     why = schedule_rule(schedule, pp, virtual_stages, m)
     if why is not None:
         raise SpecError("schedule", schedule.value, why)
@@ -51,7 +47,7 @@ def build_split_schedule(schedule: Schedule, pp: int, m: int, virtual_stages: in
         return PipelineSchedule(schedule, pp, 1, m, tuple(_zb_h1(s, pp, m) for s in range(pp)))
     if schedule is Schedule.ZB_V:
         t = times or (1.0, 1.0, 1.0)
-        return PipelineSchedule(schedule, pp, 2, m, (zb_v_lister(pp, m, t) if zb_v_lister else None) or _zb_v(pp, m, t), Layout.V, times)
+        return PipelineSchedule(schedule, pp, 2, m, zb_v_order or _zb_v(pp, m, t), Layout.V, times)
     return PipelineSchedule(schedule, pp, 2, m, tuple(_dualpipe(s, pp, m) for s in range(pp)), Layout.DUAL)
 
 

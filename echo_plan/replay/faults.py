@@ -1,9 +1,8 @@
-"""Faults into the replay: per-stage slow-downs for ``simulate`` and what they cost, stage by stage.
+"""What faults cost a replayed step, stage by stage.
 
-``fault_hooks`` turns fault specs into what ``step_costs`` takes: a compute factor per pipeline stage
-(``work_scale``), and for stages whose links are slow their own level-1 timings and collective
-times, computed on the cluster as that stage sees it (``faults.slowed_cluster``). ``fault_summary``
-reads, per stage, its busy time from the stage costs and its waiting time as the rest of the step:
+``simulate`` turns fault specs into what ``step_costs`` takes (a compute factor per pipeline stage, and
+for stages whose links are slow their own level-1 timings and collective times, computed on the
+cluster as that stage sees it: ``specs/faults.py``'s ``slowed_cluster``). ``fault_summary`` reads, per stage, its busy time from the stage costs and its waiting time as the rest of the step:
 the stages that wait are those whose neighbours or data-parallel peers are slower.
 """
 
@@ -11,34 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from echo_plan.specs.faults import Fault, check_faults, slowed_cluster, stage_effects
-
-
-def fault_hooks(faults: tuple[Fault, ...], cluster, cluster_key: str, plan, traces, timing: dict, work_scale, memo,
-                compute, comm, interference):
-    """(effects, work_scale, stage_timing, stage_comm) for ``step_costs``."""
-    check_faults(faults, plan, cluster)
-    effects = stage_effects(faults, plan, cluster)
-    scale = tuple((work_scale[i] if work_scale else 1.0) * e.compute_scale for i, e in enumerate(effects))
-    clusters = [slowed_cluster(cluster, e) for e in effects]
-    keys = [c.model_dump_json() if c is not cluster else cluster_key for c in clusters]
-    per_stage: dict[int, dict] = {}
-
-    def stage_timing(r: int) -> dict:
-        if clusters[r] is cluster:
-            return timing
-        if r not in per_stage:
-            per_stage[r] = memo.timings(traces, compute, comm, clusters[r], keys[r], plan, interference)
-        return per_stage[r]
-
-    def stage_comm(r: int):
-        c, key = clusters[r], keys[r]
-
-        def comm_time(kind, nbytes, group) -> float:
-            return memo.comm_time(comm, key, c, kind, nbytes, group)
-        return comm_time
-
-    return effects, (scale if any(x != 1.0 for x in scale) else work_scale), stage_timing, stage_comm
+from echo_plan.specs.faults import Fault
 
 
 def _busy(stage, microbatches: int, scale: float) -> float:

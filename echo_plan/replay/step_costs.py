@@ -91,7 +91,9 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     pipeline rank, the cost of each chunk's forward and backward (from the level-1 ``timing`` of
     block, embedding and output), its DP buckets and its optimizer; ``comm_time(kind, nbytes,
     group)`` times a collective. The DP gradient dtype and which overlaps happen come from the
-    stack (an overlap happens when the plan asks for it and the stack has it)."""
+    stack (an overlap happens when the plan asks for it and the stack has it). ``stage_timing`` and
+    ``stage_comm``: per pipeline stage, the level-1 timings and collective times of that stage's own
+    view of the cluster (a fault slows it), in place of ``timing`` and ``comm_time``."""
     if stack is None:
         from echo_plan.specs.presets import load_stack
 
@@ -127,8 +129,8 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
 
     stages = []
     for r in range(pp):  # a fault (resilience/) may give a stage its own level-1 timings and collectives
-        t_r = stage_timing(r) if stage_timing is not None else timing
-        ct = stage_comm(r) if stage_comm is not None else comm_time
+        t_r = stage_timing[r] if stage_timing is not None else timing
+        ct = stage_comm[r] if stage_comm is not None else comm_time
         blk, emb, out = t_r["block"], t_r["embedding"], t_r["output"]
         by_kind = t_r.get("blocks") or {DENSE: blk}
         fwd, bwd, labels, buckets, bin_, wgt, kinds_of = [], [], [], [], [], [], []
@@ -216,7 +218,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
 
     p2p_by_stage = None
     if stage_comm is not None and nvs > 1:  # a transfer is as slow as the slower end's link
-        own = [_p2p_time(model, plan, stage_comm(r)) for r in range(pp)]
+        own = [_p2p_time(model, plan, stage_comm[r]) for r in range(pp)]
         p2p_by_stage = tuple(max(own[max(0, r - 1):r + 2]) for r in range(pp))
     return StepCosts(
         p2p_by_stage=p2p_by_stage,
