@@ -7,8 +7,14 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CpOpt, SeqOpt, EpOpt, EtpOpt, ImbalanceOpt, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, NodesOpt, print_json,
 )
+from echo_plan.commands.plan_flags import PlanFlags, build_plan, plan_options
+
+
+# what a Chakra trace of echo-plan's step does not express
+CHAKRA_REFUSES = {"dp_comm": "the Chakra export writes the dense data-parallel exchange only; not with --dp-comm",
+                  "density": "the Chakra export writes the dense data-parallel exchange only; not with --density"}
 
 
 def register(app: typer.Typer) -> None:
@@ -19,56 +25,26 @@ def register(app: typer.Typer) -> None:
     app.add_typer(import_app, name="import")
 
     @export_app.command("chakra")
+    @plan_options
     def export_chakra_cmd(
+        flags: PlanFlags,
         out: str = typer.Option(..., "-o", "--output", help="DIR/NAME: writes DIR/NAME.<rank>.et and NAME.comm_groups.json"),
-        model: str = ModelOpt,
-        cluster: str = ClusterOpt,
-        nodes: Optional[int] = NodesOpt,
-        gpus: Optional[int] = GpusOpt,
-        tp: int = typer.Option(1, "--tp"),
-        pp: int = typer.Option(1, "--pp"),
-        cp: int = CpOpt,
-        seq_length: Optional[int] = SeqOpt,
-        dp: Optional[int] = typer.Option(None, "--dp", help="default: GPUs / (tp x cp x pp)"),
-        mbs: int = typer.Option(1, "--mbs"),
-        gbs: Optional[int] = typer.Option(None, "--gbs", help="default: mbs x dp"),
-        vpp: int = typer.Option(1, "--vpp"),
-        schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe | 1f1b | interleaved"),
-        recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
-        sequence_parallel: bool = typer.Option(False, "--sequence-parallel"),
-        distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer"),
-        dtype: str = typer.Option("bf16", "--dtype"),
-        ep: int = EpOpt,
-        etp: Optional[int] = EtpOpt,
-        expert_imbalance: float = ImbalanceOpt,
-        stack: Optional[str] = StackOpt,
         ranks: Optional[str] = typer.Option(None, "--ranks", help="only these ranks, e.g. 0,1,8-15 (default: all)"),
         cache_dir: Optional[str] = CacheDirOpt,
         as_json: bool = JsonOpt,
     ) -> None:
         """Write the simulated step of a plan as Chakra execution traces, one file per rank."""
-        from echo_plan.commands.common import resolve_specs, resolve_stack
+        from echo_plan.commands.common import check_cache_dir
         from echo_plan.interop.chakra_export import export_chakra, parse_ranks
         from echo_plan.interop.chakra_step import build_step_graph
-        from echo_plan.specs import PlanSpec
-        from echo_plan.trace.cache import TraceCache
-        from echo_plan.commands.common import check_cache_dir, check_tp_pp, data_parallel
         from echo_plan.output_paths import check_output_prefix
+        from echo_plan.trace.cache import TraceCache
 
         check_output_prefix(out, "--output")
         check_cache_dir(cache_dir)
-        check_tp_pp(tp, pp)
-        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, seq_length=seq_length)
-        dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp, cp)
-        fields = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs if gbs else mbs * dp,
-                      virtual_stages=vpp, recompute=recompute, sequence_parallel=sequence_parallel,
-                      distributed_optimizer=distributed_optimizer, dtype=dtype)
-        if schedule is not None:
-            fields["schedule"] = schedule
-        fields.update(expert_fields(ep, etp, expert_imbalance))
-        plan = PlanSpec.build(fields, context="plan")
+        inputs = build_plan(flags, refuse=CHAKRA_REFUSES)
+        model_spec, cluster_spec, stack_spec, plan = inputs.model, inputs.cluster, inputs.stack, inputs.plan
         chosen = parse_ranks(ranks, plan.world_size)
-        stack_spec = resolve_stack(stack)
         graph = build_step_graph(model_spec, cluster_spec, plan, cache=TraceCache(cache_dir), stack=stack_spec)
         paths = export_chakra(graph, out, chosen, {"model": model_spec.name, "cluster": cluster_spec.name,
                                                    "stack": stack_spec.name})

@@ -7,39 +7,18 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CkptBwOpt, DetectOpt, FlowsOpt, RoutingOpt, DTypeHelp, Fp8ParamGatherOpt, Fp8RecipeOpt, FailRateOpt, RestartOpt, failure_model, DensityOpt, DpCommOpt, EpOpt, CpOpt, SeqOpt, EtpOpt, ImbalanceOpt, dp_comm_fields, expert_fields, CacheDirOpt, ClusterOpt, GpusOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    CacheDirOpt, CkptBwOpt, DetectOpt, FailRateOpt, FlowsOpt, HeadroomOpt, JsonOpt, RestartOpt, RoutingOpt,
+    failure_model, print_json,
 )
+from echo_plan.commands.plan_flags import PlanFlags, build_plan, plan_options
 
 
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
+    @plan_options
     def simulate_cmd(
-        model: str = ModelOpt,
-        cluster: str = ClusterOpt,
-        nodes: Optional[int] = NodesOpt,
-        gpus: Optional[int] = GpusOpt,
-        stack: Optional[str] = StackOpt,
+        flags: PlanFlags,
         memory_headroom: Optional[str] = HeadroomOpt,
-        tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
-        pp: int = typer.Option(1, "--pp", help="pipeline-parallel degree"),
-        cp: int = CpOpt,
-        seq_length: Optional[int] = SeqOpt,
-        dp: Optional[int] = typer.Option(None, "--dp", help="data-parallel degree (default: GPUs / (tp x cp x pp))"),
-        mbs: int = typer.Option(1, "--mbs", help="micro-batch size"),
-        gbs: Optional[int] = typer.Option(None, "--gbs", help="global batch size (default: mbs x dp)"),
-        vpp: int = typer.Option(1, "--vpp", help="virtual pipeline stages per rank; above 1 implies interleaved"),
-        schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe | 1f1b | interleaved | zb-h1 | zb-v | dualpipe (docs/schedules.md)"),
-        recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
-        sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron-LM sequence parallelism"),
-        distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer",
-                                                   help="shard optimizer states over DP (reduce-scatter + all-gather)"),
-        dtype: str = typer.Option("bf16", "--dtype", help=DTypeHelp),
-        fp8_recipe: Optional[str] = Fp8RecipeOpt,
-        fp8_param_gather: Optional[bool] = Fp8ParamGatherOpt,
-        no_overlap_grad_reduce: bool = typer.Option(False, "--no-overlap-grad-reduce",
-                                                    help="reduce gradients after the backward pass, not during it"),
-        no_overlap_param_gather: bool = typer.Option(False, "--no-overlap-param-gather",
-                                                     help="gather parameters after the optimizer, not during the forward"),
         fault: Optional[list[str]] = typer.Option(
             None, "--fault", help="a fault, repeatable: straggler:rank=R,compute=F | link:node=N,nic=I,bw=F | "
                                   "nvlink:node=N,bw=F | node:node=N,compute=F | uplink:leaf=L,down=C | "
@@ -51,13 +30,6 @@ def register(app: typer.Typer) -> None:
         checkpoint_gbps_per_gpu: Optional[float] = CkptBwOpt,
         restart_min: Optional[float] = RestartOpt,
         detect_min: Optional[float] = DetectOpt,
-        dp_comm: str = DpCommOpt,
-        density: Optional[float] = DensityOpt,
-        ep: int = EpOpt,
-        etp: Optional[int] = EtpOpt,
-        expert_imbalance: float = ImbalanceOpt,
-        layer_split: Optional[str] = typer.Option(None, "--layer-split", help="layers per stage, e.g. 13,12,12,11 (with --vpp: one per stage or one per virtual stage), or auto (as even as possible, "
-                                                 "fewer on the first and last stage)"),
         interference_file: Optional[str] = typer.Option(None, "--interference", help="interference factors YAML"),
         no_interference: bool = typer.Option(False, "--no-interference", help="ignore compute/comm interference"),
         as_json: bool = JsonOpt,
@@ -80,12 +52,9 @@ def register(app: typer.Typer) -> None:
                  "used where the group size fits the file, NCCL otherwise)"),
     ) -> None:
         """Predict the training step of one plan: time, throughput, MFU, memory per stage, breakdown."""
-        from echo_plan.commands.common import (
-            check_cache_dir, check_tp_pp, data_parallel, fp8_stack, parse_headroom, resolve_specs, resolve_stack,
-        )
+        from echo_plan.commands.common import check_cache_dir, parse_headroom
         from echo_plan.errors import SpecError
         from echo_plan.output_paths import check_output_file
-        from echo_plan.specs import PlanSpec
 
         check_output_file(trace, "--trace", (".json",))
         fmt = None
@@ -95,37 +64,11 @@ def register(app: typer.Typer) -> None:
             fmt = check_emit_options(emit_records, record_format, record_steps, record_noise, record_seed,
                                      record_buffer)
         check_cache_dir(cache_dir)
-        check_tp_pp(tp, pp)
-        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, seq_length=seq_length, routing=routing,
-                                                 flows_per_connection=flows_per_connection)
-        stack_spec = fp8_stack(resolve_stack(stack), dtype, fp8_recipe, fp8_param_gather)
-        headroom = parse_headroom(memory_headroom, cluster_spec)
-        dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp, cp)
         if no_interference and interference_file:
             raise SpecError("--interference", interference_file, "not together with --no-interference")
-        fields = dict(
-            tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs if gbs is not None else mbs * dp,
-            virtual_stages=vpp, recompute=recompute, sequence_parallel=sequence_parallel,
-            distributed_optimizer=distributed_optimizer, dtype=dtype,
-            overlap_grad_reduce=not no_overlap_grad_reduce, overlap_param_gather=not no_overlap_param_gather,
-        )
-        if schedule is not None:
-            fields["schedule"] = schedule
-        elif vpp > 1:
-            fields["schedule"] = "interleaved"
-        if layer_split == "auto":
-            from echo_plan.specs.plan import balanced_split
-
-            chunks = 2 if schedule == "zb-v" and vpp == 1 else vpp  # ZB-V is two chunks per rank
-            fields["layer_split"] = balanced_split(model_spec.num_layers, pp * chunks)  # per virtual stage
-        elif layer_split:
-            try:
-                fields["layer_split"] = tuple(int(x) for x in layer_split.split(","))
-            except ValueError:
-                raise SpecError("--layer-split", layer_split, "comma-separated layer counts, e.g. 13,12,12,11") from None
-        fields.update(expert_fields(ep, etp, expert_imbalance))
-        fields.update(dp_comm_fields(dp_comm, density))
-        plan = PlanSpec.build(fields, context="plan")
+        inputs = build_plan(flags, routing=routing, flows_per_connection=flows_per_connection)
+        model_spec, cluster_spec, stack_spec, plan = inputs.model, inputs.cluster, inputs.stack, inputs.plan
+        headroom = parse_headroom(memory_headroom, cluster_spec)
 
         from echo_plan.replay.interference import InterferenceModel, load_interference
         from echo_plan.simulate import simulate

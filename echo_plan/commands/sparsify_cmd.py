@@ -7,26 +7,21 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import (
-    CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json,
+    CacheDirOpt, JsonOpt, print_json,
 )
+from echo_plan.commands.plan_flags import PlanFlags, build_plan, plan_options
+
+
+# sparsify sets the data-parallel exchange itself: every sparse method at every density of --densities
+SPARSIFY_REFUSES = {"dp_comm": "sparsify tries every sparse exchange itself against the dense one; not with --dp-comm",
+                    "density": "sparsify tabulates the densities of --densities; not with --density"}
 
 
 def register(app: typer.Typer) -> None:
     @app.command("sparsify")
+    @plan_options
     def sparsify_cmd(
-        model: str = ModelOpt,
-        cluster: str = ClusterOpt,
-        nodes: Optional[int] = NodesOpt,
-        gpus: Optional[int] = GpusOpt,
-        stack: Optional[str] = StackOpt,
-        tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
-        pp: int = typer.Option(1, "--pp", help="pipeline-parallel degree"),
-        dp: Optional[int] = typer.Option(None, "--dp", help="data-parallel degree (default: GPUs / (tp x pp))"),
-        mbs: int = typer.Option(1, "--mbs", help="micro-batch size"),
-        gbs: Optional[int] = typer.Option(None, "--gbs", help="global batch size (default: mbs x dp)"),
-        vpp: int = typer.Option(1, "--vpp", help="virtual pipeline stages per rank"),
-        recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
-        sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron-LM sequence parallelism"),
+        flags: PlanFlags,
         densities: str = typer.Option("0.001,0.003,0.01,0.03,0.1,0.3,1", "--densities",
                                       help="densities to tabulate, comma-separated, each in (0, 1]"),
         as_json: bool = JsonOpt,
@@ -34,27 +29,21 @@ def register(app: typer.Typer) -> None:
         cache_dir: Optional[str] = CacheDirOpt,
     ) -> None:
         """Break-even density of each sparse data-parallel exchange against the dense reduction, for one plan."""
-        from echo_plan.commands.common import check_cache_dir, check_tp_pp, data_parallel, resolve_specs, resolve_stack
+        from echo_plan.commands.common import check_cache_dir
         from echo_plan.errors import SpecError
         from echo_plan.output_paths import check_output_file
         from echo_plan.search.sparsify import SparsifyOutcome, analyse
         from echo_plan.simulate import SimulationMemo, simulate
-        from echo_plan.specs import PlanSpec
         from echo_plan.trace.cache import TraceCache
 
         check_output_file(report, "--report", (".html", ".htm"))
         check_cache_dir(cache_dir)
-        check_tp_pp(tp, pp)
         try:
             grid = tuple(float(x) for x in densities.split(",") if x.strip())
         except ValueError:
             raise SpecError("--densities", densities, "comma-separated numbers in (0, 1], e.g. 0.001,0.01,0.1") from None
-        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus)
-        stack_spec = resolve_stack(stack)
-        dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp)
-        plan = PlanSpec.build(dict(tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs or mbs * dp,
-                                   virtual_stages=vpp, recompute=recompute, sequence_parallel=sequence_parallel),
-                              context="plan")
+        inputs = build_plan(flags, refuse=SPARSIFY_REFUSES)
+        model_spec, cluster_spec, stack_spec, plan = inputs.model, inputs.cluster, inputs.stack, inputs.plan
         memo, cache = SimulationMemo(), TraceCache(cache_dir)
 
         def step(p):

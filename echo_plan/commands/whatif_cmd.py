@@ -6,9 +6,8 @@ from typing import Optional
 
 import typer
 
-from echo_plan.commands.common import (
-    CacheDirOpt, ClusterOpt, FlowsOpt, GpusOpt, JsonOpt, ModelOpt, NodesOpt, RoutingOpt, StackOpt, print_json,
-)
+from echo_plan.commands.common import CacheDirOpt, FlowsOpt, JsonOpt, RoutingOpt, print_json
+from echo_plan.commands.plan_flags import PlanFlags, build_plan, plan_options
 
 
 def register(app: typer.Typer) -> None:
@@ -16,21 +15,9 @@ def register(app: typer.Typer) -> None:
     app.add_typer(whatif_app, name="whatif")
 
     @whatif_app.command("sensitivity")
+    @plan_options
     def sensitivity_cmd(
-        model: str = ModelOpt,
-        cluster: str = ClusterOpt,
-        nodes: Optional[int] = NodesOpt,
-        gpus: Optional[int] = GpusOpt,
-        stack: Optional[str] = StackOpt,
-        tp: int = typer.Option(1, "--tp"),
-        pp: int = typer.Option(1, "--pp"),
-        dp: Optional[int] = typer.Option(None, "--dp", help="default: GPUs / (tp x pp)"),
-        mbs: int = typer.Option(1, "--mbs"),
-        gbs: Optional[int] = typer.Option(None, "--gbs", help="default: mbs x dp"),
-        vpp: int = typer.Option(1, "--vpp"),
-        recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
-        sequence_parallel: bool = typer.Option(False, "--sequence-parallel"),
-        distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer"),
+        flags: PlanFlags,
         routing: Optional[str] = RoutingOpt,
         flows_per_connection: Optional[int] = FlowsOpt,
         as_json: bool = JsonOpt,
@@ -38,23 +25,16 @@ def register(app: typer.Typer) -> None:
         cache_dir: Optional[str] = CacheDirOpt,
     ) -> None:
         """Throughput lost to one slow GPU, NIC, NVLink domain or server, at a few severities (worst and best placement)."""
-        from echo_plan.commands.common import check_cache_dir, check_tp_pp, data_parallel, resolve_specs, resolve_stack
+        from echo_plan.commands.common import check_cache_dir
         from echo_plan.output_paths import check_output_file
         from echo_plan.resilience.sensitivity import sensitivity
         from echo_plan.simulate import SimulationMemo, simulate
-        from echo_plan.specs import PlanSpec
         from echo_plan.trace.cache import TraceCache
 
         check_cache_dir(cache_dir)
         check_output_file(report, "--report", (".html", ".htm"))
-        check_tp_pp(tp, pp)
-        model_spec, cluster_spec = resolve_specs(model, cluster, nodes, gpus, routing=routing,
-                                                 flows_per_connection=flows_per_connection)
-        stack_spec = resolve_stack(stack)
-        dp = data_parallel(cluster_spec.num_gpus, tp, pp, dp)
-        plan = PlanSpec.build(dict(tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs or mbs * dp,
-                                   virtual_stages=vpp, recompute=recompute, sequence_parallel=sequence_parallel,
-                                   distributed_optimizer=distributed_optimizer), context="plan")
+        inputs = build_plan(flags, routing=routing, flows_per_connection=flows_per_connection)
+        model_spec, cluster_spec, stack_spec, plan = inputs.model, inputs.cluster, inputs.stack, inputs.plan
         memo, cache = SimulationMemo(), TraceCache(cache_dir)
 
         def step(faults):
