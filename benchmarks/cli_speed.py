@@ -12,7 +12,7 @@ the before/after of the pool, in one process (``--processes 1``). Beside each wa
 (user + system) of the whole process tree, polled from ``/proc`` (Linux; 0 elsewhere): on a shared
 machine the wall time depends on the load, the CPU time much less.
 
-Before the compiled level-2 build (``replay/pipeline_fast.py``), the shared memo, the checks ahead and
+Before the compiled level-2 build (``replay/compiled/level2.py``), the shared memo, the checks ahead and
 the ordered rounds, on the same 2-core machine unloaded: compare 67.3 s (default processes) and 89 s
 in one process (91 s CPU); simulate 0.44-0.55 s, median 0.48 s (measured with PYTHONDONTWRITEBYTECODE
 set; 0.42 s so now); README search 18.1-18.4 s.

@@ -4,7 +4,7 @@ Builds a GPipe-like step: ``stages`` devices, ``micro`` micro-batches, ``layers`
 layer a compute task followed by a TP all-reduce on the tp_comm stream (the next layer waits on
 it), point-to-point transfers between stages, and DP all-reduces overlapping the backward. Then
 times ``replay`` with no interference (fast path) and with the default factors (rate tracking),
-the latter with the compiled loop (``engine_jit``, Numba) and with the Python loop.
+the latter with the compiled loop (``replay/compiled/``, Numba) and with the Python loop.
 
 Run: ``.venv/bin/python benchmarks/engine_bench.py [--stages 8 --micro 16 --layers 8]``
 """
@@ -61,23 +61,21 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     tasks = build(args.stages, args.micro, args.layers)
-    import os
+    from echo_plan.replay.compiled.switch import CompiledSwitch, JitMode
 
-    from echo_plan.replay import engine_jit
-
-    runs = [("no interference (fast path)", InterferenceModel.none(), "1"),
-            ("interference, compiled loop", load_interference(None), "1"),
-            ("interference, Python loop", load_interference(None), "0")]
-    for label, model, jit in runs:
-        os.environ["ECHO_PLAN_JIT"] = jit
-        if jit == "1" and not engine_jit.available():
+    runs = [("no interference (fast path)", InterferenceModel.none(), JitMode.ON),
+            ("interference, compiled loop", load_interference(None), JitMode.ON),
+            ("interference, Python loop", load_interference(None), JitMode.OFF)]
+    for label, model, mode in runs:
+        switch = CompiledSwitch(mode)
+        if mode is JitMode.ON and switch.kernels().rates is None:
             print(f"{label:30s} skipped: Numba is not installed")
             continue
-        replay(tasks[:100], model)  # compile (or load the compiled loop) outside the timing
+        replay(tasks[:100], model, switch)  # compile (or load the compiled loop) outside the timing
         best = float("inf")
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            r = replay(tasks, model)
+            r = replay(tasks, model, switch)
             best = min(best, time.perf_counter() - t0)
         print(f"{label:30s} {len(tasks):7d} tasks  {best * 1e3:8.1f} ms  {len(tasks) / best:10,.0f} tasks/s  "
               f"makespan {r.makespan_s * 1e3:.2f} ms")

@@ -16,6 +16,7 @@ from echo_plan.layout.layer_mix import all_to_all_note
 from echo_plan.replay.metrics import throughput
 from echo_plan.cost.collectives import CollectiveTimes
 from echo_plan.replay.results import StepResult
+from echo_plan.replay.compiled.switch import CompiledSwitch
 from echo_plan.replay.step_replay import ScheduleCache, StepReplayer
 from echo_plan.layout.schedules import schedule_shape
 from echo_plan.replay.step_costs import ep_overlap_pairs, stack_notes, step_costs
@@ -46,7 +47,8 @@ class SimulationMemo:
         self._traces: dict[tuple, Any] = {}
         self._layers: dict[tuple, Any] = {}
         self._comm: dict[tuple, float] = {}
-        self.schedules = ScheduleCache()  # action lists and their arrays, shared by plans with them
+        self.compiled = CompiledSwitch.from_environment()  # compiled vs Python replay, for every plan of the memo
+        self.schedules = ScheduleCache(self.compiled)  # action lists and their arrays, shared by plans with them
         self._defaults: dict[str, Any] = {}
         self.layer_hits = 0
         self.layer_misses = 0

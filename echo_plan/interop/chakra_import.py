@@ -28,6 +28,7 @@ from echo_plan.files import parse_json, read_text
 from echo_plan.interop import chakra_io as cio
 from echo_plan.interop import chakra_schema as cs
 from echo_plan.interop.chakra_export import MIX_ATTR
+from echo_plan.replay.compiled.switch import CompiledSwitch
 from echo_plan.replay.engine import Task, replay
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.specs.cluster import ClusterSpec, DType
@@ -225,7 +226,7 @@ def import_chakra(prefix: str | Path, cluster: ClusterSpec, *, comm: Any = None,
     if unmatched:
         notes.append(f"{unmatched} receive(s) whose sender file was not read: timed as the transfer alone")
     try:
-        result = replay(tasks, interference)
+        result = replay(tasks, interference, CompiledSwitch.from_environment())  # one large graph: compiled where it pays
     except ValueError as exc:
         raise FileFormatError(str(prefix), f"the ranks' graphs cannot be replayed: {exc}") from None
     recorded = next(iter(ets.values())).metadata.get("simulated_step_s")

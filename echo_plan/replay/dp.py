@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from echo_plan.layout.sharding import DataParallelSharding
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.pipeline import DpBucket
 from echo_plan.specs.plan import PlanSpec
@@ -57,12 +58,13 @@ def edp_group(plan: PlanSpec) -> CommGroup:
     return CommGroup(GroupKind.EDP, size=plan.edp, stride=plan.expert_tp * plan.ep, start=0)
 
 
-def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, overlap: bool,
+def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, overlap: bool, sharding: DataParallelSharding,
                   group: CommGroup | None = None, op_time=None, param_bytes: float = PARAM_BYTES) -> tuple[DpBucket, ...]:
     """The DP buckets of one chunk of ``params`` parameters (of this rank), with their times;
-    ``gb`` bytes per gradient element, ``overlap``: reduced during the backward pass. ``group``:
-    the group that reduces them (default the data-parallel group; MoE experts: the expert one).
-    ``param_bytes``: mean bytes per parameter of the all-gather (under 2 when FP8 weights are gathered)."""
+    ``gb`` bytes per gradient element, ``overlap``: reduced during the backward pass; ``sharding``:
+    reduce-scattered and all-gathered when sharded, all-reduced when not. ``group``: the group that
+    reduces them (default the data-parallel group; MoE experts: the expert one). ``param_bytes``:
+    mean bytes per parameter of the all-gather (under 2 when FP8 weights are gathered)."""
     group = group if group is not None else dp_group(plan)
     if group.size <= 1 or params <= 0:
         return ()
@@ -77,7 +79,7 @@ def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, ove
     for n in bucket_sizes(params, group.size, overlap):
         b = made.get(n)
         if b is None:
-            if plan.distributed_optimizer:
+            if sharding.sharded:
                 b = DpBucket(n, comm_time(CollectiveKind.REDUCE_SCATTER, n * gb, group), TaskKind.REDUCE_SCATTER,
                              comm_time(CollectiveKind.ALL_GATHER, int(n * param_bytes), group), expert=expert)
             else:
@@ -88,13 +90,10 @@ def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, ove
     return tuple(out)
 
 
-def optimizer_op(params: int, plan: PlanSpec, expert_params: int = 0) -> OpRecord:
+def optimizer_op(params: int, sharding: DataParallelSharding, expert_params: int = 0) -> OpRecord:
     """The Adam step of ``params`` dense and ``expert_params`` expert parameters of this rank as one
-    memory-bound op for the compute model (sharded over dp and expert dp with the distributed optimizer)."""
-    if plan.distributed_optimizer:
-        n = -(-params // plan.grad_dp) + -(-expert_params // plan.edp)
-    else:
-        n = params + expert_params
+    memory-bound op for the compute model (each on its shard of the optimizer states)."""
+    n = -(-params // sharding.optimizer_shards()) + -(-expert_params // sharding.optimizer_shards(expert=True))
     return OpRecord(
         index=0, name="optimizer.adam", kind=OpKind.ELEMENTWISE, phase=Phase.BACKWARD, stream=Stream.COMPUTE,
         inputs=(), outputs=(), flops=12.0 * n, bytes_read=OPT_READ_BYTES_PER_PARAM * n,

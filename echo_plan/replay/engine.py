@@ -34,11 +34,15 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
+from echo_plan.replay.compiled.event_loop import run_with
 from echo_plan.replay.interference import InterferenceModel, Mix
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.outcome import IdleInterval, ReplayResult
+
+if TYPE_CHECKING:
+    from echo_plan.replay.compiled.switch import CompiledSwitch
 
 __all__ = ["TaskKind", "Task", "IdleInterval", "ReplayResult", "replay", "replay_columns"]
 
@@ -63,27 +67,29 @@ class Task:
     mix: Mix | None = None
 
 
-def replay(tasks: Sequence[Task], interference: InterferenceModel | None = None) -> ReplayResult:
-    """Replay ``tasks`` (semantics in the module docstring). ``interference=None`` means none."""
+def replay(tasks: Sequence[Task], interference: InterferenceModel | None = None,
+           compiled: "CompiledSwitch | None" = None) -> ReplayResult:
+    """Replay ``tasks`` (semantics in the module docstring). ``interference=None`` means none;
+    ``compiled``: the switch that may hand the interference loop to its compiled twin (None: Python)."""
     tasks = tuple(tasks)
-    return _replay(_Graph.of_tasks(tasks), interference, tasks)
+    return _replay(_Graph.of_tasks(tasks), interference, tasks, compiled)
 
 
 def replay_columns(device: list[int], stream: list[str], work: list[float], kind: list[TaskKind],
                    mix: list[Mix | None], deps: list[tuple[int, ...]], interference: InterferenceModel | None,
-                   tasks: Callable[[], Sequence[Task]]) -> ReplayResult:
+                   tasks: Callable[[], Sequence[Task]], compiled: "CompiledSwitch | None" = None) -> ReplayResult:
     """``replay`` of tasks given as parallel lists, task ``i`` having id ``i`` (deps are positions, each
     lower or higher, all in range: the caller builds them). ``tasks`` makes the Task objects, only
     when something asks for them (an error message, ``ReplayResult.tasks``)."""
-    return _replay(_Graph(device, stream, work, kind, mix, deps, None, tasks), interference, tasks)
+    return _replay(_Graph(device, stream, work, kind, mix, deps, None, tasks), interference, tasks, compiled)
 
 
-def _replay(g: "_Graph", interference: InterferenceModel | None, tasks) -> ReplayResult:
+def _replay(g: "_Graph", interference: InterferenceModel | None, tasks, compiled) -> ReplayResult:  # noqa: ANN001
     model = interference if interference is not None else InterferenceModel.none()
     if model.is_none:
         start, end, dep_end, dep_last = _run_plain(g)
     else:
-        start, end, dep_end, dep_last = _run_rates(g, model)
+        start, end, dep_end, dep_last = _run_rates(g, model, compiled)
     ids = g.ids if g.ids is not None else range(g.n)
     return ReplayResult(tasks, ids, start, end, g.work, dep_end, dep_last, g.stream_keys, g.queues)
 
@@ -217,21 +223,22 @@ def _run_plain(g: _Graph) -> tuple[list[float], list[float], list[float], list[i
     return start, end, dep_end, dep_last
 
 
-def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[float], list[float], list[int]]:
+def _run_rates(g: _Graph, model: InterferenceModel, compiled=None  # noqa: ANN001
+               ) -> tuple[list[float], list[float], list[float], list[int]]:
     """With interference: a heap of predicted ends; when the set of running tasks on a device
     changes, each running task there whose factor changed is brought up to date and re-queued
     (older predictions are skipped by a version number). Devices are brought up to date in
-    ascending order. The compiled twin of this loop (``engine_jit``) runs when Numba is there."""
+    ascending order. The compiled twin of this loop (``compiled/event_loop.py``) runs where the switch
+    ``compiled`` hands it out."""
     pid, profiles = _profiles(g)
-    if use_jit(g.n):
-        from echo_plan.replay import engine_jit
-
+    kernel = compiled.rates_for(g.n) if compiled is not None else None
+    if kernel is not None:
         task_factor = model.task_factor
 
         def factor_of(p: int, others: tuple[int, ...]) -> float:
             return task_factor(*profiles[p], [profiles[o] for o in others])
 
-        out = engine_jit.run_rates(g.n, g.work, g.stream_of, g.device_of, pid, g.deps, len(g.queues), len(profiles),
+        out = run_with(kernel, g.n, g.work, g.stream_of, g.device_of, pid, g.deps, len(g.queues), len(profiles),
                                    factor_of)
         if out is not None:
             start, end, dep_end, dep_last, ndeps_left, head_left = out
@@ -342,13 +349,6 @@ def _run_rates(g: _Graph, model: InterferenceModel) -> tuple[list[float], list[f
     if done != n:
         raise g.deadlock(ndeps, head)
     return start, end, dep_end, dep_last
-
-
-def use_jit(n_tasks: int = 0) -> bool:
-    """Whether the compiled event loop replays a graph of ``n_tasks`` (engine_jit.worth_it)."""
-    from echo_plan.replay import engine_jit
-
-    return engine_jit.worth_it(n_tasks)
 
 
 def _profiles(g: _Graph) -> tuple[list[int], list[tuple]]:

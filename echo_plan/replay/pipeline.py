@@ -137,10 +137,10 @@ class StepTasks:
                                                  self._names, self.category, self.mix)))
         return self._tasks
 
-    def replay(self, interference: InterferenceModel | None) -> ReplayResult:
-        """``replay(self.tasks, interference)``, without building the Task objects."""
+    def replay(self, interference: InterferenceModel | None, compiled=None) -> ReplayResult:  # noqa: ANN001
+        """``replay(self.tasks, interference, compiled)``, without building the Task objects."""
         return replay_columns(self.device, self.stream, self.work, self.kind, self.mix, self.deps, interference,
-                              lambda: self.tasks)
+                              lambda: self.tasks, compiled)
 
 
 def _name(nm: str | tuple) -> str:

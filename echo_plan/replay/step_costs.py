@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from echo_plan.layout.sharding import DataParallelSharding
 from echo_plan.replay.dp import chunk_buckets, edp_group, optimizer_op
 from echo_plan.layout.layer_mix import kind_counts, layer_params_per_rank
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts
@@ -53,7 +54,7 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
     out = []
     if plan.overlap_grad_reduce and plan.grad_dp > 1 and not stack.overlap_grad_reduce:
         out.append(f"stack {stack.name} reduces gradients after the backward pass (no overlap)")
-    if plan.overlap_param_gather and plan.distributed_optimizer and not stack.overlap_param_gather:
+    if plan.overlap_param_gather and DataParallelSharding.of(plan, stack).sharded and not stack.overlap_param_gather:
         out.append(f"stack {stack.name} gathers parameters after the optimizer step (no overlap)")
     if stack.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
         out.append(f"stack {stack.name}: TP communication overlap needs sequence parallelism; not used")
@@ -99,6 +100,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
 
         stack = load_stack()
     pp, v = plan.pp, plan.virtual_stages
+    sharding = DataParallelSharding.of(plan, stack)  # how the data-parallel group shards gradients and states
     overlap_grad = plan.overlap_grad_reduce and stack.overlap_grad_reduce and not plan.dp_comm.sparse
 
     def op_time(op):  # sparse exchanges' selection and feedback kernels
@@ -197,13 +199,13 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
                 wgt.append(_phase(w_parts))
             labels.append(label)
             pb, epb = gather_bytes(plan, stack, params, layer_params)
-            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, group=dual_group, op_time=op_time,
-                                         param_bytes=pb)
-                           + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, group=edp, op_time=op_time,
+            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, sharding, group=dual_group,
+                                         op_time=op_time, param_bytes=pb)
+                           + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, sharding, group=edp, op_time=op_time,
                                            param_bytes=epb))
             rank_params += params
             rank_experts += experts
-        opt = compute.op_time(optimizer_op(rank_params, plan, rank_experts), cluster.gpu, plan.param_dtype)
+        opt = compute.op_time(optimizer_op(rank_params, sharding, rank_experts), cluster.gpu, plan.param_dtype)
         opt += once_per_step  # counted with the optimizer step: the other per-step compute of the rank
         pair = None
         if schedule is Schedule.DUALPIPE:

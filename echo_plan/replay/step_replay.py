@@ -15,7 +15,8 @@ from typing import Any
 from echo_plan.layout.schedules import PipelineSchedule, build_schedule, pair_forward_backward
 from echo_plan.replay.breakdown import critical_rank, step_breakdown
 from echo_plan.replay.pipeline import StepCosts, build_tasks
-from echo_plan.replay.pipeline_fast import replay_step, schedule_arrays, zb_v_actions
+from echo_plan.replay.compiled.level2 import replay_step, schedule_arrays, zb_v_actions
+from echo_plan.replay.compiled.switch import CompiledSwitch
 from echo_plan.replay.steady import StepReplay
 from echo_plan.specs.plan import Schedule, schedule_rule
 
@@ -24,7 +25,8 @@ class ScheduleCache:
     """Pure, immutable action lists shared by every plan and steady-state sample with them, and their
     arrays for the compiled replay. Not thread-safe; one per simulation memo."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: CompiledSwitch) -> None:
+        self.compiled = compiled  # ZB-V's order is listed in compiled code where the compiled level 2 runs
         self._schedules: dict[tuple, PipelineSchedule] = {}
         self._arrays: dict[int, tuple] = {}  # id(schedule) -> (schedule, its arrays)
 
@@ -36,7 +38,7 @@ class ScheduleCache:
         if sched is None:
             order = None
             if schedule is Schedule.ZB_V and schedule_rule(schedule, pp, virtual_stages, microbatches) is None:
-                order = zb_v_actions(pp, microbatches, times or (1.0, 1.0, 1.0))  # compiled, where loaded
+                order = zb_v_actions(pp, microbatches, times or (1.0, 1.0, 1.0), self.compiled.level2())
             sched = build_schedule(schedule, pp, microbatches, virtual_stages, times, zb_v_order=order)
             if paired:
                 sched = pair_forward_backward(sched)
@@ -44,7 +46,7 @@ class ScheduleCache:
         return sched
 
     def arrays(self, sched: PipelineSchedule):
-        """``pipeline_fast.schedule_arrays`` of a schedule, kept with it."""
+        """``compiled.level2.schedule_arrays`` of a schedule, kept with it."""
         hit = self._arrays.get(id(sched))
         if hit is None or hit[0] is not sched:
             hit = self._arrays[id(sched)] = (sched, schedule_arrays(sched))
@@ -66,16 +68,17 @@ class StepReplayer:
     prepared: dict = field(default_factory=dict)  # the compiled path's view of the stage costs, for every m
 
     def __call__(self, m: int) -> StepReplay:
+        compiled = self.schedules.compiled
         sched = self.schedules.get(self.base.schedule.schedule, self.pp, m, self.virtual_stages,
                                    self.base.schedule.times, self.paired)
         costs = replace(self.base, schedule=sched)
         if not self.timeline:  # same result as the Python replay below
             fast = replay_step(costs, self.interference, self.schedules.arrays, lambda: build_tasks(costs).tasks,
-                               self.prepared)
+                               self.prepared, compiled.level2())
             if fast is not None:
                 return StepReplay(m, fast.makespan_s, fast.breakdown, fast.rank, fast.n)
         steps = build_tasks(costs)
-        result = steps.replay(self.interference)
+        result = steps.replay(self.interference, compiled)
         rank = critical_rank(result, self.pp)
         return StepReplay(m, result.makespan_s, step_breakdown(steps, result, rank), rank, len(steps.work),
                           steps, result)

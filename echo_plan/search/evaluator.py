@@ -119,9 +119,7 @@ class SimulatorEvaluator:
 
     def expect_many(self) -> None:
         """Many plans will follow: load the compiled level 2 now (it pays from the first plan on)."""
-        from echo_plan.replay.pipeline_fast import expect_many
-
-        expect_many()
+        self.memo.compiled.expect_many()
 
     @property
     def traces_made(self) -> int:

@@ -76,23 +76,27 @@ def _evaluate(job: tuple[str, bytes, PlanSpec]) -> Evaluation:
         if sharing is None:
             evaluator = factory.build()
         else:
-            if "memo" not in _WORKER_MEMO:
-                from echo_plan.simulate import SimulationMemo
-
-                _WORKER_MEMO["memo"] = SimulationMemo()
-            evaluator = sharing(_WORKER_MEMO["memo"])
+            evaluator = sharing(_worker_memo())
+        prepare = getattr(evaluator, "expect_many", None)
+        if prepare is not None:  # a worker exists because many plans follow: the compiled replay pays
+            prepare()
         _WORKER_EVALUATORS[key] = evaluator
     return run_one(evaluator, plan)
 
 
+def _worker_memo() -> Any:
+    """The SimulationMemo the worker's sharing evaluators use (made on first use)."""
+    if "memo" not in _WORKER_MEMO:
+        from echo_plan.simulate import SimulationMemo  # the simulator, imported in the worker only
+
+        _WORKER_MEMO["memo"] = SimulationMemo()
+    return _WORKER_MEMO["memo"]
+
+
 def _warm(_: int) -> int:
-    """Imports the simulator, and loads the compiled replay loop, in a worker while the parent prepares
-    the first round."""
-    import echo_plan.simulate  # noqa: F401
-    from echo_plan.replay.pipeline_fast import expect_many
-
-    expect_many()
-
+    """Imports the simulator, and loads the compiled replay kernels (into the worker memo's switch, and
+    so into this process's Numba), in a worker while the parent prepares the first round."""
+    _worker_memo().compiled.expect_many()
     return os.getpid()
 
 

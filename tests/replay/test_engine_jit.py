@@ -7,7 +7,8 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from echo_plan.replay import engine_jit
+from echo_plan.replay.compiled import event_loop
+from echo_plan.replay.compiled.switch import CompiledSwitch, JitMode
 from echo_plan.replay.engine import Task, TaskKind, replay
 from echo_plan.replay.interference import InterferenceModel, load_interference
 
@@ -17,16 +18,11 @@ KINDS = [G, TaskKind.ATTENTION, M, AR, AG, RS, P2P, D]
 STREAMS = ["compute", "compute2", "tp_comm", "dp_comm", "pp_fwd", "pp_bwd"]
 
 
-def both(tasks, model, monkeypatch):
+def both(tasks, model, monkeypatch=None):
     """(compiled, python) replays of the same tasks."""
-    monkeypatch.setenv("ECHO_PLAN_JIT", "1")
-    assert engine_jit.available()
-    fast = replay(tasks, model)
-    monkeypatch.setenv("ECHO_PLAN_JIT", "0")
-    assert not engine_jit.available()
-    slow = replay(tasks, model)
-    monkeypatch.setenv("ECHO_PLAN_JIT", "1")
-    return fast, slow
+    on, off = CompiledSwitch(JitMode.ON), CompiledSwitch(JitMode.OFF)
+    assert on.rates_for(len(tasks)) is not None and off.rates_for(len(tasks)) is None
+    return replay(tasks, model, on), replay(tasks, model, off)
 
 
 def random_tasks(rng: random.Random, n: int, devices: int, mixes: int) -> list[Task]:
@@ -47,7 +43,27 @@ def random_tasks(rng: random.Random, n: int, devices: int, mixes: int) -> list[T
 
 def test_numba_is_there():
     # numba is a dependency: the search's speed rests on it, so a silent fallback is a failure
-    assert engine_jit.available()
+    kernels = CompiledSwitch(JitMode.ON).kernels()
+    assert kernels.rates is not None and kernels.build is not None
+
+
+def test_the_switch_decides_once_per_owner(monkeypatch):
+    """auto: small graphs stay in Python until enough tasks passed; off: never; on: always; the mode
+    comes from ECHO_PLAN_JIT when the switch is made, and the level-2 build only once the loop loaded."""
+    auto = CompiledSwitch(JitMode.AUTO, min_tasks=1000, after_tasks=250)
+    assert auto.rates_for(100) is None and auto.rates_for(100) is None and auto.level2() is None
+    assert auto.rates_for(100) is not None  # 300 tasks seen: it pays now
+    assert auto.level2() is not None
+    assert CompiledSwitch(JitMode.AUTO, min_tasks=1000).rates_for(1000) is not None  # one large graph
+    off = CompiledSwitch(JitMode.OFF)
+    off.expect_many()
+    assert off.rates_for(10**6) is None and off.level2() is None and not off.loaded
+    monkeypatch.setenv("ECHO_PLAN_JIT", "0")
+    assert CompiledSwitch.from_environment().mode is JitMode.OFF
+    monkeypatch.setenv("ECHO_PLAN_JIT", "yes")
+    assert CompiledSwitch.from_environment().mode is JitMode.ON
+    monkeypatch.delenv("ECHO_PLAN_JIT")
+    assert CompiledSwitch.from_environment().mode is JitMode.AUTO
 
 
 @settings(max_examples=40, deadline=None)
@@ -65,16 +81,15 @@ def test_same_schedule_as_python(seed, n, devices, mixes):
 
 def test_deadlock_named_by_both(monkeypatch):
     tasks = [Task(0, 0, "c", 1.0, G, deps=(1,)), Task(1, 0, "d", 1.0, AR, deps=(0,))]
-    for flag in ("1", "0"):
-        monkeypatch.setenv("ECHO_PLAN_JIT", flag)
+    for mode in (JitMode.ON, JitMode.OFF):
         with pytest.raises(ValueError, match="deadlock: task 0"):
-            replay(tasks, load_interference(None))
+            replay(tasks, load_interference(None), CompiledSwitch(mode))
 
 
 def test_heap_grows_when_full(monkeypatch):
     # start with a one-slot event heap: the loop must ask for room again and again, losing nothing
-    monkeypatch.setattr(engine_jit, "HEAP_SLOTS_PER_TASK", 0)
-    monkeypatch.setattr(engine_jit, "HEAP_MIN_SLOTS", 1)
+    monkeypatch.setattr(event_loop, "HEAP_SLOTS_PER_TASK", 0)
+    monkeypatch.setattr(event_loop, "HEAP_MIN_SLOTS", 1)
     tasks = random_tasks(random.Random(11), 400, 3, 3)
     fast, slow = both(tasks, load_interference(None), monkeypatch)
     assert fast.end_at == slow.end_at and fast.start_at == slow.start_at

@@ -11,13 +11,16 @@ import pytest
 
 SCRIPT = """
 import warnings
-from echo_plan.replay import engine_jit
+from echo_plan.replay.compiled.switch import CompiledSwitch, JitMode
 from echo_plan.replay.engine import Task, TaskKind, replay
 from echo_plan.replay.interference import load_interference
+switch = CompiledSwitch(JitMode.ON)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    ok = engine_jit.available()
-r = replay([Task(0, 0, "c", 1.0, TaskKind.GEMM), Task(1, 0, "d", 1.0, TaskKind.ALL_REDUCE)], load_interference(None))
+    kernels = switch.kernels()
+    ok = kernels.rates is not None and kernels.build is not None
+r = replay([Task(0, 0, "c", 1.0, TaskKind.GEMM), Task(1, 0, "d", 1.0, TaskKind.ALL_REDUCE)], load_interference(None),
+           switch)
 print(ok, repr(r.makespan_s), len(caught))
 """
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from echo_plan.replay import engine_jit, pipeline_fast
+from echo_plan.replay.compiled import build_kernel, level2
+from echo_plan.replay.compiled.switch import CompiledSwitch, JitMode, load_kernels
 from echo_plan.replay.breakdown import critical_rank, step_breakdown
 from echo_plan.replay.interference import InterferenceModel, load_interference
 from echo_plan.replay.pipeline import DpBucket, build_tasks
@@ -18,10 +20,12 @@ from echo_plan.specs.plan import Schedule
 from tests.replay.test_pipeline import configs, costs_from, make_costs
 
 
-@pytest.fixture(autouse=True)
-def compiled_loop(monkeypatch):
-    monkeypatch.setenv("ECHO_PLAN_JIT", "1")
-    assert engine_jit.available() and pipeline_fast.available()
+@functools.cache
+def kernels():
+    """The compiled level 2's kernels, loaded once for this module (Numba is a dependency: never None)."""
+    got = CompiledSwitch(JitMode.ON).level2()
+    assert got is not None
+    return got
 
 
 def varied(costs, rng: random.Random, recv: bool, sync: bool, per_stage: bool):
@@ -45,8 +49,8 @@ def python_replay(costs, interference):
 
 
 def assert_same(costs, interference):
-    fast = pipeline_fast.replay_step(costs, interference, pipeline_fast.schedule_arrays,
-                                     lambda: build_tasks(costs).tasks)
+    fast = level2.replay_step(costs, interference, level2.schedule_arrays, lambda: build_tasks(costs).tasks,
+                              kernels=kernels())
     steps, slow = python_replay(costs, interference)
     assert fast is not None
     assert fast.n == len(steps.work)
@@ -81,20 +85,21 @@ def test_every_schedule_same_replay(schedule, v):
 
 def test_python_path_where_the_compiled_one_does_not_apply(monkeypatch):
     costs = make_costs(pp=4, m=8)
-    arrays, tasks = pipeline_fast.schedule_arrays, lambda: build_tasks(costs).tasks
-    assert pipeline_fast.replay_step(costs, InterferenceModel.none(), arrays, tasks) is None  # the plain pass
+    arrays, tasks = level2.schedule_arrays, lambda: build_tasks(costs).tasks
+    k = kernels()
+    assert level2.replay_step(costs, InterferenceModel.none(), arrays, tasks, kernels=k) is None  # the plain pass
     bad = replace(costs, stages=(replace(costs.stages[0], optimizer_s=float("nan")),) + costs.stages[1:])
-    assert pipeline_fast.replay_step(bad, load_interference(None), arrays, tasks) is None  # Python names it
-    monkeypatch.setenv("ECHO_PLAN_JIT", "0")
-    assert pipeline_fast.replay_step(costs, load_interference(None), arrays, tasks) is None
+    assert level2.replay_step(bad, load_interference(None), arrays, tasks, kernels=k) is None  # Python names it
+    assert level2.replay_step(costs, load_interference(None), arrays, tasks, kernels=None) is None  # switched off
+    assert CompiledSwitch(JitMode.OFF).level2() is None
 
 
 def test_split_passes_without_their_costs_go_to_python():
     costs = make_costs(pp=4, m=8, schedule=Schedule.ZB_H1)
     assert any(a.kind is Pass.WEIGHT_GRAD for acts in costs.schedule.actions for a in acts)
     bare = replace(costs, stages=tuple(replace(s, input_grad=None, weight_grad=None) for s in costs.stages))
-    assert pipeline_fast.replay_step(bare, load_interference(None), pipeline_fast.schedule_arrays,
-                                     lambda: build_tasks(bare).tasks) is None
+    assert level2.replay_step(bare, load_interference(None), level2.schedule_arrays,
+                              lambda: build_tasks(bare).tasks, kernels=kernels()) is None
 
 
 @settings(max_examples=40, deadline=None)
@@ -102,24 +107,21 @@ def test_split_passes_without_their_costs_go_to_python():
        times=st.tuples(*[st.sampled_from([1.0, 0.5, 2.0, 0.37, 1.61])] * 3))
 def test_compiled_zb_v_order_is_the_python_one(pp, mult, extra, times):
     from echo_plan.layout.schedules_zb import _zb_v
-    from echo_plan.replay.pipeline_fast import zb_v_actions as _zb_v_compiled
 
     m = pp * mult + extra
-    assert _zb_v_compiled(pp, m, times) == _zb_v(pp, m, times)
+    assert level2.zb_v_actions(pp, m, times, kernels()) == _zb_v(pp, m, times)
 
 
 def test_a_builder_that_cannot_run_leaves_the_python_path_with_a_warning(monkeypatch):
-    from echo_plan.replay import _build_kernel
-
     def broken(*args):
         raise RuntimeError("cannot compile here")
-    monkeypatch.setattr(_build_kernel, "build", broken)
-    monkeypatch.setattr(pipeline_fast, "_state", {})
-    with pytest.warns(RuntimeWarning, match="Python build"):
-        assert not pipeline_fast.available()
+    monkeypatch.setattr(build_kernel, "build", broken)
+    with pytest.warns(RuntimeWarning, match="level-2 build cannot be used.*Python code"):
+        loaded = load_kernels()
+    assert loaded.build is None and loaded.rates is not None  # the event loop still runs compiled
     costs = make_costs(pp=2, m=4)
-    assert pipeline_fast.replay_step(costs, load_interference(None), pipeline_fast.schedule_arrays,
-                                     lambda: build_tasks(costs).tasks) is None
+    assert level2.replay_step(costs, load_interference(None), level2.schedule_arrays,
+                              lambda: build_tasks(costs).tasks, kernels=None) is None
 
 
 @pytest.mark.parametrize("schedule,pp,v", [(Schedule.ONE_F_ONE_B, 1, 1), (Schedule.INTERLEAVED, 4, 2)])

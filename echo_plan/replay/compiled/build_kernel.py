@@ -2,7 +2,7 @@
 
 Same tasks, in the same order, with the same work (the same floating-point expressions) and the
 same dependencies as the Python builder, written straight into the arrays the compiled event loop
-reads (``_rates_kernel``) instead of Python lists; ``pipeline_fast`` prepares the inputs and holds
+reads (``rates_kernel``) instead of Python lists; ``level2.py`` prepares the inputs and holds
 the rules for when it is used. Importing this module imports Numba (``cache=True``: compiled once
 per machine, loaded from Numba's on-disk cache afterwards).
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from echo_plan.replay._step_kernel import breakdown, graph, zb_v
+from echo_plan.replay.compiled.step_kernel import breakdown, graph, zb_v
 
-__all__ = ["build", "graph", "breakdown", "zb_v"]  # what pipeline_fast and schedules_zb call
+__all__ = ["build", "graph", "breakdown", "zb_v"]  # what level2.py calls
 
 S_COMPUTE, S_FWD, S_BWD, S_DP, S_GATHER = 0, 1, 2, 3, 4
 C_P2P, C_DP, C_OPT = 4, 5, 6

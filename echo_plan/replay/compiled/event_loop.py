@@ -11,120 +11,29 @@ keyed by (task profile, sorted profiles of the other tasks running on its GPU); 
 missing, the loop stops *before changing any state*, returns the missing keys, Python computes
 them, and the loop goes on where it stopped. A step needs a few dozen distinct keys.
 
-The loop itself is in :mod:`echo_plan.replay._rates_kernel`, imported on first use (importing
-Numba and loading the cached kernel cost ~0.6 s); without Numba, or with ``ECHO_PLAN_JIT=0`` in the
-environment, :func:`available` is False and the engine uses the Python loop. Numba caches the
-compiled code on disk (``cache=True``), so only the first run on a machine compiles it (~4 s).
-
-It is used only where it pays (:func:`worth_it`, ``ECHO_PLAN_JIT=auto``, the default): loading it
-costs what the Python loop spends on ~120 thousand tasks (~5 us each), so a single ``simulate``
-(a few replays of a few thousand tasks) stays in Python, while a search switches to the compiled
-loop once this process has replayed ``JIT_AFTER_TASKS`` tasks in Python, or for one graph of
-``JIT_MIN_TASKS`` or more. ``ECHO_PLAN_JIT=1`` always uses it. Both loops give the same results.
+The loop itself is in :mod:`echo_plan.replay.compiled.rates_kernel` (importing Numba and loading
+the cached kernel cost ~0.6 s; Numba caches the compiled code on disk, so only the first run on a
+machine compiles it, ~4 s). Whether it runs, and loading it, is the switch's (``switch.py``): this
+module only runs a loaded kernel module on a graph.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
 from itertools import chain
 from typing import Any, Callable
 
-_state: dict[str, Any] = {}  # the kernel module, once imported (a cache, not configuration)
-
-JIT_MIN_TASKS = 100_000  # one graph this large pays for loading the compiled loop by itself
-JIT_AFTER_TASKS = 150_000  # ... and so do this many tasks replayed by the Python loop in this process
 MAX_KEY = 2**62  # keys are base-(profiles+1) numbers of (1 + running tasks) digits
 HEAP_SLOTS_PER_TASK, HEAP_MIN_SLOTS = 4, 64  # a step pushes 2-3 events per task; the loop asks for more
 
 
-def _mode() -> str:
-    flag = os.environ.get("ECHO_PLAN_JIT", "auto").strip().lower()
-    if flag in ("0", "false", "no", "off"):
-        return "off"
-    return "on" if flag in ("1", "true", "yes", "on") else "auto"
-
-
-def worth_it(n_tasks: int) -> bool:
-    """Whether to replay a graph of ``n_tasks`` with the compiled loop (module docstring)."""
-    mode = _mode()
-    if mode == "off":
-        return False
-    if mode == "auto" and "kernel" not in _state:
-        seen = _state.get("python_tasks", 0) + n_tasks
-        if n_tasks < JIT_MIN_TASKS and seen < JIT_AFTER_TASKS:
-            _state["python_tasks"] = seen
-            return False
-    return available()
-
-
-def expect_many() -> None:
-    """Load the compiled loop now (unless switched off) where many steps will be replayed: a search,
-    whose first ``JIT_AFTER_TASKS`` tasks would otherwise run in the slower Python loop."""
-    if _mode() != "off":
-        available()
-
-
-def available() -> bool:
-    """True when the compiled loop can be used (Numba importable, not switched off)."""
-    if _mode() == "off":
-        return False
-    if "kernel" not in _state:
-        _state["kernel"] = _load()
-    return _state["kernel"] is not None
-
-
-def _load() -> Any:
-    """The kernel module, checked on a two-task replay; None (with a warning) if it cannot run.
-
-    Numba raises on an unreadable cache file (a truncated or corrupted ``.nbi``/``.nbc``, say after
-    a full disk): the cache is then emptied and the loop compiled again; if that fails too, the
-    Python loop is used and the warning says why."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return None
-    error: Exception | None = None
-    try:  # numba raises at import when no cache folder is writable, for one
-        from echo_plan.replay import _rates_kernel as mod
-    except Exception as exc:  # noqa: BLE001
-        return _fallback(exc)
-    for attempt in range(2):
-        try:
-            out = _run(mod, 2, [1.0, 1.0], [0, 1], [0, 0], [0, 1], [(), ()], 2, 2, lambda p, others: 1.5)
-            if out is None or out[1] != [1.5, 1.5]:
-                raise RuntimeError(f"the compiled loop gave {out!r} on a two-task check")
-            return mod
-        except Exception as exc:  # noqa: BLE001 - anything numba raises here means: do not use it
-            error = exc
-            if attempt == 0:
-                for obj in vars(mod).values():  # every jitted function's on-disk cache index
-                    cache = getattr(obj, "_cache", None)
-                    if cache is not None and hasattr(cache, "flush"):
-                        cache.flush()
-    return _fallback(error)
-
-
-def _fallback(error: Exception | None) -> None:
-    warnings.warn(f"echo-plan: the compiled replay loop cannot be used ({type(error).__name__}: {error}); "
-                  "using the Python loop, which gives the same results more slowly", RuntimeWarning, stacklevel=3)
-    return None
-
-
-def run_rates(n: int, work: list[float], stream_of: list[int], device_of: list[int], pid: list[int],
-              deps: list[tuple[int, ...]], nstreams: int, nprofiles: int,
-              factor_of: Callable[[int, tuple[int, ...]], float]
-              ) -> tuple[list[float], list[float], list[float], list[int], list[int], list[int]] | None:
-    """Run the loop. ``pid``: each task's interference profile (0..nprofiles-1); ``factor_of(p,
-    others)`` the factor of a task of profile p beside tasks of the sorted profiles ``others``.
-    Returns start, end, dep_end, dep_last, and (for a deadlock message) ndeps and head per stream,
-    or None when the keys would not fit in 64 bits (the caller uses the Python loop)."""
-    return _run(_state["kernel"], n, work, stream_of, device_of, pid, deps, nstreams, nprofiles, factor_of)
-
-
-def _run(mod: Any, n: int, work: list[float], stream_of: list[int], device_of: list[int], pid: list[int],
+def run_with(mod: Any, n: int, work: list[float], stream_of: list[int], device_of: list[int], pid: list[int],
          deps: list[tuple[int, ...]], nstreams: int, nprofiles: int, factor_of: Callable[[int, tuple[int, ...]], float]
          ) -> tuple[list[float], list[float], list[float], list[int], list[int], list[int]] | None:
+    """Run the loop of kernel module ``mod``. ``pid``: each task's interference profile
+    (0..nprofiles-1); ``factor_of(p, others)`` the factor of a task of profile p beside tasks of the
+    sorted profiles ``others``. Returns start, end, dep_end, dep_last, and (for a deadlock message)
+    ndeps and head per stream, or None when the keys would not fit in 64 bits (the caller uses the
+    Python loop)."""
     import numpy as np
 
     i64, f64 = np.int64, np.float64

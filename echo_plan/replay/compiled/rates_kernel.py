@@ -1,6 +1,6 @@
-"""The compiled event loop (Numba); see :mod:`echo_plan.replay.engine_jit` for what it does.
+"""The compiled event loop (Numba); see :mod:`echo_plan.replay.compiled.event_loop` for what it does.
 
-Importing this module imports Numba; ``engine_jit`` imports it only when a replay needs it.
+Importing this module imports Numba; the switch (``switch.py``) imports it only when a replay needs it.
 Module-level functions with ``cache=True`` are compiled once per machine and loaded from Numba's
 on-disk cache afterwards.
 

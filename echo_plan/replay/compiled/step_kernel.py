@@ -1,9 +1,9 @@
-"""Compiled kernels beside the level-2 builder (``_build_kernel``): the event loop's arrays of a built
+"""Compiled kernels beside the level-2 builder (``build_kernel.py``): the event loop's arrays of a built
 step (``graph``), a replayed step's critical rank and breakdown (``replay/breakdown.py``'s, on arrays)
 and ZB-V's list schedule (``schedules_zb._zb_v``'s).
 Each does the same floating-point operations in the same order as the Python code it mirrors, so the
 results are the same bit for bit (tests/replay/test_pipeline_fast.py). Importing this module imports
-Numba; ``_build_kernel`` re-exports its kernels.
+Numba; ``build_kernel`` re-exports its kernels.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Level 2 in compiled code: build a step's tasks straight into the event loop's arrays and replay them.
 
 ``build_tasks`` (``pipeline.py``) builds a step as Python lists, one entry per task, and the
-compiled event loop (``engine_jit``) then turns those lists into arrays: in a search that is most of
+compiled event loop (``event_loop.py``) then turns those lists into arrays: in a search that is most of
 the time of a plan (tens of thousands of tasks per replay, three replays per plan), spent in Python
 on work the loop itself does in a fraction of it. :func:`replay_step` builds the same tasks (same
 order, same work, same dependencies, same stream and profile numbering) in compiled code
-(``_build_kernel``), runs the same loop on them and gives the same replay, so the step time and
+(``build_kernel.py``), runs the same loop on them and gives the same replay, so the step time and
 breakdown are the same bit for bit (tested against ``build_tasks`` + ``replay``).
 
-It is used only where the compiled loop is already loaded (``engine_jit``: a search, not a single
-``simulate``), with interference on; otherwise (and for a step whose replay is wrong: a deadlock, a
+It runs where the switch hands it the kernels (``switch.py``: once the compiled loop is loaded, so
+in a search, not a single ``simulate``), with interference on; otherwise (and for a step whose replay is wrong: a deadlock, a
 bad work value) it returns None and the caller takes the Python path, which raises the error with the
 task's name. The timeline always comes from the
 Python path (it needs the tasks' names).
@@ -19,12 +19,16 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from echo_plan.replay.interference import InterferenceModel
+from echo_plan.replay.compiled.event_loop import MAX_KEY, run_arrays
+from echo_plan.replay.interference import InterferenceModel, load_interference
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.outcome import ReplayResult
 from echo_plan.replay.results import Breakdown
-from echo_plan.replay.pipeline import Category, StepCosts, TaskInfo, _compute_kind, _overlapped
-from echo_plan.layout.schedules import Action, Pass, PipelineSchedule
+from echo_plan.replay.pipeline import (Category, DpBucket, PhaseCost, StageCosts, StepCosts, TaskInfo, _compute_kind,
+                                      _overlapped, build_tasks)
+from echo_plan.layout.schedules import Action, Pass, PipelineSchedule, build_schedule
+from echo_plan.layout.schedules_zb import _zb_v
+from echo_plan.specs.plan import Schedule
 
 _PASS_CODE = {Pass.FORWARD: 0, Pass.BACKWARD: 1, Pass.INPUT_GRAD: 2, Pass.WEIGHT_GRAD: 3}
 _CATEGORIES = (Category.FORWARD, Category.BACKWARD, Category.INPUT_GRAD, Category.WEIGHT_GRAD, Category.P2P,
@@ -33,61 +37,20 @@ _STREAMS = ("compute", "pp_fwd", "pp_bwd", "dp_comm", "pp_gather")
 _KINDS = tuple(TaskKind)
 _KIND_CODE = {k: j for j, k in enumerate(_KINDS)}
 
-_state: dict[str, Any] = {}  # the kernel module, once imported (a cache, not configuration)
-
-
-def available() -> bool:
-    """Whether the compiled path runs: the compiled event loop is loaded in this process (so a single
-    ``simulate`` never loads Numba for it) and the builder compiles."""
-    from echo_plan.replay import engine_jit
-
-    if engine_jit._mode() == "off" or engine_jit._state.get("kernel") is None:
-        return False
-    if "build" not in _state:
-        _state["build"] = _load()
-    return _state["build"] is not None
-
-
-def _load() -> Any:
-    """The builder module, checked on a small step against the Python path (which also compiles it, or
-    loads it from Numba's cache); None, with a warning, where it cannot run: the Python path is used."""
-    import warnings
-
-    try:
-        from echo_plan.replay import _build_kernel
-
-        _state["build"] = _build_kernel
-        from echo_plan.replay.interference import load_interference
-        from echo_plan.replay.pipeline import DpBucket, PhaseCost, StageCosts, build_tasks
-        from echo_plan.layout.schedules import build_schedule
-        from echo_plan.layout.schedules_zb import _zb_v
-        from echo_plan.specs.plan import Schedule
-
-        ph = PhaseCost(1.0, 0.8, 0.1, 0.1, ((TaskKind.GEMM, 0.7), (TaskKind.MEMORY, 0.3)))
-        bucket = DpBucket(10, 0.2, TaskKind.REDUCE_SCATTER, 0.1)
-        stage = StageCosts((ph,), (ph,), ("layers",), ((bucket, bucket),), 0.1)
-        costs = StepCosts(build_schedule(Schedule.ONE_F_ONE_B, 2, 4, 1), (stage, stage), 0.05, 0.02)
-        model = load_interference(None)
-        fast = replay_step(costs, model, schedule_arrays, lambda: build_tasks(costs).tasks)
-        slow = build_tasks(costs).replay(model)
-        out, nout, ok = _build_kernel.zb_v(2, 4, 1.0, 1.5, 0.5)
-        if fast is None or fast.result().end_at != slow.end_at or not ok or int(nout.sum()) != sum(
-                map(len, _zb_v(2, 4, (1.0, 1.5, 0.5)))):
-            raise RuntimeError("the compiled level-2 build differs from build_tasks on a check step")
-        return _build_kernel
-    except Exception as exc:  # noqa: BLE001 - anything Numba raises here means: use the Python path
-        warnings.warn(f"echo-plan: the compiled level-2 build cannot be used ({type(exc).__name__}: {exc}); "
-                      "using the Python build, which gives the same results more slowly", RuntimeWarning,
-                      stacklevel=3)
-        return None
-
-
-def expect_many() -> None:
-    """Load the compiled loop and builder now where many steps will be replayed (a search)."""
-    from echo_plan.replay import engine_jit
-
-    engine_jit.expect_many()
-    available()
+def check_build(kernels) -> bool:  # noqa: ANN001
+    """Whether the compiled build gives what ``build_tasks`` + ``replay`` give on a small step, and ZB-V's
+    compiled list order what :func:`layout.schedules_zb._zb_v` gives (which also compiles them, or loads
+    them from Numba's cache). The switch's loader asks."""
+    ph = PhaseCost(1.0, 0.8, 0.1, 0.1, ((TaskKind.GEMM, 0.7), (TaskKind.MEMORY, 0.3)))
+    bucket = DpBucket(10, 0.2, TaskKind.REDUCE_SCATTER, 0.1)
+    stage = StageCosts((ph,), (ph,), ("layers",), ((bucket, bucket),), 0.1)
+    costs = StepCosts(build_schedule(Schedule.ONE_F_ONE_B, 2, 4, 1), (stage, stage), 0.05, 0.02)
+    model = load_interference(None)
+    fast = replay_step(costs, model, schedule_arrays, lambda: build_tasks(costs).tasks, kernels=kernels)
+    slow = build_tasks(costs).replay(model)
+    out, nout, ok = kernels.build.zb_v(2, 4, 1.0, 1.5, 0.5)
+    return fast is not None and fast.result().end_at == slow.end_at and bool(ok) and int(nout.sum()) == sum(
+        map(len, _zb_v(2, 4, (1.0, 1.5, 0.5))))
 
 
 class FastStep:
@@ -179,15 +142,14 @@ def schedule_arrays(sched: PipelineSchedule) -> tuple:
 
 def replay_step(costs: StepCosts, interference: InterferenceModel,
                 arrays_of: Callable[[PipelineSchedule], tuple], make_tasks: Callable[[], Any],
-                prepared: dict | None = None) -> FastStep | None:
+                prepared: dict | None = None, kernels=None) -> FastStep | None:  # noqa: ANN001
     """The replay of ``build_tasks(costs)`` under ``interference``, or None where the Python path must
     run (module docstring). ``arrays_of``: ``schedule_arrays``, or a cache of it; ``prepared``: a dict
-    kept by the caller across replays of the same stage costs at other micro-batch counts."""
-    if interference.is_none or not available():
+    kept by the caller across replays of the same stage costs at other micro-batch counts; ``kernels``:
+    the switch's ``level2()`` (None: the Python path)."""
+    if interference.is_none or kernels is None:
         return None
     import numpy as np
-
-    from echo_plan.replay import engine_jit
 
     sched = costs.schedule
     pp, v, m = sched.pp, sched.virtual_stages, sched.num_microbatches
@@ -220,7 +182,7 @@ def replay_step(costs: StepCosts, interference: InterferenceModel,
         ph_arrays = _phase_arrays(phases)
         paired = act_combo >= 0
         act_over[paired] = nslots + (act_rank[paired] * len(combos) + act_combo[paired]) * 2 + act_role[paired]
-    kb = _state["build"]
+    kb = kernels.build
     ok, n, work, dev, skind, code, cat, islot, ishare, d_own, d_dep = kb.build(
         pp, v, m, act_ptr, act_kind, act_chunk, act_mb, act_over, act_pair, prev_r, prev_c, next_r, next_c, work_pc,
         *b_arrays, *per_rank[:3], *per_rank[3:], _KIND_CODE[TaskKind.P2P], _KIND_CODE[TaskKind.ALL_GATHER],
@@ -246,15 +208,15 @@ def replay_step(costs: StepCosts, interference: InterferenceModel,
             k = profile_ids[p] = len(profiles)
             profiles.append(p)
         pid_of[cd] = k
-    if (len(profiles) + 1) ** (int(maxrun) + 1) >= engine_jit.MAX_KEY:
+    if (len(profiles) + 1) ** (int(maxrun) + 1) >= MAX_KEY:
         return None
     task_factor = interference.task_factor
 
     def factor_of(p: int, others: tuple[int, ...]) -> float:
         return task_factor(*profiles[p], [profiles[o] for o in others])
 
-    start, end, dep_end, dep_last, left, head = engine_jit.run_arrays(
-        engine_jit._state["kernel"], n, work, sid, dev, pp, int(maxrun), pid_of[code], ndeps, dptr, didx, qptr,
+    start, end, dep_end, dep_last, left, head = run_arrays(
+        kernels.rates, n, work, sid, dev, pp, int(maxrun), pid_of[code], ndeps, dptr, didx, qptr,
         order, len(profiles), factor_of)
     if left.any() or bool((qptr[:-1] + head < qptr[1:]).any()):
         return None  # a deadlock: the Python path names the task
@@ -325,13 +287,14 @@ def _profile(kind: TaskKind, mix) -> tuple | None:
     return (kind, tuple(sorted(((k, w / total) for k, w in mix), key=lambda kw: kw[0].value)))
 
 
-def zb_v_actions(pp: int, m: int, times: tuple[float, float, float]) -> tuple[tuple[Action, ...], ...] | None:
-    """ZB-V's list schedule (layout/schedules_zb.py ``_zb_v``) in compiled code (``_build_kernel.py``, the
-    same picks), where the compiled level 2 is loaded (a search, which lists a ZB-V order per candidate);
-    None elsewhere, or where it fails (the Python list schedule then runs and raises with its message)."""
-    if not available():
+def zb_v_actions(pp: int, m: int, times: tuple[float, float, float], kernels=None  # noqa: ANN001
+                 ) -> tuple[tuple[Action, ...], ...] | None:
+    """ZB-V's list schedule (layout/schedules_zb.py ``_zb_v``) in compiled code (``build_kernel.py``, the
+    same picks), given the switch's ``level2()`` kernels (a search, which lists a ZB-V order per
+    candidate); None without them, or where it fails (the Python list schedule then runs and raises)."""
+    if kernels is None:
         return None
-    out, nout, ok = _state["build"].zb_v(pp, m, float(times[0]), float(times[1]), float(times[2]))
+    out, nout, ok = kernels.build.zb_v(pp, m, float(times[0]), float(times[1]), float(times[2]))
     if not ok:
         return None
     kinds = (Pass.FORWARD, Pass.BACKWARD, Pass.INPUT_GRAD, Pass.WEIGHT_GRAD)
