@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
+from echo_plan.layout.sharding import DataParallelSharding
 from echo_plan.specs.base import Spec
 
 LLAMA3_INTERRUPTIONS_PER_GPU_DAY = 419 / (54 * 16_384)
@@ -81,9 +82,10 @@ def ettr(gpus: int, checkpoint_bytes: float, model: FailureModel) -> tuple[float
 def checkpoint_bytes(memory, plan) -> float:
     """Weights and optimizer states of every GPU once (data-parallel replicas of the weights not twice)."""
     per_replica = 0.0
+    shards = DataParallelSharding.of(plan, None).optimizer_shards()
     for m in memory:  # one GPU of each stage; tp ranks hold disjoint shards
         weights = m.weights_bytes * plan.tp
-        optim = m.optimizer_bytes * plan.tp * (plan.grad_dp if plan.distributed_optimizer else 1)
+        optim = m.optimizer_bytes * plan.tp * shards
         per_replica += weights + optim
     return per_replica
 

@@ -56,13 +56,14 @@ from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
 from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule
-from echo_plan.specs.software import OptimizerSharding, SoftwareSpec
+from echo_plan.specs.software import SoftwareSpec
 from echo_plan.cost.activation_memory import (embedding_activation_bytes, layer_activation_bytes,
                                                output_activation_bytes)
 from echo_plan.trace.records import LayerTrace
 from echo_plan.layout.backward_split import retained_bytes, split_backward
 from echo_plan.layout.layer_mix import all_stage_kind_counts, layer_params_per_rank as mixed, stage_kind_counts
 from echo_plan.layout.schedules_zb import split_layout
+from echo_plan.layout.sharding import DataParallelSharding
 from echo_plan.cost.schedule_memory import held_profile, profile_microbatches, walk_stage
 
 GiB = 2**30
@@ -265,9 +266,9 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
     if stack.optimizer_state_bytes is not None:
         o_b = stack.optimizer_state_bytes
     g_b = stack.grad_bytes(plan.param_dtype)
-    shard = plan.grad_dp if plan.distributed_optimizer else 1  # dp x cp: CP ranks shard the optimizer too
-    eshard = plan.edp if plan.distributed_optimizer else 1
-    shard_grads = stack.optimizer_sharding is OptimizerSharding.STATES_AND_GRADS
+    sharding = DataParallelSharding.of(plan, stack)  # dp x cp: CP ranks shard the optimizer too
+    shard, eshard = sharding.optimizer_shards(), sharding.optimizer_shards(expert=True)
+    gshard, egshard = sharding.gradient_shards(), sharding.gradient_shards(expert=True)
     capacity = int(cluster.gpu.hbm_GiB * GiB)
     headroom = default_headroom_bytes(cluster, c) if headroom_bytes is None else headroom_bytes
     v = plan.virtual_stages
@@ -302,7 +303,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
             dense, experts = dense + d2, experts + e2
         params = dense + experts
         optimizer = dense * o_b / shard + experts * o_b / eshard
-        grads = (dense * g_b / shard + experts * g_b / eshard) if shard_grads else params * g_b
+        grads = dense * g_b / gshard + experts * g_b / egshard
         if sched is not None:
             act = walk_stage(model, plan, sched, profile[i], i, saved, first, retained, embed_saved, output_saved,
                              walk_cache)

@@ -31,6 +31,7 @@ from echo_plan.cost.base import with_stack_kernels
 from echo_plan.replay.engine import replay
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.layer import phase_tasks
+from echo_plan.layout.sharding import DataParallelSharding
 from echo_plan.layout.schedules import Pass
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
@@ -235,6 +236,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
+    sharding = DataParallelSharding.of(plan, stack)
     ckey = cluster.model_dump_json()
     compute = with_stack_kernels(memo.default_compute(cluster, ckey), stack)
     comm = comm if comm is not None else memo.default_comm(cluster, ckey)
@@ -292,7 +294,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
         for a in acts:
             if a.kind is Pass.FORWARD:
                 first_f.setdefault(a.chunk, a.microbatch)
-        overlapped_gather = costs.overlap_param_gather and plan.distributed_optimizer and plan.grad_dp > 1
+        overlapped_gather = costs.overlap_param_gather and sharding.sharded and plan.grad_dp > 1
         if overlapped_gather:
             for c in sorted(first_f, key=lambda c: acts.index(next(x for x in acts if x.kind is Pass.FORWARD and x.chunk == c))):
                 for k in reversed(range(len(st.buckets[c]))):
@@ -349,8 +351,8 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
                 cur = b.instance(tmpl, cur + extra, f"{label} {what}{i}")
                 for k in releases.get(i, ()):
                     dp_nodes.append(b.add(kind=NodeKind.COLL, stream="dp_comm", deps=cur, group=_bucket_group(buckets[k]),
-                                          name=f"DP {'reduce-scatter' if plan.distributed_optimizer else 'all-reduce'} chunk{a.chunk} bucket {k}",
-                                          coll=CollectiveKind.REDUCE_SCATTER if plan.distributed_optimizer else CollectiveKind.ALL_REDUCE,
+                                          name=f"DP {'reduce-scatter' if sharding.sharded else 'all-reduce'} chunk{a.chunk} bucket {k}",
+                                          coll=CollectiveKind.REDUCE_SCATTER if sharding.sharded else CollectiveKind.ALL_REDUCE,
                                           nbytes=buckets[k].params * gb))
             last_compute = cur
             dst_vs = vs + 1 if fwd else vs - 1
@@ -366,8 +368,8 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
             for c in order:
                 for k, bk in enumerate(st.buckets[c]):
                     dp_nodes.append(b.add(kind=NodeKind.COLL, stream="dp_comm", deps=last_compute, group=_bucket_group(bk),
-                                          name=f"DP {'reduce-scatter' if plan.distributed_optimizer else 'all-reduce'} chunk{c} bucket {k}",
-                                          coll=CollectiveKind.REDUCE_SCATTER if plan.distributed_optimizer else CollectiveKind.ALL_REDUCE,
+                                          name=f"DP {'reduce-scatter' if sharding.sharded else 'all-reduce'} chunk{c} bucket {k}",
+                                          coll=CollectiveKind.REDUCE_SCATTER if sharding.sharded else CollectiveKind.ALL_REDUCE,
                                           nbytes=bk.params * gb))
         opt_deps = last_compute + tuple(dp_nodes)
         if tied and r in (0, pp - 1):
@@ -377,7 +379,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
             opt_deps += (t_id,)
         opt = b.add(kind=NodeKind.COMP, name="optimizer", stream="compute", deps=opt_deps,
                     duration_s=st.optimizer_s, mix=((TaskKind.MEMORY, st.optimizer_s),))
-        if plan.distributed_optimizer and plan.grad_dp > 1 and not overlapped_gather:
+        if sharding.sharded and plan.grad_dp > 1 and not overlapped_gather:
             for c, bs in enumerate(st.buckets):
                 for k, bk in enumerate(bs):
                     b.add(kind=NodeKind.COLL, name=f"DP param all-gather chunk{c} bucket {k}", stream="dp_comm",
