@@ -1,27 +1,13 @@
 """Level 1 for the zero-bubble and DualPipe schedules: the two parts of a traced backward, timed.
 
-Which ops are which part follows from the trace alone (layout/backward_split.py); this module
-replays each part. What follows is how the split is made, for the reader of the timings.
-
 Zero-bubble schedules (Qi et al., ICLR 2024) run a layer's backward as two separately scheduled
 passes: B, the input gradient (what the previous stage waits for), and W, the weight gradients
-(deferrable). The trace already records them as separate ops; :func:`split_backward` tells them
-apart by data flow:
-
-* a *weight-gradient GEMM* is a backward GEMM that reads an activation of the forward pass (or of
-  its recomputation), directly or through a collective that re-gathers it (sequence parallelism
-  re-gathers a linear's input for its weight gradient); an input-gradient GEMM reads only the
-  incoming gradient and the weight;
-* everything computed from a weight gradient (the fp32 main-grad accumulation without
-  gradient-accumulation fusion) is W too, and so is an op all of whose consumers are W (that
-  re-gather);
-* a stage with no input gradient (the embedding) is all W; norms' backward, which computes the
-  input and the weight gradient in one kernel, stays in B.
+(deferrable). Which traced ops belong to which part follows from the trace alone, by data flow
+(``layout/backward_split.py``: ``split_backward``, and ``retained_bytes``, what deferring W keeps alive).
 
 Each part is replayed on its own (:func:`replay_split`), so a collective that used to hide behind
 a weight-gradient GEMM (the input gradient's reduce-scatter) is exposed in B when W runs later, as
-on a GPU. ``retained_bytes`` is what deferring W keeps alive past B for one micro-batch: the
-forward activations and the gradients that W reads (each producing op's output of the read size).
+on a GPU.
 
 DualPipe (DeepSeek-V3, arXiv 2412.19437 section 3.2.1) runs the forward of one micro-batch and the
 backward of another as one overlapped pair; :func:`pair_saving` replays a layer's forward and
