@@ -15,6 +15,7 @@ from echo_plan.replay.dp import dp_exchange_summary
 from echo_plan.layout.layer_mix import all_to_all_note
 from echo_plan.replay.metrics import throughput
 from echo_plan.cost.collectives import CollectiveTimes
+from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.replay.results import StepResult
 from echo_plan.replay.compiled.switch import CompiledSwitch
 from echo_plan.replay.step_replay import ScheduleCache, StepReplayer
@@ -189,6 +190,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
+    layout = PlanLayout.of(model, plan, stack)  # what follows from the plan alone, once: read by costs and memory
     cluster_key = cluster.model_dump_json()  # once: it keys the compute and comm models and every memo below
     compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster, cluster_key), stack)
     comm = comm if comm is not None else memo.default_comm(cluster, cluster_key)
@@ -210,7 +212,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     # the stage costs need the schedule's layout only; its action lists are built (and kept in the
     # memo) for the micro-batch counts replayed, which the steady state keeps short
     base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, schedule_shape, stack,
-                      stage_timing, stage_comm)
+                      stage_timing, stage_comm, layout)
 
     replay_at = StepReplayer(base, interference, memo.schedules, plan.pp, plan.virtual_stages, paired, timeline)
 
@@ -219,7 +221,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                                  period=2 * plan.pp if plan.schedule is Schedule.ZB_V else None)
     rank, breakdown, step_s = step.rank, step.breakdown, step.step_s
     thr = throughput(model, plan, cluster.num_gpus, cluster.gpu.peak_tflops(plan.dtype), step_s)
-    memory = stage_memory(model, plan, cluster, traces, stack, memory_headroom_bytes)
+    memory = stage_memory(model, plan, cluster, traces, stack, memory_headroom_bytes, layout)
     events: tuple = ()
     if timeline and step.full is not None:
         from echo_plan.replay.timeline import timeline_events

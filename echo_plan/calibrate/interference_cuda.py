@@ -200,7 +200,7 @@ def _worker(rank: int, world: int, init: str, out: str, config: MeasureConfig) -
         if rank == 0:
             data = [[r.compute_kind.value, r.comm_kind.value, r.isolated_us, r.overlapped_us, r.slowed, r.source]
                     for r in rows]
-            Path(out).write_text(json.dumps(data), encoding="utf-8")
+            write_atomic(out, json.dumps(data))
     finally:
         dist.destroy_process_group()
 

@@ -63,6 +63,7 @@ from echo_plan.trace.records import LayerTrace
 from echo_plan.layout.backward_split import retained_bytes, split_backward
 from echo_plan.layout.layer_mix import all_stage_kind_counts, layer_params_per_rank as mixed, stage_kind_counts
 from echo_plan.layout.schedules_zb import split_layout
+from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.layout.sharding import DataParallelSharding
 from echo_plan.cost.schedule_memory import held_profile, profile_microbatches, walk_stage
 
@@ -205,8 +206,10 @@ def inflight_on_chunk(plan: PlanSpec, stage: int, chunk: int) -> int:
 # -- assembly -----------------------------------------------------------------------------------
 
 def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces: ModelTracesLike,
-                 stack: SoftwareSpec, headroom_bytes: int | None = None) -> tuple[StageMemory, ...]:
-    """Per-stage peak memory with activations from the traces' saved bytes (one micro-batch each)."""
+                 stack: SoftwareSpec, headroom_bytes: int | None = None,
+                 layout: PlanLayout | None = None) -> tuple[StageMemory, ...]:
+    """Per-stage peak memory with activations from the traces' saved bytes (one micro-batch each);
+    ``layout``: the plan's layout (layout/plan_layout.py), derived here when not given."""
     retained = None
     if plan.schedule.split_backward:
 
@@ -222,7 +225,7 @@ def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces:
         saved[kind] = (block.saved_bytes, full_layer)
     return _assemble(model, plan, cluster, stack, saved,
                      traces.embedding.saved_bytes, traces.output.saved_bytes, headroom_bytes=headroom_bytes,
-                     retained=retained)
+                     retained=retained, layout=layout if layout is not None else PlanLayout.of(model, plan, stack))
 
 
 def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec,
@@ -256,17 +259,18 @@ def default_headroom_bytes(cluster: ClusterSpec, consts: MemoryConstants | None 
 def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec,
               saved: Mapping[LayerKind, tuple[int, int]], embed_saved: int, output_saved: int,
               consts: MemoryConstants | None = None, headroom_bytes: int | None = None,
-              retained=None) -> tuple[StageMemory, ...]:
+              retained=None, layout: PlanLayout | None = None) -> tuple[StageMemory, ...]:
     """``saved``: per layer kind, (bytes one layer saves under the plan's recompute, without recompute);
     ``retained``: for schedules that split the backward, (per kind, embedding, output) bytes kept
-    from an input-gradient pass until its weight-gradient pass."""
+    from an input-gradient pass until its weight-gradient pass. ``layout``: the plan's layout, or None for
+    the estimate of a search's candidates, which derives only the parts it reads."""
 
     c = consts or load_memory_constants()
     w_b, _, o_b = c.bytes_per_param[plan.param_dtype]
     if stack.optimizer_state_bytes is not None:
         o_b = stack.optimizer_state_bytes
     g_b = stack.grad_bytes(plan.param_dtype)
-    sharding = DataParallelSharding.of(plan, stack)  # dp x cp: CP ranks shard the optimizer too
+    sharding = layout.sharding if layout is not None else DataParallelSharding.of(plan, stack)  # dp x cp ranks
     shard, eshard = sharding.optimizer_shards(), sharding.optimizer_shards(expert=True)
     gshard, egshard = sharding.gradient_shards(), sharding.gradient_shards(expert=True)
     capacity = int(cluster.gpu.hbm_GiB * GiB)
@@ -283,7 +287,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
         sched = split_layout(plan.schedule, plan.pp, plan.virtual_stages)
         profile = held_profile(plan.schedule, plan.pp, profile_microbatches(plan.schedule, plan.pp,
                                                                            plan.num_microbatches), plan.virtual_stages)
-    stage_counts = all_stage_kind_counts(model, plan)
+    stage_counts = layout.kinds_per_rank if layout is not None else all_stage_kind_counts(model, plan)
     split_of: dict[tuple, tuple[int, int]] = {}  # stages with the same layers and ends hold the same parameters
 
     def params_split(stage: int) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from echo_plan.layout.plan_layout import dp_group
 from echo_plan.layout.sharding import DataParallelSharding
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.pipeline import DpBucket
@@ -45,17 +46,6 @@ def bucket_sizes(params: int, dp: int, overlap: bool) -> tuple[int, ...]:
     size = max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * dp)
     full, rest = divmod(params, size)
     return tuple([size] * full + ([rest] if rest else []))
-
-
-def dp_group(plan: PlanSpec) -> CommGroup:
-    """Megatron-LM's rank order is tp fastest, then cp, then dp: the gradient group is the
-    data-and-context-parallel one (dp x cp ranks, stride tp), as CP ranks hold the same weights."""
-    return CommGroup(GroupKind.DP, size=plan.grad_dp, stride=plan.tp, start=0)
-
-
-def edp_group(plan: PlanSpec) -> CommGroup:
-    """Megatron-Core's expert rank order is etp fastest, then ep, then expert dp: stride etp x ep."""
-    return CommGroup(GroupKind.EDP, size=plan.edp, stride=plan.expert_tp * plan.ep, start=0)
 
 
 def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, overlap: bool, sharding: DataParallelSharding,

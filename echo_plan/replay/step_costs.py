@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.layout.sharding import DataParallelSharding
-from echo_plan.replay.dp import chunk_buckets, edp_group, optimizer_op
-from echo_plan.layout.layer_mix import kind_counts, layer_params_per_rank
+from echo_plan.replay.dp import chunk_buckets, optimizer_op
+from echo_plan.layout.layer_mix import layer_params_per_rank
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts
 from echo_plan.layout.schedules import build_schedule
 from echo_plan.replay.split import pair_saving_of, zb_v_times
@@ -87,27 +88,29 @@ def ep_overlap_pairs(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> b
 
 def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: dict, compute: "ComputeModel",
                comm_time, work_scale: tuple[float, ...] | None = None, schedules=build_schedule,
-               stack: SoftwareSpec | None = None, stage_timing=None, stage_comm=None) -> StepCosts:
+               stack: SoftwareSpec | None = None, stage_timing=None, stage_comm=None,
+               layout: PlanLayout | None = None) -> StepCosts:
     """What level 2 replays for ``plan`` run with ``stack``: the schedule's action lists and, per
     pipeline rank, the cost of each chunk's forward and backward (from the level-1 ``timing`` of
     block, embedding and output), its DP buckets and its optimizer; ``comm_time(kind, nbytes,
     group)`` times a collective. The DP gradient dtype and which overlaps happen come from the
     stack (an overlap happens when the plan asks for it and the stack has it). ``stage_timing`` and
     ``stage_comm``: per pipeline stage, the level-1 timings and collective times of that stage's own
-    view of the cluster (a fault slows it), in place of ``timing`` and ``comm_time``."""
+    view of the cluster (a fault slows it), in place of ``timing`` and ``comm_time``. ``layout``: the
+    plan's layout (layout/plan_layout.py), derived here when not given."""
     if stack is None:
         from echo_plan.specs.presets import load_stack
 
         stack = load_stack()
     pp, v = plan.pp, plan.virtual_stages
-    sharding = DataParallelSharding.of(plan, stack)  # how the data-parallel group shards gradients and states
+    lay = layout if layout is not None else PlanLayout.of(model, plan, stack)
+    sharding = lay.sharding  # how the data-parallel group shards gradients and states
     overlap_grad = plan.overlap_grad_reduce and stack.overlap_grad_reduce and not plan.dp_comm.sparse
 
     def op_time(op):  # sparse exchanges' selection and feedback kernels
         return compute.op_time(op, cluster.gpu, plan.param_dtype)
     gbytes = stack.grad_bytes(plan.param_dtype)
-    schedule = plan.schedule if v > 1 else (Schedule.ONE_F_ONE_B if plan.schedule is Schedule.INTERLEAVED
-                                           else plan.schedule)
+    schedule = lay.schedule
     split = timing.get("split") if schedule.split_backward else None
     ep_pairs = ep_overlap_pairs(model, plan, stack) and "split" in timing  # (the Chakra export writes no pairs)
     if schedule.split_backward and split is None:
@@ -124,10 +127,9 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
         from echo_plan.trace.records import GroupKind
 
         dual_group = CommGroup(GroupKind.DP, size=2 * plan.dp, stride=plan.tp)
-    layers_of = list(plan.virtual_layers(model.num_layers))
-    first_layer = [sum(layers_of[:vs]) for vs in range(nvs)]
+    layers_of, first_layer = lay.layers_per_virtual_stage, lay.first_layer
     _, emb_params, out_params = _params(model, plan)
-    edp = edp_group(plan)
+    edp = lay.edp_group
 
     stages = []
     for r in range(pp):  # a fault (resilience/) may give a stage its own level-1 timings and collectives
@@ -144,7 +146,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
             f_parts, b_parts, params, experts = [], [], 0, 0
             layer_params = 0  # of transformer layers (FP8-gathered with fp8_param_gather)
             i_parts, w_parts = [], []
-            kinds = kind_counts(model, first_layer[vs], n)
+            kinds = lay.kinds_per_virtual_stage[vs]
             kinds_of.append(kinds)
             for kind, count in kinds:
                 f_parts.append((by_kind.get(kind, blk).forward, count))

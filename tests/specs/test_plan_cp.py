@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from echo_plan.errors import SpecError
-from echo_plan.replay.dp import dp_group
+from echo_plan.layout.plan_layout import dp_group
 from echo_plan.specs import PlanSpec, load_cluster, load_model, validate_plan
 
 
