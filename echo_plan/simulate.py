@@ -27,6 +27,21 @@ from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
 from echo_plan.specs.software import SoftwareSpec, check_stack_supports
 from echo_plan.trace.records import CollectiveKind, CommGroup
+from echo_plan.cost.base import with_stack_kernels
+from echo_plan.cost.memory import stage_memory
+from echo_plan.errors import SpecError
+from echo_plan.replay.no_gc import paused_gc
+from echo_plan.replay.steady import steady_state_step
+from echo_plan.replay.timeline import timeline_events
+from echo_plan.replay.faults import fault_summary
+from echo_plan.specs.presets import load_stack
+from echo_plan.replay.interference import load_interference
+from echo_plan.cost.kernel_db import compute_model_for
+from echo_plan.cost.ranges import prediction_range
+from echo_plan.cost.collectives import collective_model_for
+from echo_plan.trace.tracer import trace_model
+from echo_plan.replay.layer import replay_layer
+from echo_plan.replay.split import split_timings
 
 if TYPE_CHECKING:
     from echo_plan.cost.base import CollectiveModel, ComputeModel
@@ -56,15 +71,11 @@ class SimulationMemo:
 
     def default_stack(self) -> SoftwareSpec:
         if "stack" not in self._defaults:
-            from echo_plan.specs.presets import load_stack
-
             self._defaults["stack"] = load_stack()
         return self._defaults["stack"]
 
     def default_interference(self) -> "InterferenceModel":
         if "interference" not in self._defaults:
-            from echo_plan.replay.interference import load_interference
-
             self._defaults["interference"] = load_interference(None)
         return self._defaults["interference"]
 
@@ -72,8 +83,6 @@ class SimulationMemo:
         """``cluster_key``: the cluster's ``model_dump_json()`` where the caller has it already."""
         key = ("compute", cluster_key or cluster.model_dump_json())  # the GPU and the compute calibration
         if key not in self._defaults:
-            from echo_plan.cost.kernel_db import compute_model_for
-
             self._defaults[key] = compute_model_for(cluster)
         return self._defaults[key]
 
@@ -82,22 +91,16 @@ class SimulationMemo:
         mixture-of-experts model (cost/ranges.py)."""
         key = ("range", cluster_key, stack.name, stack.base, moe)
         if key not in self._defaults:
-            from echo_plan.cost.ranges import prediction_range
-
             self._defaults[key] = prediction_range(cluster, stack, moe)
         return self._defaults[key]
 
     def default_comm(self, cluster: ClusterSpec, cluster_key: str | None = None) -> "CollectiveModel":
         key = ("comm", cluster_key or cluster.model_dump_json())
         if key not in self._defaults:
-            from echo_plan.cost.collectives import collective_model_for
-
             self._defaults[key] = collective_model_for(cluster)
         return self._defaults[key]
 
     def traces(self, model: ModelSpec, plan: PlanSpec, cache: "TraceCache | None", stack: SoftwareSpec | None = None):
-        from echo_plan.trace.tracer import trace_model
-
         stack = stack if stack is not None else self.default_stack()
         key = (model.model_dump_json(), plan.tp, plan.sequence_parallel, plan.micro_batch_size,
                plan.dtype, plan.recompute, stack.trace_signature(), stack.fp8_signature(), None if cache is None else str(cache.root),
@@ -108,8 +111,6 @@ class SimulationMemo:
         return hit
 
     def layer(self, trace, compute, comm, cluster: ClusterSpec, cluster_key: str, plan: PlanSpec, interference):
-        from echo_plan.replay.layer import replay_layer
-
         key = (trace.key.digest(), compute, comm, cluster_key, plan.dtype, interference)
         hit = self._layers.get(key)
         if hit is None:
@@ -136,8 +137,6 @@ class SimulationMemo:
     def split_timings(self, traces, timing: dict, compute, comm, cluster: ClusterSpec, cluster_key: str,
                       plan: PlanSpec, interference) -> dict:
         """Level 1 of the schedules that split the backward (replay/split.py), per traced stage."""
-        from echo_plan.replay.split import split_timings
-
         return split_timings(self._layers, traces, timing, compute, comm, cluster, cluster_key, plan.dtype,
                              interference)
 
@@ -176,12 +175,6 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     they hit, and the result carries the healthy step beside it. ``traffic`` adds, under a cluster
     routing other than none, each collective group's ECMP and planned slowdowns (docs/traffic.md).
     Raises SpecError for a bad plan, or one the stack cannot run."""
-    from echo_plan.cost.base import with_stack_kernels
-    from echo_plan.cost.memory import stage_memory
-    from echo_plan.errors import SpecError
-    from echo_plan.replay.no_gc import paused_gc
-    from echo_plan.replay.steady import steady_state_step
-
     validate_plan(plan, model, cluster)
     if work_scale is not None and (len(work_scale) != plan.pp or min(work_scale) <= 0):
         raise SpecError("work_scale", work_scale, f"one positive factor per pipeline stage ({plan.pp})")
@@ -224,8 +217,6 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     memory = stage_memory(model, plan, cluster, traces, stack, memory_headroom_bytes, layout)
     events: tuple = ()
     if timeline and step.full is not None:
-        from echo_plan.replay.timeline import timeline_events
-
         events = timeline_events(step.full.steps, step.full.result)
     notes = [f"critical pipeline stage: {rank}", f"micro-batches per step: {plan.num_microbatches}",
              f"level-2 tasks: {step.tasks_replayed}", f"software stack: {stack.name}"]
@@ -254,8 +245,6 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     exchange = dp_exchange_summary(plan, base)
     fault_report = None
     if effects is not None:
-        from echo_plan.replay.faults import fault_summary
-
         healthy = simulate(model, cluster, plan, stack=stack, cache=cache, compute=compute, comm=comm,
                            interference=interference, memo=memo, memory_headroom_bytes=memory_headroom_bytes)
         fault_report = fault_summary(faults, effects, base, step_s, healthy, plan)
@@ -263,7 +252,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                      f"(+{step_s / healthy.step_time_s - 1:.1%})")
     traffic_json = None
     if traffic and cluster.network.routing.value != "none":
-        from echo_plan.cost.traffic import step_traffic
+        from echo_plan.cost.traffic import step_traffic  # deferred: loads numpy
 
         traffic_json, note = step_traffic(cluster, effects, traces, memo.timed_collectives(cluster_key))
         notes.append(note)

@@ -24,3 +24,18 @@ def test_a_command_imports_only_its_own_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = eval(out.strip().splitlines()[-1])  # the printed list
     assert loaded == ["echo_plan.commands.common", "echo_plan.commands.presets_cmd"]
+
+
+def test_the_listed_help_is_each_commands_own():
+    from echo_plan.cli import COMMAND_HELP
+
+    root = typer.main.get_command(app)
+    for name, line in COMMAND_HELP.items():
+        assert root.get_command(None, name).get_short_help_str(limit=300) == line, name
+
+
+def test_the_root_help_imports_no_command():
+    code = ("import sys; from echo_plan.cli import main; rc = main(['--help']); "
+            "print(sorted(m for m in sys.modules if m.startswith('echo_plan.commands.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

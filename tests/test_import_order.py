@@ -207,3 +207,36 @@ def test_no_package_level_loop_counting_imports_inside_functions():
 def test_circles_are_found():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def unexplained_function_imports(root: Path = ROOT) -> list[str]:
+    """Imports of echo_plan modules inside functions without a reason on their line (DESIGN.md: an import
+    inside a function only defers something heavy on purpose, and says so in a few words)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        tree = ast.parse("\n".join(lines))
+        type_only = _type_only(tree)
+        for f in ast.walk(tree):
+            if not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(f):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in type_only:
+                    continue
+                mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                if mod and mod.startswith("echo_plan") and not any(
+                        "#" in lines[i] for i in range(node.lineno - 1, node.end_lineno)):
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return sorted(set(found))
+
+
+def test_an_import_inside_a_function_says_why():
+    assert unexplained_function_imports() == []
+
+
+def test_the_check_finds_an_unexplained_function_import(tmp_path):
+    pkg = tmp_path / "echo_plan"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("def f():\n    from echo_plan.b import g  # deferred: loads torch\n\n\n"
+                              "def h():\n    from echo_plan.b import g\n")
+    assert unexplained_function_imports(pkg) == ["echo_plan/a.py:6"]

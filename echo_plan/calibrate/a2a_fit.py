@@ -21,6 +21,8 @@ from typing import Any, Callable, Sequence
 from echo_plan.calibrate.preset_files import recipes
 from echo_plan.calibrate.row_fit import bisect_figure, fit_main, fit_record, log_residuals
 from echo_plan.errors import EchoPlanError
+from echo_plan.validation.predict import RowSimulator
+from echo_plan.validation.registry import training_rows, training_suite
 
 SHARE_RANGE = (0.2, 1.0)
 KEY = "all_to_all_net_efficiency"
@@ -39,8 +41,6 @@ def a2a_fit(rows: Sequence[Any], fit_labels: Sequence[str], cluster: Any, stack_
             model_settings: Any = None, cache: Any = None,
             progress: Callable[[int, str], None] | None = None, iterations: int = 18) -> dict[str, Any]:
     """The fitted share and each modelled row's error: {share, fitted_on, held_out, residuals}."""
-    from echo_plan.validation.predict import RowSimulator
-
     modelled = [r for r in rows if not r.not_modelled]
     fit = [r for r in modelled if r.label in set(fit_labels)]
     missing = sorted(set(fit_labels) - {r.label for r in fit})
@@ -62,8 +62,6 @@ def a2a_fit(rows: Sequence[Any], fit_labels: Sequence[str], cluster: Any, stack_
 
 def a2a_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None) -> dict[str, Any]:
     """The fit of one ``a2a_suite`` recipe on ``cluster`` (its compute calibration already in place)."""
-    from echo_plan.validation.registry import training_rows, training_suite
-
     suite = training_suite(vdir / f"{recipe['a2a_suite']}.csv")
     rows = training_rows(suite)
     got = a2a_fit(rows, [str(x) for x in recipe["fit_rows"]], cluster, suite.stack, suite.model_settings, cache,

@@ -19,6 +19,10 @@ from typing import Any, Callable, Sequence
 from echo_plan.calibrate.preset_files import fit_labels, recipes
 from echo_plan.calibrate.row_fit import bisect_figure, fit_main, fit_record, log_residuals
 from echo_plan.errors import EchoPlanError
+from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
+from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
+from echo_plan.validation.predict import RowSimulator
+from echo_plan.validation.registry import training_rows, training_suite
 
 SCALE_RANGE = (0.5, 1.5)
 
@@ -30,10 +34,6 @@ def is_fp8(row: Any) -> bool:
 def fp8_fit(rows: Sequence[Any], fit_labels: set[str], cluster: Any, stack_name: str, model_settings: Any = None,
             cache: Any = None, progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
     """The fitted scale and each fp8 row's residual: {scale, fitted_on, held_out, residuals}."""
-    from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
-    from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
-    from echo_plan.validation.predict import RowSimulator
-
     fp8 = [r for r in rows if is_fp8(r) and not r.not_modelled]
     fit = [r for r in fp8 if r.label in fit_labels]
     if not fit:
@@ -52,8 +52,6 @@ def fp8_fit(rows: Sequence[Any], fit_labels: set[str], cluster: Any, stack_name:
 
 def fp8_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None) -> dict[str, Any] | None:
     """The fp8 part of a compute recipe's calibration, or None when its suite has no fp8 row."""
-    from echo_plan.validation.registry import training_rows, training_suite
-
     suite = training_suite(vdir / f"{recipe['suite']}.csv")
     rows = [r for r in training_rows(suite) if is_fp8(r)]
     if not any(not r.not_modelled for r in rows):

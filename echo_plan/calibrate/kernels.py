@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable
 from echo_plan.calibrate.op_args import CannotRun, build_call, outputs_match
 from echo_plan.cost.kernel_db import FORMAT, KernelDatabase, KernelKey, kernel_key
 from echo_plan.trace.records import OpKind, OpRecord
+from echo_plan import __version__ as echo_version
 
 
 class NoCudaDevice(Exception):
@@ -57,7 +58,7 @@ def distinct_ops(ops: Iterable[OpRecord]) -> list[OpRecord]:
     """One op per kernel key, in first-seen order; views and collectives are not kernels to time. A
     sliding-window attention launch shares its key with the full launch of its shapes but is not that
     kernel: each is kept (the windowed one is then skipped, and the full one measured)."""
-    from echo_plan.trace.kernels import windowed_attention
+    from echo_plan.trace.kernels import windowed_attention  # deferred: loads numpy, torch
 
     seen: dict[tuple[KernelKey, bool], OpRecord] = {}
     for op in ops:
@@ -176,8 +177,6 @@ def _driver_version() -> str | None:
 def database_json(run: CalibrationRun, device: str, settings: dict[str, Any]) -> dict[str, Any]:
     """The database file's content (validated by loading it back)."""
     import torch
-
-    from echo_plan import __version__ as echo_version
 
     def meta_json(metas: tuple) -> list:
         return [[list(shape), dtype] for shape, dtype in metas]

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from echo_plan.trace.records import OpKind, OpRecord, TensorMeta
+import echo_plan.trace as pkg
 
 
 class CannotRun(Exception):
@@ -24,10 +25,9 @@ class CannotRun(Exception):
 
 
 def resolve_op(name: str) -> Any:
-    """``aten.mm.default`` -> ``torch.ops.aten.mm.default`` (custom namespaces once imported)."""
+    """``aten.mm.default`` -> ``torch.ops.aten.mm.default``; an op of echo-plan's own namespaces is found
+    once the trace modules that register them are imported (``_import_trace_modules``)."""
     import torch
-
-    import echo_plan.trace  # noqa: F401  (the tracer registers its custom ops on import)
 
     parts = name.split(".")
     if len(parts) != 3:
@@ -46,8 +46,6 @@ def resolve_op(name: str) -> Any:
 def _import_trace_modules() -> None:
     import importlib
     import pkgutil
-
-    import echo_plan.trace as pkg
 
     for info in pkgutil.iter_modules(pkg.__path__):
         try:
@@ -233,7 +231,7 @@ def _attention_call(op: OpRecord, device: str) -> Callable[[], Any]:
     import torch
     import torch.nn.functional as F
 
-    from echo_plan.trace.kernels import windowed_attention
+    from echo_plan.trace.kernels import windowed_attention  # deferred: loads numpy, torch
 
     if windowed_attention(op):  # SDPA takes no window: it would time the full launch under this op's key
         raise CannotRun(f"{op.name}: sliding-window attention (SDPA has no window argument; the analytical "

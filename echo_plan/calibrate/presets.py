@@ -22,15 +22,19 @@ from echo_plan.calibrate.a2a_fit import a2a_block, merge as merge_a2a
 from echo_plan.calibrate.fp8_fit import fp8_block, is_fp8, merge
 from echo_plan.calibrate.preset_files import MARKER, fit_labels, recipes, write_block
 from echo_plan.errors import EchoPlanError
+from echo_plan import __version__
+from echo_plan.interop.nccl_tests import parse_nccl_tests
+from echo_plan.specs import load_cluster
+from echo_plan.validation.registry import training_rows, training_suite
+from echo_plan.specs.presets import clusters_dir
+from echo_plan.trace.cache import TraceCache
+from echo_plan.validation.megatron import validation_dir
 
 __all__ = ["MARKER", "build_blocks", "compute_block", "network_block", "write_block", "main"]
 
 
 def network_block(recipe: dict, vdir: Path) -> dict[str, Any]:
-    from echo_plan import __version__
-    from echo_plan.calibrate.nccl_fit import fit_nccl
-    from echo_plan.interop.nccl_tests import parse_nccl_tests
-    from echo_plan.specs import load_cluster
+    from echo_plan.calibrate.nccl_fit import fit_nccl  # deferred: loads numpy
 
     folder = vdir / recipe["logs"]
     cluster = load_cluster(recipe["cluster"]).replace(calibration={})
@@ -55,8 +59,7 @@ def network_block(recipe: dict, vdir: Path) -> dict[str, Any]:
 
 
 def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None) -> dict[str, Any]:
-    from echo_plan.calibrate.steps import calibrate_rows, calibration_block
-    from echo_plan.validation.registry import training_rows, training_suite
+    from echo_plan.calibrate.steps import calibrate_rows, calibration_block  # deferred: loads numpy
 
     suite = training_suite(vdir / f"{recipe['suite']}.csv")
     rows = [r for r in training_rows(suite) if not is_fp8(r)]  # fp8 rows fit their own figure (fp8_fit.py)
@@ -70,8 +73,6 @@ def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, pro
 
 def build_blocks(vdir: Path, cache: Any = None, progress=None) -> dict[str, dict[str, Any]]:
     """Preset name -> its whole calibration block."""
-    from echo_plan.specs import load_cluster
-
     every = recipes()
     blocks: dict[str, dict[str, Any]] = {}
     for name, recipe in every.items():
@@ -107,10 +108,6 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None) -> dict[str, dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    from echo_plan.specs.presets import clusters_dir
-    from echo_plan.trace.cache import TraceCache
-    from echo_plan.validation.megatron import validation_dir
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="write the blocks into clusters/*.yaml")
     ap.add_argument("--validation-dir", type=Path, default=None)

@@ -12,6 +12,10 @@ from typing import Any, Callable, Sequence
 
 from echo_plan.calibrate.preset_files import write_block
 from echo_plan.errors import EchoPlanError
+from echo_plan.specs import load_cluster
+from echo_plan.specs.presets import clusters_dir
+from echo_plan.trace.cache import TraceCache
+from echo_plan.validation.megatron import validation_dir
 
 
 def log_residuals(predict: Callable[[Any], Any], rows: Sequence[Any]) -> list[float]:
@@ -50,11 +54,6 @@ def fit_main(argv: list[str] | None, description: str, recipes: dict[str, dict],
     """``fit(recipe, vdir, cluster, cache, progress)`` gives the figure (a dict with ``residuals`` and
     ``fitted_on``) or None; ``headline`` says it in one line; ``merge`` puts it into the presets'
     ``calibration[section]``."""
-    from echo_plan.specs import load_cluster
-    from echo_plan.specs.presets import clusters_dir
-    from echo_plan.trace.cache import TraceCache
-    from echo_plan.validation.megatron import validation_dir
-
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--write", action="store_true", help="add the figure to clusters/*.yaml")
     ap.add_argument("--validation-dir", type=Path, default=None)

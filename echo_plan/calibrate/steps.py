@@ -17,6 +17,10 @@ from echo_plan.calibrate.steps_fit import DEFAULT_FIT, StepFit, calibration_reco
 from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
 from echo_plan.errors import EchoPlanError
 from echo_plan.validation.rows import TrainingRow
+from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
+from echo_plan.validation.predict import RowSimulator
+from echo_plan import __version__
+from echo_plan.cost.ranges import NOMINAL_COVERAGE
 
 
 @dataclass(frozen=True)
@@ -65,9 +69,6 @@ def calibrate_rows(rows: Sequence[TrainingRow], cluster: Any, stack_name: str, h
                    fit: Sequence[str] = DEFAULT_FIT, model_settings: Any = None, cache: Any = None,
                    progress: Callable[[int, str], None] | None = None) -> StepsCalibration:
     """Fit ``cluster``'s compute figures on the simulable rows not in ``held_out``; predict all."""
-    from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
-    from echo_plan.validation.predict import RowSimulator
-
     base = without_compute_calibration(cluster)
     sim = RowSimulator(base, stack_name, cache, model_settings=model_settings)
     simulable = [r for r in rows if not r.not_modelled]
@@ -97,9 +98,6 @@ def calibration_block(cal: StepsCalibration, suite_name: str, source: str,
                       old: dict | None = None) -> dict[str, Any]:
     """``calibration:`` for a cluster file: the compute figures with their rows, and the held-out
     residuals as the prediction range of the stack (merged into ``old``, whose nccl part stays)."""
-    from echo_plan import __version__
-    from echo_plan.cost.ranges import NOMINAL_COVERAGE
-
     out = dict(old or {})
     held = [r.row.label for r in cal.held_out]
     record = calibration_record(cal.fit, suite_name, source, held, cal.stack)

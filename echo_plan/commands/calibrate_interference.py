@@ -10,6 +10,11 @@ from pathlib import Path
 import typer
 
 from echo_plan.commands.common import JsonOpt, print_json, write_atomic
+from echo_plan.calibrate.interference_fit import fit_interference, read_measurements
+from echo_plan.output_paths import check_output_file
+from echo_plan.replay.interference import load_interference
+from echo_plan.calibrate.interference_measure import MeasureConfig, MeasureMode
+from echo_plan.errors import SpecError
 
 
 def register_interference(calibrate_app: typer.Typer) -> None:
@@ -24,10 +29,6 @@ def register_interference(calibrate_app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
     ) -> None:
         """Fit the median overlapped/isolated ratio per (compute kind, communication kind)."""
-        from echo_plan.calibrate.interference_fit import fit_interference, read_measurements
-        from echo_plan.output_paths import check_output_file
-        from echo_plan.replay.interference import load_interference
-
         check_output_file(out, "--output", (".yaml", ".yml"))
         result = fit_interference(read_measurements(csv_path), str(csv_path))
         path = write_atomic(out, result.to_yaml())
@@ -56,9 +57,6 @@ def register_interference(calibrate_app: typer.Typer) -> None:
     ) -> None:
         """Time compute kernels alone and beside a communication kernel on another stream (CUDA only)."""
         from echo_plan.calibrate.interference_cuda import measure_to_csv  # torch only when it measures
-        from echo_plan.calibrate.interference_measure import MeasureConfig, MeasureMode
-        from echo_plan.errors import SpecError
-        from echo_plan.output_paths import check_output_file
 
         check_output_file(out, "--output", (".csv",))
         try:

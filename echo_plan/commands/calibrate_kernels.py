@@ -15,6 +15,16 @@ import typer
 
 from echo_plan.commands.common import ModelOpt, StackOpt, write_atomic
 from echo_plan.errors import EchoPlanError, SpecError
+from echo_plan.specs import Recompute
+from echo_plan.cost.kernel_db import kernels_dir
+from echo_plan.specs.moe import ExpertLayout
+from echo_plan.trace.keys import check_layout
+from echo_plan.trace.records import StageKind
+from echo_plan.trace.tracer import trace_stage
+from echo_plan.calibrate.kernels import NoCudaDevice, check_device, database_json, measure_ops
+from echo_plan.specs import DType, load_model
+from echo_plan.output_paths import check_output_file
+from echo_plan.commands.common import resolve_stack
 
 
 def parse_int_list(text: str, what: str) -> list[int]:
@@ -28,8 +38,6 @@ def parse_int_list(text: str, what: str) -> list[int]:
 
 
 def parse_recompute(text: str) -> list:
-    from echo_plan.specs import Recompute
-
     out = []
     for part in (p for p in text.replace(" ", "").split(",") if p):
         try:
@@ -43,8 +51,6 @@ def parse_recompute(text: str) -> list:
 
 
 def default_output(gpu_name: str) -> Path:
-    from echo_plan.cost.kernel_db import kernels_dir
-
     stem = re.sub(r"[^A-Za-z0-9]+", "-", gpu_name).strip("-") or "device"
     return (kernels_dir() or Path("kernels")) / f"{stem}.json"
 
@@ -52,9 +58,6 @@ def default_output(gpu_name: str) -> Path:
 def expert_layouts(model, tp: int, eps: list[int], etps: list[int] | None) -> list:
     """The expert layouts to trace an MoE layer with at ``tp``: every ep with every etp (default: etp =
     tp, as Megatron-Core); SpecError naming the flag for a dense model or a layout that cannot shard."""
-    from echo_plan.specs.moe import ExpertLayout
-    from echo_plan.trace.keys import check_layout
-
     if model.moe is None:
         if eps != [1] or etps is not None:
             value = eps[0] if len(eps) == 1 else ",".join(map(str, eps))
@@ -76,9 +79,6 @@ def traced_ops(model, tps: list[int], mbs: list[int], sequence_parallel: bool, r
     """Every op of the embedding and output stages and of each kind of block the model has (dense or
     MoE, full or sliding-window attention; MoE blocks once per expert layout) for each (tp, mbs,
     recompute) asked for."""
-    from echo_plan.trace.records import StageKind
-    from echo_plan.trace.tracer import trace_stage
-
     ops = []
     for tp in tps:  # trace_stage raises SpecError for a tp that cannot shard the model
         sp = sequence_parallel and tp > 1
@@ -120,11 +120,6 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print a JSON summary"),
     ) -> None:
         """Run the model's traced ops on this machine's GPU and write a kernel database."""
-        from echo_plan.calibrate.kernels import NoCudaDevice, check_device, database_json, measure_ops
-        from echo_plan.specs import DType, load_model
-
-        from echo_plan.output_paths import check_output_file
-
         if device not in ("cuda", "cpu"):
             raise SpecError("--device", device, "cuda or cpu")
         check_output_file(output, "--output", (".json",))
@@ -138,7 +133,6 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
             dt = DType(dtype)
         except ValueError:
             raise SpecError("--dtype", dtype, "bf16 or fp16") from None
-        from echo_plan.commands.common import resolve_stack
 
         spec = load_model(model)
         stack_spec = resolve_stack(stack)

@@ -14,6 +14,13 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import ClusterOpt, JsonOpt, print_json, write_atomic
+from echo_plan import __version__
+from echo_plan.errors import SpecError
+from echo_plan.interop.nccl_tests import parse_nccl_tests
+from echo_plan.specs import load_cluster
+from echo_plan.trace.records import CollectiveKind
+from echo_plan.output_paths import check_output_file
+from echo_plan.calibrate.a2a_fit import keep_share
 
 
 def error_table(fit) -> list[str]:
@@ -33,8 +40,6 @@ def error_table(fit) -> list[str]:
 
 def calibration_record(fit, log_paths: list[str], fit_max_gpus: Optional[int]) -> dict:
     """What goes under ``calibration.nccl`` in the cluster file."""
-    from echo_plan import __version__
-
     return {
         "params": fit.values,
         "provenance": {
@@ -70,13 +75,7 @@ def register_nccl(calibrate_app: typer.Typer) -> None:
         """Fit the NCCL collective model to nccl-tests logs and write a calibrated cluster file."""
         import yaml
 
-        from echo_plan.calibrate.nccl_fit import fit_nccl
-        from echo_plan.errors import SpecError
-        from echo_plan.interop.nccl_tests import parse_nccl_tests
-        from echo_plan.specs import load_cluster
-        from echo_plan.trace.records import CollectiveKind
-
-        from echo_plan.output_paths import check_output_file
+        from echo_plan.calibrate.nccl_fit import fit_nccl  # deferred: loads numpy
 
         check_output_file(output, "--output", (".yaml", ".yml"))
         if fit_max_gpus is not None and fit_max_gpus < 2:
@@ -90,7 +89,6 @@ def register_nccl(calibrate_app: typer.Typer) -> None:
         spec = load_cluster(cluster)
         parsed = sorted((parse_nccl_tests(p, kind=the_kind) for p in logs), key=lambda lg: (lg.nranks, lg.source))
         fit = fit_nccl(parsed, spec, fit_max_gpus=fit_max_gpus)
-        from echo_plan.calibrate.a2a_fit import keep_share
 
         record = keep_share(calibration_record(fit, logs, fit_max_gpus), spec.calibration)
         data = spec.model_dump(mode="json")

@@ -10,6 +10,11 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import CacheDirOpt, ClusterOpt, JsonOpt, print_json, stderr_is_tty, write_atomic
+from echo_plan.specs import ClusterSpec, load_cluster
+from echo_plan.trace.cache import TraceCache
+from echo_plan.validation.registry import training_rows, training_suite
+from echo_plan.commands.common import check_cache_dir
+from echo_plan.output_paths import check_output_file
 
 
 def register_steps(calibrate_app: typer.Typer) -> None:
@@ -38,12 +43,7 @@ def register_steps(calibrate_app: typer.Typer) -> None:
         """
         import yaml
 
-        from echo_plan.calibrate.steps import calibrate_rows, calibration_block, every_nth
-        from echo_plan.specs import ClusterSpec, load_cluster
-        from echo_plan.trace.cache import TraceCache
-        from echo_plan.validation.registry import training_rows, training_suite
-        from echo_plan.commands.common import check_cache_dir
-        from echo_plan.output_paths import check_output_file
+        from echo_plan.calibrate.steps import calibrate_rows, calibration_block, every_nth  # deferred: loads numpy
 
         check_output_file(output, "--output", (".yaml", ".yml"))
         check_cache_dir(cache_dir)

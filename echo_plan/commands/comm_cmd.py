@@ -5,6 +5,13 @@ from __future__ import annotations
 import typer
 
 from echo_plan.commands.common import ClusterOpt, FlowsOpt, JsonOpt, RoutingOpt, print_json
+from echo_plan.cost.collectives import collective_model_for
+from echo_plan.errors import SpecError
+from echo_plan.specs import load_cluster, parse_size
+from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
+from echo_plan.limits import MAX_GPUS, check_int
+from echo_plan.cost.base import Algorithm
+from echo_plan.interop.msccl_model import compare_with_nccl
 
 
 def _estimate_dict(est, nbytes: int) -> dict:
@@ -34,16 +41,10 @@ def register(app: typer.Typer) -> None:
         flows_per_connection: int = FlowsOpt,
     ) -> None:
         """Time, algorithm, protocol, algbw and busbw (nccl-tests sense) of one collective."""
-        from echo_plan.cost.collectives import collective_model_for
-        from echo_plan.errors import SpecError
-        from echo_plan.specs import load_cluster, parse_size
-        from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
-
         try:
             kind = CollectiveKind(op.replace("-", "_").lower())
         except ValueError:
             raise SpecError("--op", op, ", ".join(k.value for k in CollectiveKind)) from None
-        from echo_plan.limits import MAX_GPUS, check_int
 
         check_int("--gpus", gpus, 1, MAX_GPUS, "GPUs in the group")
         nbytes = parse_size(size)
@@ -57,16 +58,13 @@ def register(app: typer.Typer) -> None:
         est = model.time(kind, nbytes, group, spec)
         fabric = None
         if spec.network.routing.value != "none":
-            from echo_plan.cost.base import Algorithm
-            from echo_plan.cost.fabric import group_slowdown
+            from echo_plan.cost.fabric import group_slowdown  # deferred: loads numpy
 
             fabric = group_slowdown(kind, group, spec, tree=est.algorithm is Algorithm.TREE).as_json()
         cands = model.candidates(kind, nbytes, group, spec) if show_all else []
         per_node, spanned = group.placement(spec.gpus_per_node)
         calibrated = "nccl" in spec.calibration
         if algorithm is not None:
-            from echo_plan.interop.msccl_model import compare_with_nccl
-
             cmp = compare_with_nccl(algorithm, kind, nbytes, group, spec, model)
             if as_json:
                 print_json({"op": kind.value, "gpus": gpus, "cluster": spec.name, "size_bytes": nbytes, **cmp})

@@ -13,6 +13,14 @@ from echo_plan.specs import (
     DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_STACK, ClusterSpec, ModelSpec, SoftwareSpec, load_cluster, load_model,
     load_stack,
 )
+from echo_plan.limits import MAX_SEQUENCE, check_int
+from echo_plan.errors import SpecError
+from echo_plan.specs import parse_size
+from echo_plan.output_paths import check_output_dir
+from echo_plan.trace.cache import ENV_VAR, default_cache_root
+from echo_plan.limits import MAX_GPUS
+from echo_plan.specs.plan import DpComm
+from echo_plan.cost.goodput import FailureModel
 
 ModelOpt = typer.Option(DEFAULT_MODEL, "--model", "-m", help="model preset name or a YAML/JSON/HF config.json file")
 ClusterOpt = typer.Option(DEFAULT_CLUSTER, "--cluster", "-c", help="cluster preset name or a YAML file")
@@ -65,8 +73,6 @@ def resolve_specs(model: str, cluster: str, nodes: Optional[int], gpus: Optional
     --flows-per-connection applied)."""
     spec = load_model(model)
     if seq_length is not None:
-        from echo_plan.limits import MAX_SEQUENCE, check_int
-
         check_int("--seq-length", seq_length, 1, MAX_SEQUENCE, "tokens per sequence")
         spec = spec.replace(seq_length=seq_length)
     return spec, load_cluster(cluster, nodes=nodes, gpus=gpus).with_routing(routing, flows_per_connection)
@@ -80,9 +86,6 @@ def resolve_stack(stack: Optional[str]) -> SoftwareSpec:
 def parse_headroom(text: Optional[str], cluster: ClusterSpec) -> Optional[int]:
     """--memory-headroom as bytes: ``10%`` of the GPU's memory or a size such as ``6GiB``; None when
     not given (the memory model's default share)."""
-    from echo_plan.errors import SpecError
-    from echo_plan.specs import parse_size
-
     if text is None:
         return None
     raw = str(text).strip()
@@ -120,9 +123,6 @@ def check_cache_dir(cache_dir: Optional[str]) -> None:
     user cache folder) is not a folder where files can be created."""
     import os
 
-    from echo_plan.output_paths import check_output_dir
-    from echo_plan.trace.cache import ENV_VAR, default_cache_root
-
     if cache_dir is not None:
         check_output_dir(cache_dir, "--cache-dir")
     else:
@@ -131,17 +131,12 @@ def check_cache_dir(cache_dir: Optional[str]) -> None:
 
 def check_tp_pp(tp: int, pp: int) -> None:
     """--tp and --pp in range, before anything divides by them."""
-    from echo_plan.limits import MAX_GPUS, check_int
-
     check_int("--tp", tp, 1, MAX_GPUS, "the tensor-parallel degree")
     check_int("--pp", pp, 1, MAX_GPUS, "the pipeline-parallel degree")
 
 
 def data_parallel(num_gpus: int, tp: int, pp: int, dp: Optional[int], cp: int = 1) -> int:
     """--dp, or by default the GPUs left over by tp x cp x pp."""
-    from echo_plan.errors import SpecError
-    from echo_plan.limits import MAX_GPUS, check_int
-
     check_int("--cp", cp, 1, MAX_GPUS, "the context-parallel degree")
     if dp is not None:
         return dp
@@ -154,8 +149,6 @@ def data_parallel(num_gpus: int, tp: int, pp: int, dp: Optional[int], cp: int = 
 
 def fp8_stack(stack: SoftwareSpec, dtype: str, recipe: str | None, param_gather: bool | None) -> SoftwareSpec:
     """The stack with the --fp8-recipe / --fp8-param-gather choices; they need --dtype fp8."""
-    from echo_plan.errors import SpecError
-
     changes: dict = {}
     if recipe is not None:
         changes["fp8_recipe"] = recipe
@@ -183,9 +176,6 @@ def expert_fields(ep: int, etp: int | None, imbalance: float) -> dict:
 
 def dp_comm_fields(dp_comm: str, density: float | None) -> dict:
     """PlanSpec fields of --dp-comm / --density; names the valid methods for an unknown one."""
-    from echo_plan.errors import SpecError
-    from echo_plan.specs.plan import DpComm
-
     valid = [m.value for m in DpComm]
     if dp_comm not in valid:
         raise SpecError("--dp-comm", dp_comm, f"one of {', '.join(valid)}")
@@ -199,8 +189,6 @@ def dp_comm_fields(dp_comm: str, density: float | None) -> dict:
 
 def failure_model(rate: float | None, ckpt: float | None, restart: float | None, detect: float | None):
     """The goodput model's inputs (cost/goodput.py), defaults where an option is not given."""
-    from echo_plan.cost.goodput import FailureModel
-
     given = {k: v for k, v in (("interruptions_per_gpu_day", rate), ("checkpoint_GBps_per_gpu", ckpt),
                                ("restart_min", restart), ("detect_min", detect)) if v is not None}
     return FailureModel.build(given, context="failure model")

@@ -7,6 +7,9 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import JsonOpt, print_json
+from echo_plan.errors import SpecError
+from echo_plan.limits import MAX_GPUS_PER_NODE, check_int
+from echo_plan.specs import load_cluster
 
 
 def register(app: typer.Typer) -> None:
@@ -29,9 +32,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Healthy, or which syndrome (communication or non-communication hang or slowdown), the suspect
         rank/server and component (gpu, nic, nvlink, link), the evidence and a confidence. Never simulates."""
-        from echo_plan.errors import SpecError
-        from echo_plan.limits import MAX_GPUS_PER_NODE, check_int
-        from echo_plan.resilience.diagnose.analyze import diagnose_paths
+        from echo_plan.resilience.diagnose.analyze import diagnose_paths  # deferred: loads numpy
 
         if cluster is not None and gpus_per_node is not None:
             raise SpecError("--gpus-per-node", gpus_per_node, "not together with --cluster")
@@ -39,8 +40,6 @@ def register(app: typer.Typer) -> None:
         if gpus_per_node is not None:
             gpn = check_int("--gpus-per-node", gpus_per_node, 1, MAX_GPUS_PER_NODE)
         elif cluster is not None:
-            from echo_plan.specs import load_cluster
-
             gpn = load_cluster(cluster).gpus_per_node
         result = diagnose_paths(records, gpn, (tp, cp, pp, dp))
         if as_json:

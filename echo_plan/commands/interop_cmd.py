@@ -10,6 +10,14 @@ from echo_plan.commands.common import (
     CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, NodesOpt, print_json,
 )
 from echo_plan.commands.plan_flags import PlanFlags, build_plan, plan_options
+from echo_plan.commands.common import check_cache_dir
+from echo_plan.interop.chakra_step import build_step_graph
+from echo_plan.output_paths import check_output_prefix
+from echo_plan.trace.cache import TraceCache
+from echo_plan.interop.msccl import load_msccl
+from echo_plan.specs import parse_size
+from echo_plan.replay.interference import InterferenceModel
+from echo_plan.specs import load_cluster
 
 
 # what a Chakra trace of echo-plan's step does not express
@@ -34,11 +42,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
     ) -> None:
         """Write the simulated step of a plan as Chakra execution traces, one file per rank."""
-        from echo_plan.commands.common import check_cache_dir
-        from echo_plan.interop.chakra_export import export_chakra, parse_ranks
-        from echo_plan.interop.chakra_step import build_step_graph
-        from echo_plan.output_paths import check_output_prefix
-        from echo_plan.trace.cache import TraceCache
+        from echo_plan.interop.chakra_export import export_chakra, parse_ranks  # deferred: loads google.protobuf
 
         check_output_prefix(out, "--output")
         check_cache_dir(cache_dir)
@@ -65,10 +69,7 @@ def register(app: typer.Typer) -> None:
         size: str = typer.Option("1MiB", "--size", "-s", help="collective size (nccl-tests convention)"),
     ) -> None:
         """Convert an MSCCL-IR algorithm to Chakra graphs of sends, receives and reductions, one per GPU."""
-        from echo_plan.interop.chakra_collective import export_collective
-        from echo_plan.interop.msccl import load_msccl
-        from echo_plan.output_paths import check_output_prefix
-        from echo_plan.specs import parse_size
+        from echo_plan.interop.chakra_collective import export_collective  # deferred: loads google.protobuf
 
         check_output_prefix(out, "--output")
         algo = load_msccl(algorithm)
@@ -86,9 +87,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
     ) -> None:
         """Replay Chakra execution traces with echo-plan's cost models; print the step time per rank."""
-        from echo_plan.interop.chakra_import import import_chakra
-        from echo_plan.replay.interference import InterferenceModel
-        from echo_plan.specs import load_cluster
+        from echo_plan.interop.chakra_import import import_chakra  # deferred: loads google.protobuf
 
         spec = load_cluster(cluster, nodes=nodes, gpus=gpus)
         result = import_chakra(prefix, spec, interference=InterferenceModel.none() if no_interference else None)

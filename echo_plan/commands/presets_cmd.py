@@ -5,14 +5,13 @@ from __future__ import annotations
 import typer
 
 from echo_plan.commands.common import JsonOpt, print_json
+from echo_plan.specs import cluster_names, load_cluster, load_model, load_stack, model_names, stack_names
 
 
 def register(app: typer.Typer) -> None:
     @app.command("presets")
     def presets(as_json: bool = JsonOpt) -> None:
         """List the model, cluster and software-stack presets."""
-        from echo_plan.specs import cluster_names, load_cluster, load_model, load_stack, model_names, stack_names
-
         models = [load_model(n) for n in model_names()]
         clusters = [load_cluster(n) for n in cluster_names()]
         stacks = [load_stack(n) for n in stack_names()]

@@ -8,6 +8,10 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import CacheDirOpt
+from echo_plan.report.api import make_report
+from echo_plan.report.enrich import timeline_simulator
+from echo_plan.report.load import load_source
+from echo_plan.output_paths import check_output_file
 
 
 def register(app: typer.Typer) -> None:
@@ -28,11 +32,6 @@ def register(app: typer.Typer) -> None:
 
         Nothing is simulated, except the recommended plan once when its stored result has no timeline (the report says so; --no-simulate skips it).
         """
-        from echo_plan.report.api import make_report
-        from echo_plan.report.enrich import timeline_simulator
-        from echo_plan.report.load import load_source
-        from echo_plan.output_paths import check_output_file
-
         check_output_file(output, "--report", (".html", ".htm"))
         outcome = load_source(source, storage, study_name)
         written = make_report(outcome, output, fill_timeline=not no_simulate, simulator=timeline_simulator(cache_dir))

@@ -15,6 +15,34 @@ from echo_plan.commands.common import (
     CacheDirOpt, SeqOpt, CkptBwOpt, DensityOpt, DetectOpt, FlowsOpt, RoutingOpt, FailRateOpt, Fp8ParamGatherOpt, Fp8RecipeOpt, RestartOpt, failure_model, ClusterOpt, HeadroomOpt, JsonOpt, ModelOpt, NodesOpt, StackOpt, print_json, stderr_is_tty,
     write_atomic,
 )
+from echo_plan.commands.common import fp8_stack, parse_headroom, resolve_specs, resolve_stack
+from echo_plan.errors import SpecError
+from echo_plan.search.space import default_space_path_for, load_space
+from echo_plan.search.study import SamplerKind, SearchConfig
+from echo_plan import limits as L
+from echo_plan.search.storage import check_storage
+from echo_plan.search.space import Knob
+from echo_plan.commands.common import dp_comm_fields
+from echo_plan.commands.common import check_cache_dir
+from echo_plan.output_paths import check_output_file
+from echo_plan.search.progress import RichProgress
+from echo_plan.report.api import report_from_cli
+from echo_plan.search.explain import explain_top, format_knob_stats
+from echo_plan.search.table import format_ranked
+from echo_plan.search.results import simulated_this_study
+from echo_plan.search.table import plan_label
+from echo_plan.search.explain_cp import cp_choice
+from echo_plan.search.compare_dtype import format_dtype_compare, run_dtype_compare
+from echo_plan.search.evaluator import SimulatorFactory
+from echo_plan.search.explain import knob_stats
+from echo_plan.search.serialize import outcome_to_json
+from echo_plan.search.study import prune_for, run_search
+from echo_plan.search.table import ranked_csv
+from echo_plan.limits import check_int
+from echo_plan.search.compare import parse_gpu_list, parse_tokens, run_compare
+from echo_plan.search.serialize import compare_to_json
+from echo_plan.search.table import COMPARE_COLUMNS, compare_rows, format_compare
+from echo_plan.search.compare_dtype import parse_dtypes
 
 DEFAULT_GBS = 1536  # GPT-3 175B's global batch in Brown et al. 2020 (3.2M tokens at seq 2048)
 DEFAULT_TOP = 10
@@ -43,16 +71,10 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
             dtype: Optional[str] = None, fp8_recipe: Optional[str] = None, fp8_param_gather: Optional[bool] = None,
             processes: Optional[int] = None, seq_length: Optional[int] = None, cp: Optional[int] = None,
             routing: Optional[str] = None, flows_per_connection: Optional[int] = None):
-    from echo_plan.commands.common import fp8_stack, parse_headroom, resolve_specs, resolve_stack
-    from echo_plan.errors import SpecError
-    from echo_plan.search.space import default_space_path_for, load_space
-    from echo_plan.search.study import SamplerKind, SearchConfig
-
     try:
         kind = SamplerKind(sampler.lower())
     except ValueError:
         raise SpecError("--sampler", sampler, "one of " + ", ".join(k.value for k in SamplerKind)) from None
-    from echo_plan import limits as L
 
     if trials is not None:
         L.check_int("--trials", trials, 1, L.MAX_TRIALS, "distinct plans to simulate")
@@ -64,7 +86,6 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
                             "search on Ray")
     L.check_int("--seed", seed, 0, L.MAX_SEED, "the sampler's seed")
     L.check_int("--gbs", gbs, 1, L.MAX_GLOBAL_BATCH, "sequences per step")
-    from echo_plan.search.storage import check_storage
 
     check_storage(storage)
     m, c = resolve_specs(model, cluster, nodes, gpus, seq_length=seq_length, routing=routing,
@@ -74,13 +95,11 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
         L.check_int("--cp", cp, 1, L.MAX_GPUS, "the context-parallel degree")
         space_spec = space_spec.with_values({"cp": (cp,)})
     if dp_comm is not None or density is not None:  # --dp-comm / --density fix those knobs
-        from echo_plan.commands.common import dp_comm_fields
 
         fields = dp_comm_fields(dp_comm or "dense", density)
         space_spec = space_spec.with_values({k: (v,) for k, v in fields.items()})
     if dtype is not None and "," not in dtype:  # --dtype fixes the precision knob (a list: compare per dtype)
         space_spec = space_spec.with_values({"dtype": (dtype,)})
-    from echo_plan.search.space import Knob
 
     any_fp8 = "fp8" if "fp8" in space_spec.values(Knob.DTYPE) or "fp8" in str(dtype or "") else str(dtype or "bf16")
     return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=space_spec, sampler=kind, seed=seed,
@@ -92,9 +111,6 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
 
 def check_outputs(csv: Optional[str], report: Optional[str], cache_dir: Optional[str]) -> None:
     """Where search and compare will write, checked before they do any work."""
-    from echo_plan.commands.common import check_cache_dir
-    from echo_plan.output_paths import check_output_file
-
     check_output_file(csv, "--csv", (".csv",))
     check_output_file(report, "--report", (".html", ".htm"))
     check_cache_dir(cache_dir)
@@ -104,37 +120,27 @@ def _progress(enabled: Optional[bool], label: str):
     show = stderr_is_tty() if enabled is None else enabled
     if not show:
         return None
-    from echo_plan.search.progress import RichProgress
 
     return RichProgress(label)
 
 
 def after_search(outcome, report: Optional[str] = None, cache_dir: Optional[str] = None, as_json: bool = False) -> None:
     """Further outputs of a finished search: the HTML report with ``--report FILE``."""
-    from echo_plan.report.api import report_from_cli
-
     report_from_cli(outcome, report, cache_dir, quiet_stdout=as_json)
 
 
 def after_compare(outcome, report: Optional[str] = None, cache_dir: Optional[str] = None, as_json: bool = False) -> None:
     """Further outputs of a finished compare: the HTML report with ``--report FILE``."""
-    from echo_plan.report.api import report_from_cli
-
     report_from_cli(outcome, report, cache_dir, quiet_stdout=as_json)
 
 
 def print_search(outcome, top: int, explain: bool, pruned=None) -> None:
-    from echo_plan.search.explain import explain_top, format_knob_stats
-    from echo_plan.search.table import format_ranked
-
     gpus = outcome.cluster["gpus_per_node"] * outcome.cluster["num_nodes"]
     typer.echo(f"{outcome.model['name']} on {gpus} x {outcome.cluster['gpu']['name']} ({outcome.cluster['name']}), "
                f"space {outcome.space['name']}, study {outcome.study_name}")
     for line in format_ranked(outcome, top):
         typer.echo(line)
     if outcome.sampler == "nsga2" and outcome.pareto:
-        from echo_plan.search.table import plan_label
-
         typer.echo("\nPareto front (no other plan has more tokens/s and less memory):")
         for r in outcome.pareto:
             typer.echo(f"  {r.tokens_per_s:10,.0f} tokens/s  {r.memory_peak_gib:6.1f} GiB  {plan_label(r.plan)}")
@@ -142,14 +148,11 @@ def print_search(outcome, top: int, explain: bool, pruned=None) -> None:
     for line in explain_top(outcome.ranked):
         typer.echo(line)
     if outcome.best is not None:
-        from echo_plan.search.explain_cp import cp_choice
-
         why_cp = cp_choice(outcome.best, outcome.ranked, int(outcome.model["seq_length"]),
                            int(outcome.cluster["gpus_per_node"]), outcome.pruned_counts)
         if why_cp:
             typer.echo(why_cp)
     pruned_total = sum(outcome.pruned_counts.values())
-    from echo_plan.search.results import simulated_this_study
 
     sims = simulated_this_study(outcome.trials)
     typer.echo(f"{len(outcome.trials)} trials ({sims} simulated this study), {pruned_total} of "
@@ -172,9 +175,6 @@ def print_search(outcome, top: int, explain: bool, pruned=None) -> None:
 
 def compare_dtypes(base, sizes, dtypes, run, csv, report, as_json) -> None:
     """``compare --dtype bf16,fp8``: each size searched once per precision, the best plans side by side."""
-    from echo_plan.errors import SpecError
-    from echo_plan.search.compare_dtype import format_dtype_compare, run_dtype_compare
-
     if csv or report:
         raise SpecError("--csv" if csv else "--report", csv or report, "not with several --dtype values (the "
                         "comparison prints, or gives JSON with --json); run compare per precision for those")
@@ -194,8 +194,6 @@ def compare_dtypes(base, sizes, dtypes, run, csv, report, as_json) -> None:
 
 
 def _dtype_knob():
-    from echo_plan.search.space import Knob
-
     return Knob.DTYPE
 
 
@@ -226,14 +224,6 @@ def register(app: typer.Typer) -> None:
         progress: Optional[bool] = ProgressOpt, report: Optional[str] = ReportOpt,
     ) -> None:
         """Find the fastest plans that fit: prune the space, simulate candidates (Optuna), rank them."""
-        from echo_plan.search.evaluator import SimulatorFactory
-        from echo_plan.search.explain import format_knob_stats, knob_stats
-        from echo_plan.search.serialize import outcome_to_json
-        from echo_plan.search.study import prune_for, run_search
-        from echo_plan.search.table import ranked_csv
-
-        from echo_plan.limits import check_int
-
         check_int("--top", top, 1, 1_000_000, "plans to show")
         check_outputs(csv, report, cache_dir)
         config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
@@ -242,8 +232,6 @@ def register(app: typer.Typer) -> None:
                          processes=processes, seq_length=seq_length, cp=cp,
                          routing=routing, flows_per_connection=flows_per_connection)
         if dtype is not None and "," in dtype:
-            from echo_plan.errors import SpecError
-
             raise SpecError("--dtype", dtype, "one precision for search (compare takes a list: --dtype bf16,fp8)")
         pruned = prune_for(config)
         if not pruned.valid and explain:
@@ -295,11 +283,6 @@ def register(app: typer.Typer) -> None:
         progress: Optional[bool] = ProgressOpt, report: Optional[str] = ReportOpt,
     ) -> None:
         """Search each cluster size: best plan, throughput, scaling efficiency, time and GPU-hours to train."""
-        from echo_plan.search.compare import parse_gpu_list, parse_tokens, run_compare
-        from echo_plan.search.evaluator import SimulatorFactory
-        from echo_plan.search.serialize import compare_to_json
-        from echo_plan.search.table import COMPARE_COLUMNS, compare_rows, format_compare
-
         check_outputs(csv, report, cache_dir)
         sizes = parse_gpu_list(gpus)
         base = _config(model, cluster, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
@@ -317,8 +300,6 @@ def register(app: typer.Typer) -> None:
                 price, progress_for=lambda g: _progress(progress, f"search {g} GPUs{label}"), failure_model=fm)
 
         if dtype is not None and "," in dtype:
-            from echo_plan.search.compare_dtype import parse_dtypes
-
             dtypes = parse_dtypes(dtype)
             if len(dtypes) > 1:
                 compare_dtypes(base, sizes, dtypes, run, csv, report, as_json)

@@ -11,6 +11,15 @@ from echo_plan.commands.common import (
     failure_model, print_json,
 )
 from echo_plan.commands.plan_flags import PlanFlags, build_plan, plan_options
+from echo_plan.commands.common import check_cache_dir, parse_headroom
+from echo_plan.errors import SpecError
+from echo_plan.output_paths import check_output_file
+from echo_plan.replay.interference import InterferenceModel, load_interference
+from echo_plan.simulate import simulate
+from echo_plan.trace.cache import TraceCache
+from echo_plan.resilience.files import read_faults
+from echo_plan.specs.faults import check_faults
+from echo_plan.commands.simulate_view import print_result
 
 
 def register(app: typer.Typer) -> None:
@@ -52,14 +61,10 @@ def register(app: typer.Typer) -> None:
                  "used where the group size fits the file, NCCL otherwise)"),
     ) -> None:
         """Predict the training step of one plan: time, throughput, MFU, memory per stage, breakdown."""
-        from echo_plan.commands.common import check_cache_dir, parse_headroom
-        from echo_plan.errors import SpecError
-        from echo_plan.output_paths import check_output_file
-
         check_output_file(trace, "--trace", (".json",))
         fmt = None
         if emit_records is not None:
-            from echo_plan.resilience.diagnose.emit import check_emit_options
+            from echo_plan.resilience.diagnose.emit import check_emit_options  # deferred: only with --emit-records
 
             fmt = check_emit_options(emit_records, record_format, record_steps, record_noise, record_seed,
                                      record_buffer)
@@ -70,19 +75,14 @@ def register(app: typer.Typer) -> None:
         model_spec, cluster_spec, stack_spec, plan = inputs.model, inputs.cluster, inputs.stack, inputs.plan
         headroom = parse_headroom(memory_headroom, cluster_spec)
 
-        from echo_plan.replay.interference import InterferenceModel, load_interference
-        from echo_plan.simulate import simulate
-        from echo_plan.trace.cache import TraceCache
-
         interference = InterferenceModel.none() if no_interference else load_interference(interference_file)
         comm = None
         if collective_algorithm:
-            from echo_plan.cost.collectives import collective_model_for
-            from echo_plan.interop.msccl_model import MscclCollectiveModel, parse_algorithm_options
+            from echo_plan.cost.collectives import collective_model_for  # deferred: only with --collective-algorithm
+            from echo_plan.interop.msccl_model import MscclCollectiveModel, parse_algorithm_options  # deferred: likewise
 
             comm = MscclCollectiveModel(collective_model_for(cluster_spec),
                                         parse_algorithm_options(collective_algorithm))
-        from echo_plan.resilience.files import read_faults
 
         faults = read_faults(fault or (), fault_file)
         hangs = tuple(f for f in faults if f.kind.hang)
@@ -90,8 +90,6 @@ def register(app: typer.Typer) -> None:
             raise SpecError("--fault", hangs[0].label(), "a hang stops the job and has no step time; give it with "
                                                          "--emit-records DIR to write the hung job's records")
         if hangs:
-            from echo_plan.specs.faults import check_faults
-
             check_faults(faults, plan, cluster_spec)
             faults = tuple(f for f in faults if not f.kind.hang)
         fm = failure_model(failures_per_gpu_day, checkpoint_gbps_per_gpu, restart_min, detect_min)
@@ -100,12 +98,12 @@ def register(app: typer.Typer) -> None:
                           interference=interference, timeline=trace is not None, comm=comm,
                           memory_headroom_bytes=headroom, traffic=True)
         if trace is not None:
-            from echo_plan.replay.timeline import write_chrome_trace
+            from echo_plan.replay.timeline import write_chrome_trace  # deferred: only with --trace
 
             write_chrome_trace(trace, result)
         emitted = None
         if emit_records is not None:
-            from echo_plan.resilience.diagnose.emit import emit_records as write_records
+            from echo_plan.resilience.diagnose.emit import emit_records as write_records  # deferred: only with --emit-records
 
             emitted = write_records(model_spec, cluster_spec, plan, stack=stack_spec, cache=TraceCache(cache_dir),
                                     faults=faults + hangs, out=emit_records, fmt=fmt, steps=record_steps,
@@ -116,8 +114,6 @@ def register(app: typer.Typer) -> None:
                 out["emitted_records"] = emitted
             print_json(out)
         else:
-            from echo_plan.commands.simulate_view import print_result
-
             print_result(result, trace)
             if emitted is not None:
                 typer.echo(f"records: {emitted['files']} {emitted['format']} files in {emitted['folder']} "

@@ -86,7 +86,7 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
                 console.print(f"note: fault {f['kind']} {f['note']}")
 
     if result.traffic:
-        from echo_plan.cost.traffic import traffic_table
+        from echo_plan.cost.traffic import traffic_table  # deferred: loads numpy
 
         console.print(traffic_table(result.traffic))
 

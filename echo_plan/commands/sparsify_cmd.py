@@ -10,6 +10,14 @@ from echo_plan.commands.common import (
     CacheDirOpt, JsonOpt, print_json,
 )
 from echo_plan.commands.plan_flags import PlanFlags, build_plan, plan_options
+from echo_plan.commands.common import check_cache_dir
+from echo_plan.errors import SpecError
+from echo_plan.output_paths import check_output_file
+from echo_plan.search.sparsify import SparsifyOutcome, analyse
+from echo_plan.simulate import SimulationMemo, simulate
+from echo_plan.trace.cache import TraceCache
+from echo_plan.report.sparsify_page import write_sparsify_report
+from echo_plan.report.plans import short_label
 
 
 # sparsify sets the data-parallel exchange itself: every sparse method at every density of --densities
@@ -29,13 +37,6 @@ def register(app: typer.Typer) -> None:
         cache_dir: Optional[str] = CacheDirOpt,
     ) -> None:
         """Break-even density of each sparse data-parallel exchange against the dense reduction, for one plan."""
-        from echo_plan.commands.common import check_cache_dir
-        from echo_plan.errors import SpecError
-        from echo_plan.output_paths import check_output_file
-        from echo_plan.search.sparsify import SparsifyOutcome, analyse
-        from echo_plan.simulate import SimulationMemo, simulate
-        from echo_plan.trace.cache import TraceCache
-
         check_output_file(report, "--report", (".html", ".htm"))
         check_cache_dir(cache_dir)
         try:
@@ -57,8 +58,6 @@ def register(app: typer.Typer) -> None:
         outcome = SparsifyOutcome(model_spec.name, cluster_spec.name, cluster_spec.num_gpus,
                                   dense.plan, dense.step_time_s, plan.dp, curves)
         if report:
-            from echo_plan.report.sparsify_page import write_sparsify_report
-
             write_sparsify_report(outcome, report, model_spec, cluster_spec)
         if as_json:
             print_json(outcome.as_json())
@@ -69,8 +68,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _print(o) -> None:
-    from echo_plan.report.plans import short_label
-
     typer.echo(f"{o.model} on {o.cluster} ({o.num_gpus} GPUs), {short_label(o.plan)}: dense step "
                f"{o.dense_step_time_s:.4f} s (data-parallel group of {o.dp})")
     grid = [d for d, _, _ in o.curves[0].points] if o.curves else []

@@ -10,6 +10,15 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import CacheDirOpt, EpOpt, EtpOpt, ImbalanceOpt, JsonOpt, ModelOpt, StackOpt, print_json
+from echo_plan.trace.records import OpKind, Phase
+from echo_plan.commands.common import resolve_stack
+from echo_plan.specs import DType, Recompute, load_model
+from echo_plan.trace.cache import TraceCache, TraceCacheWarning
+from echo_plan.trace.tracer import trace_stage
+from echo_plan.trace.records import StageKind
+from echo_plan.commands.common import check_cache_dir
+from echo_plan.specs.moe import ExpertLayout
+from echo_plan.trace.keys import check_layout
 
 
 class StageChoice(str, Enum):
@@ -44,8 +53,6 @@ def _mib(n: int) -> str:
 
 def stage_summary(trace, with_ops: bool) -> dict:
     """A JSON-ready summary of one LayerTrace (phases, FLOPs, bytes, memory, collectives)."""
-    from echo_plan.trace.records import OpKind, Phase
-
     phases = {}
     for phase in Phase:
         ops = trace.by_phase(phase)
@@ -128,17 +135,6 @@ def register(app: typer.Typer) -> None:
         cache_dir: Optional[Path] = CacheDirOpt,
     ) -> None:
         """Trace the model's transformer layer, embedding and output stage (or one of them) for one micro-batch."""
-        from echo_plan.commands.common import resolve_stack
-        from echo_plan.specs import DType, Recompute, load_model
-        from echo_plan.trace.cache import TraceCache, TraceCacheWarning
-        from echo_plan.trace.tracer import trace_stage
-        from echo_plan.trace.records import StageKind
-
-        from echo_plan.commands.common import check_cache_dir
-
-        from echo_plan.specs.moe import ExpertLayout
-        from echo_plan.trace.keys import check_layout
-
         check_cache_dir(cache_dir)
         spec = load_model(model)
         layout = ExpertLayout(ep, etp if etp is not None else tp, expert_imbalance)

@@ -9,6 +9,9 @@ import typer
 
 from echo_plan.commands.common import CacheDirOpt, JsonOpt, print_json, stderr_is_tty
 from echo_plan.errors import EchoPlanError
+from echo_plan.validation.megatron import ENV_VAR, added_validation_dirs, validation_dir
+from echo_plan.validation.suites import discover, run_suite
+from echo_plan.trace.cache import TraceCache
 
 
 def register(app: typer.Typer) -> None:
@@ -31,9 +34,7 @@ def register(app: typer.Typer) -> None:
         Exits 1 when a suite fails, unless the suite is marked as a known gap of an open issue:
         its line then says FAIL (known gap: ...) and the last line says why the exit status is 0.
         """
-        from echo_plan.validation.megatron import ENV_VAR, added_validation_dirs, validation_dir
-        from echo_plan.calibrate.nccl_fit import nccl_fitter
-        from echo_plan.validation.suites import discover, run_suite
+        from echo_plan.calibrate.nccl_fit import nccl_fitter  # deferred: loads numpy
 
         for d in added_validation_dirs():
             if not d.is_dir():
@@ -56,7 +57,6 @@ def register(app: typer.Typer) -> None:
             for r in refs:
                 typer.echo(f"{r.name:<40} {r.kind:<10} {r.path}")
             return
-        from echo_plan.trace.cache import TraceCache
 
         cache = TraceCache(cache_dir)
         results = []

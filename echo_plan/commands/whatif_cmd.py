@@ -8,6 +8,12 @@ import typer
 
 from echo_plan.commands.common import CacheDirOpt, FlowsOpt, JsonOpt, RoutingOpt, print_json
 from echo_plan.commands.plan_flags import PlanFlags, build_plan, plan_options
+from echo_plan.commands.common import check_cache_dir
+from echo_plan.output_paths import check_output_file
+from echo_plan.resilience.sensitivity import sensitivity
+from echo_plan.simulate import SimulationMemo, simulate
+from echo_plan.trace.cache import TraceCache
+from echo_plan.report.whatif_page import write_whatif_report
 
 
 def register(app: typer.Typer) -> None:
@@ -25,12 +31,6 @@ def register(app: typer.Typer) -> None:
         cache_dir: Optional[str] = CacheDirOpt,
     ) -> None:
         """Throughput lost to one slow GPU, NIC, NVLink domain or server, at a few severities (worst and best placement)."""
-        from echo_plan.commands.common import check_cache_dir
-        from echo_plan.output_paths import check_output_file
-        from echo_plan.resilience.sensitivity import sensitivity
-        from echo_plan.simulate import SimulationMemo, simulate
-        from echo_plan.trace.cache import TraceCache
-
         check_cache_dir(cache_dir)
         check_output_file(report, "--report", (".html", ".htm"))
         inputs = build_plan(flags, routing=routing, flows_per_connection=flows_per_connection)
@@ -43,8 +43,6 @@ def register(app: typer.Typer) -> None:
 
         healthy, rows = sensitivity(plan, cluster_spec, step)
         if report:
-            from echo_plan.report.whatif_page import write_whatif_report
-
             write_whatif_report(report, model_spec, cluster_spec, plan, healthy, rows)
         if as_json:
             print_json({"model": model_spec.name, "cluster": cluster_spec.name, "num_gpus": cluster_spec.num_gpus,

@@ -9,6 +9,7 @@ from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Recompute
 from echo_plan.specs.software import AttentionKernel, RecomputeModule, SoftwareSpec
+from echo_plan.specs.moe import ExpertLayout
 
 
 # -- closed-form activations --------------------------------------------------------------------
@@ -62,8 +63,7 @@ def moe_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute_act: bool =
     """What an MoE layer's MLP keeps beyond its input: router scores, the permuted token copies the
     rank's experts receive, their FC1 and activation outputs (split by etp), the combined copies,
     and the shared experts' intermediates (``trace/moe.py`` traces the same)."""
-    from echo_plan.specs.moe import ExpertLayout
-    from echo_plan.trace.moe import routed_token_counts
+    from echo_plan.trace.moe import routed_token_counts  # deferred: loads numpy, torch
 
     moe = model.moe
     e, h, t = plan.param_dtype.nbytes, model.hidden_size, plan.tp

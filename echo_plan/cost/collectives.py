@@ -57,7 +57,7 @@ def make_topo(group: CommGroup, cluster: ClusterSpec, params: NcclParams, kind: 
         nvl *= 1.0 - params.nvlink_group_loss / ppn
     rank_net = net_rank_GBps(cluster, params.net_bw_efficiency)
     if kind is not None and cluster.network.routing is not Routing.NONE:
-        from echo_plan.cost.fabric import routing_factor
+        from echo_plan.cost.fabric import routing_factor  # deferred: loads numpy
 
         rank_net /= routing_factor(kind, group, cluster, tree)
     if nodes == 1:

@@ -117,7 +117,7 @@ def sizes(method: DpComm, n: int, p: int, density: float, consts: SparsifierCons
 def exchange(method: DpComm, n: int, group: CommGroup, density: float, comm_time: CommTime, op_time: OpTime,
              consts: SparsifierConstants | None = None) -> Exchange:
     """The cost of exchanging one worker's ``n``-element gradient over ``group`` with ``method``."""
-    from echo_plan.trace.sparsify import worker_ops
+    from echo_plan.trace.sparsify import worker_ops  # deferred: loads numpy, torch
 
     p = group.size
     s = sizes(method, n, p, density, consts)

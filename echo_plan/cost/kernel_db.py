@@ -18,6 +18,9 @@ from typing import Any, Iterable, Mapping
 from echo_plan.errors import FileFormatError
 from echo_plan.specs.cluster import ClusterSpec, DType, GPUSpec
 from echo_plan.trace.records import OpKind, OpRecord, TensorMeta
+from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
+from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
+from echo_plan.files import parse_json, read_text
 
 FORMAT = "echo-plan-kernels/1"
 
@@ -80,7 +83,7 @@ class KernelDatabase:
         """The measured entry of ``op``'s key; none for a sliding-window attention launch, whose key
         (shapes only) it shares with the full-attention launch of those shapes."""
         if op.kind is OpKind.ATTENTION:
-            from echo_plan.trace.kernels import windowed_attention
+            from echo_plan.trace.kernels import windowed_attention  # deferred: loads numpy, torch
 
             if windowed_attention(op):
                 return None
@@ -89,7 +92,6 @@ class KernelDatabase:
     @staticmethod
     def load(path: str | Path) -> "KernelDatabase":
         p = Path(path)
-        from echo_plan.files import parse_json, read_text
 
         data = parse_json(read_text(p), str(p))
         return KernelDatabase.from_json(data, str(p))
@@ -318,9 +320,6 @@ def find_database(gpu: GPUSpec, folder: str | Path | None = None) -> KernelDatab
 def compute_model_for(cluster: ClusterSpec, kernels_dir: str | Path | None = None, *, fallback: Any = None) -> Any:
     """The compute model for ``cluster``: database-backed when a database serves its GPU, else the
     analytical model with the cluster's compute calibration (``calibration.compute``) applied."""
-    from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
-    from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
-
     if fallback is None:
         fallback = AnalyticalComputeModel(calibrated_constants(ComputeCalibration.of(cluster), load_compute_constants()))
     base = fallback

@@ -15,6 +15,7 @@ from echo_plan.cost.collectives import collective_model_for
 from echo_plan.cost.fabric import group_slowdown
 from echo_plan.specs.cluster import ClusterSpec, Routing
 from echo_plan.trace.records import CollectiveKind, CommGroup
+from echo_plan.specs.faults import StageEffect, slowed_cluster
 
 
 def step_collectives(traces, timed: Iterable[tuple[CollectiveKind, int, CommGroup]]) -> dict:
@@ -67,8 +68,6 @@ def step_traffic(cluster: ClusterSpec, effects, traces, timed) -> tuple[dict[str
     carry failed uplinks, so the section shows the fabric the faulty step sees."""
     fabric = cluster
     if effects and effects[0].failed_uplinks:
-        from echo_plan.specs.faults import StageEffect, slowed_cluster
-
         fabric = slowed_cluster(cluster, StageEffect(failed_uplinks=effects[0].failed_uplinks))
     report = traffic_report(fabric, step_collectives(traces, timed))
     crossing = [g for g in report["groups"] if g["crosses_leaves"]]

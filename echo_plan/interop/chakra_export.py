@@ -19,6 +19,7 @@ from echo_plan.interop import chakra_schema as cs
 from echo_plan.interop.chakra_step import GNode, GroupRef, NodeKind, StepGraph
 from echo_plan.specs.plan import PlanSpec
 from echo_plan.trace.records import CollectiveKind
+from echo_plan.files import write_atomic
 
 COMM_TYPE = {
     CollectiveKind.ALL_REDUCE: cs.COMM_TYPES["ALL_REDUCE"],
@@ -164,7 +165,6 @@ def export_chakra(graph: StepGraph, out: str | Path, ranks: Iterable[int] | None
         path = base.parent / f"{base.name}.{rank}.et"
         head, *nodes = rank_messages(graph, rank, meta)
         written.append(cio.write_et(path, head, nodes))
-    from echo_plan.files import write_atomic
 
     written.append(write_atomic(base.parent / f"{base.name}.comm_groups.json",
                                 json.dumps(all_groups(plan, graph), indent=1) + "\n"))

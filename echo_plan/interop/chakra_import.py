@@ -33,6 +33,8 @@ from echo_plan.replay.engine import Task, replay
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
+from echo_plan.cost.collectives import collective_model_for
+from echo_plan.replay.interference import load_interference
 
 KIND_OF_COMM_TYPE = {
     cs.COMM_TYPES["ALL_REDUCE"]: CollectiveKind.ALL_REDUCE,
@@ -111,9 +113,6 @@ def _mix(node: cio.EtNode) -> tuple[TaskKind, tuple[tuple[TaskKind, float], ...]
 def import_chakra(prefix: str | Path, cluster: ClusterSpec, *, comm: Any = None, interference: Any = None,
                   dtype: DType = DType.BF16) -> ImportResult:
     """Replay the ranks' graphs under ``prefix`` on ``cluster`` (see the module docstring)."""
-    from echo_plan.cost.collectives import collective_model_for
-    from echo_plan.replay.interference import load_interference
-
     comm = comm if comm is not None else collective_model_for(cluster)
     interference = interference if interference is not None else load_interference(None)
     files = find_rank_files(prefix)

@@ -95,7 +95,7 @@ def build_file_descriptor() -> descriptor_pb2.FileDescriptorProto:
 
 def _load_generated() -> Any | None:
     try:
-        from echo_plan.interop import chakra_pb2
+        from echo_plan.interop import chakra_pb2  # deferred: it may not load on this protobuf runtime
     except Exception:  # VersionError on an older runtime, or a pool conflict: build it instead
         return None
     return chakra_pb2

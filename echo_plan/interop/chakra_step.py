@@ -37,6 +37,12 @@ from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec
 from echo_plan.trace.records import CollectiveKind, GroupKind, LayerTrace, Phase
+from echo_plan.replay.dp import PARAM_BYTES
+from echo_plan.replay.pipeline import build_tasks
+from echo_plan.simulate import SimulationMemo, step_costs
+from echo_plan.specs.plan import Recompute, validate_plan
+from echo_plan.specs.software import check_stack_supports
+from echo_plan.errors import SpecError
 
 
 class NodeKind(str, Enum):
@@ -218,16 +224,8 @@ class _Builder:
 def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, cache: Any = None,
                      comm: Any = None, interference: Any = None, stack: Any = None) -> StepGraph:
     """Per-stage graphs of one simulated step, and simulate()'s own step time for the same plan."""
-    from echo_plan.replay.dp import PARAM_BYTES
-    from echo_plan.replay.pipeline import build_tasks
-    from echo_plan.simulate import SimulationMemo, step_costs
-    from echo_plan.specs.plan import Recompute, validate_plan
-    from echo_plan.specs.software import check_stack_supports
-
     validate_plan(plan, model, cluster)
     if plan.schedule.split_backward:
-        from echo_plan.errors import SpecError
-
         raise SpecError("schedule", plan.schedule.value, "the Chakra export writes whole backward passes: "
                         "export a plan with gpipe, 1f1b or interleaved (zero-bubble and DualPipe graphs are not "
                         "written yet)")

@@ -34,6 +34,7 @@ from echo_plan.errors import FileFormatError, SpecError
 from echo_plan.interop.msccl import MscclAlgorithm, Step, StepType, connections
 from echo_plan.specs.cluster import ClusterSpec, Fabric
 from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
+from echo_plan.cost.collectives import params_from_calibration
 
 if TYPE_CHECKING:
     from echo_plan.cost.nccl_params import NcclParams
@@ -66,8 +67,6 @@ class LinkParams:
         """The NCCL model's numbers (ring column, since an MSCCL step is a ring-like hop), with the
         cluster's calibration applied, so MSCCL and NCCL predictions share their constants
         (NCCL tuning.cc, see echo_plan/data/nccl.yaml)."""
-        from echo_plan.cost.collectives import params_from_calibration
-
         p = params if params is not None else params_from_calibration(cluster.calibration, context=cluster.name)
         i = PROTO_INDEX[proto]
         net = cluster.network

@@ -15,6 +15,7 @@ from collections import Counter
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec
+from echo_plan.trace.records import CollectiveKind
 
 
 def kind_counts(model: ModelSpec, first: int, n: int) -> tuple[tuple[LayerKind, int], ...]:
@@ -73,8 +74,6 @@ def all_to_all_note(model: ModelSpec, plan: PlanSpec, traces, comm_time, gpus_pe
                     tiers=None) -> str | None:
     """Where the MoE token exchange runs and what it costs: per MoE layer (forward + backward) and per
     step on the pipeline rank with the most MoE layers, with how many peers are inside a server."""
-    from echo_plan.trace.records import CollectiveKind
-
     for kind, trace in getattr(traces, "blocks", ()):
         if not kind.moe:
             continue

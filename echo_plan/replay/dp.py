@@ -27,6 +27,7 @@ from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.pipeline import DpBucket
 from echo_plan.specs.plan import PlanSpec
 from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind, OpKind, OpRecord, Phase, Stream
+from echo_plan.cost.dp_comm import exchange
 
 BUCKET_MIN_PARAMS = 40_000_000  # Megatron-LM DDP default bucket_size = max(40000000, 1000000 * dp)
 BUCKET_PARAMS_PER_DP_RANK = 1_000_000
@@ -61,7 +62,6 @@ def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, ove
     out = []
     expert = group.kind is GroupKind.EDP
     if plan.dp_comm.sparse:  # the reference sparsifiers exchange the whole gradient after backward
-        from echo_plan.cost.dp_comm import exchange
 
         ex = exchange(plan.dp_comm, params, group, plan.density, comm_time, op_time)
         return (DpBucket(params, ex.total_s, TaskKind.ALL_GATHER, expert=expert, sparse=ex),)

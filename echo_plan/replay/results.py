@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echo_plan.cost.stage_memory import StageMemory
+from echo_plan.cost.goodput import goodput
 
 GiB = float(2**30)
 
@@ -81,8 +82,6 @@ class StepResult:
     def with_goodput(self, plan: Any, failure_model: Any = None) -> "StepResult":
         """This result with its goodput under ``failure_model`` (default: cost/goodput.py's)."""
         from dataclasses import replace
-
-        from echo_plan.cost.goodput import goodput
 
         return replace(self, goodput=goodput(self, plan, failure_model).as_json())
 

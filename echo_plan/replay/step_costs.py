@@ -20,6 +20,8 @@ from echo_plan.specs.moe import DENSE
 from echo_plan.specs.plan import PlanSpec, Schedule
 from echo_plan.specs.software import SoftwareSpec
 from echo_plan.trace.records import CommGroup
+from echo_plan.specs.presets import load_stack
+from echo_plan.trace.records import GroupKind
 
 if TYPE_CHECKING:
     from echo_plan.cost.base import ComputeModel
@@ -99,8 +101,6 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     view of the cluster (a fault slows it), in place of ``timing`` and ``comm_time``. ``layout``: the
     plan's layout (layout/plan_layout.py), derived here when not given."""
     if stack is None:
-        from echo_plan.specs.presets import load_stack
-
         stack = load_stack()
     pp, v = plan.pp, plan.virtual_stages
     lay = layout if layout is not None else PlanLayout.of(model, plan, stack)
@@ -124,7 +124,6 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
     nvs, chunks = sched.num_virtual_stages, sched.virtual_stages
     dual_group = None
     if schedule is Schedule.DUALPIPE:  # the two copies of a stage reduce their gradients together
-        from echo_plan.trace.records import GroupKind
 
         dual_group = CommGroup(GroupKind.DP, size=2 * plan.dp, stride=plan.tp)
     layers_of, first_layer = lay.layers_per_virtual_stage, lay.first_layer

@@ -15,6 +15,7 @@ from typing import Any
 from echo_plan.replay.engine import ReplayResult
 from echo_plan.replay.pipeline import StepTasks
 from echo_plan.replay.results import StepResult, TimelineEvent
+from echo_plan.files import write_atomic
 
 STREAM_ORDER = ("compute", "tp_comm", "pp_fwd", "pp_bwd", "dp_comm")
 
@@ -72,6 +73,4 @@ def _tid(stream: str, n: int) -> int:
 
 def write_chrome_trace(path: str | Path, step: StepResult) -> Path:
     """Write the trace atomically (a temporary file, then a rename)."""
-    from echo_plan.files import write_atomic
-
     return write_atomic(path, json.dumps(chrome_trace(step)))

@@ -10,6 +10,9 @@ from echo_plan.report.enrich import TimelineSimulator, compare_with_timeline, se
     timeline_simulator
 from echo_plan.report.render import detail_row, write_report
 from echo_plan.search.results import CompareOutcome, SearchOutcome
+from echo_plan.errors import EchoPlanError
+from echo_plan.report.sensitivity_view import sensitivity_rows, sensitivity_view
+from echo_plan.report.load import save_settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +41,6 @@ def make_report(outcome: SearchOutcome | CompareOutcome, path: str | Path, *, fi
             outcome, note = search_with_timeline(outcome, simulator, fresh)
     view = None
     if sensitivity and isinstance(outcome, SearchOutcome) and outcome.ranked:
-        from echo_plan.errors import EchoPlanError
-        from echo_plan.report.sensitivity_view import sensitivity_rows, sensitivity_view
-
         try:
             view = sensitivity_view(sensitivity_rows(outcome, cache_dir))
         except (EchoPlanError, ImportError) as exc:
@@ -55,8 +55,6 @@ def report_from_cli(outcome: SearchOutcome | CompareOutcome, path: str | None, c
     ``echo-plan report`` can re-render it fully later), and with ``--report FILE`` write the report
     and say where it is (on stderr when stdout carries JSON)."""
     import typer
-
-    from echo_plan.report.load import save_settings
 
     for note in save_settings(outcome):
         typer.echo(f"note: {note}", err=True)

@@ -12,6 +12,9 @@ from typing import Callable
 from echo_plan.errors import EchoPlanError
 from echo_plan.replay.results import StepResult
 from echo_plan.search.results import CompareOutcome, SearchOutcome
+from echo_plan.simulate import simulate
+from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec
+from echo_plan.trace.cache import TraceCache
 
 # (model dict, cluster dict, plan dict) -> a StepResult with its timeline
 TimelineSimulator = Callable[[dict, dict, dict], StepResult]
@@ -22,10 +25,6 @@ def timeline_simulator(cache_dir: str | None = None) -> TimelineSimulator:
     traces from the on-disk trace cache (``cache_dir``, or the default cache folder)."""
 
     def run(model: dict, cluster: dict, plan: dict) -> StepResult:
-        from echo_plan.simulate import simulate
-        from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec
-        from echo_plan.trace.cache import TraceCache
-
         return simulate(ModelSpec.build(dict(model), "model in the result"),
                         ClusterSpec.build(dict(cluster), "cluster in the result"),
                         PlanSpec.build(dict(plan), "recommended plan"), cache=TraceCache(cache_dir), timeline=True)

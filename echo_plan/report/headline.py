@@ -9,6 +9,7 @@ from echo_plan.report.chart import BREAKDOWN_NAMES, fmt_count, fmt_seconds
 from echo_plan.report.charts_search import capacity_gib, evaluated
 from echo_plan.report.plans import knob_differences, plan_in_words, short_label
 from echo_plan.search.results import CompareOutcome, CompareRow, SearchOutcome
+from echo_plan.search.explain_cp import cp_choice
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,6 @@ def search_headline(outcome: SearchOutcome) -> Headline:
     experts = _expert_choice(best, [r for r in points if r.fits])
     if experts:
         reasons.append(experts)
-    from echo_plan.search.explain_cp import cp_choice
 
     why_cp = cp_choice(best, [r for r in points if r.fits], int(outcome.model.get("seq_length") or 0),
                        int(outcome.cluster.get("gpus_per_node") or 8), outcome.pruned_counts)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from echo_plan.report.chart import fmt_count
+from echo_plan.specs import ModelSpec
 
 # What the prediction accounts for and what it leaves out (DESIGN.md, stages 2-4).
 MODELLED = (
@@ -61,8 +62,6 @@ def _value(v: Any) -> str:
 def model_rows(model: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [(k.replace("_", " "), _value(v)) for k, v in model.items() if v not in (None, "")]
     try:  # the parameter count, when the mapping is a valid ModelSpec
-        from echo_plan.specs import ModelSpec
-
         rows.insert(1, ("parameters", fmt_count(ModelSpec.build(dict(model)).num_params)))
     except Exception:  # an older or foreign mapping: show the fields only
         pass

@@ -19,6 +19,11 @@ from echo_plan.files import parse_json, read_text
 from echo_plan.replay.results import StepResult
 from echo_plan.search.results import CompareOutcome, SearchOutcome, TrialRecord, TrialState
 from echo_plan.search.storage import check_storage, db_error
+from echo_plan.search.serialize import COMPARE_FORMAT, FORMAT, compare_from_json, outcome_from_json
+from echo_plan.specs import load_cluster, load_model
+from echo_plan.search.serialize import trial_from_json
+from echo_plan.search.serialize import outcome_to_json
+from echo_plan.search.storage import default_storage_url
 
 TRIAL_ATTR = "echo_plan_trial"  # as written by echo_plan.search.storage
 OUTCOME_ATTR = "echo_plan_outcome"  # a study-level SearchOutcome JSON without trials, when stored
@@ -27,8 +32,6 @@ SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
 def load_result_file(path: str | Path) -> SearchOutcome | CompareOutcome:
     """A saved ``--json`` result of search or compare."""
-    from echo_plan.search.serialize import COMPARE_FORMAT, FORMAT, compare_from_json, outcome_from_json
-
     p = Path(path)
     data = parse_json(read_text(p), str(p))
     kind = data.get("format") if isinstance(data, dict) else None
@@ -74,8 +77,6 @@ def _ranked(trials: list[TrialRecord]) -> tuple[StepResult, ...]:
 
 def _specs_from_results(trials: list[TrialRecord]) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Model and cluster dicts re-read from the presets that the stored results name."""
-    from echo_plan.specs import load_cluster, load_model
-
     first = next((t.result for t in trials if t.result is not None), None)
     if first is None:
         raise EchoPlanError("the study has no simulated trial, so there is nothing to report")
@@ -95,8 +96,6 @@ def _specs_from_results(trials: list[TrialRecord]) -> tuple[dict[str, Any], dict
 def load_study(url: str, study_name: str | None = None) -> SearchOutcome:
     """Rebuild a SearchOutcome from a study that echo-plan wrote (no simulation)."""
     import optuna
-
-    from echo_plan.search.serialize import outcome_from_json, trial_from_json
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     names = _study_names(url)
@@ -143,8 +142,6 @@ def save_settings(outcome: SearchOutcome | CompareOutcome) -> list[str]:
     could not be written (the search's results are safe in its trials either way)."""
     import optuna
 
-    from echo_plan.search.serialize import outcome_to_json
-
     outcomes = [r.outcome for r in outcome.rows] if isinstance(outcome, CompareOutcome) else [outcome]
     notes = []
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -173,7 +170,6 @@ def load_source(source: str | None, storage: str | None = None,
         return load_study(storage_url(storage), study_name)
     if source is None:
         if study_name is not None:  # a study in the default storage, where `echo-plan search` keeps them
-            from echo_plan.search.storage import default_storage_url
 
             return load_study(default_storage_url(), study_name)
         raise EchoPlanError("give a saved result (.json), a study database (.db), or --study-name NAME "

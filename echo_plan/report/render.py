@@ -19,6 +19,7 @@ from echo_plan.report.headline import compare_headline, search_headline
 from echo_plan.report.inputs import build_inputs
 from echo_plan.report.table import knob_value_table, ranked_table, sizes_table
 from echo_plan.search.results import CompareOutcome, SearchOutcome, TrialState, simulated_this_study
+from echo_plan.files import write_atomic
 
 Outcome = SearchOutcome | CompareOutcome
 
@@ -185,8 +186,6 @@ def render_report(outcome: Outcome, **kwargs: Any) -> str:
 
 def write_report(outcome: Outcome, path: str | Path, **kwargs: Any) -> Path:
     """Render and write the report atomically (a whole file or none); returns the path written."""
-    from echo_plan.files import write_atomic
-
     target = Path(path)
     if target.suffix.lower() not in (".html", ".htm"):
         raise EchoPlanError(f"report file {str(target)!r} should end in .html")

@@ -8,6 +8,10 @@ from typing import Any
 from echo_plan.report.chart import PALETTE, Chart, base_layout
 from echo_plan.report.plans import short_label
 from echo_plan.report.table import Cell, Table
+from echo_plan.resilience.sensitivity import HEADLINE_SEVERITY, sensitivity
+from echo_plan.simulate import SimulationMemo, simulate
+from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec
+from echo_plan.trace.cache import TraceCache
 
 TOP_PLANS = 3
 
@@ -21,11 +25,6 @@ class SensitivityView:
 
 def sensitivity_rows(outcome, cache_dir: str | None = None) -> list[tuple[dict, list]]:
     """(plan, rows at the headline severities) of the top plans, simulated with each fault."""
-    from echo_plan.resilience.sensitivity import HEADLINE_SEVERITY, sensitivity
-    from echo_plan.simulate import SimulationMemo, simulate
-    from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec
-    from echo_plan.trace.cache import TraceCache
-
     model = ModelSpec.build(dict(outcome.model), "model in the result")
     cluster = ClusterSpec.build(dict(outcome.cluster), "cluster in the result")
     memo, cache = SimulationMemo(), TraceCache(cache_dir)

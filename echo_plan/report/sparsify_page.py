@@ -13,6 +13,8 @@ from echo_plan.report.headline import Headline, Metric
 from echo_plan.report.inputs import build_inputs
 from echo_plan.report.plans import plan_in_words, short_label
 from echo_plan.report.table import Cell, Table
+from echo_plan.report.render import _page, _stamp
+from echo_plan.files import write_atomic
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +62,6 @@ def sparsify_table(o) -> Table:
 
 
 def render_sparsify_report(o, model_spec, cluster_spec, generated_at: datetime | None = None) -> str:
-    from echo_plan.report.render import _page, _stamp
-
     stamp = _stamp(generated_at)
     paying = [c for c in o.curves if c.break_even_density is not None]
     reasons = [f"The dense reduction takes {fmt_seconds(o.dense_step_time_s)} per step on a data-parallel group "
@@ -93,7 +93,5 @@ def render_sparsify_report(o, model_spec, cluster_spec, generated_at: datetime |
 
 
 def write_sparsify_report(o, path: str | Path, model_spec, cluster_spec) -> Path:
-    from echo_plan.files import write_atomic
-
     write_atomic(path, render_sparsify_report(o, model_spec, cluster_spec))
     return Path(path)

@@ -14,6 +14,7 @@ from echo_plan.report.plans import plan_in_words, short_label
 from echo_plan.report.render import _page, _stamp
 from echo_plan.report.sensitivity_view import SensitivityView
 from echo_plan.report.table import Cell, Table
+from echo_plan.files import write_atomic
 
 
 def whatif_table(rows: Sequence[Any]) -> Table:
@@ -78,7 +79,5 @@ def render_whatif_report(model_spec, cluster_spec, plan, healthy_s: float, rows:
 
 def write_whatif_report(path: str | Path, model_spec, cluster_spec, plan, healthy_s: float,
                         rows: Sequence[Any]) -> Path:
-    from echo_plan.files import write_atomic
-
     write_atomic(path, render_whatif_report(model_spec, cluster_spec, plan, healthy_s, rows))
     return Path(path)

@@ -6,14 +6,13 @@ from typing import Iterable
 
 from echo_plan.errors import FileFormatError
 from echo_plan.specs.faults import MAX_FAULTS, Fault, fault_from_mapping, parse_fault
+from echo_plan.files import parse_yaml, read_text
 
 
 def read_faults(texts: Iterable[str], path: str | None = None) -> tuple[Fault, ...]:
     """The --fault specs, then the file's (a YAML list, or a mapping with a ``faults`` list)."""
     faults = [parse_fault(t) for t in texts]
     if path:
-        from echo_plan.files import parse_yaml, read_text
-
         data = parse_yaml(read_text(path), path)
         items = data.get("faults") if isinstance(data, dict) else data
         if not isinstance(items, list):

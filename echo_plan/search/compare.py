@@ -17,6 +17,11 @@ from echo_plan.search.prune import PrunedSpace
 from echo_plan.search.results import CompareOutcome, CompareRow, SearchOutcome
 from echo_plan.search.study import SearchConfig, prune_for, run_search
 from echo_plan.specs.cluster import ClusterSpec
+from echo_plan.search.ray_eval import ray_session
+from echo_plan.search.process_pool import ProcessPool, auto_processes
+from echo_plan.simulate import SimulationMemo
+from echo_plan.cost.goodput import goodput
+from echo_plan.specs.plan import PlanSpec
 
 _TOKEN_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -108,8 +113,6 @@ def _pruned_ahead(base: SearchConfig, sizes: list[int], ahead: bool) -> Iterator
 
 def _ray_for(base: SearchConfig) -> ContextManager[None]:
     if base.workers > 0 or base.ray_address:
-        from echo_plan.search.ray_eval import ray_session
-
         return ray_session(base.workers or None, base.ray_address)
     return nullcontext()
 
@@ -117,8 +120,6 @@ def _ray_for(base: SearchConfig) -> ContextManager[None]:
 @contextmanager
 def _processes_for(base: SearchConfig) -> Iterator[Any]:
     """One pool of local worker processes for every size (None: in-process, or on Ray)."""
-    from echo_plan.search.process_pool import ProcessPool, auto_processes
-
     n = base.processes if base.processes is not None else auto_processes(base.budget)
     if base.workers > 0 or base.ray_address or n < 2:
         yield None
@@ -133,8 +134,6 @@ def _processes_for(base: SearchConfig) -> Iterator[Any]:
 def _shared_memo() -> Any:
     """The SimulationMemo an in-process compare's sizes share (traces, schedules; its keys hold the
     cluster, so no result of one size serves another)."""
-    from echo_plan.simulate import SimulationMemo
-
     return SimulationMemo()
 
 
@@ -176,9 +175,6 @@ def build_compare(base: SearchConfig, outcomes: list[tuple[int, SearchOutcome]],
                 cost = hours * price if price is not None else None
         good = ettr = train_f = None
         if best is not None:
-            from echo_plan.cost.goodput import goodput
-            from echo_plan.specs.plan import PlanSpec
-
             g = goodput(best, PlanSpec.build(best.plan), failure_model)
             good, ettr = g.goodput_tokens_per_s, g.ettr
             if base.tokens_budget is not None and good > 0:

@@ -14,14 +14,15 @@ from typing import Any, Callable
 from echo_plan.errors import SpecError
 from echo_plan.search.results import CompareOutcome
 from echo_plan.search.study import SearchConfig
+from echo_plan.search.space import TRAINING_DTYPES
+from echo_plan.search.table import plan_label
+from echo_plan.search.serialize import compare_to_json
 
 DTYPE_COMPARE_FORMAT = "echo-plan-compare-dtype/1"
 
 
 def parse_dtypes(text: str) -> list[str]:
     """``bf16,fp8`` -> ['bf16', 'fp8'] (order kept, distinct)."""
-    from echo_plan.search.space import TRAINING_DTYPES
-
     out = list(dict.fromkeys(p.strip().lower() for p in str(text).split(",") if p.strip()))
     bad = [p for p in out if p not in TRAINING_DTYPES]
     if not out or bad:
@@ -53,15 +54,11 @@ class DtypeComparison:
         return out
 
     def as_json(self) -> dict[str, Any]:
-        from echo_plan.search.serialize import compare_to_json
-
         return {"format": DTYPE_COMPARE_FORMAT, "dtypes": [d for d, _ in self.outcomes], "rows": self.rows(),
                 "by_dtype": {d: compare_to_json(o) for d, o in self.outcomes}}
 
 
 def _label(plan: dict[str, Any]) -> str:
-    from echo_plan.search.table import plan_label
-
     return plan_label(plan)
 
 

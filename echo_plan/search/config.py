@@ -11,6 +11,7 @@ from echo_plan.search.space import SearchSpace
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.software import SoftwareSpec
+from echo_plan.specs.presets import load_stack
 
 DEFAULT_TRIALS = 100  # distinct plans simulated per search unless --trials says otherwise
 
@@ -48,7 +49,6 @@ class SearchConfig:
     def software(self) -> SoftwareSpec:
         if self.stack is not None:
             return self.stack
-        from echo_plan.specs.presets import load_stack
 
         return load_stack()
 

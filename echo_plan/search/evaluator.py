@@ -21,6 +21,9 @@ from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec
 from echo_plan.specs.software import SoftwareSpec
+from echo_plan.simulate import SimulationMemo
+from echo_plan.trace.cache import TraceCache
+from echo_plan.simulate import simulate
 
 
 @runtime_checkable
@@ -89,9 +92,6 @@ class SimulatorEvaluator:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, cache_dir: str | None,
                  stack: SoftwareSpec | None = None, memory_headroom_bytes: int | None = None, memo=None) -> None:
-        from echo_plan.simulate import SimulationMemo
-        from echo_plan.trace.cache import TraceCache
-
         self.model = model
         self.cluster = cluster
         self.memo = memo if memo is not None else SimulationMemo()
@@ -101,8 +101,6 @@ class SimulatorEvaluator:
         self._ready: set[tuple] = set()
 
     def evaluate(self, plan: PlanSpec) -> StepResult:
-        from echo_plan.simulate import simulate
-
         key = (plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size, plan.dtype.value, plan.recompute.value)
         if key not in self._ready:
             from filelock import FileLock

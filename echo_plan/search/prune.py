@@ -18,6 +18,8 @@ from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import balanced_split, PlanSpec, Recompute, Schedule, schedule_rule, validate_plan
 from echo_plan.specs.software import SoftwareSpec, check_stack_supports
 from echo_plan.search.space import Knob, SearchSpace
+from echo_plan.cost.memory import estimate_memory, load_memory_constants
+from echo_plan.specs.presets import load_stack
 
 MemoryEstimator = Callable[[ModelSpec, PlanSpec, ClusterSpec], tuple[StageMemory, ...]]
 
@@ -110,7 +112,6 @@ class Pruner:
                  memory_headroom_bytes: int | None = None) -> None:
         if global_batch_size < 1:
             raise SpecError("gbs", global_batch_size, "a positive global batch size (sequences)")
-        from echo_plan.specs.presets import load_stack
 
         self.model = model
         self.cluster = cluster
@@ -218,9 +219,6 @@ def _long_sequence_oom(model: ModelSpec, worst: StageMemory) -> bool:
 def closed_form_memory(stack: SoftwareSpec | None = None, memory_headroom_bytes: int | None = None) -> MemoryEstimator:
     """``echo_plan.cost.memory.estimate_memory`` for ``stack`` (default: megatron-core) with the given
     headroom (default: memory.yaml's fraction of the GPU), as a MemoryEstimator."""
-    from echo_plan.cost.memory import estimate_memory, load_memory_constants
-    from echo_plan.specs.presets import load_stack
-
     stack = stack if stack is not None else load_stack()
     consts = load_memory_constants()
 

@@ -20,6 +20,8 @@ from typing import Any
 from echo_plan.errors import EchoPlanError
 from echo_plan.search.results import TrialRecord, TrialState
 from echo_plan.search.serialize import trial_from_json, trial_to_json
+from echo_plan.errors import SpecError
+from echo_plan.output_paths import check_output_file
 
 ATTR = "echo_plan_trial"  # user attribute holding the TrialRecord JSON
 
@@ -48,9 +50,6 @@ def check_storage(url: str | None, option: str = "--storage", *, must_exist: boo
     """Fail before any work on a storage that cannot be used: an empty URL, or an SQLite file that
     is a folder, device, FIFO or socket, sits where files cannot be created, or is an existing
     file that is not an SQLite database (which SQLite would overwrite)."""
-    from echo_plan.errors import SpecError
-    from echo_plan.output_paths import check_output_file
-
     if url is None or url == "memory":
         return
     if not url.strip():

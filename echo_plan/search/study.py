@@ -31,6 +31,10 @@ from echo_plan.search.prune import MemoryEstimator, PrunedSpace, PruneReason, Ve
 from echo_plan.search.results import SearchOutcome, TrialRecord, TrialState
 from echo_plan.search.space import Knob
 from echo_plan.search.storage import TrialStore, default_storage_url, derive_study_name
+from echo_plan import __version__
+from echo_plan.search.ray_eval import ray_advice
+from echo_plan.search.process_pool import MIN_PLANS_FOR_PROCESSES, auto_processes, own_pool
+from echo_plan.search.ray_eval import RayPool
 
 # the search's public names (SearchConfig and the sampler live in config.py; imported from here too)
 __all__ = ["DEFAULT_TRIALS", "IN_MEMORY", "POLISH_SHARE", "ROUND_SIZE", "SamplerKind", "SearchConfig", "pareto_front",
@@ -88,7 +92,6 @@ class _Search:
         self.notes: list[str] = []
         model_json = config.model.model_dump(mode="json")
         cluster_json = config.cluster.model_dump(mode="json")
-        from echo_plan import __version__
 
         self.study_name = config.study_name or derive_study_name(
             model_json, cluster_json, config.global_batch_size, config.space.digest(), self.sampler.value,
@@ -173,7 +176,6 @@ class _Search:
         finally:
             nodes = getattr(pool, "nodes", None)
             if nodes is not None:  # on Ray: would one process have been faster on this machine?
-                from echo_plan.search.ray_eval import ray_advice
 
                 self.notes += ray_advice(self.records, time.perf_counter() - t0, pool.workers)
             if nodes:
@@ -190,12 +192,9 @@ class _Search:
 
     def _pool(self, plans_left: int) -> Any:
         if self.config.workers > 0 or self.config.ray_address:
-            from echo_plan.search.ray_eval import RayPool
-
             return RayPool(self.factory, self.config.workers or None, self.config.ray_address)
         if self.shared_processes is not None:
             return self.shared_processes.bind(self.factory)
-        from echo_plan.search.process_pool import MIN_PLANS_FOR_PROCESSES, auto_processes, own_pool
 
         n = self.config.processes if self.config.processes is not None else auto_processes(plans_left)
         if n > 1:

@@ -35,6 +35,7 @@ from typing import Any
 from echo_plan.errors import SpecError
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.plan import PlanSpec
+from echo_plan.specs.cluster import Routing
 
 MAX_FAULTS = 1000
 
@@ -151,8 +152,6 @@ def check_faults(faults: tuple[Fault, ...], plan: PlanSpec, cluster: ClusterSpec
 
 
 def _check_uplink(f: Fault, cluster: ClusterSpec) -> None:
-    from echo_plan.specs.cluster import Routing
-
     net = cluster.network
     if net.routing is Routing.NONE:
         raise SpecError("uplink", f.label(), "uplink faults need the leaf/spine model: add --routing ecmp or "

@@ -13,6 +13,7 @@ from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.loaders import is_hf_config, model_fields_from_hf, read_mapping
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.software import SoftwareSpec
+from echo_plan.limits import MAX_BYTES
 
 DEFAULT_MODEL = "gpt3-175b"
 DEFAULT_CLUSTER = "h800"
@@ -132,8 +133,6 @@ def _stack_mapping(ref: str, seen: tuple[str, ...]) -> tuple[dict, str]:
 
 def parse_size(text: str | int) -> int:
     """Bytes from ``1048576``, ``64MB``, ``1GiB``, ``512K`` (K/M/G/T decimal, KiB/MiB/GiB binary)."""
-    from echo_plan.limits import MAX_BYTES
-
     if isinstance(text, int) and not isinstance(text, bool):
         if not 0 <= text <= MAX_BYTES:
             raise EchoPlanError(f"size {text!r} is outside 0 B to {MAX_BYTES:,} B (1 PiB)")

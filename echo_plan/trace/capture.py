@@ -25,6 +25,7 @@ from echo_plan.trace.modtrack import ModuleLabeler
 from echo_plan.trace.recorder import Recorder
 from echo_plan.trace.records import OpRecord, Phase, StageKind
 from echo_plan.trace.stages import EmbeddingStage, OutputStage
+from echo_plan.trace.fp8 import Fp8State
 
 TORCH_DTYPES = {DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP32: torch.float32}
 _DTYPE_OF = {v: k for k, v in TORCH_DTYPES.items()}
@@ -77,8 +78,6 @@ def _build(stage: StageKind, model: ModelSpec, groups: TraceGroups, sp: bool, dt
     if stage is StageKind.BLOCK:  # Megatron-Core keeps the embedding and output layer in bf16 under FP8
         state = None
         if fp8:
-            from echo_plan.trace.fp8 import Fp8State
-
             state = Fp8State(stack.fp8_recipe, stack.fp8_param_gather)
         module: nn.Module = TransformerBlock(model, group, sp, dtype, recompute, stack, recompute_context, discard,
                                              kind=kind, groups=groups, layout=layout, fp8=state)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from echo_plan.errors import EchoPlanError
+from echo_plan.trace.records import CommGroup, GroupKind
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,6 @@ def fake_groups(tp: int, ep: int = 1, etp: int = 1, cp: int = 1) -> Iterator[Tra
     has stride tp); for expert layers etp fastest, then ep (so an EP group has stride etp). A group
     of one is None (no collectives).
     """
-    from echo_plan.trace.records import CommGroup, GroupKind
-
     world = max(tp, ep, etp, cp)
     if world <= 1:
         yield TraceGroups(None)

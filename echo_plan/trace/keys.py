@@ -15,6 +15,7 @@ from echo_plan.errors import SpecError
 from echo_plan.specs import DType, ModelSpec, Recompute
 from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
 from echo_plan.trace.records import StageKind, TraceKey
+from echo_plan.specs.plan import validate_cp
 
 # The modules whose source decides what a trace contains.
 TRACED_MODULES = (
@@ -81,7 +82,6 @@ def check_cp(model: ModelSpec, cp: int, tp: int, sequence_parallel: bool) -> Non
         raise SpecError("cp", cp, "must be a positive integer")
     if cp == 1:
         return
-    from echo_plan.specs.plan import validate_cp
 
     validate_cp(cp, tp, sequence_parallel, model)
     check_tp(model, tp, False)

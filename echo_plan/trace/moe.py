@@ -38,6 +38,7 @@ from echo_plan.specs.software import MoEDispatcher
 from echo_plan.trace import kernels, moe_kernels, parallel
 from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.layers import clamped_swiglu
+from echo_plan.trace.fp8 import fp8_grouped_linear
 
 
 def routed_token_counts(tokens: int, model: ModelSpec, layout: ExpertLayout) -> tuple[int, int, int]:
@@ -117,7 +118,6 @@ class Experts(nn.Module):
         """x [E, rows, K] @ w [E, K, N]: bf16, or FP8 when the plan trains in fp8 (trace/fp8.py)."""
         if self.fp8 is None:
             return torch.bmm(x, w)
-        from echo_plan.trace.fp8 import fp8_grouped_linear
 
         return fp8_grouped_linear(x, w, self.fp8)
 

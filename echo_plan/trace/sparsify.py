@@ -25,6 +25,7 @@ from functools import lru_cache
 import torch
 
 from echo_plan.trace.records import OpRecord
+from echo_plan.trace.recorder import Recorder
 
 Tensor = torch.Tensor
 
@@ -81,7 +82,6 @@ def worker_ops(method: str, n: int, scanned: int, selected: int, union: int, wor
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from echo_plan.trace import kernels  # noqa: F401 - registers echo_plan's custom ops before recording
-    from echo_plan.trace.recorder import Recorder
 
     recorder = Recorder(1)
     with FakeTensorMode():

@@ -60,7 +60,7 @@ def trace_stage(model: ModelSpec, stage: StageKind, *, tp: int, sequence_paralle
         hit = cache.get(key)
         if hit is not None:
             return hit
-    from echo_plan.trace.capture import capture
+    from echo_plan.trace.capture import capture  # deferred: loads numpy, torch
 
     known = None  # a cached trace of this stage under another recompute mode measured every mode's saved bytes
     if cache is not None and StageKind(stage) is StageKind.BLOCK:

@@ -30,6 +30,8 @@ from types import MappingProxyType
 
 from echo_plan.errors import FileFormatError
 from echo_plan.validation.rows import TFLOPS_UNIT, TrainingRow, csv_records
+from echo_plan.replay.metrics import megatron_gpt_flops
+from echo_plan.specs import ModelSpec
 
 ENV_VAR = "ECHO_PLAN_VALIDATION_DIR"
 TABLE = "megatron_weak_scaling_a100.csv"
@@ -79,9 +81,6 @@ def megatron_choice(layers: int, pp: int, gpus: int, tp: int, gbs: int) -> tuple
 def read_tflops_table(path: Path, settings: TableSettings = TableSettings(),
                       choice: tuple[int, int] | None = None) -> tuple[TrainingRow, ...]:
     """Rows of an SC21-format table; ``choice`` forces one (micro-batch, virtual stages) for every row."""
-    from echo_plan.replay.metrics import megatron_gpt_flops
-    from echo_plan.specs import ModelSpec
-
     if not path.exists():
         raise FileFormatError(str(path), f"no such file (set {ENV_VAR} to the folder holding the suites)")
     header, records = csv_records(path)

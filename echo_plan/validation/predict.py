@@ -11,6 +11,12 @@ from typing import Any, Callable, Iterable
 
 from echo_plan.errors import EchoPlanError
 from echo_plan.validation.rows import TrainingRow
+from echo_plan.simulate import SimulationMemo
+from echo_plan.specs import load_cluster
+from echo_plan.specs import load_stack
+from echo_plan.specs import PlanSpec
+from echo_plan.specs import ModelSpec
+from echo_plan.simulate import simulate
 
 
 @dataclass(frozen=True)
@@ -52,9 +58,6 @@ class RowSimulator:
 
     def __init__(self, cluster: Any, stack_name: str, cache: Any = None, memo: Any = None,
                  model_settings: Any = None) -> None:
-        from echo_plan.simulate import SimulationMemo
-        from echo_plan.specs import load_cluster
-
         self.base = load_cluster(cluster) if isinstance(cluster, str) else cluster
         self.stack_name = stack_name
         self.model_settings = dict(model_settings or {})  # model name -> stack settings of its runs
@@ -62,12 +65,6 @@ class RowSimulator:
         self.memo = memo if memo is not None else SimulationMemo()
 
     def stack_for(self, row: TrainingRow) -> Any:
-        from echo_plan.specs import load_stack
-
-        from echo_plan.specs import PlanSpec
-
-        from echo_plan.specs import ModelSpec
-
         model_settings = self.model_settings.get(row.model.name, {})
         settings = {k: v for k, v in model_settings.items()
                     if k not in PlanSpec.model_fields and k not in ModelSpec.model_fields
@@ -78,8 +75,6 @@ class RowSimulator:
 
     def plan_for(self, row: TrainingRow) -> Any:
         """The row's plan; plan settings of the suite's model settings fill what the row's columns leave out."""
-        from echo_plan.specs import PlanSpec
-
         settings = self.model_settings.get(row.model.name, {})
         fields = {k: v for k, v in settings.items() if k in PlanSpec.model_fields}
         fields.update(row.plan)
@@ -93,8 +88,6 @@ class RowSimulator:
 
     def model_for(self, row: TrainingRow) -> Any:
         """The row's model with the suite's model settings that are ModelSpec fields (e.g. mtp_layers)."""
-        from echo_plan.specs import ModelSpec
-
         changes = {k: v for k, v in self.model_settings.get(row.model.name, {}).items()
                    if k in ModelSpec.model_fields}
         return row.model.replace(**changes) if changes else row.model
@@ -104,8 +97,6 @@ class RowSimulator:
 
     def predict(self, row: TrainingRow, compute: Any = None) -> RowPrediction:
         """One row; ``compute`` replaces the cluster's compute model (calibration fits use it)."""
-        from echo_plan.simulate import simulate
-
         if row.not_modelled:
             return RowPrediction(row, None, problem=f"not modelled yet: {row.not_modelled}")
         try:

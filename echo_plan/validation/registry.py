@@ -15,6 +15,10 @@ from echo_plan.files import safe_load
 
 from echo_plan.errors import FileFormatError
 from echo_plan.files import read_text
+from echo_plan.validation.rows import RowCorrection
+from echo_plan.validation.rows import csv_records
+from echo_plan.validation.rows import read_step_times
+from echo_plan.validation.megatron import TableSettings, read_tflops_table
 
 DIRECTIVE = "# echo-plan:"
 FORMATS = ("tflops-table", "step-times")
@@ -55,8 +59,6 @@ def _precision_tolerances(d: dict) -> tuple[tuple[str, float, float], ...]:
 def _corrections(items) -> tuple:
     """The registry's ``row_corrections`` (a list of {match, set, why}) as rows.RowCorrection."""
     from types import MappingProxyType
-
-    from echo_plan.validation.rows import RowCorrection
 
     out = []
     for item in items:
@@ -103,8 +105,6 @@ def _directive(path: Path) -> dict[str, str]:
 
 
 def _infer_format(path: Path) -> str:
-    from echo_plan.validation.rows import csv_records
-
     header, _ = csv_records(path)
     if "achieved_tflops_per_gpu" in header:
         return "tflops-table"
@@ -165,10 +165,7 @@ def collective_suite(path: Path) -> CollectiveSuite:
 def training_rows(suite: TrainingSuite):
     """The suite's rows, read in its format."""
     if suite.format == "tflops-table":
-        from echo_plan.validation.megatron import TableSettings, read_tflops_table
-
         return read_tflops_table(suite.path, TableSettings(suite.seq_length, suite.vocab_size, suite.dtype,
                                                            suite.recompute))
-    from echo_plan.validation.rows import read_step_times
 
     return read_step_times(suite.path, suite.not_modelled, suite.row_defaults, suite.row_corrections)

@@ -21,6 +21,9 @@ from typing import Any, Mapping
 
 from echo_plan.errors import EchoPlanError, FileFormatError
 from echo_plan.files import read_text
+from echo_plan.specs import ModelSpec
+from echo_plan.specs import load_model, model_names
+from echo_plan.specs.plan import balanced_split
 
 STEP_UNIT = "s/step"
 TFLOPS_UNIT = "TFLOP/s per GPU"
@@ -152,8 +155,6 @@ def read_step_times(path: Path, not_modelled: str = "",
     """Rows of a ``step-times`` suite (see the module docstring); labels are unique in the file.
     ``row_defaults``: per model name, values of columns the file leaves out (its header states them);
     ``corrections``: listed values the runs' own configs contradict (labels keep the listed values)."""
-    from echo_plan.specs import ModelSpec
-
     header, records = csv_records(path)
     if row_defaults:
         extra = [c for d in row_defaults.values() for c in d if c not in header]
@@ -243,8 +244,6 @@ def nemo_model_flops(model: Any, gbs: int, path: Path, line: int) -> float:
 
 def _preset(rec: dict[str, str], path: Path, line: int) -> Any:
     """The model preset a row names, at the row's sequence length; None when the name is no preset."""
-    from echo_plan.specs import load_model, model_names
-
     if rec.get("model") not in model_names():
         return None
     model = load_model(rec["model"])
@@ -258,8 +257,6 @@ def _plan_fields(rec: dict[str, str], path: Path, line: int, model: Any = None) 
     sequence parallel with tp > 1 and the distributed optimizer (ASSUMPTION: recipe defaults); a pipeline
     (or, interleaved, its virtual stages) that does not divide the layers splits them as ``balanced_split``
     does (the recipes' own pipeline layouts are not in the file)."""
-    from echo_plan.specs.plan import balanced_split
-
     tp, pp, gpus = (_num(rec, c, path, line) for c in ("tp", "pp", "gpus"))
     vpp = _num(rec, "vpp", path, line) if rec.get("vpp") else 1
     cp = _num(rec, "cp", path, line) if rec.get("cp") else 1

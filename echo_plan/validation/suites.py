@@ -21,6 +21,12 @@ from typing import Any, Callable
 
 from echo_plan.errors import EchoPlanError
 from echo_plan.validation.registry import collective_suite, training_rows, training_suite
+from echo_plan.cost.ranges import loo_coverage
+from echo_plan.validation.predict import RowSimulator
+from echo_plan.validation.rows import TFLOPS_UNIT
+from echo_plan.cost.collectives import params_from_calibration
+from echo_plan.interop.nccl_tests import parse_nccl_tests
+from echo_plan.specs import load_cluster
 
 NCCL_MIN_SIZE = 1 << 20  # held-out collective rows: 1 MiB and up (below, latency jitter dominates)
 
@@ -172,9 +178,6 @@ def fitted_rows(cluster: Any, suite_name: str) -> set[str]:
 
 
 def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int, str], None] | None = None) -> SuiteResult:
-    from echo_plan.cost.ranges import loo_coverage
-    from echo_plan.validation.predict import RowSimulator
-
     suite = training_suite(ref.path)
     rows = training_rows(suite)
     sim = RowSimulator(suite.cluster, suite.stack, cache, model_settings=suite.model_settings)
@@ -205,8 +208,6 @@ def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int,
 def row_group(row: Any, groups: tuple[tuple[str, float, float], ...]) -> str:
     """The tolerance group a row is judged in: its precision ("fp8"), or "fp8 TFLOP/s" for a TFLOP/s row
     when the suite gives that group a tolerance of its own (a sweep judged per row, say)."""
-    from echo_plan.validation.rows import TFLOPS_UNIT
-
     dtype = str(row.plan.get("dtype", ""))
     own = f"{dtype} TFLOP/s"
     return own if row.unit == TFLOPS_UNIT and any(g == own for g, _, _ in groups) else dtype
@@ -222,10 +223,6 @@ class NcclFitter:
 
 
 def run_collective(ref: SuiteRef, nccl: NcclFitter) -> SuiteResult:
-    from echo_plan.cost.collectives import params_from_calibration
-    from echo_plan.interop.nccl_tests import parse_nccl_tests
-    from echo_plan.specs import load_cluster
-
     suite = collective_suite(ref.path)
     cluster = load_cluster(suite.cluster)
     logs = sorted((parse_nccl_tests(p) for p in sorted(ref.path.glob("*.log"))), key=lambda lg: lg.nranks)

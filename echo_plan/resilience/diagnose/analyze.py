@@ -15,6 +15,9 @@ from echo_plan.resilience.diagnose.records import RecordTable, State
 from echo_plan.resilience.diagnose.slow import comm_slow, compute_stragglers
 from echo_plan.resilience.diagnose.stats import hash_cols
 from echo_plan.resilience.diagnose.verdict import Diagnosis, Syndrome
+from echo_plan.resilience.diagnose.layout import labelled, missing_in
+from echo_plan.resilience.diagnose.layout import make_layout
+from echo_plan.resilience.diagnose.load import cluster_node_of, load_records
 
 if TYPE_CHECKING:
     from echo_plan.resilience.diagnose.layout import Layout
@@ -45,8 +48,6 @@ def diagnose_table(t: RecordTable, node_fallback: Callable[[int], int] | None = 
     node_of = NodeMap(t, node_fallback, layout.world if layout is not None else 0)
     expected = layout.world if layout is not None else len(t.expected_ranks)
     if layout is not None:
-        from echo_plan.resilience.diagnose.layout import labelled, missing_in
-
         t = labelled(t, layout)
         missing = missing_in(t, layout)
     else:
@@ -106,9 +107,6 @@ def diagnose_paths(paths: Iterable[str], gpus_per_node: int | None = None,
                    degrees: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
                    ) -> Diagnosis:
     """``degrees``: (tp, cp, pp, dp) of the job where the user gives them (layout.make_layout)."""
-    from echo_plan.resilience.diagnose.layout import make_layout
-    from echo_plan.resilience.diagnose.load import cluster_node_of, load_records
-
     fallback = cluster_node_of(gpus_per_node) if gpus_per_node else None
     table = load_records(paths, gpus_per_node)
     return diagnose_table(table, fallback, make_layout(*degrees, table))

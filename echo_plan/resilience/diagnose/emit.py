@@ -12,6 +12,12 @@ from enum import Enum
 from pathlib import Path
 
 from echo_plan.errors import SpecError
+from echo_plan.limits import MAX_SEED, check_int
+from echo_plan.interop.chakra_step import build_step_graph
+from echo_plan.simulate import SimulationMemo
+from echo_plan.specs.faults import check_faults
+from echo_plan.files import write_atomic
+from echo_plan.errors import FileFormatError
 
 MAX_STEPS = 64
 MAX_NOISE = 0.5
@@ -28,8 +34,6 @@ class RecordFormat(str, Enum):
 
 
 def check_emit_options(out: str, fmt: str, steps: int, noise: float, seed: int, buffer: int) -> RecordFormat:
-    from echo_plan.limits import MAX_SEED, check_int
-
     try:
         f = RecordFormat(fmt)
     except ValueError:
@@ -60,9 +64,7 @@ def emit_records(model, cluster, plan, *, stack, cache, faults, out: str, fmt: R
 
 def prepare_job(model, cluster, plan, *, stack=None, cache=None) -> tuple:
     """What every emission of this plan shares: (plan, cluster, per-stage programs, collective model)."""
-    from echo_plan.interop.chakra_step import build_step_graph
-    from echo_plan.resilience.diagnose.program import stage_programs
-    from echo_plan.simulate import SimulationMemo
+    from echo_plan.resilience.diagnose.program import stage_programs  # deferred: loads numpy
 
     if plan.world_size > MAX_EMIT_GPUS:
         raise SpecError("--emit-records", plan.world_size, f"a plan of at most {MAX_EMIT_GPUS:,} GPUs")
@@ -72,9 +74,8 @@ def prepare_job(model, cluster, plan, *, stack=None, cache=None) -> tuple:
 
 def emit_job(job: tuple, faults, *, out: str, fmt: RecordFormat, steps: int, noise: float, seed: int,
              buffer: int) -> dict:
-    from echo_plan.resilience.diagnose.emit_sim import run_job
-    from echo_plan.resilience.diagnose.program import rank_faults
-    from echo_plan.specs.faults import check_faults
+    from echo_plan.resilience.diagnose.emit_sim import run_job  # deferred: loads numpy
+    from echo_plan.resilience.diagnose.program import rank_faults  # deferred: loads numpy
 
     plan, cluster, programs, comm = job
     check_faults(tuple(faults), plan, cluster)
@@ -87,10 +88,7 @@ def emit_job(job: tuple, faults, *, out: str, fmt: RecordFormat, steps: int, noi
 
 
 def write_records(recs: list[list[list]], out: Path, fmt: RecordFormat, buffer: int, gpn: int) -> int:
-    from echo_plan.files import write_atomic
-    from echo_plan.resilience.diagnose import plain
-
-    from echo_plan.errors import FileFormatError
+    from echo_plan.resilience.diagnose import plain  # deferred: loads numpy
 
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +111,7 @@ def write_records(recs: list[list[list]], out: Path, fmt: RecordFormat, buffer: 
 
 
 def _fr_dump(rank: int, rows: list[list], world: int) -> bytes:
-    from echo_plan.resilience.diagnose.flight_recorder import dump_bytes
+    from echo_plan.resilience.diagnose.flight_recorder import dump_bytes  # deferred: loads numpy
 
     pgs: dict[str, tuple[str, tuple[int, ...]]] = {"0": ("default_pg", tuple(range(world)))}
     pg_ids: dict[str, int] = {"0": 0}

@@ -50,7 +50,7 @@ class _Noise:
 def run_job(programs, plan, cluster, comm, faults: RankFaults, steps: int, noise: float, seed: int) -> list[list[list]]:
     """Per rank, its records in issue order: [group, group_ranks, seq, op, nbytes, enqueue_s, start_s,
     end_s, state, conns, p2p, op index] with conns a list of (peer, 'send'|'recv', busy_s, done)."""
-    from echo_plan.interop.chakra_export import RankCoords, coords, group_of, rank_of
+    from echo_plan.interop.chakra_export import RankCoords, coords, group_of, rank_of  # deferred: loads google.protobuf
 
     world, gpn = plan.world_size, cluster.gpus_per_node
     timer = OpTimer(cluster, comm, gpn)

@@ -21,6 +21,8 @@ from echo_plan.errors import EchoPlanError, FileFormatError
 from echo_plan.replay.no_gc import paused_gc
 from echo_plan.resilience.diagnose.read import cluster_node_of, read_files
 from echo_plan.resilience.diagnose.records import RecordTable, TableBuilder
+from echo_plan.search.process_pool import MAX_AUTO_PROCESSES, usable_cpus
+from echo_plan.search.process_pool import worker_context
 
 MIN_FILES_PER_PROCESS = 64  # below this, starting a worker costs more than reading the files
 
@@ -39,8 +41,6 @@ class Share:
 
 
 def processes_for(n_files: int) -> int:
-    from echo_plan.search.process_pool import MAX_AUTO_PROCESSES, usable_cpus
-
     return max(1, min(usable_cpus(), MAX_AUTO_PROCESSES, n_files // MIN_FILES_PER_PROCESS))
 
 
@@ -60,8 +60,6 @@ def load_parallel(files: list[Path], gpus_per_node: int | None, processes: int) 
     """The table of ``files`` read by ``processes`` workers (contiguous shares, in file order)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from echo_plan.search.process_pool import worker_context
-
     names = [str(f) for f in files]
     step = -(-len(names) // processes)
     shares_in = [names[i:i + step] for i in range(0, len(names), step)]
@@ -74,8 +72,6 @@ def load_parallel(files: list[Path], gpus_per_node: int | None, processes: int) 
 
 
 def merge(shares: list[Share]) -> RecordTable:
-    from echo_plan.replay.no_gc import paused_gc
-
     out = TableBuilder()
     owner: dict[int, str] = {}
     with paused_gc():

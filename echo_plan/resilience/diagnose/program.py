@@ -21,6 +21,7 @@ import numpy as np
 
 from echo_plan.specs.faults import Fault, FaultKind, StageEffect, nic_ranks, slowed_cluster
 from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
+from echo_plan.interop.chakra_step import NodeKind
 
 COMP, COLL, SEND, RECV = 0, 1, 2, 3
 
@@ -68,8 +69,6 @@ def rank_faults(faults: tuple[Fault, ...], world: int, cluster) -> RankFaults:
 def stage_programs(graph) -> tuple[tuple[tuple, ...], ...]:
     """Per pipeline stage, its ops in order: (COMP, seconds) | (COLL, kind, group ref, bytes) |
     (SEND or RECV, peer stage, bytes); consecutive compute segments merged."""
-    from echo_plan.interop.chakra_step import NodeKind
-
     out = []
     for nodes in graph.stages:
         prog: list[tuple] = []
