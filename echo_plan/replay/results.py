@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from echo_plan.cost.stage_memory import StageMemory
 from echo_plan.cost.goodput import goodput
-
-GiB = float(2**30)
+from echo_plan.cost.stage_memory import GiB, StageMemory
 
 
 @dataclass(frozen=True, slots=True)
