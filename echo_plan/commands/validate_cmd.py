@@ -102,35 +102,38 @@ def _pct(x: Optional[float]) -> str:
 
 def print_summary(results) -> None:
     typer.echo(f"{'suite':<30} {'rows':>7} {'stack':<17} {'mean':>6} {'max':>6} {'held-out':>9} {'h-o max':>8} "
-               f"{'tol':>9} {'cover':>6}  status")
+               f"{'tol':>9} {'cover':>6} {'fits':>7}  status")
     for r in results:
         rows = f"{r.modelled}/{len(r.rows)}" if r.kind == "training" else str(len(r.rows))
         tol = f"{r.tolerance * 100:.0f}/{r.tolerance_max * 100:.0f}%" if r.kind == "training" else \
             f"{r.tolerance * 100:.0f}% max"
         cover = "-" if r.coverage is None else f"{r.coverage * 100:.0f}%"
+        fits = "-" if r.rows_fit is None else f"{r.rows_fit[0]}/{r.rows_fit[1]}"
         typer.echo(f"{r.name:<30} {rows:>7} {r.stack:<17} {_pct(r.mean_abs_error if r.rows else None):>6} "
                    f"{_pct(r.max_abs_error if r.rows else None):>6} {_pct(r.held_out_mean):>9} "
-                   f"{_pct(r.held_out_max):>8} {tol:>9} {cover:>6}  {r.status}")
+                   f"{_pct(r.held_out_max):>8} {tol:>9} {cover:>6} {fits:>7}  {r.status}")
         for precision, mean_tol, max_tol, mean, worst in (r.precision_stats() if r.kind == "training" else ()):
             typer.echo(f"{'  ' + precision + ' rows':<30} {'':>7} {'':<17} {'':>6} {'':>6} {_pct(mean):>9} "
                        f"{_pct(worst):>8} {f'{mean_tol * 100:.0f}/{max_tol * 100:.0f}%':>9}")
     typer.echo("rows: modelled/total; errors are |predicted - measured| / measured; held-out rows are those the "
-               "preset's calibration never saw; cover: leave-one-out share of held-out rows inside their 80% range")
+               "preset's calibration never saw; cover: leave-one-out share of held-out rows inside their 80% range; "
+               "fits: rows whose predicted peak memory fits the GPU less the default headroom (every run did)")
 
 
 def _print_suite(r) -> None:
     typer.echo(f"\n== {r.name} ({r.kind}, {r.unit})")
     for note in r.notes:
         typer.echo(f"   {note}")
-    typer.echo(f"   {'row':<40} {'measured':>10} {'predicted':>10} {'error':>8}")
+    typer.echo(f"   {'row':<40} {'measured':>10} {'predicted':>10} {'error':>8}  {'memory (peak/usable)':<22}")
     for row in r.rows:
         if row.predicted is None:
             typer.echo(f"   {row.label:<40} {row.measured:>10.4g} {'-':>10} {'-':>8}  {row.detail}")
             continue
         role = "" if r.kind == "collective" else (" (held out)" if row.held_out else " (fit)")
         rng = "" if row.in_range is None else ("  in range" if row.in_range else "  OUT of range")
+        memory = row.memory.words() if row.memory is not None else "-"
         typer.echo(f"   {row.label:<40} {row.measured:>10.4g} {row.predicted:>10.4g} {row.error * 100:>+7.1f}%  "
-                   f"{row.detail}{role}{rng}")
+                   f"{memory:<22}{row.detail}{role}{rng}")
     typer.echo(f"   mean |error| {r.mean_abs_error * 100:.1f}%, max {r.max_abs_error * 100:.1f}%, held-out mean "
                f"{_pct(r.held_out_mean)}, max {_pct(r.held_out_max)}: {r.status}")
     for precision, _, _, mean, worst in (r.precision_stats() if r.kind == "training" else ()):

@@ -20,12 +20,36 @@ from echo_plan.simulate import simulate
 
 
 @dataclass(frozen=True)
+class RowMemory:
+    """The fullest GPU of a predicted run: its peak, what a plan may use (capacity less the headroom), the
+    capacity. A run that ran must be predicted to fit (issue 31)."""
+
+    peak_gib: float
+    usable_gib: float
+    capacity_gib: float
+
+    @classmethod
+    def of(cls, memory) -> "RowMemory | None":  # noqa: ANN001
+        if not memory:
+            return None
+        worst = max(memory, key=lambda m: m.total_bytes)
+        return cls(worst.total_bytes / GIB, worst.usable_bytes / GIB, worst.capacity_bytes / GIB)
+
+    def words(self) -> str:
+        return f"{self.peak_gib:.1f}/{self.usable_gib:.0f} GiB" + ("" if self.peak_gib <= self.usable_gib else " OVER")
+
+
+GIB = float(2**30)
+
+
+@dataclass(frozen=True)
 class RowPrediction:
     row: TrainingRow
     step_s: float | None  # None when the row is not modelled or could not be simulated
     fits: bool = True
     problem: str = ""  # why there is no prediction
     range_s: tuple[float, float] | None = None  # the range simulate attaches
+    memory: RowMemory | None = None  # the predicted peak of the fullest GPU against what it may use
 
     @property
     def figure(self) -> float | None:
@@ -106,7 +130,8 @@ class RowSimulator:
                               compute=compute)
         except EchoPlanError as exc:
             return RowPrediction(row, None, problem=f"cannot simulate: {exc}")
-        return RowPrediction(row, result.step_time_s, result.fits, range_s=result.step_time_range_s)
+        return RowPrediction(row, result.step_time_s, result.fits, range_s=result.step_time_range_s,
+                             memory=RowMemory.of(result.memory))
 
     def predict_all(self, rows: Iterable[TrainingRow], compute: Any = None,
                     progress: Callable[[int, int, str], None] | None = None) -> tuple[RowPrediction, ...]:

@@ -41,6 +41,12 @@ class RowResult:
     in_range: bool | None = None
     not_modelled: str = ""
     precision: str = ""  # the row's tolerance group: its training dtype, or "<dtype> TFLOP/s" (``row_group``)
+    memory: Any = None  # validation.predict.RowMemory of a simulated training row: peak, usable, capacity (GiB)
+
+    @property
+    def fits(self) -> bool | None:
+        """Predicted to fit what a plan may use (None: not simulated, or a collective row)."""
+        return None if self.memory is None else self.memory.peak_gib <= self.memory.usable_gib
 
     @property
     def error(self) -> float | None:
@@ -80,6 +86,12 @@ class SuiteResult:
     @property
     def modelled(self) -> int:
         return sum(1 for r in self.rows if r.error is not None)
+
+    @property
+    def rows_fit(self) -> tuple[int, int] | None:
+        """(rows predicted to fit, rows with a predicted memory); None for a suite with no such rows."""
+        known = [r.fits for r in self.rows if r.fits is not None]
+        return (sum(known), len(known)) if known else None
 
     def _all_errs(self) -> list[float]:
         return [abs(r.error) for r in self.rows if r.error is not None]
@@ -142,7 +154,11 @@ class SuiteResult:
             "range_coverage": self.coverage, "nominal_coverage": 0.8 if self.kind == "training" else None,
             "rows": [{"label": r.label, "predicted": r.predicted, "measured": r.measured, "error": r.error,
                       "held_out": r.held_out, "in_range": r.in_range, "detail": r.detail,
-                      "not_modelled": r.not_modelled or None, "precision": r.precision or None} for r in self.rows],
+                      "not_modelled": r.not_modelled or None, "precision": r.precision or None, "fits": r.fits,
+                      "memory_peak_gib": r.memory.peak_gib if r.memory else None,
+                      "memory_usable_gib": r.memory.usable_gib if r.memory else None,
+                      "memory_capacity_gib": r.memory.capacity_gib if r.memory else None} for r in self.rows],
+            "rows_fit": self.rows_fit,
             "notes": list(self.notes),
         }
 
@@ -186,7 +202,7 @@ def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int,
     results = tuple(
         RowResult(p.row.label, p.figure, p.row.measured, p.row.label not in fit,
                   "; ".join(x for x in (p.row.detail, "" if p.fits else "does not fit", p.problem) if x),
-                  p.in_range, p.row.not_modelled, row_group(p.row, suite.by_precision))
+                  p.in_range, p.row.not_modelled, row_group(p.row, suite.by_precision), p.memory)
         for p in preds)
     held = [p.log_residual for p in preds if p.log_residual is not None and p.row.label not in fit]
     unit = rows[0].unit if rows else ""

@@ -344,3 +344,31 @@ def test_the_verdict_names_known_gaps():
                                   "fast) (exit status 0: known gaps do not fail validate)")
     assert verdict([ok, gap, bad]).endswith("; failed: b (exit status 1)")
     assert verdict([ok]) == "validate: 1 of 1 suites passed (exit status 0)"
+
+
+@pytest.mark.slow
+def test_every_simulated_row_says_whether_it_fits(validated):
+    """validate's fits column (issue 31): each simulated training row carries its predicted peak against
+    what a plan may use, agreeing with the row's 'does not fit' detail; each suite counts them."""
+    _, out = validated
+    for s in out["suites"]:
+        rows = [r for r in s["rows"] if r["memory_peak_gib"] is not None]
+        if s["kind"] != "training":
+            assert not rows and s["rows_fit"] is None
+            continue
+        assert rows and s["rows_fit"] == [sum(r["fits"] for r in rows), len(rows)]
+        for r in rows:
+            assert r["fits"] == (r["memory_peak_gib"] <= r["memory_usable_gib"] < r["memory_capacity_gib"])
+            assert r["fits"] == ("does not fit" not in (r["detail"] or "")), r["label"]
+
+
+def test_row_memory_reads_the_fullest_gpu():
+    from echo_plan.cost.stage_memory import StageMemory
+    from echo_plan.validation.predict import RowMemory
+
+    gib = 2**30
+    stages = (StageMemory(0, 30 * gib, 10 * gib, 20 * gib, 10 * gib, 1 * gib, 80 * gib, 8 * gib),
+              StageMemory(1, 30 * gib, 10 * gib, 20 * gib, 15 * gib, 1 * gib, 80 * gib, 8 * gib))
+    m = RowMemory.of(stages)
+    assert (m.peak_gib, m.usable_gib, m.capacity_gib) == (76.0, 72.0, 80.0)
+    assert m.words() == "76.0/72 GiB OVER" and RowMemory.of(()) is None
