@@ -132,7 +132,7 @@ class SimulationMemo:
 
     def timed_collectives(self, cluster_key: str) -> list[tuple[CollectiveKind, int, CommGroup]]:
         """(kind, nbytes, group) of every collective timed through ``comm_time`` on that cluster."""
-        return [(k[2], k[3], k[4]) for k in self._comm if k[1] == cluster_key]
+        return CollectiveTimes.timed(self._comm, cluster_key)
 
     def split_timings(self, traces, timing: dict, compute, comm, cluster: ClusterSpec, cluster_key: str,
                       plan: PlanSpec, interference) -> dict:

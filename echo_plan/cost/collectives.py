@@ -196,8 +196,13 @@ class CollectiveTimes:
     def __init__(self, model: CollectiveModel, cluster: ClusterSpec, cluster_key: str, store: dict) -> None:
         self.model, self.cluster, self.cluster_key, self.store = model, cluster, cluster_key, store
 
+    @staticmethod
+    def timed(store: dict, cluster_key: str) -> list[tuple[CollectiveKind, int, CommGroup]]:
+        """(kind, nbytes, group) of every collective timed into ``store`` on that cluster, by any model."""
+        return [(k[2], k[3], k[4]) for k in store if k[1] == cluster_key]
+
     def __call__(self, kind: CollectiveKind, nbytes: int, group: CommGroup) -> float:
-        key = (self.model, self.cluster_key, kind, nbytes, group)
+        key = (self.model, self.cluster_key, kind, nbytes, group)  # the layout ``timed`` reads
         t = self.store.get(key)
         if t is None:
             t = self.store[key] = self.model.time(kind, nbytes, group, self.cluster).time_s
