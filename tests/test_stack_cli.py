@@ -22,7 +22,7 @@ def test_simulate_json_carries_the_range_the_stack_and_the_headroom(tmp_path, ca
     assert lo < out["step_time_s"] * 1.2 and hi > out["step_time_s"] * 0.8 and lo < hi
     t_lo, t_hi = out["tokens_per_s_range"]
     assert t_lo == pytest.approx(out["tokens_per_s"] * out["step_time_s"] / hi)
-    assert out["range_coverage"] == 0.8 and "held-out" in out["range_basis"] and out["stack"] == "megatron-core"
+    assert out["range_coverage"] == 0.8 and "leave-one-suite-out" in out["range_basis"] and out["stack"] == "megatron-core"
     assert all(m["headroom_gib"] == pytest.approx(8.0) for m in out["memory_per_stage"])
 
 

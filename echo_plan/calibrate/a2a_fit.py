@@ -66,12 +66,7 @@ def a2a_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progres
     rows = training_rows(suite)
     got = a2a_fit(rows, [str(x) for x in recipe["fit_rows"]], cluster, suite.stack, suite.model_settings, cache,
                   progress)
-    # the rows an MoE prediction's range is made from (cost/ranges.py): held out, in the precisions the
-    # suite is judged on (bf16; its fp8 rows are not a target), as the dense ranges use bf16 rows
-    apart = {"fp8"} | {p for p, _, _ in suite.by_precision}
-    held = set(got["held_out"])
-    range_rows = [r.label for r in rows if r.label in held and str(r.plan.get("dtype", "bf16")) not in apart]
-    return {"suite": suite.name, "stack": suite.stack, "range_rows": range_rows, **got}
+    return {"suite": suite.name, "stack": suite.stack, **got}
 
 
 def merge(nccl: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
@@ -85,8 +80,8 @@ def merge(nccl: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
         "held_out": list(got["held_out"]),
         "residuals": dict(got["residuals"]),
     }
-    if got.get("stack"):  # the held-out rows an MoE prediction's range is made from (cost/ranges.py)
-        prov["all_to_all_fit"].update(stack=got["stack"], range_rows=list(got.get("range_rows") or ()))
+    if got.get("stack"):
+        prov["all_to_all_fit"]["stack"] = got["stack"]
     out["provenance"] = prov
     return out
 

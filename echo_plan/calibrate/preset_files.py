@@ -20,6 +20,21 @@ def recipes() -> dict[str, Any]:
     return dict(_registry().get("calibration_recipes") or {})
 
 
+def recipes_without(every: dict[str, Any], suite: str) -> dict[str, Any]:
+    """The recipes as they would be if ``suite`` had never been measured (leave-one-suite-out): a recipe
+    fitted on it takes its ``stand_in`` (another suite of the same GPU generation, with its own rule) or,
+    without one, is dropped, so the presets it feeds get no such figures at all."""
+    out: dict[str, Any] = {}
+    for name, recipe in every.items():
+        if recipe.get("suite") == suite or recipe.get("a2a_suite") == suite:
+            stand_in = recipe.get("stand_in")
+            if stand_in and stand_in.get("suite") != suite and "suite" in recipe:
+                out[name] = {**recipe, "suite": stand_in["suite"], "fit_rows": stand_in["fit_rows"]}
+            continue
+        out[name] = recipe
+    return out
+
+
 def fit_labels(rows, rule: str) -> set[str]:
     simulable = [r for r in rows if not r.not_modelled]
     if rule == "even":

@@ -3,107 +3,38 @@
     python -m echo_plan.calibrate.presets           # refit and print the blocks
     python -m echo_plan.calibrate.presets --write   # and write them into the preset files
 
-The recipes (``calibration_recipes`` in ``echo_plan/data/validation_suites.yaml``) say which
-rows fit which figures and which presets receive them. The network recipe runs first, so the
-compute fits see the calibrated collectives; the all-to-all recipe (``calibrate.a2a_fit``) runs
-last, on top of the compute calibration. Each preset file keeps its hand-written part; the
-block after ``MARKER`` is replaced. ``echo-plan validate`` then holds every preset against the
-rows it was not fitted on.
+``calibrate/blocks.py`` fits the figures by the recipes; each preset's ranges are the
+leave-one-suite-out residuals of every suite on its GPU generation (``calibrate/loso.py``). Each
+preset file keeps its hand-written part; the block after ``MARKER`` is replaced. ``echo-plan
+validate`` then holds every preset against the rows it was not fitted on.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 from pathlib import Path
 from typing import Any
 
-from echo_plan.calibrate.a2a_fit import a2a_block, merge as merge_a2a
-from echo_plan.calibrate.fp8_fit import fp8_block, is_fp8, merge
-from echo_plan.calibrate.preset_files import MARKER, fit_labels, recipes, write_block
-from echo_plan.errors import EchoPlanError
-from echo_plan import __version__
-from echo_plan.interop.nccl_tests import parse_nccl_tests
-from echo_plan.specs import load_cluster
-from echo_plan.validation.registry import training_rows, training_suite
+from echo_plan.calibrate.blocks import build_blocks
+from echo_plan.calibrate.loso import leave_one_suite_out, pooled_ranges
+from echo_plan.calibrate.preset_files import MARKER, write_block
 from echo_plan.specs.presets import clusters_dir
 from echo_plan.trace.cache import TraceCache
 from echo_plan.validation.megatron import validation_dir
 
-__all__ = ["MARKER", "build_blocks", "compute_block", "network_block", "write_block", "main"]
+__all__ = ["MARKER", "shipped_blocks", "write_block", "main"]
 
 
-def network_block(recipe: dict, vdir: Path) -> dict[str, Any]:
-    from echo_plan.calibrate.nccl_fit import fit_nccl  # deferred: loads numpy
-
-    folder = vdir / recipe["logs"]
-    cluster = load_cluster(recipe["cluster"]).replace(calibration={})
-    logs = sorted((parse_nccl_tests(p) for p in sorted(folder.glob("*.log"))), key=lambda lg: lg.nranks)
-    if not logs:
-        raise EchoPlanError(f"no nccl-tests logs in {folder}")
-    nvlink = fit_nccl(logs, cluster, fit_max_gpus=cluster.gpus_per_node)
-    sizes = recipe["network_fit_sizes"]
-    below, above = int(sizes["below_bytes"]), int(sizes["from_bytes"])
-    multi = [lg for lg in logs if lg.nranks > cluster.gpus_per_node]
-    net = fit_nccl(multi, cluster, base=nvlink.params, network_only=True,
-                   size_filter=lambda s: s < below or s >= above)
-    return {"params": net.values, "provenance": {
-        "tool": f"echo-plan {__version__} python -m echo_plan.calibrate.presets",
-        "date": _dt.date.today().isoformat(),
-        "logs": [f"{recipe['logs']}/{lg.name}" for lg in logs],
-        "nvlink_fit_logs": list(nvlink.fit_logs),
-        "network_fit": {"logs": [lg.name for lg in multi], "below_bytes": below, "from_bytes": above},
-        "held_out": f"{', '.join(lg.name for lg in multi)}: sizes from {below} B to below {above} B",
-        "error_per_log": net.log_summary(),
-    }}
-
-
-def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None) -> dict[str, Any]:
-    from echo_plan.calibrate.steps import calibrate_rows, calibration_block  # deferred: loads numpy
-
-    suite = training_suite(vdir / f"{recipe['suite']}.csv")
-    rows = [r for r in training_rows(suite) if not is_fp8(r)]  # fp8 rows fit their own figure (fp8_fit.py)
-    fit = fit_labels(rows, recipe["fit_rows"])
-    held = {r.label for r in rows if not r.not_modelled} - fit
-    cal = calibrate_rows(rows, cluster, suite.stack, held, model_settings=suite.model_settings, cache=cache,
-                         progress=progress)
-    return calibration_block(cal, suite.name, f"{suite.path.name}, rows by rule {recipe['fit_rows']}",
-                             dict(cluster.calibration or {}))
-
-
-def build_blocks(vdir: Path, cache: Any = None, progress=None) -> dict[str, dict[str, Any]]:
-    """Preset name -> its whole calibration block."""
-    every = recipes()
-    blocks: dict[str, dict[str, Any]] = {}
-    for name, recipe in every.items():
-        if "logs" in recipe:
-            nccl = network_block(recipe, vdir)
-            for preset in recipe["presets"]:
-                blocks.setdefault(preset, {})["nccl"] = nccl
-    for name, recipe in every.items():
-        if "suite" not in recipe:
-            continue
-        first = recipe["presets"][0]
-        cluster = load_cluster(first).replace(calibration=blocks.get(first, {}))
-        block = compute_block(recipe, vdir, cluster, cache, progress)
-
-        fp8 = fp8_block(recipe, vdir, cluster.replace(calibration={**blocks.get(first, {}), **block}), cache, progress)
-        if fp8 is not None:
-            block = {**block, "compute": merge(block["compute"], fp8)}
-        for preset in recipe["presets"]:
-            merged = dict(blocks.get(preset, {}))
-            merged["compute"], merged["ranges"] = block["compute"], block["ranges"]
-            blocks[preset] = merged
-
-    for name, recipe in every.items():  # last: on top of the compute calibration it needs
-        if "a2a_suite" not in recipe:
-            continue
-        first = recipe["presets"][0]
-        got = a2a_block(recipe, vdir, load_cluster(first).replace(calibration=blocks.get(first, {})), cache, progress)
-        for preset in recipe["presets"]:
-            merged = dict(blocks.get(preset, {}))
-            merged["nccl"] = merge_a2a(dict(merged.get("nccl") or {}), got)
-            blocks[preset] = merged
+def shipped_blocks(vdir: Path, cache: Any = None, progress=None) -> dict[str, dict[str, Any]]:
+    """Preset name -> its whole calibration block: the fitted figures, and ranges pooled from every suite
+    in ``vdir`` predicted without itself."""
+    blocks = build_blocks(vdir, cache, progress)
+    paths = sorted(vdir.glob("*.csv"))
+    suites = leave_one_suite_out(paths, vdir, cache, (lambda m: progress(0, m)) if progress else None)
+    for preset, block in blocks.items():
+        fam = next((s.family for s in suites if preset in s.family), None)
+        if fam is not None:
+            block["ranges"] = pooled_ranges(suites, fam).as_json()
     return blocks
 
 
@@ -113,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--validation-dir", type=Path, default=None)
     args = ap.parse_args(argv)
     vdir = args.validation_dir or validation_dir()
-    blocks = build_blocks(vdir, TraceCache(None), progress=lambda i, m: print(f"  {m}", flush=True))
+    blocks = shipped_blocks(vdir, TraceCache(None), progress=lambda i, m: print(f"  {m}", flush=True))
     for preset, block in sorted(blocks.items()):
         c = block.get("compute", {})
         print(f"{preset}: " + ", ".join(f"{k} {c[k]}" for k in ("gemm_efficiency_scale", "attention_efficiency_scale",

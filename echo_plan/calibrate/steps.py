@@ -20,7 +20,7 @@ from echo_plan.validation.rows import TrainingRow
 from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
 from echo_plan.validation.predict import RowSimulator
 from echo_plan import __version__
-from echo_plan.cost.ranges import NOMINAL_COVERAGE
+from echo_plan.cost.ranges import NOMINAL_COVERAGE, RangeMethod
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,7 @@ def calibration_block(cal: StepsCalibration, suite_name: str, source: str,
     out["compute"] = record
     residuals = cal.held_out_residuals()
     ranges = dict(out.get("ranges") or {"nominal_coverage": NOMINAL_COVERAGE, "by_stack": {}})
+    ranges["method"] = RangeMethod.HELD_OUT_ROWS.value
     by_stack = dict(ranges.get("by_stack") or {})
     if residuals:
         by_stack[cal.stack] = {"residuals": [round(r, 5) for r in residuals], "rows": held,

@@ -21,6 +21,9 @@ def register(app: typer.Typer) -> None:
         dirs: Optional[List[Path]] = typer.Option(None, "--dir", help="another folder of suites (CSV files, nccl-tests/<cluster>/)"),
         list_only: bool = typer.Option(False, "--list", help="list the suites found and exit"),
         rows: bool = typer.Option(True, "--rows/--summary-only", help="print every row after the summary"),
+        loso: bool = typer.Option(True, "--loso/--no-loso",
+                                  help="also predict each training suite by a calibration made without it "
+                                       "(refits the presets' recipes; about 15 s)"),
         as_json: bool = JsonOpt,
         cache_dir: Optional[Path] = CacheDirOpt,
     ) -> None:
@@ -65,16 +68,51 @@ def register(app: typer.Typer) -> None:
             if not as_json and progress is None:
                 typer.echo(f"running {ref.name} ...", err=True)
             results.append(run_suite(ref, cache, progress, nccl_fitter()))
+        pooled = None
+        if loso and any(r.kind == "training" for r in results):
+            results, pooled = _with_loso(results, discover([d for d in folders if d.is_dir()]), cache, as_json)
         if as_json:
-            print_json({"suites": [r.as_json() for r in results], "passed": all(r.acceptable for r in results)})
+            print_json({"suites": [r.as_json() for r in results], "passed": all(r.acceptable for r in results),
+                        "leave_one_suite_out": pooled})
         else:
             print_summary(results)
+            if pooled is not None:
+                typer.echo(_loso_line(pooled))
             if rows:
                 for r in results:
                     _print_suite(r)
             typer.echo(verdict(results))
         if not all(r.acceptable for r in results):  # a known gap of an open issue shows FAIL but does not fail
             raise typer.Exit(1)
+
+
+def _with_loso(results, every, cache, quiet: bool):
+    """The results with each training suite's leave-one-suite-out figures, and the pooled ones. Every
+    training suite found takes part (a suite's range is made from the others), shown or not."""
+    from dataclasses import replace
+
+    from echo_plan.calibrate.loso import leave_one_suite_out, overall  # deferred: refits with numpy
+
+    say = None if quiet else (lambda m: typer.echo(f"leave-one-suite-out: {m}", err=True))
+    suites = {s.name: s for s in leave_one_suite_out([r.path for r in every if r.kind == "training"],
+                                                     validation_dir(), cache, say)}
+    gaps = [r.name for r in results if r.open_issue]
+    pooled = {}
+    for key, skip in (("all", ()), ("without_known_gaps", gaps)):
+        o = overall(suites.values(), skip)
+        pooled[key] = {"rows": o.rows, "mean_abs_error": o.mean_abs_error, "coverage": o.coverage,
+                       "suites": sorted(n for n in suites if n not in skip)}
+    return [replace(r, loso=suites.get(r.name)) for r in results], pooled
+
+
+def _loso_line(pooled) -> str:
+    a, b = pooled["all"], pooled["without_known_gaps"]
+    line = (f"leave-one-suite-out, every training suite ({a['rows']} rows): mean |error| {_pct(a['mean_abs_error'])}, "
+            f"80% range coverage {_pct(a['coverage'])}")
+    if b["rows"] != a["rows"]:
+        line += (f"; without the known gaps ({b['rows']} rows): {_pct(b['mean_abs_error'])}, coverage "
+                 f"{_pct(b['coverage'])}")
+    return line
 
 
 def verdict(results) -> str:
@@ -102,28 +140,36 @@ def _pct(x: Optional[float]) -> str:
 
 def print_summary(results) -> None:
     typer.echo(f"{'suite':<30} {'rows':>7} {'stack':<17} {'mean':>6} {'max':>6} {'held-out':>9} {'h-o max':>8} "
-               f"{'tol':>9} {'cover':>6} {'fits':>7}  status")
+               f"{'tol':>9} {'cover':>6} {'w/o mean':>8} {'w/o cover':>9} {'fits':>7}  status")
     for r in results:
         rows = f"{r.modelled}/{len(r.rows)}" if r.kind == "training" else str(len(r.rows))
         tol = f"{r.tolerance * 100:.0f}/{r.tolerance_max * 100:.0f}%" if r.kind == "training" else \
             f"{r.tolerance * 100:.0f}% max"
         cover = "-" if r.coverage is None else f"{r.coverage * 100:.0f}%"
         fits = "-" if r.rows_fit is None else f"{r.rows_fit[0]}/{r.rows_fit[1]}"
+        wo_mean = _pct(r.loso.mean_abs_error) if r.loso is not None else "-"
+        wo_cover = "-" if r.loso is None or r.loso.coverage is None else f"{r.loso.coverage * 100:.0f}%"
         typer.echo(f"{r.name:<30} {rows:>7} {r.stack:<17} {_pct(r.mean_abs_error if r.rows else None):>6} "
                    f"{_pct(r.max_abs_error if r.rows else None):>6} {_pct(r.held_out_mean):>9} "
-                   f"{_pct(r.held_out_max):>8} {tol:>9} {cover:>6} {fits:>7}  {r.status}")
+                   f"{_pct(r.held_out_max):>8} {tol:>9} {cover:>6} {wo_mean:>8} {wo_cover:>9} {fits:>7}  {r.status}")
         for precision, mean_tol, max_tol, mean, worst in (r.precision_stats() if r.kind == "training" else ()):
             typer.echo(f"{'  ' + precision + ' rows':<30} {'':>7} {'':<17} {'':>6} {'':>6} {_pct(mean):>9} "
                        f"{_pct(worst):>8} {f'{mean_tol * 100:.0f}/{max_tol * 100:.0f}%':>9}")
     typer.echo("rows: modelled/total; errors are |predicted - measured| / measured; held-out rows are those the "
-               "preset's calibration never saw; cover: leave-one-out share of held-out rows inside their 80% range; "
-               "fits: rows whose predicted peak memory fits the GPU less the default headroom (every run did)")
+               "preset's calibration never saw; cover: leave-one-out share of held-out rows inside an 80% range made "
+               "from the suite's other held-out rows; w/o mean, w/o cover: every row predicted by the calibration "
+               "made without the suite (leave-one-suite-out), and the share inside the shipped kind of 80% range "
+               "made from the other suites' rows; fits: rows whose predicted peak memory fits the GPU less the "
+               "default headroom (every run did)")
 
 
 def _print_suite(r) -> None:
     typer.echo(f"\n== {r.name} ({r.kind}, {r.unit})")
     for note in r.notes:
         typer.echo(f"   {note}")
+    if r.loso is not None:
+        typer.echo(f"   leave-one-suite-out: {r.loso.how}; mean |error| {_pct(r.loso.mean_abs_error)}, "
+                   f"{_pct(r.loso.coverage)} of rows inside the range made from the other suites")
     typer.echo(f"   {'row':<40} {'measured':>10} {'predicted':>10} {'error':>8}  {'memory (peak/usable)':<22}")
     for row in r.rows:
         if row.predicted is None:

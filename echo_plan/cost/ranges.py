@@ -1,15 +1,19 @@
 """How sure a prediction is: a range from the validation residuals of its GPU generation and stack.
 
-For each software stack a cluster preset keeps the held-out residuals r = log(predicted /
-measured) of the validation rows that match its GPU generation (``calibration.ranges``, written
-when the preset is calibrated). A new prediction's measured value is expected in
+For each software stack a cluster preset keeps the residuals r = log(predicted / measured) of the
+validation rows that match its GPU generation (``calibration.ranges``, written when the preset is
+calibrated), dense and mixture-of-experts models apart. The shipped presets' residuals are
+leave-one-suite-out (``calibrate/loso.py``): each suite's rows predicted by a calibration made
+without that suite, the error a user meets on runs unlike the calibration; a team's own
+``calibrate steps`` keeps the rows it held out of its fit. The table says which (``method``).
+A new prediction's measured value is expected in
 
     predicted x exp(-(mean(r) +- t x sd(r) x sqrt(1 + 1/n)))
 
 the Student-t prediction interval at the nominal coverage (80%): residuals are few (5-12 per
 group), so a t quantile rather than a normal one, and the interval is centred where the held-out
 rows say the truth lies, not on the point prediction. ``echo-plan validate`` reports the coverage
-this rule actually reached, leave-one-out, on the held-out rows.
+this rule reaches, each suite's rows against a range made from the other suites' rows.
 
 When the cluster has no residuals for the stack, the range falls back, and says so: to another
 stack of the same GPU generation widened by ``OTHER_STACK_WIDENING``, else to ``JUDGEMENT_SD``.
@@ -23,10 +27,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from echo_plan.specs.calibration import JUDGEMENT_SD, NOMINAL_COVERAGE, T90, Z90, RangeTable, ResidualGroup, t90
+from echo_plan.specs.calibration import (JUDGEMENT_SD, NOMINAL_COVERAGE, T90, Z90, RangeMethod, RangeTable, ResidualGroup,
+                                         t90)
 
-__all__ = ["NOMINAL_COVERAGE", "T90", "Z90", "JUDGEMENT_SD", "OTHER_STACK_WIDENING", "RangeTable", "ResidualGroup",
-           "PredictionRange", "t90", "moe_residuals", "prediction_range", "loo_coverage"]
+__all__ = ["NOMINAL_COVERAGE", "T90", "Z90", "JUDGEMENT_SD", "OTHER_STACK_WIDENING", "RangeMethod", "RangeTable",
+           "ResidualGroup", "PredictionRange", "t90", "moe_residuals", "prediction_range", "loo_coverage"]
 
 # JUDGEMENT: a stack without rows of its own borrows another stack's residuals, 1.5x as wide.
 OTHER_STACK_WIDENING = 1.5
@@ -43,33 +48,30 @@ class PredictionRange:
         return predicted * self.low_factor, predicted * self.high_factor
 
 
-def moe_residuals(calibration: Any) -> ResidualGroup | None:
-    """The held-out residuals of the mixture-of-experts suite that fitted the cluster's all-to-all share
-    (``calibrate/a2a_fit.py`` records each row's error and which held-out rows the ranges may use), as
-    log(predicted / measured); None when the cluster carries no such fit."""
-    fit = ((((calibration or {}).get("nccl") or {}).get("provenance") or {}).get("all_to_all_fit") or {})
-    errors, rows = fit.get("residuals") or {}, [str(r) for r in fit.get("range_rows") or ()]
-    res = tuple(math.log1p(float(errors[r])) for r in rows if r in errors)
-    if len(res) < 2 or not fit.get("stack"):
-        return None
-    suite = ", ".join(fit.get("fitted_on") or {}) or "the MoE suite"
-    return ResidualGroup(str(fit["stack"]), res, tuple(rows), f"{suite}: held-out bf16 MoE runs")
+def moe_residuals(calibration: Any) -> dict[str, ResidualGroup]:
+    """The cluster's mixture-of-experts residual groups by stack (``calibration.ranges.moe_by_stack``)."""
+    cal = calibration or {}
+    if "ranges" not in cal:
+        return {}
+    return dict(RangeTable.from_mapping(cal["ranges"]).moe_groups)
 
 
 def prediction_range(cluster: Any, stack: Any, moe: bool = False) -> PredictionRange:
     """The range of a step-time prediction on ``cluster`` with ``stack`` (see the module docstring); for a
-    mixture-of-experts model, from the held-out MoE runs of that stack on this GPU where the cluster has them
-    (``moe_residuals``), else from the dense rows, and the basis says so."""
+    mixture-of-experts model, from the MoE rows of that stack on this GPU where the cluster has them, else
+    from the dense rows, and the basis says so."""
     cal = getattr(cluster, "calibration", None) or {}
+    table = RangeTable.from_mapping(cal["ranges"], cluster.name) if "ranges" in cal else None
     names = [stack.name] + ([stack.base] if getattr(stack, "base", "") and stack.base != stack.name else [])
-    if moe:
-        g = moe_residuals(cal)
-        if g is not None and g.stack in names:
-            lo, hi = g.log_interval()
-            return PredictionRange(math.exp(lo), math.exp(hi), NOMINAL_COVERAGE,
-                                   f"{NOMINAL_COVERAGE:.0%} range from {g.n} held-out mixture-of-experts validation "
-                                   f"rows of stack {g.stack} on this GPU ({g.source})")
-    dense = _dense_range(cluster, cal, stack, names)
+    if moe and table is not None:
+        for name in names:
+            g = table.moe_groups.get(name)
+            if g is not None:
+                lo, hi = table.log_interval(g)
+                return PredictionRange(math.exp(lo), math.exp(hi), NOMINAL_COVERAGE,
+                                       f"{NOMINAL_COVERAGE:.0%} range from {g.n} mixture-of-experts validation rows of "
+                                       f"stack {g.stack} on this GPU, {table.method.words} ({g.source})")
+    dense = _dense_range(cluster, table, stack, names)
     if moe:
         return PredictionRange(dense.low_factor, dense.high_factor, dense.coverage, dense.basis
                                + "; no mixture-of-experts validation rows for this stack on this GPU, so the dense "
@@ -77,22 +79,22 @@ def prediction_range(cluster: Any, stack: Any, moe: bool = False) -> PredictionR
     return dense
 
 
-def _dense_range(cluster: Any, cal: Any, stack: Any, names: list[str]) -> PredictionRange:
-    table = RangeTable.from_mapping(cal["ranges"], cluster.name) if "ranges" in cal else None
+def _dense_range(cluster: Any, table: RangeTable | None, stack: Any, names: list[str]) -> PredictionRange:
     if table is not None:
         for name in names:
             g = table.groups.get(name)
             if g is not None:
-                lo, hi = g.log_interval()
+                lo, hi = table.log_interval(g)
                 return PredictionRange(math.exp(lo), math.exp(hi), NOMINAL_COVERAGE,
-                                       f"{NOMINAL_COVERAGE:.0%} range from {g.n} held-out validation rows of stack "
-                                       f"{g.stack} on this GPU ({g.source or cluster.name})")
+                                       f"{NOMINAL_COVERAGE:.0%} range from {g.n} validation rows of stack "
+                                       f"{g.stack} on this GPU, {table.method.words} ({g.source or cluster.name})")
         if table.groups:
             g = max(table.groups.values(), key=lambda g: g.n)
-            lo, hi = g.log_interval(OTHER_STACK_WIDENING)
+            lo, hi = table.log_interval(g, OTHER_STACK_WIDENING)
             return PredictionRange(math.exp(lo), math.exp(hi), NOMINAL_COVERAGE,
                                    f"no validation rows for stack {stack.name} on this GPU: {g.n} rows of stack "
-                                   f"{g.stack}, widened {OTHER_STACK_WIDENING:g}x (judgement)")
+                                   f"{g.stack} ({table.method.value}), widened {OTHER_STACK_WIDENING:g}x "
+                                   f"because the stack is unknown (judgement)")
     hw = JUDGEMENT_SD * Z90
     return PredictionRange(math.exp(-hw), math.exp(hw), NOMINAL_COVERAGE,
                            f"no validation rows for this GPU ({cluster.gpu.name}): a judgement range of "

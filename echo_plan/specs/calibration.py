@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
@@ -216,10 +217,23 @@ class ResidualGroup:
         m = self.mean
         return math.sqrt(sum((r - m) ** 2 for r in self.residuals) / (self.n - 1))
 
-    def log_interval(self, widen: float = 1.0) -> tuple[float, float]:
-        """(low, high) of log(measured / predicted) at the nominal coverage."""
+    @property
+    def rms(self) -> float:
+        """Root mean square about zero: the spread of the errors, their common bias included."""
+        return math.sqrt(sum(r * r for r in self.residuals) / self.n) if self.n else JUDGEMENT_SD
+
+    def log_interval(self, widen: float = 1.0, centred: bool = True) -> tuple[float, float]:
+        """(low, high) of log(measured / predicted) at the nominal coverage.
+
+        ``centred``: where the residuals say the truth lies (their mean) +- t x sd, for rows like these.
+        Not centred: on the prediction, +- t x rms with n degrees of freedom (no mean is estimated), for
+        rows of another suite: a suite's bias does not carry to the next one (leave-one-suite-out,
+        ``RangeMethod``), so it counts as spread, not as a shift."""
         if self.n < 2:
             return -JUDGEMENT_SD * Z90 * widen, JUDGEMENT_SD * Z90 * widen
+        if not centred:
+            hw = t90(self.n) * self.rms * math.sqrt(1.0 + 1.0 / self.n) * widen
+            return -hw, hw
         hw = t90(self.n - 1) * self.sd * math.sqrt(1.0 + 1.0 / self.n) * widen
         return -self.mean - hw, -self.mean + hw
 
@@ -227,42 +241,81 @@ class ResidualGroup:
         return {"residuals": [round(r, 6) for r in self.residuals], "rows": list(self.rows), "source": self.source}
 
 
+class RangeMethod(str, Enum):
+    """Which rows a range's residuals are errors of, and so which kind of error it describes."""
+
+    # every row of a suite predicted with a calibration made without that suite: the error a user meets
+    # on runs unlike the calibration (the shipped presets' ranges, ``calibrate/loso.py``)
+    LEAVE_ONE_SUITE_OUT = "leave-one-suite-out"
+    # rows of the calibration's own suite that were held out of its fit: smaller, siblings shaped the fit
+    # (``calibrate steps`` on a team's own runs)
+    HELD_OUT_ROWS = "held-out rows"
+
+    @property
+    def words(self) -> str:
+        return ("leave-one-suite-out: each suite predicted by a calibration made without it"
+                if self is RangeMethod.LEAVE_ONE_SUITE_OUT else "rows held out of the calibration's own fit")
+
+    # The interval of a leave-one-suite-out table is centred on the prediction (ResidualGroup.log_interval).
+
+
+RANGE_KEYS = ("nominal_coverage", "method", "by_stack", "moe_by_stack", "source")
+
+
 @dataclass(frozen=True)
 class RangeTable:
     nominal_coverage: float
-    groups: Mapping[str, ResidualGroup]
+    groups: Mapping[str, ResidualGroup]  # dense models, by stack
+    method: RangeMethod = RangeMethod.HELD_OUT_ROWS
+    moe_groups: Mapping[str, ResidualGroup] = field(default_factory=lambda: MappingProxyType({}))  # MoE, by stack
 
     @classmethod
     def from_mapping(cls, data: Any, context: str = "calibration") -> "RangeTable":
         where = "calibration.ranges"
         if not isinstance(data, Mapping):
             raise SpecError(where, data, "a mapping with nominal_coverage and by_stack", context)
-        unknown = set(data) - {"nominal_coverage", "by_stack", "source"}
+        unknown = set(data) - set(RANGE_KEYS)
         if unknown:
             key = sorted(unknown)[0]
-            raise SpecError(f"{where}.{key}", data[key], "unknown key; valid: nominal_coverage, by_stack, source", context)
+            raise SpecError(f"{where}.{key}", data[key], "unknown key; valid: " + ", ".join(RANGE_KEYS), context)
         cov = data.get("nominal_coverage", NOMINAL_COVERAGE)
         if cov != NOMINAL_COVERAGE:
             raise SpecError(f"{where}.nominal_coverage", cov, f"{NOMINAL_COVERAGE} (the coverage the t table is for)",
                             context)
-        groups = {}
-        by_stack = data.get("by_stack") or {}
-        if not isinstance(by_stack, Mapping):
-            raise SpecError(f"{where}.by_stack", by_stack, "a mapping of stack name to residuals", context)
-        for name, g in by_stack.items():
-            field = f"{where}.by_stack.{name}"
-            if not isinstance(g, Mapping) or not isinstance(g.get("residuals"), Sequence) or not g["residuals"]:
-                raise SpecError(field, g, "a mapping with a non-empty list of residuals", context)
-            try:
-                res = tuple(float(r) for r in g["residuals"])
-            except (TypeError, ValueError):
-                raise SpecError(f"{field}.residuals", g["residuals"], "numbers (log predicted / measured)", context) from None
-            if not all(math.isfinite(r) and abs(r) < 3 for r in res):
-                raise SpecError(f"{field}.residuals", g["residuals"], "finite log-ratios between -3 and 3", context)
-            groups[str(name)] = ResidualGroup(str(name), res, tuple(str(r) for r in g.get("rows") or ()),
-                                              str(g.get("source") or ""))
-        return cls(float(cov), MappingProxyType(groups))
+        method = data.get("method", RangeMethod.HELD_OUT_ROWS.value)
+        if method not in {m.value for m in RangeMethod}:
+            raise SpecError(f"{where}.method", method, "one of " + ", ".join(m.value for m in RangeMethod), context)
+        return cls(float(cov), _groups(data, "by_stack", context), RangeMethod(method),
+                   _groups(data, "moe_by_stack", context))
+
+    def log_interval(self, group: ResidualGroup, widen: float = 1.0) -> tuple[float, float]:
+        """The interval of one of this table's groups, by the table's method."""
+        return group.log_interval(widen, centred=self.method is not RangeMethod.LEAVE_ONE_SUITE_OUT)
 
     def as_json(self) -> dict[str, Any]:
-        return {"nominal_coverage": self.nominal_coverage,
-                "by_stack": {k: g.as_json() for k, g in sorted(self.groups.items())}}
+        out: dict[str, Any] = {"nominal_coverage": self.nominal_coverage, "method": self.method.value,
+                               "by_stack": {k: g.as_json() for k, g in sorted(self.groups.items())}}
+        if self.moe_groups:
+            out["moe_by_stack"] = {k: g.as_json() for k, g in sorted(self.moe_groups.items())}
+        return out
+
+
+def _groups(data: Mapping[str, Any], key: str, context: str) -> Mapping[str, ResidualGroup]:
+    where = f"calibration.ranges.{key}"
+    by_stack = data.get(key) or {}
+    if not isinstance(by_stack, Mapping):
+        raise SpecError(where, by_stack, "a mapping of stack name to residuals", context)
+    groups = {}
+    for name, g in by_stack.items():
+        field_ = f"{where}.{name}"
+        if not isinstance(g, Mapping) or not isinstance(g.get("residuals"), Sequence) or not g["residuals"]:
+            raise SpecError(field_, g, "a mapping with a non-empty list of residuals", context)
+        try:
+            res = tuple(float(r) for r in g["residuals"])
+        except (TypeError, ValueError):
+            raise SpecError(f"{field_}.residuals", g["residuals"], "numbers (log predicted / measured)", context) from None
+        if not all(math.isfinite(r) and abs(r) < 3 for r in res):
+            raise SpecError(f"{field_}.residuals", g["residuals"], "finite log-ratios between -3 and 3", context)
+        groups[str(name)] = ResidualGroup(str(name), res, tuple(str(r) for r in g.get("rows") or ()),
+                                          str(g.get("source") or ""))
+    return MappingProxyType(groups)

@@ -68,6 +68,9 @@ class SuiteResult:
     notes: tuple[str, ...] = field(default_factory=tuple)
     open_issue: str = ""  # a known gap: the suite still shows FAIL, but `validate` does not fail on it
     by_precision: tuple[tuple[str, float, float], ...] = ()  # precision -> its own (mean, max) tolerance
+    # the suite predicted by a calibration made without it (calibrate.loso.LosoSuite: mean_abs_error,
+    # coverage, as_json), handed down by the caller; None when not run
+    loso: Any = None
 
     def _errs(self, held: bool | None = None, precision: str | None = None) -> list[float]:
         """|errors| of the rows judged by the suite's tolerance (``precision`` None) or by a precision's own."""
@@ -151,7 +154,8 @@ class SuiteResult:
             "held_out_mean_abs_error": self.held_out_mean, "held_out_max_abs_error": self.held_out_max,
             "by_precision": {p: {"tolerance": t, "tolerance_max": tm, "held_out_mean_abs_error": m,
                                  "held_out_max_abs_error": w} for p, t, tm, m, w in self.precision_stats()},
-            "range_coverage": self.coverage, "nominal_coverage": 0.8 if self.kind == "training" else None,
+            "range_coverage": self.coverage, "range_coverage_method": "leave-one-out within the suite's held-out rows",
+            "nominal_coverage": 0.8 if self.kind == "training" else None,
             "rows": [{"label": r.label, "predicted": r.predicted, "measured": r.measured, "error": r.error,
                       "held_out": r.held_out, "in_range": r.in_range, "detail": r.detail,
                       "not_modelled": r.not_modelled or None, "precision": r.precision or None, "fits": r.fits,
@@ -159,6 +163,7 @@ class SuiteResult:
                       "memory_usable_gib": r.memory.usable_gib if r.memory else None,
                       "memory_capacity_gib": r.memory.capacity_gib if r.memory else None} for r in self.rows],
             "rows_fit": self.rows_fit,
+            "leave_one_suite_out": self.loso.as_json() if self.loso is not None else None,
             "notes": list(self.notes),
         }
 

@@ -46,7 +46,7 @@ def test_table_errors_name_the_key():
 def test_the_range_falls_back_and_says_so():
     h100 = load_cluster("dgx-h100")
     own = prediction_range(h100, load_stack())
-    assert own.low_factor < 1.0 < own.high_factor and "held-out validation rows of stack megatron-core" in own.basis
+    assert own.low_factor < 1.0 < own.high_factor and "validation rows of stack megatron-core" in own.basis
     other = prediction_range(h100, load_stack("megatron-lm-2021"))
     assert "widened" in other.basis and (other.high_factor - other.low_factor) > (own.high_factor - own.low_factor)
     bare = h100.replace(calibration={})
@@ -61,36 +61,55 @@ def test_a_derived_stack_uses_its_base_presets_rows(tmp_path):
     assert "stack megatron-core" in r.basis and "widened" not in r.basis
 
 
-def _with_moe_fit(cluster, errors: dict, range_rows: list, stack: str = "megatron-core"):
+def _with_moe_rows(cluster, residuals: list, stack: str = "megatron-core"):
     cal = dict(cluster.calibration or {})
-    nccl = dict(cal.get("nccl") or {})
-    prov = dict(nccl.get("provenance") or {})
-    prov["all_to_all_fit"] = {"fitted_on": {"moe_suite": ["a"]}, "residuals": errors, "range_rows": range_rows,
-                              "stack": stack}
-    cal["nccl"] = {**nccl, "provenance": prov}
+    ranges = dict(cal.get("ranges") or {"nominal_coverage": NOMINAL_COVERAGE})
+    ranges["moe_by_stack"] = {stack: {"residuals": residuals, "rows": [f"r{i}" for i in range(len(residuals))],
+                                      "source": "moe suite"}}
+    cal["ranges"] = ranges
     return cluster.replace(calibration=cal)
 
 
-def test_an_moe_prediction_takes_the_held_out_moe_runs_range():
-    """MoE runs the dense rows never saw decide an MoE prediction's range: 30% fast held-out runs put the
-    measured step above the prediction; a dense model on the same cluster keeps the dense rows' range."""
+def test_an_moe_prediction_takes_the_moe_runs_range():
+    """MoE runs decide an MoE prediction's range: 30% fast runs widen it well past the dense rows' range; a
+    dense model on the same cluster keeps the dense rows' range."""
     h100 = load_cluster("dgx-h100")
-    cluster = _with_moe_fit(h100, {"a": 0.0, "b": -0.30, "c": -0.31, "d": -0.05, "e": 0.9},
-                            ["b", "c", "d"])  # "a" was fitted, "e" is an fp8 row the ranges leave out
+    cluster = _with_moe_rows(h100, [-0.30, -0.31, -0.05, 0.02])
     moe = prediction_range(cluster, load_stack(), moe=True)
-    assert "3 held-out mixture-of-experts validation rows" in moe.basis
-    assert moe.low_factor < 1.0 < moe.high_factor and math.sqrt(moe.low_factor * moe.high_factor) > 1.2
-    assert prediction_range(cluster, load_stack()) == prediction_range(h100, load_stack())
-    other = prediction_range(cluster, load_stack("megatron-lm-2021"), moe=True)  # not the suite's stack
+    assert "4 mixture-of-experts validation rows" in moe.basis
+    dense = prediction_range(h100, load_stack())
+    assert moe.low_factor < dense.low_factor and moe.high_factor > dense.high_factor > 1.0
+    assert prediction_range(cluster, load_stack()) == dense
+    other = prediction_range(cluster, load_stack("megatron-lm-2021"), moe=True)  # not the rows' stack
     assert "no mixture-of-experts validation rows" in other.basis and "widened" in other.basis
     assert "no mixture-of-experts validation rows" in prediction_range(h100.replace(calibration={}), load_stack(),
                                                                        moe=True).basis
 
 
-def test_shipped_moe_ranges_come_from_held_out_bf16_rows():
-    from echo_plan.cost.ranges import moe_residuals
+def test_a_leave_one_suite_out_range_is_centred_on_the_prediction_and_counts_bias_as_spread():
+    """Another suite's bias is not this one's: a leave-one-suite-out table does not shift the range by
+    the residuals' mean (the held-out-rows table does), and a larger common bias widens it."""
+    res = [0.05, 0.06, 0.04, 0.05, 0.07, 0.03]
+    held = RangeTable.from_mapping({"by_stack": {"s": {"residuals": res}}})
+    loso = RangeTable.from_mapping({"method": "leave-one-suite-out", "by_stack": {"s": {"residuals": res}}})
+    lo, hi = held.log_interval(held.groups["s"])
+    assert hi < 0  # centred where the rows say: measured below predicted
+    lo2, hi2 = loso.log_interval(loso.groups["s"])
+    assert lo2 == pytest.approx(-hi2) and lo2 < -0.07 and hi2 > 0.07
+    more = RangeTable.from_mapping({"method": "leave-one-suite-out",
+                                    "by_stack": {"s": {"residuals": [r + 0.05 for r in res]}}})
+    assert more.log_interval(more.groups["s"])[1] > hi2
+    with pytest.raises(SpecError, match="method"):
+        RangeTable.from_mapping({"method": "by eye", "by_stack": {}})
 
-    fit = load_cluster("dgx-h100").calibration["nccl"]["provenance"]["all_to_all_fit"]
-    group = moe_residuals(load_cluster("dgx-h100").calibration)
-    assert group is not None and set(group.rows) <= set(fit["held_out"])
-    assert not any("fp8" in r for r in group.rows) and not set(group.rows) & set(fit["fitted_on"]["moe_h100"])
+
+def test_the_shipped_ranges_are_leave_one_suite_out_and_say_so():
+    from echo_plan.cost.ranges import RangeMethod, moe_residuals
+
+    for name in ("dgx-h100", "h800", "dgx-a100"):
+        cal = load_cluster(name).calibration
+        assert RangeTable.from_mapping(cal["ranges"]).method is RangeMethod.LEAVE_ONE_SUITE_OUT
+        assert "leave-one-suite-out" in prediction_range(load_cluster(name), load_stack(
+            "megatron-lm-2021" if "a100" in name else "megatron-core")).basis
+    groups = moe_residuals(load_cluster("dgx-h100").calibration)
+    assert set(groups) == {"megatron-core"} and all(r.startswith("moe_h100: ") for r in groups["megatron-core"].rows)

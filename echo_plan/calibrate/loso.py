@@ -1,0 +1,172 @@
+"""Leave-one-suite-out: how wrong a prediction is on runs unlike the calibration (issue 31).
+
+A suite's held-out rows are siblings of the rows that fitted the calibration: the same team, recipe,
+release and scale range. A user's run is none of those, so the error they meet is the error of a suite
+the calibration never saw. Here every validation suite is predicted by the calibration the shipped
+recipes (``calibration_recipes`` in ``validation_suites.yaml``) would make had that suite never been
+measured (``preset_files.recipes_without``): a recipe fitted on it takes its ``stand_in`` suite, or is
+dropped. A suite that fed no recipe is predicted by the presets as shipped.
+
+Each row's residual log(predicted / measured step time) then serves twice:
+
+* the shipped ranges (``calibration.ranges`` with ``method: leave-one-suite-out``) pool the residuals of
+  every suite on the presets' GPU generation, dense and mixture-of-experts models apart, by the stack
+  each row was predicted with (``cost/ranges.py`` builds the interval);
+* a suite's coverage is the share of its rows whose measured time falls inside the range the same rule
+  builds from the *other* suites' residuals: the coverage a user on an unseen recipe gets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from echo_plan.calibrate.blocks import build_blocks
+from echo_plan.calibrate.preset_files import recipes
+from echo_plan.cost.ranges import NOMINAL_COVERAGE, RangeMethod, RangeTable, prediction_range
+from echo_plan.specs import load_cluster
+from echo_plan.validation.predict import RowSimulator
+from echo_plan.validation.registry import training_rows, training_suite
+
+
+@dataclass(frozen=True, slots=True)
+class LosoRow:
+    label: str
+    stack: Any  # the SoftwareSpec the row was predicted with
+    moe: bool
+    error: float  # (predicted - measured) / measured, in the suite's unit
+    residual: float  # log(predicted / measured step time)
+    in_range: bool | None = None  # inside the range made from the other suites' rows
+
+    @property
+    def group(self) -> tuple[bool, str]:
+        return self.moe, self.stack.name
+
+
+@dataclass(frozen=True, slots=True)
+class LosoSuite:
+    name: str
+    cluster: str  # the suite's preset
+    family: frozenset[str]  # the presets that share its calibration (one GPU generation)
+    how: str  # how the suite was predicted: which calibration, made without it
+    rows: tuple[LosoRow, ...]
+
+    @property
+    def mean_abs_error(self) -> float | None:
+        return sum(abs(r.error) for r in self.rows) / len(self.rows) if self.rows else None
+
+    @property
+    def coverage(self) -> float | None:
+        known = [r.in_range for r in self.rows if r.in_range is not None]
+        return sum(known) / len(known) if known else None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"suite": self.name, "calibration": self.how, "mean_abs_error": self.mean_abs_error,
+                "coverage": self.coverage,
+                "rows": [{"label": r.label, "error": r.error, "log_residual": r.residual, "in_range": r.in_range,
+                          "stack": r.stack.name, "moe": r.moe} for r in self.rows]}
+
+
+def family(preset: str) -> frozenset[str]:
+    """The presets that receive the same compute calibration as ``preset`` (its GPU generation)."""
+    for recipe in recipes().values():
+        if "suite" in recipe and preset in recipe["presets"]:
+            return frozenset(recipe["presets"])
+    return frozenset({preset})
+
+
+def fed_by(suite: str) -> list[str]:
+    """The recipes fitted on ``suite``."""
+    return [name for name, r in recipes().items() if suite in (r.get("suite"), r.get("a2a_suite"))]
+
+
+def predict_without(path: Path, vdir: Path, cache: Any = None,
+                    progress: Callable[[str], None] | None = None) -> LosoSuite:
+    """The suite at ``path`` predicted by the calibration made without it (from the suites in ``vdir``)."""
+    suite = training_suite(path)
+    cluster = load_cluster(suite.cluster)
+    feeds = fed_by(suite.name)
+    if feeds:
+        if progress is not None:
+            progress(f"{suite.name}: refitting {', '.join(feeds)} without it")
+        blocks = build_blocks(vdir, cache, leave_out=suite.name, presets={suite.cluster})
+        cal = blocks.get(suite.cluster, {})
+        cluster = cluster.replace(calibration=cal)
+        how = (f"{', '.join(feeds)} refitted without this suite: "
+               + (_compute_words(cal) if "compute" in cal else "no compute calibration for this GPU (priors)"))
+    else:
+        how = "the presets as shipped (no recipe was fitted on this suite)"
+    sim = RowSimulator(cluster, suite.stack, cache, model_settings=suite.model_settings)
+    rows = []
+    for row in training_rows(suite):
+        p = sim.predict(row)
+        if p.step_s is None:
+            continue
+        rows.append(LosoRow(row.label, sim.stack_for(row), sim.model_for(row).is_moe, p.error, p.log_residual))
+    return LosoSuite(suite.name, suite.cluster, family(suite.cluster), how, tuple(rows))
+
+
+def _compute_words(cal: dict) -> str:
+    fitted = (cal.get("compute") or {}).get("fitted_on") or {}
+    return "compute fitted on " + ", ".join(f"{len(v)} rows of {k}" for k, v in fitted.items())
+
+
+def pooled_ranges(suites: Iterable[LosoSuite], fam: frozenset[str], leave_out: str | None = None) -> RangeTable:
+    """The range table of the presets in ``fam`` from the rows of every suite on them but ``leave_out``."""
+    pools: dict[tuple[bool, str], list[tuple[str, float]]] = {}
+    names: dict[tuple[bool, str], dict[str, int]] = {}
+    for s in suites:
+        if s.name == leave_out or s.cluster not in fam:
+            continue
+        for r in s.rows:
+            pools.setdefault(r.group, []).append((f"{s.name}: {r.label}", r.residual))
+            count = names.setdefault(r.group, {})
+            count[s.name] = count.get(s.name, 0) + 1
+    data: dict[str, Any] = {"nominal_coverage": NOMINAL_COVERAGE, "method": RangeMethod.LEAVE_ONE_SUITE_OUT.value}
+    for (moe, stack), pool in sorted(pools.items()):
+        source = "; ".join(f"{k} {n}" for k, n in sorted(names[(moe, stack)].items()))
+        data.setdefault("moe_by_stack" if moe else "by_stack", {})[stack] = {
+            "residuals": [round(x, 5) for _, x in pool], "rows": [label for label, _ in pool],
+            "source": f"leave-one-suite-out rows: {source}"}
+    return RangeTable.from_mapping(data)
+
+
+def with_coverage(suites: Sequence[LosoSuite]) -> tuple[LosoSuite, ...]:
+    """Each row marked inside or outside the range made from the other suites of its GPU generation."""
+    out = []
+    for s in suites:
+        table = pooled_ranges(suites, s.family, leave_out=s.name).as_json()
+        cluster = load_cluster(s.cluster)
+        cluster = cluster.replace(calibration={**dict(cluster.calibration or {}), "ranges": table})
+        rows = []
+        for r in s.rows:
+            rng = prediction_range(cluster, r.stack, r.moe)
+            ratio = math.exp(-r.residual)  # measured / predicted
+            rows.append(LosoRow(r.label, r.stack, r.moe, r.error, r.residual,
+                                rng.low_factor <= ratio <= rng.high_factor))
+        out.append(LosoSuite(s.name, s.cluster, s.family, s.how, tuple(rows)))
+    return tuple(out)
+
+
+def leave_one_suite_out(paths: Sequence[Path], vdir: Path, cache: Any = None,
+                        progress: Callable[[str], None] | None = None) -> tuple[LosoSuite, ...]:
+    """Every training suite at ``paths`` predicted without itself, each row marked against its range."""
+    return with_coverage([predict_without(p, vdir, cache, progress) for p in paths])
+
+
+@dataclass(frozen=True, slots=True)
+class Overall:
+    rows: int
+    mean_abs_error: float | None
+    coverage: float | None
+
+
+def overall(suites: Iterable[LosoSuite], skip: Iterable[str] = ()) -> Overall:
+    """Pooled over every row of the suites (but ``skip``)."""
+    skip = set(skip)
+    rows = [r for s in suites if s.name not in skip for r in s.rows]
+    known = [r.in_range for r in rows if r.in_range is not None]
+    return Overall(len(rows), sum(abs(r.error) for r in rows) / len(rows) if rows else None,
+                   sum(known) / len(known) if known else None)
