@@ -54,7 +54,8 @@ StackOpt = typer.Option(
          f"default {DEFAULT_STACK}")
 HeadroomOpt = typer.Option(
     None, "--memory-headroom",
-    help="memory every GPU must keep free for a plan to fit: a share (10%) or a size (6GiB); default 10%")
+    help="memory every GPU must keep free for a plan to fit: a share (10%) or a size (6GiB); "
+         "default memory.yaml's share, 7%")
 RoutingOpt = typer.Option(
     None, "--routing",
     help="cross-leaf flows: ecmp (hashed onto uplinks, collisions share them) | planned (disjoint uplinks, as "

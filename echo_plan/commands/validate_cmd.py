@@ -10,7 +10,7 @@ import typer
 from echo_plan.commands.common import CacheDirOpt, JsonOpt, print_json, stderr_is_tty
 from echo_plan.errors import EchoPlanError
 from echo_plan.validation.megatron import ENV_VAR, added_validation_dirs, validation_dir
-from echo_plan.validation.suites import discover, run_suite
+from echo_plan.validation.suites import discover, headroom_bounds, run_suite
 from echo_plan.trace.cache import TraceCache
 
 
@@ -71,13 +71,18 @@ def register(app: typer.Typer) -> None:
         pooled = None
         if loso and any(r.kind == "training" for r in results):
             results, pooled = _with_loso(results, discover([d for d in folders if d.is_dir()]), cache, as_json)
+        bounds = headroom_bounds(results)
         if as_json:
             print_json({"suites": [r.as_json() for r in results], "passed": all(r.acceptable for r in results),
-                        "leave_one_suite_out": pooled})
+                        "leave_one_suite_out": pooled,
+                        "headroom_bounds": [{"capacity_gib": b.capacity_gib, "slack_gib": b.slack_gib, "row": b.row,
+                                             "suite": b.suite, "rows": b.rows} for b in bounds]})
         else:
             print_summary(results)
             if pooled is not None:
                 typer.echo(_loso_line(pooled))
+            for b in bounds:
+                typer.echo(_headroom_line(b))
             if rows:
                 for r in results:
                     _print_suite(r)
@@ -103,6 +108,16 @@ def _with_loso(results, every, cache, quiet: bool):
         pooled[key] = {"rows": o.rows, "mean_abs_error": o.mean_abs_error, "coverage": o.coverage,
                        "suites": sorted(n for n in suites if n not in skip)}
     return [replace(r, loso=suites.get(r.name)) for r in results], pooled
+
+
+def _headroom_line(b) -> str:
+    from echo_plan.cost.memory import load_memory_constants  # deferred: only the summary needs it
+
+    default = load_memory_constants().default_headroom_fraction * b.capacity_gib
+    verdict = "below it" if default <= b.slack_gib else "ABOVE it: that run would have been pruned"
+    return (f"memory headroom on {b.capacity_gib:g} GiB GPUs: the {b.rows} runs that ran (suites without a known gap) "
+            f"leave at least {b.slack_gib:.1f} GiB free beyond their predicted peak (tightest: {b.row}, {b.suite}); "
+            f"the default headroom is {default:.1f} GiB, {verdict}")
 
 
 def _loso_line(pooled) -> str:

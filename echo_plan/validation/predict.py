@@ -103,11 +103,11 @@ class RowSimulator:
         fields = {k: v for k, v in settings.items() if k in PlanSpec.model_fields}
         fields.update(row.plan)
         offsets = settings.get("layer_split_offsets")  # the recipe's first/last stage hold this many layers
-        if offsets is not None and fields.get("virtual_stages", 1) == 1:  # fewer (negative) than the others
-            pp, first, last = int(fields["pp"]), int(offsets[0]), int(offsets[1])
-            middle, rest = divmod(self.model_for(row).num_layers - first - last, pp)
-            if rest == 0 and middle + min(first, last) >= 1:
-                fields["layer_split"] = (middle + first,) + (middle,) * (pp - 2) + (middle + last,)
+        if offsets is not None:  # fewer (negative) than the others; interleaved: the first and last virtual stage
+            chunks, first, last = int(fields["pp"]) * int(fields.get("virtual_stages", 1)), int(offsets[0]), int(offsets[1])
+            middle, rest = divmod(self.model_for(row).num_layers - first - last, chunks)
+            if rest == 0 and middle + min(first, last) >= 1 and chunks > 1:
+                fields["layer_split"] = (middle + first,) + (middle,) * (chunks - 2) + (middle + last,)
         return PlanSpec.build(fields, context=row.label)
 
     def model_for(self, row: TrainingRow) -> Any:

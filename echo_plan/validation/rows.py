@@ -175,6 +175,12 @@ def read_step_times(path: Path, not_modelled: str = "",
         if labels[label] > 1:
             label += f" tp{rec.get('tp')} pp{rec.get('pp')} mbs{rec.get('mbs')} gbs{rec.get('gbs')}"
         named[line] = label
+    again: dict[str, int] = {}
+    for label in named.values():
+        again[label] = again.get(label, 0) + 1
+    for line, rec in records:  # the same configuration in several releases: the source tells them apart
+        if again[named[line]] > 1 and rec.get("source"):
+            named[line] += f" ({rec['source']})"
     corrected = apply_corrections(path, records, header, corrections) if corrections else {}
     rows = []
     for line, rec in records:

@@ -87,6 +87,11 @@ class SuiteResult:
         return out
 
     @property
+    def failed_rows(self) -> int:
+        """Rows that are meant to be simulated and could not be (their detail says why)."""
+        return sum(1 for r in self.rows if r.predicted is None and not r.not_modelled) if self.kind == "training" else 0
+
+    @property
     def modelled(self) -> int:
         return sum(1 for r in self.rows if r.error is not None)
 
@@ -122,6 +127,8 @@ class SuiteResult:
     def passed(self) -> bool:
         if self.kind == "collective":
             return all(n.startswith("ok") for n in self.notes if n.startswith(("ok", "FAIL")))
+        if self.failed_rows:
+            return False  # a row that should simulate and did not is never a pass
         if not self.modelled:
             return True  # nothing to hold against yet (see the rows' not_modelled)
         for _, mean_tol, max_tol, mean, worst in self.precision_stats():
@@ -134,7 +141,7 @@ class SuiteResult:
 
     @property
     def status(self) -> str:
-        if self.kind == "training" and not self.modelled:
+        if self.kind == "training" and not self.modelled and not self.failed_rows:
             return "not modelled"
         if not self.passed and self.open_issue:
             return f"FAIL (known gap: {self.open_issue})"
@@ -187,6 +194,31 @@ def discover(dirs: list[Path]) -> list[SuiteRef]:
             for sub in sorted(p for p in nccl_root.iterdir() if p.is_dir() and any(p.glob("*.log"))):
                 refs[f"nccl-tests/{sub.name}"] = SuiteRef(f"nccl-tests/{sub.name}", "collective", sub)
     return list(refs.values())
+
+
+@dataclass(frozen=True, slots=True)
+class HeadroomBound:
+    """What the measured runs on one GPU capacity say about the headroom: the least memory a run that ran
+    left free beyond its predicted peak. A default headroom above it would have pruned that run."""
+
+    capacity_gib: float
+    slack_gib: float  # capacity - predicted peak of the tightest row (negative: predicted over capacity)
+    row: str
+    suite: str
+    rows: int
+
+
+def headroom_bounds(results: Any, skip_known_gaps: bool = True) -> list[HeadroomBound]:
+    """Per GPU capacity, over every simulated training row (of the suites without a known gap)."""
+    by: dict[float, list[tuple[float, str, str]]] = {}
+    for s in results:
+        if s.kind != "training" or (skip_known_gaps and s.open_issue):
+            continue
+        for r in s.rows:
+            if r.memory is not None:
+                by.setdefault(r.memory.capacity_gib, []).append((r.memory.capacity_gib - r.memory.peak_gib, r.label,
+                                                                 s.name))
+    return [HeadroomBound(cap, *min(rows), len(rows)) for cap, rows in sorted(by.items())]
 
 
 def fitted_rows(cluster: Any, suite_name: str) -> set[str]:
