@@ -10,6 +10,10 @@ from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Recompute
 from echo_plan.specs.software import AttentionKernel, RecomputeModule, SoftwareSpec
 from echo_plan.specs.moe import ExpertLayout
+from echo_plan.specs.model import Activation
+
+# activations Megatron-Core fuses with the router probabilities (trace/moe_kernels.py weighted_act)
+_WEIGHTED_FUSED = (Activation.SWIGLU, Activation.SWIGLU_CLAMPED)
 
 
 # -- closed-form activations --------------------------------------------------------------------
@@ -74,8 +78,14 @@ def moe_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute_act: bool =
     gated = model.activation.gated
     fused = stack is None or stack.moe_permute_fusion  # unfused un-permutation keeps the weighted copies too
     act_out = 0 if recompute_act else f
-    routed = (e * recv * (h + (2 * f if gated else f) + act_out) + e * sent * h * (1 if fused else 2)
-              + 4 * tokens * moe.num_experts)
+    if stack is None or stack.moe_probs_in_activation:
+        # the activation keeps each copy's fp32 probability; un-permutation (a sum) keeps no rows; an unfused
+        # weighted activation also keeps its fp32 output for the multiply
+        fused_act = stack is None or stack.fused_elementwise
+        unpermute = 4 * recv + (0 if fused_act and model.activation in _WEIGHTED_FUSED else 4 * recv * f)
+    else:
+        unpermute = e * sent * h * (1 if fused else 2)
+    routed = e * recv * (h + (2 * f if gated else f) + act_out) + unpermute + 4 * tokens * moe.num_experts
     shared = (4 if gated else 2) * e * model.seq_length // plan.cp * plan.micro_batch_size * moe.shared_ffn / t
     return routed + shared
 

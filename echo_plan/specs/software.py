@@ -108,6 +108,11 @@ class SoftwareSpec(Spec):
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
     moe_grouped_gemm: bool = Field(default=True, description="local experts as one grouped GEMM (else a GEMM each)")
     moe_permute_fusion: bool = Field(default=True, description="TE's fused token permute/unpermute kernels")
+    moe_probs_in_activation: bool = Field(
+        default=True, description="MoE: the router probabilities travel with the token copies and weight the experts' "
+                                  "activation (Megatron-Core >= 0.13, 'memory efficient token permutation'), so "
+                                  "un-permutation keeps no expert output for backward; false: Megatron-Core <= 0.12, "
+                                  "the probabilities weight the copies at un-permutation")
     moe_a2a_overlap: bool = Field(
         default=False, description="MoE: in the steady state each forward runs paired with the next backward, one "
                                    "micro-batch's all-to-all under the other's compute (Megatron-Core "
@@ -156,6 +161,7 @@ class SoftwareSpec(Spec):
                 f"fuse={self.fused_elementwise};gaf={self.gradient_accumulation_fusion}/{grad};"
                 f"tpov={self.tp_comm_overlap};rc={modules};moe={self.moe_dispatcher.value},"
                 f"{self.moe_grouped_gemm},{self.moe_permute_fusion}"
+                + ("" if self.moe_probs_in_activation else ",probs-at-unpermute")
                 + ("" if self.cp_comm is CPComm.P2P else f";cp={self.cp_comm.value}"))
 
     def fp8_signature(self) -> str:

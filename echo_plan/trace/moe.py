@@ -3,7 +3,9 @@
 Router (a replicated linear to one logit per expert, softmax or sigmoid scores, top-k), token
 permutation (``index_select`` of each token once per chosen expert, sorted by expert), dispatch,
 the rank's local experts, combine and un-permutation (weighted by the router probabilities,
-``index_add``), plus the shared experts as a tensor-parallel MLP beside them. Written after
+``index_add``; with the stack's ``moe_probs_in_activation``, Megatron-Core >= 0.13, the probabilities
+travel with the copies and weight the experts' activation instead, and un-permutation is a sum),
+plus the shared experts as a tensor-parallel MLP beside them. Written after
 megatron/core/transformer/moe/ (router.py, token_dispatcher.py, moe_utils.py, experts.py); the
 code is ours.
 
@@ -121,28 +123,46 @@ class Experts(nn.Module):
 
         return fp8_grouped_linear(x, w, self.fp8)
 
-    def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> torch.Tensor:
+    def weighted(self, h: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """The activation weighted by each copy's router probability (Megatron-Core >= 0.13): one fused
+        kernel keeping its input and the probabilities, or, unfused, the activation then a multiply."""
+        kind = {Activation.SWIGLU: "swiglu", Activation.SWIGLU_CLAMPED: "clamped_geglu"}.get(self.activation)
+        if self.fused_act and kind is not None:
+            return moe_kernels.weighted_act(h, p, kind)
+        return (self.act(h).float() * p).to(h.dtype)
+
+    def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor, p: torch.Tensor | None = None) -> torch.Tensor:
+        fn, args = (self.act, ()) if p is None else (self.weighted, (p,))
         if self.recompute_act is None:
-            return self._bmm(self.act(self._bmm(x, fc1)), fc2)
-        a = self.recompute_act(self.act, self._bmm(x, fc1))  # moe_act recompute: FC1's output is kept,
+            return self._bmm(fn(self._bmm(x, fc1), *args), fc2)
+        a = self.recompute_act(fn, self._bmm(x, fc1), *args)  # moe_act recompute: FC1's output is kept,
         out = self._bmm(a, fc2)
         self.discard(a)  # the activation's output is freed after FC2 and recomputed in backward
         return out
 
-    def forward(self, x: torch.Tensor, hot: int, each: int) -> torch.Tensor:
-        """``x``: [hot + (local - 1) x each, hidden] rows sorted by expert; the first expert is the hot one."""
+    def forward(self, x: torch.Tensor, hot: int, each: int, probs: torch.Tensor | None = None) -> torch.Tensor:
+        """``x``: [hot + (local - 1) x each, hidden] rows sorted by expert; the first expert is the hot one.
+        ``probs``: each row's router probability [rows, 1] when it weights the activation."""
         h = x.shape[-1]
+
+        def part(t: torch.Tensor | None, start: int, stop: int, shape: tuple) -> torch.Tensor | None:
+            return None if t is None else t[start:stop].reshape(*shape, t.shape[-1])
+
         if not self.grouped:
             parts, start = [], 0
             for e in range(self.local):
                 n = hot if e == 0 else each
-                parts.append(self._mlp(x[start:start + n].unsqueeze(0), self.fc1[e:e + 1], self.fc2[e:e + 1]))
+                parts.append(self._mlp(x[start:start + n].unsqueeze(0), self.fc1[e:e + 1], self.fc2[e:e + 1],
+                                       part(probs, start, start + n, (1, n))))
                 start += n
             return torch.cat([p.squeeze(0) for p in parts])
+        rows = x.shape[0]
         if hot == each or self.local == 1:
-            return self._mlp(x.view(self.local, -1, h), self.fc1, self.fc2).reshape(-1, h)
-        first = self._mlp(x[:hot].unsqueeze(0), self.fc1[:1], self.fc2[:1]).squeeze(0)
-        rest = self._mlp(x[hot:].view(self.local - 1, each, h), self.fc1[1:], self.fc2[1:]).reshape(-1, h)
+            return self._mlp(x.view(self.local, -1, h), self.fc1, self.fc2,
+                             part(probs, 0, rows, (self.local, rows // self.local))).reshape(-1, h)
+        first = self._mlp(x[:hot].unsqueeze(0), self.fc1[:1], self.fc2[:1], part(probs, 0, hot, (1, hot))).squeeze(0)
+        rest = self._mlp(x[hot:].view(self.local - 1, each, h), self.fc1[1:], self.fc2[1:],
+                         part(probs, hot, rows, (self.local - 1, each))).reshape(-1, h)
         return torch.cat([first, rest])
 
 
@@ -162,6 +182,7 @@ class MoELayer(nn.Module):
         self.shared = shared_mlp
         self.allgather = stack.moe_dispatcher is MoEDispatcher.ALLGATHER
         self.fused = stack.moe_permute_fusion
+        self.probs_in_act = stack.moe_probs_in_activation
 
     def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k probabilities and expert indices of each token ([T, k] each)."""
@@ -190,9 +211,9 @@ class MoELayer(nn.Module):
         """Indices of ``n`` token copies (what the routing map selects; values do not matter here)."""
         return like.new_empty(n, dtype=torch.long)
 
-    def _experts_over_etp(self, got, hot, each):
+    def _experts_over_etp(self, got, hot, each, probs=None):
         etp = self.groups.etp.size if self.groups.etp is not None else 1
-        return self.experts(got, hot * etp, each * etp)
+        return self.experts(got, hot * etp, each * etp, probs)
 
     def _alltoall(self, tokens, probs, idx):
         g, n_tok = self.groups, tokens.shape[0]
@@ -202,14 +223,28 @@ class MoELayer(nn.Module):
         permuted = self._permute(tokens, order)  # one row per (token, expert) copy, sorted by expert
         got = dispatch(permuted, g.ep, sent, recv)
         got = parallel.gather_from_sp(got, g.etp)  # expert TP: every expert-TP rank sees the tokens
+        weights = None
+        if self.probs_in_act:  # each copy's probability travels with it (fp32, one value per copy)
+            weights = self._permute(probs.float().reshape(-1, 1), order)
+            weights = parallel.gather_from_sp(dispatch(weights, g.ep, sent, recv), g.etp)
         if g.ep is not None and self.experts.local > 1:
             got = self._permute(got, self._copies(got, got.shape[0]))  # sort the received chunks by expert
-        y = self._experts_over_etp(got, hot, each)
+            if weights is not None:
+                weights = self._permute(weights, self._copies(weights, weights.shape[0]))
+        y = self._experts_over_etp(got, hot, each, weights)
         if g.ep is not None and self.experts.local > 1:
             y = self._permute(y, self._copies(y, y.shape[0]))  # back to source-rank order
         y = parallel.reduce_scatter_to_sp(y, g.etp)
         back = dispatch(y, g.ep, recv, sent)
+        if self.probs_in_act:
+            return self._sum_copies(back, order, tokens.shape[0])
         return self._unpermute(back, probs, order, tokens.shape[0])
+
+    def _sum_copies(self, rows: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+        """Each token's copies summed (already weighted by their probabilities in the experts)."""
+        if self.fused:
+            return moe_kernels.moe_unpermute_sum(rows, index, n)
+        return rows.new_zeros((n, rows.shape[1])).index_add(0, index, rows)
 
     def _permute(self, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return moe_kernels.moe_permute(rows, index) if self.fused else rows.index_select(0, index)
@@ -228,8 +263,13 @@ class MoELayer(nn.Module):
         everyone = parallel.gather_from_sp(tokens, g.ep)  # [T x ep, h]
         all_probs = parallel.gather_from_sp(probs, g.ep)
         mine = self._copies(everyone, recv)  # the copies routed to this rank's experts, by expert
-        y = self._experts_over_etp(parallel.gather_from_sp(everyone.index_select(0, mine), g.etp), hot, each)
+        weights = None
+        if self.probs_in_act:
+            weights = parallel.gather_from_sp(all_probs.float().reshape(-1, 1).index_select(0, mine), g.etp)
+        y = self._experts_over_etp(parallel.gather_from_sp(everyone.index_select(0, mine), g.etp), hot, each,
+                                   weights)
         y = parallel.reduce_scatter_to_sp(y, g.etp)
-        y = y * all_probs.reshape(-1, 1).index_select(0, mine)
+        if not self.probs_in_act:
+            y = y * all_probs.reshape(-1, 1).index_select(0, mine)
         full = everyone.new_zeros(everyone.shape).index_add(0, mine, y)
         return parallel.reduce_scatter_to_sp(full, g.ep)  # this rank's tokens, summed over all experts

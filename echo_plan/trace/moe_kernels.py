@@ -5,13 +5,20 @@ permutes and un-permutes tokens with TE's fused kernels (transformer_engine.pyto
 moe_permute, moe_unpermute, moe_sort_chunks_by_index) instead of index_select / scatter-add chains.
 One kernel each way; what each keeps for backward is what the fused kernel keeps: permutation keeps
 only its row map; un-permutation with router probabilities keeps its input and the probabilities
-(the probabilities' gradient needs them). Each op has a CPU reference and a fake implementation;
-the code is ours.
+(the probabilities' gradient needs them), without them (``moe_unpermute_sum``) only its row map.
+
+Megatron-Core 0.13's memory-efficient permutation (megatron/core/transformer/moe/experts.py with
+fusions/fused_bias_swiglu.py ``weighted_bias_swiglu_impl``, commit 2659630, April 2025) moves the
+probabilities into the experts: they are permuted and dispatched with the token copies and weight
+the activation (``weighted_act``: act(h) x p in one kernel, keeping h and p), so un-permutation is
+a plain sum. Each op has a CPU reference and a fake implementation; the code is ours.
 """
 
 from __future__ import annotations
 
 import torch
+
+from echo_plan.trace.fused_elementwise import clamped_geglu_backward, clamped_geglu_reference, swiglu_backward
 
 Tensor = torch.Tensor
 
@@ -73,3 +80,66 @@ def _unpermute_bwd(ctx, grad):
 
 
 moe_unpermute.register_autograd(_unpermute_bwd, setup_context=_unpermute_setup)
+
+
+@torch.library.custom_op("echo_plan::moe_unpermute_sum", mutates_args=())
+def moe_unpermute_sum(rows: Tensor, index: Tensor, num_tokens: int) -> Tensor:
+    """Token ``t`` of the output sums the copies ``i`` with ``index[i] == t`` (already weighted)."""
+    return rows.new_zeros((num_tokens, rows.shape[1])).index_add(0, index, rows)
+
+
+moe_unpermute_sum.register_fake(lambda rows, index, num_tokens: rows.new_empty((num_tokens, rows.shape[1])))
+
+
+def _unpermute_sum_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+
+
+def _unpermute_sum_bwd(ctx, grad):
+    (index,) = ctx.saved_tensors
+    return moe_permute(grad, index), None, None  # each copy's gradient is its token's: a gather
+
+
+moe_unpermute_sum.register_autograd(_unpermute_sum_bwd, setup_context=_unpermute_sum_setup)
+
+
+@torch.library.custom_op("echo_plan::weighted_act", mutates_args=())
+def weighted_act(h: Tensor, probs: Tensor, kind: str) -> Tensor:
+    """``act(h) * probs`` per row (``probs`` [..., 1], fp32) for ``kind`` swiglu or clamped_geglu."""
+    return (_act(h, kind).float() * probs).to(h.dtype)
+
+
+@torch.library.custom_op("echo_plan::weighted_act_backward", mutates_args=())
+def weighted_act_backward(grad: Tensor, h: Tensor, probs: Tensor, kind: str) -> tuple[Tensor, Tensor]:
+    back = clamped_geglu_backward if kind == "clamped_geglu" else swiglu_backward
+    dh = back((grad.float() * probs).to(grad.dtype), h)
+    dp = (grad.float() * _act(h.float(), kind)).sum(-1, keepdim=True)
+    return dh, dp.to(probs.dtype)
+
+
+weighted_act.register_fake(lambda h, probs, kind: h.new_empty((*h.shape[:-1], h.shape[-1] // 2)))
+weighted_act_backward.register_fake(lambda grad, h, probs, kind: (torch.empty_like(h), torch.empty_like(probs)))
+
+
+def _act(h: Tensor, kind: str) -> Tensor:
+    if kind == "clamped_geglu":
+        return clamped_geglu_reference(h)
+    if kind != "swiglu":
+        raise ValueError(f"weighted_act: kind {kind!r}; swiglu or clamped_geglu")
+    gate, up = torch.chunk(h, 2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def _weighted_setup(ctx, inputs, output):
+    h, probs, kind = inputs
+    ctx.kind = kind
+    ctx.save_for_backward(h, probs)
+
+
+def _weighted_bwd(ctx, grad):
+    h, probs = ctx.saved_tensors
+    dh, dp = weighted_act_backward(grad, h, probs, ctx.kind)
+    return dh, dp, None
+
+
+weighted_act.register_autograd(_weighted_bwd, setup_context=_weighted_setup)

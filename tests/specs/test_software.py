@@ -69,7 +69,8 @@ def test_the_attention_library_is_a_stack_setting_for_fused_attention_only():
     old = load_stack("nemo-24.03")
     assert (old.attention_library.value, load_stack().attention_library.value) == ("flash-attn-2", "cudnn")
     assert old.trace_signature() == load_stack("megatron-core", {"optimizer_sharding": "states_and_grads",
-                                                                 "grad_reduce_dtype": "bf16"}).trace_signature()
+                                                                 "grad_reduce_dtype": "bf16",
+                                                                 "moe_probs_in_activation": False}).trace_signature()
     for bad, needle in (({"attention": "unfused", "attention_library": "flash-attn-2"}, "needs attention: fused"),
                         ({"attention_library": "fa9"}, "attention_library")):
         with pytest.raises(SpecError) as err:

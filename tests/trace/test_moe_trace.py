@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from echo_plan.errors import SpecError
-from echo_plan.specs import ModelSpec, PlanSpec, load_cluster, validate_plan
+from echo_plan.specs import ModelSpec, PlanSpec, load_cluster, load_stack, validate_plan
 from echo_plan.specs.moe import ExpertLayout, LayerKind
 from echo_plan.trace.records import CollectiveKind, GroupKind, Phase
 from echo_plan.trace.tracer import StageKind, trace_stage
@@ -52,7 +52,32 @@ def test_all_to_all_runs_on_the_expert_group_with_megatron_strides():
     trace = moe_trace(tiny(), tp=2, ep=4, etp=1)
     groups = {op.collective.group for op in trace.collectives if op.collective.kind is CollectiveKind.ALL_TO_ALL}
     assert {(g.kind, g.size, g.stride) for g in groups} == {(GroupKind.EP, 4, 1)}
-    assert len([op for op in trace.collectives if op.collective.kind is CollectiveKind.ALL_TO_ALL]) == 4  # 2 fwd 2 bwd
+    # Megatron-Core >= 0.13 (the default stack): dispatch, the probabilities' own all-to-all, combine; and back
+    assert len([op for op in trace.collectives if op.collective.kind is CollectiveKind.ALL_TO_ALL]) == 6
+
+
+def _a2a_and_saved(stack):
+    trace = trace_stage(tiny(), StageKind.BLOCK, tp=1, sequence_parallel=False, micro_batch_size=1, dtype="bf16",
+                        recompute="none", kind=MOE, layout=ExpertLayout(4, 1, 1.0), stack=load_stack(stack))
+    a2a = [op for op in trace.collectives if op.collective.kind is CollectiveKind.ALL_TO_ALL]
+    return trace, a2a
+
+
+def test_probabilities_at_unpermute_or_in_the_activation_follow_the_stack(tmp_path):
+    """Megatron-Core <= 0.12 weights the copies at un-permutation, which keeps every expert output for
+    backward; >= 0.13 sends the probabilities with the copies and weights the activation, keeping one fp32
+    value per copy instead: fewer saved bytes, one small all-to-all more each way."""
+    old = tmp_path / "mcore-0.12.yaml"
+    old.write_text("base: megatron-core\nmoe_probs_in_activation: false\n")
+    new_trace, new_a2a = _a2a_and_saved("megatron-core")
+    old_trace, old_a2a = _a2a_and_saved(str(old))
+    assert (len(old_a2a), len(new_a2a)) == (4, 6)
+    model = tiny()
+    copies = model.seq_length * model.moe.top_k // 4 * 4  # ep 4, balanced: as many copies in as out
+    expert_out = 2 * copies * model.hidden_size  # bf16 rows the probability-weighted un-permutation keeps
+    assert old_trace.saved_bytes - new_trace.saved_bytes == pytest.approx(expert_out - 4 * copies, rel=0.02)
+    names = {op.name for op in new_trace.ops}
+    assert any("weighted_act" in n for n in names) and not any(n.endswith("moe_unpermute.default") for n in names)
 
 
 def test_imbalance_never_lightens_the_busiest_rank():
@@ -94,11 +119,31 @@ def test_clamped_experts_run_megatrons_fused_geglu_when_the_stack_fuses(fused):
     trace = trace_stage(_clamped(tiny()), StageKind.BLOCK, tp=1, sequence_parallel=False, micro_batch_size=1,
                         dtype="bf16", recompute="none", kind=MOE, layout=ExpertLayout(1, 1, 1.0), stack=stack)
     fwd, bwd = _expert_ops(trace, Phase.FORWARD), _expert_ops(trace, Phase.BACKWARD)
-    if fused:
-        assert fwd.count("echo_plan.clamped_geglu.default") == 1 and "aten.clamp.default" not in fwd
-        assert bwd.count("echo_plan.clamped_geglu_backward.default") == 1 and "aten.sigmoid_backward.default" not in bwd
+    if fused:  # weighted by the router probabilities, as Megatron-Core >= 0.13 calls it (the default stack)
+        assert fwd.count("echo_plan.weighted_act.default") == 1 and "aten.clamp.default" not in fwd
+        assert bwd.count("echo_plan.weighted_act_backward.default") == 1 and "aten.sigmoid_backward.default" not in bwd
     else:
-        assert "echo_plan.clamped_geglu.default" not in fwd and "aten.clamp.default" in fwd
+        assert "echo_plan.weighted_act.default" not in fwd and "aten.clamp.default" in fwd
+
+
+@pytest.mark.parametrize("kind", ["swiglu", "clamped_geglu"])
+def test_the_weighted_activation_matches_the_plain_ops_both_ways(kind):
+    """act(h) x p in one kernel computes what the plain ops compute, both gradients included."""
+    import torch
+
+    from echo_plan.trace.fused_elementwise import clamped_geglu_reference
+    from echo_plan.trace.moe_kernels import weighted_act
+
+    gen = torch.Generator().manual_seed(1)
+    h = (torch.randn(3, 5, 8, generator=gen) * 6).requires_grad_(True)
+    p = torch.rand(3, 5, 1, generator=gen).requires_grad_(True)
+    g = torch.randn(3, 5, 4, generator=gen)
+    out = weighted_act(h, p, kind)
+    dh, dp = torch.autograd.grad(out, (h, p), g)
+    gate, up = torch.chunk(h, 2, dim=-1)
+    plain = (clamped_geglu_reference(h) if kind == "clamped_geglu" else torch.nn.functional.silu(gate) * up) * p
+    ph, pp = torch.autograd.grad(plain, (h, p), g)
+    assert torch.allclose(out, plain, atol=1e-5) and torch.allclose(dh, ph, atol=1e-4) and torch.allclose(dp, pp, atol=1e-4)
 
 
 def test_fused_clamped_geglu_matches_the_plain_ops_both_ways():
