@@ -63,14 +63,10 @@ def prediction_range(cluster: Any, stack: Any, moe: bool = False) -> PredictionR
     cal = getattr(cluster, "calibration", None) or {}
     table = RangeTable.from_mapping(cal["ranges"], cluster.name) if "ranges" in cal else None
     names = [stack.name] + ([stack.base] if getattr(stack, "base", "") and stack.base != stack.name else [])
-    if moe and table is not None:
-        for name in names:
-            g = table.moe_groups.get(name)
-            if g is not None:
-                lo, hi = table.log_interval(g)
-                return PredictionRange(math.exp(lo), math.exp(hi), NOMINAL_COVERAGE,
-                                       f"{NOMINAL_COVERAGE:.0%} range from {g.n} mixture-of-experts validation rows of "
-                                       f"stack {g.stack} on this GPU, {table.method.words} ({g.source})")
+    own = _own_stack_range(table, table.moe_groups, names, "mixture-of-experts validation rows", cluster.name) \
+        if moe and table is not None else None
+    if own is not None:
+        return own
     dense = _dense_range(cluster, table, stack, names)
     if moe:
         return PredictionRange(dense.low_factor, dense.high_factor, dense.coverage, dense.basis
@@ -79,15 +75,24 @@ def prediction_range(cluster: Any, stack: Any, moe: bool = False) -> PredictionR
     return dense
 
 
+def _own_stack_range(table: RangeTable, groups: Any, names: list[str], rows: str,
+                     where: str) -> PredictionRange | None:
+    """The range from the first of ``names`` (the stack, then its base) that ``groups`` holds."""
+    for name in names:
+        g = groups.get(name)
+        if g is not None:
+            lo, hi = table.log_interval(g)
+            return PredictionRange(math.exp(lo), math.exp(hi), NOMINAL_COVERAGE,
+                                   f"{NOMINAL_COVERAGE:.0%} range from {g.n} {rows} of stack {g.stack} on this GPU, "
+                                   f"{table.method.words} ({g.source or where})")
+    return None
+
+
 def _dense_range(cluster: Any, table: RangeTable | None, stack: Any, names: list[str]) -> PredictionRange:
     if table is not None:
-        for name in names:
-            g = table.groups.get(name)
-            if g is not None:
-                lo, hi = table.log_interval(g)
-                return PredictionRange(math.exp(lo), math.exp(hi), NOMINAL_COVERAGE,
-                                       f"{NOMINAL_COVERAGE:.0%} range from {g.n} validation rows of stack "
-                                       f"{g.stack} on this GPU, {table.method.words} ({g.source or cluster.name})")
+        own = _own_stack_range(table, table.groups, names, "validation rows", cluster.name)
+        if own is not None:
+            return own
         if table.groups:
             g = max(table.groups.values(), key=lambda g: g.n)
             lo, hi = table.log_interval(g, OTHER_STACK_WIDENING)
