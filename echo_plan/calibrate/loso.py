@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from echo_plan.calibrate.blocks import build_blocks
-from echo_plan.calibrate.preset_files import recipes
+from echo_plan.calibrate.preset_files import recipes, recipes_without
 from echo_plan.cost.ranges import NOMINAL_COVERAGE, RangeMethod, RangeTable, prediction_range
 from echo_plan.specs import load_cluster
 from echo_plan.validation.predict import RowSimulator
@@ -94,8 +94,10 @@ def predict_without(path: Path, vdir: Path, cache: Any = None,
         blocks = build_blocks(vdir, cache, leave_out=suite.name, presets={suite.cluster})
         cal = blocks.get(suite.cluster, {})
         cluster = cluster.replace(calibration=cal)
-        how = (f"{', '.join(feeds)} refitted without this suite: "
-               + (_compute_words(cal) if "compute" in cal else "no compute calibration for this GPU (priors)"))
+        kept = recipes_without(recipes(), suite.name)
+        how = "; ".join(f"{name} refitted on its stand-in {kept[name]['suite']}" if name in kept
+                        else f"{name} dropped" for name in feeds)
+        how += ": " + (_compute_words(cal) if "compute" in cal else "no compute calibration for this GPU (priors)")
     else:
         how = "the presets as shipped (no recipe was fitted on this suite)"
     sim = RowSimulator(cluster, suite.stack, cache, model_settings=suite.model_settings)
