@@ -1,8 +1,8 @@
 """Where the step's time goes, on the pipeline rank that finishes last.
 
 The rank's compute stream is either busy or idle. Busy time is its chunks and its optimizer:
-each chunk splits into isolated compute, exposed TP communication and level-1 interference (from
-the layer replay), and whatever longer it took in the step replay is level-2 interference (a DP
+each chunk splits into isolated compute, exposed TP communication, the exposed expert exchange
+(MoE dispatch and combine) and level-1 interference (from the layer replay), and whatever longer it took in the step replay is level-2 interference (a DP
 bucket or a p2p transfer beside it). Idle time is attributed by walking back the chain of tasks
 that released the next compute task: the part of the gap during which a p2p transfer it waited on
 was running is ``pp_comm_exposed``, a DP collective ``dp_comm_exposed``; the part spent waiting
@@ -34,7 +34,7 @@ def critical_rank(result: ReplayResult, pp: int) -> int:
 def step_breakdown(step: StepTasks, result: ReplayResult, rank: int) -> Breakdown:
     info = step.info
     start, end, work = result.start_at, result.end_at, result.work_at
-    compute = tp = pp_s = dp_s = bubble = inter = opt = 0.0
+    compute = tp = pp_s = dp_s = bubble = inter = opt = ep = 0.0
     step_end = result.device_end_s.get(rank, 0.0)
     OPT = Category.OPTIMIZER
     for i in result.queue(rank, COMPUTE):
@@ -47,6 +47,7 @@ def step_breakdown(step: StepTasks, result: ReplayResult, rank: int) -> Breakdow
             ph = ti.phase
             compute += ph.compute_s * ti.share
             tp += ph.tp_comm_exposed_s * ti.share
+            ep += ph.ep_comm_exposed_s * ti.share
             inter += ph.interference_s * ti.share
         inter += actual - w
 
@@ -77,4 +78,4 @@ def step_breakdown(step: StepTasks, result: ReplayResult, rank: int) -> Breakdow
             bubble += cursor - gap_start
 
     return Breakdown(compute_s=compute, tp_comm_exposed_s=tp, pp_comm_exposed_s=pp_s, dp_comm_exposed_s=dp_s,
-                     bubble_s=bubble, interference_s=inter, optimizer_s=opt)
+                     bubble_s=bubble, interference_s=inter, optimizer_s=opt, ep_comm_exposed_s=ep)

@@ -16,27 +16,32 @@ Each phase (forward; backward with its recompute ops) is replayed on its own, st
   dependencies passed through, so they never hold a stream. Dependencies on ops of another phase
   are already satisfied (forward ends before backward starts).
 
-The accounting of a phase: ``compute_s`` is the isolated compute work; ``tp_comm_exposed_s`` the
-time the compute stream waits for communication *without* interference (the no-interference
-replay's duration minus ``compute_s``); ``interference_s`` what interference adds (the real
-replay's duration minus the no-interference one, never negative). Hence
-``duration_s == compute_s + tp_comm_exposed_s + interference_s``.
+The accounting of a phase: ``compute_s`` is the isolated compute work; the time the compute stream
+waits for communication *without* interference (the no-interference replay's duration minus
+``compute_s``) splits into ``ep_comm_exposed_s``, what the expert exchange adds (the MoE dispatch and
+combine on the expert-parallel group and the expert-TP gathers: the no-interference replay with
+those collectives taking no time is that much shorter), and ``tp_comm_exposed_s``, the rest;
+``interference_s`` is what interference adds (the real replay's duration minus the no-interference
+one, never negative). Hence ``duration_s == compute_s + tp_comm_exposed_s + ep_comm_exposed_s +
+interference_s``.
 
 Nothing is cached here; callers may cache a LayerTiming by the trace key plus the models.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from echo_plan.cost.base import CollectiveModel, ComputeModel
 from echo_plan.replay.engine import ReplayResult, Task, replay
 from echo_plan.replay.interference import InterferenceModel, Mix
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.specs.cluster import ClusterSpec, DType
-from echo_plan.trace.records import LayerTrace, OpKind, OpRecord, Phase, Stream
+from echo_plan.trace.records import GroupKind, LayerTrace, OpKind, OpRecord, Phase, Stream
 
-__all__ = ["Span", "PhaseTiming", "LayerTiming", "replay_layer", "phase_tasks"]
+__all__ = ["Span", "PhaseTiming", "LayerTiming", "replay_layer", "phase_tasks", "EXPERT_GROUPS"]
+
+EXPERT_GROUPS = (GroupKind.EP, GroupKind.ETP)  # the expert exchange: dispatch, combine, expert-TP gathers
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +59,13 @@ class Span:
 class PhaseTiming:
     duration_s: float
     compute_s: float  # isolated compute work (sum of op times on the compute stream)
-    tp_comm_exposed_s: float  # compute stream waiting on collectives, interference aside
+    tp_comm_exposed_s: float  # compute stream waiting on collectives other than the expert exchange
     interference_s: float  # what interference added to the duration (>= 0)
     tp_comm_s: float  # isolated time of all collectives, exposed or hidden
     work_by_kind: tuple[tuple[TaskKind, float], ...]  # isolated compute seconds by kernel kind
     spans: tuple[Span, ...]
     ops: int = 0  # kernels replayed (views left out)
+    ep_comm_exposed_s: float = 0.0  # compute stream waiting on the expert exchange (MoE dispatch/combine)
 
     @property
     def mix(self) -> Mix | None:
@@ -72,7 +78,7 @@ class PhaseTiming:
     @property
     def tp_comm_hidden_s(self) -> float:
         """Collective time that ran beside compute instead of on the critical path."""
-        return max(0.0, self.tp_comm_s - self.tp_comm_exposed_s)
+        return max(0.0, self.tp_comm_s - self.tp_comm_exposed_s - self.ep_comm_exposed_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +152,11 @@ def _phase(ops: list[OpRecord], compute: ComputeModel, comm: CollectiveModel, cl
     tasks = phase_tasks(ops, compute, comm, cluster, dtype)
     plain = replay(tasks, InterferenceModel.none())
     real = plain if interference.is_none else replay(tasks, interference)
+    expert = {op.index for op in ops if op.collective is not None and op.collective.group.kind in EXPERT_GROUPS}
+    ep_exposed = 0.0
+    if expert:  # what the expert exchange adds: the same replay with it taking no time
+        without = replay([replace(t, work_s=0.0) if t.id in expert else t for t in tasks], InterferenceModel.none())
+        ep_exposed = max(0.0, plain.makespan_s - without.makespan_s)
     by_kind: dict[TaskKind, float] = {}
     compute_s = comm_s = 0.0
     for t in tasks:
@@ -155,10 +166,12 @@ def _phase(ops: list[OpRecord], compute: ComputeModel, comm: CollectiveModel, cl
             compute_s += t.work_s
             by_kind[t.kind] = by_kind.get(t.kind, 0.0) + t.work_s
     exposed = max(0.0, plain.makespan_s - compute_s)
+    ep_exposed = min(ep_exposed, exposed)
     return PhaseTiming(
         duration_s=real.makespan_s,
         compute_s=compute_s,
-        tp_comm_exposed_s=exposed,
+        tp_comm_exposed_s=exposed - ep_exposed,
+        ep_comm_exposed_s=ep_exposed,
         interference_s=max(0.0, real.makespan_s - plain.makespan_s),
         tp_comm_s=comm_s,
         work_by_kind=tuple((k, by_kind[k]) for k in (TaskKind.GEMM, TaskKind.ATTENTION, TaskKind.MEMORY)

@@ -65,6 +65,7 @@ class PhaseCost:
     tp_comm_exposed_s: float
     interference_s: float
     mix: Mix | None = None
+    ep_comm_exposed_s: float = 0.0  # part of ``work_s``: waiting on the expert exchange
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,8 +381,8 @@ _CATEGORY = {Pass.FORWARD: Category.FORWARD, Pass.BACKWARD: Category.BACKWARD, P
 def _overlapped(first: PhaseCost, second: PhaseCost, saved_s: float) -> tuple[PhaseCost, PhaseCost]:
     """Two passes run as one overlapped pair ``saved_s`` shorter than apart: the saving comes out of
     what each exposed (TP/EP communication, then interference), in proportion to it."""
-    exp1 = first.tp_comm_exposed_s + first.interference_s
-    exp2 = second.tp_comm_exposed_s + second.interference_s
+    exp1 = first.ep_comm_exposed_s + first.tp_comm_exposed_s + first.interference_s
+    exp2 = second.ep_comm_exposed_s + second.tp_comm_exposed_s + second.interference_s
     saved_s = min(max(0.0, saved_s), exp1 + exp2)
     if saved_s <= 0.0:
         return first, second
@@ -389,9 +390,12 @@ def _overlapped(first: PhaseCost, second: PhaseCost, saved_s: float) -> tuple[Ph
 
 
 def _hide(p: PhaseCost, s: float) -> PhaseCost:
-    tp = min(p.tp_comm_exposed_s, s)
-    inter = min(p.interference_s, s - tp)
-    return PhaseCost(p.work_s - tp - inter, p.compute_s, p.tp_comm_exposed_s - tp, p.interference_s - inter, p.mix)
+    """``s`` seconds less exposed: the expert exchange first (what pairing overlaps), then TP, then interference."""
+    ep = min(p.ep_comm_exposed_s, s)
+    tp = min(p.tp_comm_exposed_s, s - ep)
+    inter = min(p.interference_s, s - ep - tp)
+    return PhaseCost(p.work_s - ep - tp - inter, p.compute_s, p.tp_comm_exposed_s - tp, p.interference_s - inter,
+                     p.mix, p.ep_comm_exposed_s - ep)
 
 
 def _compute_kind(phase: PhaseCost) -> TaskKind:

@@ -16,6 +16,7 @@ GiB = float(2**30)
 BREAKDOWN_COLORS = {
     "compute": "#4C78A8",
     "tp_comm_exposed": "#F58518",
+    "ep_comm_exposed": "#EECA3B",
     "pp_comm_exposed": "#E45756",
     "dp_comm_exposed": "#72B7B2",
     "bubble": "#BAB0AC",
@@ -25,6 +26,7 @@ BREAKDOWN_COLORS = {
 BREAKDOWN_NAMES = {
     "compute": "compute",
     "tp_comm_exposed": "exposed TP comm.",
+    "ep_comm_exposed": "exposed expert exchange",
     "pp_comm_exposed": "exposed PP comm.",
     "dp_comm_exposed": "exposed DP comm.",
     "bubble": "pipeline bubble",

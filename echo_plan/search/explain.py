@@ -13,6 +13,7 @@ from echo_plan.search.space import Knob
 # Breakdown fields in words, for sentences.
 _PART_NAMES = {
     "compute": "compute", "tp_comm_exposed": "exposed tensor-parallel communication",
+    "ep_comm_exposed": "exposed expert exchange (MoE dispatch and combine)",
     "pp_comm_exposed": "exposed pipeline point-to-point communication",
     "dp_comm_exposed": "exposed data-parallel gradient/parameter communication",
     "bubble": "pipeline bubble", "interference": "slow-down from compute/communication interference",

@@ -21,8 +21,9 @@ VERSION = 1
 _BREAKDOWN_KEYS = {
     "compute": "compute_s", "tp_comm_exposed": "tp_comm_exposed_s", "pp_comm_exposed": "pp_comm_exposed_s",
     "dp_comm_exposed": "dp_comm_exposed_s", "bubble": "bubble_s", "interference": "interference_s",
-    "optimizer": "optimizer_s",
+    "optimizer": "optimizer_s", "ep_comm_exposed": "ep_comm_exposed_s",
 }
+_BREAKDOWN_SINCE = {"ep_comm_exposed"}  # added later: a stored outcome without it had none (0)
 _MEMORY_FIELDS = ("stage", "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
                   "buffers_bytes", "capacity_bytes")
 
@@ -41,7 +42,8 @@ def step_result_to_json(r: StepResult) -> dict[str, Any]:
 def step_result_from_json(d: dict[str, Any]) -> StepResult:
     try:
         bd = d["breakdown"]
-        breakdown = Breakdown(**{field: float(bd[key]) for key, field in _BREAKDOWN_KEYS.items()})
+        breakdown = Breakdown(**{field: float(bd[key] if key in bd or key not in _BREAKDOWN_SINCE else 0.0)
+                                 for key, field in _BREAKDOWN_KEYS.items()})
         memory = tuple(StageMemory(**{f: int(m[f]) for f in _MEMORY_FIELDS}, headroom_bytes=int(m.get("headroom_bytes", 0)))
                        for m in d["memory_per_stage"])
         rng = d.get("step_time_range_s")

@@ -47,9 +47,9 @@ class Builder:
         self.ops: list[OpRecord] = []
 
     def op(self, kind: OpKind, phase: Phase, deps=(), flops=0.0, nbytes=0, coll: CollectiveKind | None = None,
-           name: str = "") -> int:
+           name: str = "", group: CommGroup = TP) -> int:
         i = len(self.ops)
-        info = CollectiveInfo(coll, nbytes, TP) if coll is not None else None
+        info = CollectiveInfo(coll, nbytes, group) if coll is not None else None
         stream = Stream.TP_COMM if coll is not None else Stream.COMPUTE
         self.ops.append(OpRecord(i, name or f"op{i}", OpKind.COLLECTIVE if coll else kind, phase, stream, (), (),
                                  flops, 0 if coll else nbytes, 0, tuple(deps), info))
@@ -66,8 +66,26 @@ def run(b: Builder, model: InterferenceModel | None = None):
 
 
 def check_invariant(p):
-    assert p.duration_s == pytest.approx(p.compute_s + p.tp_comm_exposed_s + p.interference_s, rel=1e-12, abs=1e-15)
-    assert p.tp_comm_exposed_s >= 0 and p.interference_s >= 0
+    assert p.duration_s == pytest.approx(p.compute_s + p.tp_comm_exposed_s + p.ep_comm_exposed_s + p.interference_s,
+                                         rel=1e-12, abs=1e-15)
+    assert p.tp_comm_exposed_s >= 0 and p.ep_comm_exposed_s >= 0 and p.interference_s >= 0
+
+
+def test_the_expert_exchange_is_exposed_as_its_own_part():
+    """An MoE layer's dispatch and combine that the compute waits on are the expert exchange, not TP
+    communication; a TP all-reduce in the same phase stays TP."""
+    ep = CommGroup(GroupKind.EP, 8)
+    b = Builder()
+    router = b.op(OpKind.GEMM, Phase.FORWARD, flops=1e9)  # 1 ms
+    dispatch = b.op(None, Phase.FORWARD, deps=(router,), nbytes=2 * 10**8, coll=CollectiveKind.ALL_TO_ALL, group=ep)
+    experts = b.op(OpKind.GEMM, Phase.FORWARD, deps=(dispatch,), flops=3e9)  # 3 ms
+    combine = b.op(None, Phase.FORWARD, deps=(experts,), nbytes=2 * 10**8, coll=CollectiveKind.ALL_TO_ALL, group=ep)
+    out = b.op(OpKind.GEMM, Phase.FORWARD, deps=(combine,), flops=1e9)
+    b.op(None, Phase.FORWARD, deps=(out,), nbytes=10**8, coll=CollectiveKind.ALL_REDUCE)  # TP, 1 ms
+    f = run(b).forward
+    assert f.ep_comm_exposed_s == pytest.approx(4e-3)  # two 2 ms exchanges, nothing beside them
+    assert f.tp_comm_exposed_s == pytest.approx(1e-3)
+    check_invariant(f)
 
 
 def test_row_parallel_forward_all_reduce_is_exposed():

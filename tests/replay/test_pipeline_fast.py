@@ -36,7 +36,14 @@ def varied(costs, rng: random.Random, recv: bool, sync: bool, per_stage: bool):
         buckets = tuple(tuple(DpBucket(rng.randint(0, 50), rng.uniform(0.01, 0.3), b.reduce_kind, b.gather_s and
                                        rng.uniform(0.01, 0.2)) for b in bs) for bs in stage.buckets)
         saving = tuple(tuple(rng.choice([0.0, rng.uniform(0.0, 0.3)]) for _ in row) for row in stage.pair_saving_s)
-        stages.append(replace(stage, buckets=buckets, optimizer_s=rng.uniform(0.0, 0.2), pair_saving_s=saving))
+        share = rng.choice([0.0, rng.uniform(0.0, 1.0)])  # part of the exposed communication an expert exchange
+
+        def moe(ph, share=share):
+            return replace(ph, tp_comm_exposed_s=ph.tp_comm_exposed_s * (1 - share),
+                           ep_comm_exposed_s=ph.tp_comm_exposed_s * share)
+
+        stages.append(replace(stage, buckets=buckets, optimizer_s=rng.uniform(0.0, 0.2), pair_saving_s=saving,
+                              forward=tuple(map(moe, stage.forward)), backward=tuple(map(moe, stage.backward))))
     return replace(costs, stages=tuple(stages), p2p_recv_s=0.02 if recv else 0.0, sync_p2p=sync,
                    work_scale=tuple(rng.choice([1.0, 1.0, 1.3, 0.7]) for _ in range(pp)) if per_stage else None,
                    p2p_by_stage=tuple(rng.uniform(0.0, 0.1) for _ in range(pp)) if per_stage else None)
