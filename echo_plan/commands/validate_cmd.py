@@ -157,7 +157,7 @@ def print_summary(results) -> None:
     typer.echo(f"{'suite':<30} {'rows':>7} {'stack':<17} {'mean':>6} {'max':>6} {'held-out':>9} {'h-o max':>8} "
                f"{'tol':>9} {'cover':>6} {'w/o mean':>8} {'w/o cover':>9} {'fits':>7}  status")
     for r in results:
-        rows = f"{r.modelled}/{len(r.rows)}" if r.kind == "training" else str(len(r.rows))
+        rows = f"{r.modelled}/{len(r.rows)}" if r.kind != "collective" else str(len(r.rows))
         tol = f"{r.tolerance * 100:.0f}/{r.tolerance_max * 100:.0f}%" if r.kind == "training" else \
             f"{r.tolerance * 100:.0f}% max"
         cover = "-" if r.coverage is None else f"{r.coverage * 100:.0f}%"
@@ -188,7 +188,8 @@ def _print_suite(r) -> None:
     typer.echo(f"   {'row':<40} {'measured':>10} {'predicted':>10} {'error':>8}  {'memory (peak/usable)':<22}")
     for row in r.rows:
         if row.predicted is None:
-            typer.echo(f"   {row.label:<40} {row.measured:>10.4g} {'-':>10} {'-':>8}  {row.detail}")
+            why = row.detail or (f"not modelled: {row.not_modelled}" if row.not_modelled else "")
+            typer.echo(f"   {row.label:<40} {row.measured:>10.4g} {'-':>10} {'-':>8}  {why}")
             continue
         role = "" if r.kind == "collective" else (" (held out)" if row.held_out else " (fit)")
         rng = "" if row.in_range is None else ("  in range" if row.in_range else "  OUT of range")

@@ -27,6 +27,8 @@ from echo_plan.validation.rows import TFLOPS_UNIT
 from echo_plan.cost.collectives import params_from_calibration
 from echo_plan.interop.nccl_tests import parse_nccl_tests
 from echo_plan.specs import load_cluster
+from echo_plan.cost.expert_exchange import load_exchange_efficiency
+from echo_plan.validation.exchange import CLUSTER as EXCHANGE_CLUSTER, DEEPEP_FILE, predict, read_deepep
 
 NCCL_MIN_SIZE = 1 << 20  # held-out collective rows: 1 MiB and up (below, latency jitter dominates)
 
@@ -125,6 +127,9 @@ class SuiteResult:
 
     @property
     def passed(self) -> bool:
+        if self.kind == "exchange":
+            worst = self.held_out_max
+            return worst is not None and worst <= self.tolerance_max
         if self.kind == "collective":
             return all(n.startswith("ok") for n in self.notes if n.startswith(("ok", "FAIL")))
         if self.failed_rows:
@@ -189,6 +194,8 @@ def discover(dirs: list[Path]) -> list[SuiteRef]:
     for d in dirs:
         for csv_path in sorted(d.glob("*.csv")):
             refs[csv_path.stem] = SuiteRef(csv_path.stem, "training", csv_path)
+        if (d / DEEPEP_FILE).is_file():
+            refs["deepep/h800"] = SuiteRef("deepep/h800", "exchange", d / DEEPEP_FILE)
         nccl_root = d / "nccl-tests"
         if nccl_root.is_dir():
             for sub in sorted(p for p in nccl_root.iterdir() if p.is_dir() and any(p.glob("*.log"))):
@@ -317,11 +324,35 @@ def run_collective(ref: SuiteRef, nccl: NcclFitter) -> SuiteResult:
                        suite.held_out_max, rows, None, tuple(notes))
 
 
+EXCHANGE_MAX = 0.15  # issue 32: DeepEP's normal-kernel bandwidths within 15% each
+
+
+def run_exchange(ref: SuiteRef) -> SuiteResult:
+    """DeepEP's published bandwidths against the expert-exchange model (``validation/exchange.py``)."""
+    eff = load_exchange_efficiency()
+    cluster = load_cluster(EXCHANGE_CLUSTER)
+    rows = []
+    for r in read_deepep(ref.path):
+        if r.kernel != "normal":
+            rows.append(RowResult(r.label, None, r.measured_GBps, True, not_modelled="low-latency (decoding) kernels"))
+            continue
+        c = predict(r, cluster, eff)
+        rows.append(RowResult(r.label, c.reported_GBps, r.measured_GBps, r.label not in eff.fitted_on,
+                              f"{c.bottleneck}-bound; DeepEP prints its {r.bottleneck} figure"))
+    notes = (f"DeepEP's normal kernels in DeepSeek-V3's setting on the {EXCHANGE_CLUSTER} preset: NVLink share "
+             f"{eff.nvlink:g}, network share {eff.network:g} fitted on {', '.join(eff.fitted_on)}; the others held out "
+             f"(each within {EXCHANGE_MAX:.0%})",)
+    return SuiteResult(ref.name, "exchange", str(ref.path), "GB/s", "deepep", EXCHANGE_CLUSTER, EXCHANGE_MAX,
+                       EXCHANGE_MAX, tuple(rows), None, notes)
+
+
 def run_suite(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int, str], None] | None = None,
               nccl: NcclFitter | None = None) -> SuiteResult:
     """One suite's result; a collective suite needs ``nccl`` (``calibrate.nccl_fit.nccl_fitter()``)."""
     if ref.kind == "training":
         return run_training(ref, cache, progress)
+    if ref.kind == "exchange":
+        return run_exchange(ref)
     if nccl is None:
         raise EchoPlanError(f"suite {ref.name}: a collective suite is refitted, and no NCCL fitter was given")
     return run_collective(ref, nccl)

@@ -314,7 +314,7 @@ def test_the_gpt_oss_25_11_row_runs_its_configs_micro_batch():
 # ---- the shipped suites, the folders that add more, and the exit status ---------------------------
 
 SHIPPED = ("long_context_h100", "megatron_bridge_h100", "megatron_weak_scaling_a100", "moe_h100", "nemo_h100_dgxc",
-           "nccl-tests/azure-nd-a100-v4")
+           "deepep/h800", "nccl-tests/azure-nd-a100-v4")
 
 
 def test_the_suites_ship_with_the_package(monkeypatch, capsys):
@@ -322,7 +322,7 @@ def test_the_suites_ship_with_the_package(monkeypatch, capsys):
     monkeypatch.delenv("ECHO_PLAN_VALIDATION_DIR", raising=False)
     assert main(["validate", "--list"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert listed == sorted(SHIPPED[:-1]) + [SHIPPED[-1]]
+    assert listed == sorted(SHIPPED[:-2]) + list(SHIPPED[-2:])
     assert (SHARED / "README.md").is_file()
     import echo_plan
 

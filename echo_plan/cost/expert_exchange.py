@@ -1,0 +1,141 @@
+"""The hierarchical expert exchange of DeepEP's normal kernels, with node-limited routing (issue 32).
+
+DeepEP (github.com/deepseek-ai/DeepEP, the kernels DeepSeek-V3 trains with) dispatches a token to the
+servers holding its experts once per server over the network (RDMA, to the GPU of the same local index
+there) and forwards it inside each server over NVLink to every GPU that holds one of its experts;
+combine runs the same paths backwards. With node-limited routing (DeepSeek-V3: its 8 routed experts on
+at most 4 of the servers, the routing groups being the servers' experts) a token crosses the network at
+most M times whatever the expert-parallel size. Per GPU and per exchange, with T tokens of h elements:
+
+* network bytes sent = T x E[remote servers a token reaches] x h x b;
+* NVLink bytes received = T_in x h x b, T_in = the token copies forwarded to this GPU (one per token per
+  GPU holding at least one of its experts), the server's own included;
+* time = max(network bytes / (NIC rate x eff_net), NVLink bytes / (NVLink rate x eff_nvl)): the two run
+  on their own SMs and overlap, so the slower path sets the time.
+
+Experts are drawn uniformly (balanced routing, as DeepEP's benchmark and DeepSeek's profile route):
+within a reached server its share of a token's experts falls on distinct GPUs as draws without
+replacement. The rates are the cluster's: NVLink as NCCL counts it (links x per-link bandwidth), the
+NIC's line rate times its measured efficiency; ``eff_nvl`` and ``eff_net`` are what DeepEP's kernels
+reach of them (``echo_plan/data/expert_exchange.yaml``, fitted on named rows of DeepEP's published
+H800 bandwidths, the others held out: ``calibrate/deepep_fit.py``).
+
+DeepEP reports a "bandwidth" per exchange: the NVLink bytes over the time within one server, and with
+several servers the "RDMA" bytes over the time, where its RDMA bytes count every server a token reaches,
+its own included (tests/test_internode.py: ``num_rdma_token_sent``). ``ExchangeCost.reported_GBps``
+gives that figure, so the model is checked against the published numbers on their own terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from math import comb
+
+import yaml
+
+__all__ = ["ExchangeCost", "ExchangeEfficiency", "Routing", "cluster_rates", "distinct_fraction", "expert_exchange",
+           "load_exchange_efficiency"]
+
+
+def distinct_fraction(draws: float, pool: int, per_bin: int) -> float:
+    """Probability that a given bin of ``per_bin`` items out of ``pool`` gets at least one of ``draws``
+    items drawn without replacement (a non-integer number of draws interpolates)."""
+    if pool <= 0 or per_bin <= 0 or draws <= 0:
+        return 0.0
+    lo = int(draws)
+    frac = draws - lo
+
+    def none(k: int) -> float:
+        if k > pool:
+            return 0.0
+        return comb(pool - per_bin, k) / comb(pool, k) if k <= pool - per_bin else 0.0
+
+    miss = none(lo) if frac == 0 else (1 - frac) * none(lo) + frac * none(lo + 1)
+    return 1.0 - miss
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """Where a token's experts are: ``experts`` routed experts, ``top_k`` per token, spread over ``servers``
+    of ``gpus_per_server`` GPUs (expert parallelism over ``servers`` x ``gpus_per_server`` GPUs), at most
+    ``max_servers`` servers per token (None: unlimited)."""
+
+    experts: int
+    top_k: int
+    servers: int
+    gpus_per_server: int
+    max_servers: int | None = None
+
+    def servers_per_token(self) -> float:
+        """Expected distinct servers a token reaches (its own counted)."""
+        per = self.experts // self.servers
+        free = self.servers * distinct_fraction(self.top_k, self.experts, per)
+        if self.max_servers is None or self.max_servers >= self.servers:
+            return free
+        # groups chosen by their best expert's score each keep that expert: every limited server is reached
+        return min(float(self.max_servers), free)
+
+    def gpus_per_reached_server(self) -> float:
+        """Expected distinct GPUs of a reached server that hold one of the token's experts."""
+        local = self.experts // self.servers
+        draws = self.top_k / self.servers_per_token()
+        return self.gpus_per_server * distinct_fraction(draws, local, local // self.gpus_per_server)
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeCost:
+    time_s: float
+    network_bytes: float  # sent per GPU over the NIC (remote servers only)
+    nvlink_bytes: float  # received per GPU over NVLink (forwarded copies, the server's own included)
+    rdma_counted_bytes: float  # DeepEP's RDMA count: every reached server, the GPU's own included
+    bottleneck: str  # "nvlink" or "network"
+    single_server: bool
+
+    @property
+    def reported_GBps(self) -> float:
+        """The bandwidth DeepEP's benchmark prints for this exchange (see the module docstring)."""
+        counted = self.nvlink_bytes if self.single_server else self.rdma_counted_bytes
+        return counted / self.time_s / 1e9 if self.time_s > 0 else 0.0
+
+
+def expert_exchange(tokens: int, bytes_per_token: float, routing: Routing, nvlink_GBps: float, network_GBps: float,
+                    eff_nvlink: float = 1.0, eff_network: float = 1.0) -> ExchangeCost:
+    """One dispatch (or combine) of ``tokens`` tokens of ``bytes_per_token`` each from every GPU of the
+    expert-parallel group, on the slower of its two paths (the module docstring)."""
+    reach = routing.servers_per_token()
+    per_server = routing.gpus_per_server * routing.servers
+    # copies arriving at one server: every GPU's tokens, each reaching `reach` of the servers
+    arrivals = per_server * tokens * reach / routing.servers
+    nvl = arrivals * routing.gpus_per_reached_server() / routing.gpus_per_server * bytes_per_token
+    counted = tokens * reach * bytes_per_token
+    net = counted * (routing.servers - 1) / routing.servers  # every server equally likely: the own one 1/N
+    t_nvl = nvl / (nvlink_GBps * eff_nvlink * 1e9)
+    t_net = net / (network_GBps * eff_network * 1e9) if net else 0.0
+    return ExchangeCost(max(t_nvl, t_net), net, nvl, counted, "nvlink" if t_nvl >= t_net else "network",
+                        routing.servers == 1)
+
+
+def cluster_rates(cluster) -> tuple[float, float]:  # noqa: ANN001
+    """(NVLink GB/s one way as NCCL counts it, network GB/s one GPU can send: its servers' usable NIC rate
+    shared among its GPUs) of ``cluster``."""
+    return cluster.gpu.nvlink_uni_GBps, cluster.network.node_GBps / cluster.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeEfficiency:
+    """What DeepEP's normal kernels reach of the two rates (``echo_plan/data/expert_exchange.yaml``)."""
+
+    nvlink: float
+    network: float
+    fitted_on: tuple[str, ...] = ()
+    source: str = ""
+
+
+def load_exchange_efficiency(text: str | None = None) -> ExchangeEfficiency:
+    """The shipped efficiencies (or those in ``text``, YAML of the same format)."""
+    raw = yaml.safe_load(text if text is not None else
+                         (resources.files("echo_plan") / "data" / "expert_exchange.yaml").read_text(encoding="utf-8"))
+    d = raw["deepep_normal"]
+    return ExchangeEfficiency(float(d["nvlink_efficiency"]), float(d["network_efficiency"]),
+                              tuple(str(x) for x in d.get("fitted_on") or ()), str(d.get("source") or ""))

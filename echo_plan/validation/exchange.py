@@ -1,0 +1,65 @@
+"""DeepEP's published H800 bandwidths as a suite: the expert-exchange model (cost/expert_exchange.py)
+against ``deepseek_v3_h800/deepep_h800.csv`` (issue 32).
+
+The rows are DeepEP's normal (training) kernels at EP 8-64 in DeepSeek-V3's pre-training setting, as its
+benchmark (tests/test_internode.py) runs them: 4,096 tokens of hidden 7,168 per GPU, 256 routed experts
+(rounded down to a multiple of the EP size), top-8, the routing groups being the servers and at most 4
+of them per token. Each row's figure is the bandwidth DeepEP prints, predicted on its own terms
+(``ExchangeCost.reported_GBps``) with the H800 preset's NVLink and NIC and the shipped efficiencies; the
+rows those were fitted on are named in ``echo_plan/data/expert_exchange.yaml``, the others are held out.
+The low-latency rows (inference decoding kernels) are not modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from echo_plan.cost.expert_exchange import ExchangeCost, ExchangeEfficiency, Routing, cluster_rates, expert_exchange
+from echo_plan.errors import FileFormatError
+from echo_plan.validation.rows import csv_records
+
+DEEPEP_FILE = Path("deepseek_v3_h800") / "deepep_h800.csv"
+CLUSTER = "h800"
+TOKENS, HIDDEN, EXPERTS, TOP_K, MAX_SERVERS = 4096, 7168, 256, 8, 4  # DeepEP's test_internode.py, the CSV header
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeRow:
+    kernel: str  # "normal" or "low_latency"
+    op: str  # "dispatch" or "combine"
+    ep: int
+    bottleneck: str
+    measured_GBps: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel} {self.op} EP {self.ep}"
+
+
+def read_deepep(path: Path) -> list[ExchangeRow]:
+    header, records = csv_records(path)
+    need = ("kernel", "op", "ep", "bottleneck", "bandwidth_GBps")
+    missing = [c for c in need if c not in header]
+    if missing:
+        raise FileFormatError(str(path), f"not DeepEP's bandwidth table: missing columns {', '.join(missing)}")
+    rows = []
+    for line, rec in records:
+        try:
+            rows.append(ExchangeRow(rec["kernel"], rec["op"], int(rec["ep"]), rec["bottleneck"],
+                                    float(rec["bandwidth_GBps"])))
+        except ValueError:
+            raise FileFormatError(str(path), f"ep {rec['ep']!r} or bandwidth {rec['bandwidth_GBps']!r} is not a "
+                                             "number", line) from None
+    return rows
+
+
+def predict(row: ExchangeRow, cluster, eff: ExchangeEfficiency) -> ExchangeCost:  # noqa: ANN001
+    """DeepEP's normal kernel of ``row`` on ``cluster`` (EP over servers of the cluster's GPUs per server)."""
+    g = cluster.gpus_per_node
+    if row.ep % g:
+        raise FileFormatError(str(DEEPEP_FILE), f"EP {row.ep} is not a whole number of {g}-GPU servers")
+    servers = row.ep // g
+    routing = Routing(EXPERTS // row.ep * row.ep, TOP_K, servers, g, min(servers, MAX_SERVERS))
+    nvl, net = cluster_rates(cluster)
+    return expert_exchange(TOKENS, HIDDEN * 2.0, routing, nvl, net, eff.nvlink, eff.network)

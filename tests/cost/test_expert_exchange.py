@@ -1,0 +1,67 @@
+"""DeepEP's hierarchical expert exchange with node-limited routing (issue 32): properties, and DeepEP's
+published H800 bandwidths."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import yaml
+from hypothesis import given, settings, strategies as st
+
+from echo_plan.cost.expert_exchange import Routing, distinct_fraction, expert_exchange, load_exchange_efficiency
+from echo_plan.specs import load_cluster
+from echo_plan.validation.exchange import DEEPEP_FILE, predict, read_deepep
+from echo_plan.validation.megatron import validation_dir
+
+
+def test_distinct_fraction_is_the_exact_probability():
+    """A bin of 2 items among 6, 3 draws without replacement: 1 - C(4,3)/C(6,3), counted by hand."""
+    hits = sum(1 for draw in itertools.combinations(range(6), 3) if {0, 1} & set(draw))
+    assert distinct_fraction(3, 6, 2) == pytest.approx(hits / math.comb(6, 3))
+    assert distinct_fraction(0, 6, 2) == 0.0 and distinct_fraction(5, 6, 2) == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(servers=st.sampled_from([1, 2, 4, 8, 16]), limit=st.sampled_from([None, 1, 2, 4]),
+       nic=st.floats(5.0, 100.0), more=st.floats(1.0, 4.0))
+def test_more_bandwidth_never_slows_and_a_node_limit_never_adds_network_bytes(servers, limit, nic, more):
+    routing = Routing(256, 8, servers, 8, limit)
+    base = expert_exchange(4096, 14336, routing, 160.0, nic)
+    assert expert_exchange(4096, 14336, routing, 160.0, nic * more).time_s <= base.time_s
+    assert expert_exchange(4096, 14336, routing, 160.0 * more, nic).time_s <= base.time_s
+    free = expert_exchange(4096, 14336, Routing(256, 8, servers, 8, None), 160.0, nic)
+    assert base.network_bytes <= free.network_bytes + 1e-6
+    if servers == 1:
+        assert base.network_bytes == 0.0 and base.bottleneck == "nvlink"
+
+
+def test_deepseek_v3_routing_crosses_the_network_at_most_four_times():
+    """EP 64 over 8 servers: limited to 4 servers a token is sent 3.5 times on average over the network
+    (its own server among the 4 half the time), not 8 x (1 - 7/8 ... ) as unlimited routing would."""
+    limited, free = Routing(256, 8, 8, 8, 4), Routing(256, 8, 8, 8, None)
+    assert limited.servers_per_token() == 4 and free.servers_per_token() > 5
+    a = expert_exchange(4096, 14336, limited, 160.0, 47.0)
+    assert a.network_bytes == pytest.approx(4096 * 14336 * 3.5)
+
+
+def test_deepeps_published_h800_bandwidths():
+    """Every normal-kernel row within 15% of DeepEP's published figure; the shares are fitted only on the
+    rows the data file names (EP 8 and 64), so EP 16 and 32 are predictions."""
+    eff = load_exchange_efficiency()
+    h800 = load_cluster("h800")
+    rows = [r for r in read_deepep(validation_dir() / DEEPEP_FILE) if r.kernel == "normal"]
+    assert {r.ep for r in rows} == {8, 16, 32, 64}
+    held = [r for r in rows if r.label not in eff.fitted_on]
+    assert {r.ep for r in held} == {16, 32}
+    for r in rows:
+        got = predict(r, h800, eff).reported_GBps
+        assert abs(got / r.measured_GBps - 1) <= 0.15, (r.label, got)
+
+
+def test_the_shipped_shares_are_what_the_fit_gives():
+    from echo_plan.calibrate.deepep_fit import DATA, fit
+
+    shipped = yaml.safe_load(DATA.read_text())
+    assert fit(validation_dir()) == shipped, "re-run python -m echo_plan.calibrate.deepep_fit --write"
