@@ -15,6 +15,7 @@ from echo_plan.replay.dp import dp_exchange_summary
 from echo_plan.layout.layer_mix import all_to_all_note
 from echo_plan.replay.metrics import throughput
 from echo_plan.cost.collectives import CollectiveTimes
+from echo_plan.cost.expert_exchange import deepep_collectives
 from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.replay.results import StepResult
 from echo_plan.replay.compiled.switch import CompiledSwitch
@@ -25,7 +26,7 @@ from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.faults import Fault, check_faults, slowed_cluster, stage_effects
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
-from echo_plan.specs.software import SoftwareSpec, check_stack_supports
+from echo_plan.specs.software import MoEDispatcher, SoftwareSpec, check_stack_supports
 from echo_plan.trace.records import CollectiveKind, CommGroup
 from echo_plan.cost.base import with_stack_kernels
 from echo_plan.cost.memory import stage_memory
@@ -187,6 +188,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     cluster_key = cluster.model_dump_json()  # once: it keys the compute and comm models and every memo below
     compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster, cluster_key), stack)
     comm = comm if comm is not None else memo.default_comm(cluster, cluster_key)
+    if model.is_moe and stack.moe_dispatcher is MoEDispatcher.DEEPEP:
+        comm = deepep_collectives(comm, model)  # the expert-parallel all-to-alls as DeepEP's exchange
     if interference is None:
         interference = memo.default_interference()
 

@@ -31,11 +31,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from math import comb
+from typing import Any
 
 import yaml
 
-__all__ = ["ExchangeCost", "ExchangeEfficiency", "Routing", "cluster_rates", "distinct_fraction", "expert_exchange",
-           "load_exchange_efficiency"]
+from echo_plan.cost.base import Algorithm, CollectiveEstimate, Protocol_
+from echo_plan.trace.records import CollectiveKind, GroupKind
+
+__all__ = ["DeepEPCollectives", "ExchangeCost", "ExchangeEfficiency", "Routing", "cluster_rates", "deepep_collectives",
+           "distinct_fraction", "expert_exchange", "load_exchange_efficiency"]
 
 
 def distinct_fraction(draws: float, pool: int, per_bin: int) -> float:
@@ -139,3 +143,38 @@ def load_exchange_efficiency(text: str | None = None) -> ExchangeEfficiency:
     d = raw["deepep_normal"]
     return ExchangeEfficiency(float(d["nvlink_efficiency"]), float(d["network_efficiency"]),
                               tuple(str(x) for x in d.get("fitted_on") or ()), str(d.get("source") or ""))
+
+
+@dataclass(frozen=True)
+class DeepEPCollectives:
+    """A collective model that runs the expert-parallel all-to-alls as DeepEP's exchange (the stack's
+    ``moe_dispatcher: deepep``) and leaves every other collective to ``base``. ``nbytes`` of a traced
+    all-to-all is all a rank sends, one copy per routed expert, so a token's bytes are nbytes / top_k."""
+
+    base: Any  # the CollectiveModel for everything else
+    experts: int
+    top_k: int
+    groups: tuple[int, int] | None  # (routing groups, groups per token) of group-limited routing, else None
+    eff: ExchangeEfficiency
+
+    def time(self, kind, nbytes: int, group, cluster) -> CollectiveEstimate:  # noqa: ANN001
+        if kind is not CollectiveKind.ALL_TO_ALL or group.kind is not GroupKind.EP or group.size <= 1 or nbytes <= 0:
+            return self.base.time(kind, nbytes, group, cluster)
+        per_node, servers = group.placement(cluster.gpus_per_node)
+        limit = None if self.groups is None else min(servers, self.groups[1] * max(1, servers // self.groups[0]))
+        routing = Routing(self.experts, self.top_k, servers, per_node, limit)
+        nvl, net = cluster_rates(cluster)
+        tokens_bytes = nbytes / self.top_k
+        got = expert_exchange(1, tokens_bytes, routing, nvl, net, self.eff.nvlink, self.eff.network)
+        algbw = nbytes / got.time_s / 1e9 if got.time_s > 0 else 0.0
+        return CollectiveEstimate(got.time_s, Algorithm.CUSTOM, Protocol_.SIMPLE, algbw, algbw)
+
+    def candidates(self, kind, nbytes: int, group, cluster) -> list:  # noqa: ANN001
+        return [self.time(kind, nbytes, group, cluster)]
+
+
+def deepep_collectives(base: Any, model: Any, eff: ExchangeEfficiency | None = None) -> DeepEPCollectives:
+    """``base`` with ``model``'s expert-parallel exchange run as DeepEP's (its routing and node limit)."""
+    moe = model.moe
+    groups = None if moe.routing_groups is None else (moe.routing_groups, moe.groups_per_token)
+    return DeepEPCollectives(base, moe.num_experts, moe.top_k, groups, eff or load_exchange_efficiency())

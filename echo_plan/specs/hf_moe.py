@@ -77,5 +77,8 @@ def moe_fields_from_hf(data: dict[str, Any], family: str, name: str, path: str) 
                       moe=dict(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=ffn,
                                num_shared_experts=int(data.get("n_shared_experts") or 0),
                                first_dense_layers=int(data.get("first_k_dense_replace") or 0),
-                               router="sigmoid" if data.get("scoring_func") == "sigmoid" else "softmax"))
+                               router="sigmoid" if data.get("scoring_func") == "sigmoid" else "softmax",
+                               **({"routing_groups": int(data["n_group"]), "groups_per_token": int(data["topk_group"])}
+                                  if data.get("n_group") and data.get("topk_group") and int(data["n_group"]) > 1
+                                  else {})))
     return fields

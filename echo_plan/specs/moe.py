@@ -42,6 +42,12 @@ class MoESpec(Spec):
                                     description="leading layers with a dense MLP (DeepSeek-V3: 3)")
     router: RouterKind = RouterKind.SOFTMAX
     capacity_factor: float | None = Field(default=None, gt=0.0, le=64.0, description="None: dropless")
+    routing_groups: int | None = Field(
+        default=None, gt=0, le=4096, description="group-limited routing: the experts in this many equal groups "
+                                                 "(Hugging Face n_group; DeepSeek-V3: 8)")
+    groups_per_token: int | None = Field(
+        default=None, gt=0, le=4096, description="at most this many groups per token (topk_group; DeepSeek-V3: 4); "
+                                                 "with one group per server, the servers a token reaches")
 
     @model_validator(mode="after")
     def _rules(self) -> "MoESpec":
@@ -52,7 +58,21 @@ class MoESpec(Spec):
                                self.num_shared_experts * self.expert_ffn_hidden_size)
         if not self.num_shared_experts:
             object.__setattr__(self, "shared_expert_ffn_hidden_size", None)
+        if (self.routing_groups is None) != (self.groups_per_token is None):
+            raise ValueError("routing_groups and groups_per_token go together (group-limited routing)")
+        if self.routing_groups is not None:
+            if self.num_experts % self.routing_groups:
+                raise ValueError(f"routing_groups {self.routing_groups} must divide num_experts {self.num_experts}")
+            if not self.groups_per_token <= self.routing_groups:
+                raise ValueError(f"groups_per_token {self.groups_per_token} exceeds routing_groups {self.routing_groups}")
         return self
+
+    def server_limit(self, servers: int) -> int | None:
+        """The most servers a token reaches when its experts lie on ``servers`` servers in order (each holds
+        num_experts / servers of them); None without group-limited routing."""
+        if self.routing_groups is None or self.groups_per_token is None:
+            return None
+        return min(servers, self.groups_per_token * max(1, servers // self.routing_groups))
 
     @property
     def shared_ffn(self) -> int:

@@ -48,6 +48,7 @@ class MoEDispatcher(str, Enum):
 
     ALLTOALL = "alltoall"  # all-to-all over the expert-parallel group
     ALLGATHER = "allgather"  # all-gather every token, reduce-scatter the outputs
+    DEEPEP = "deepep"  # DeepEP's normal kernels: once per server over the network, then NVLink (cost/expert_exchange.py)
 
 
 class OptimizerSharding(str, Enum):

@@ -65,3 +65,24 @@ def test_the_shipped_shares_are_what_the_fit_gives():
 
     shipped = yaml.safe_load(DATA.read_text())
     assert fit(validation_dir()) == shipped, "re-run python -m echo_plan.calibrate.deepep_fit --write"
+
+
+def test_deepep_runs_only_the_expert_parallel_all_to_alls():
+    """With the stack's DeepEP dispatcher the EP all-to-all is DeepEP's exchange (node-limited: far cheaper for
+    DeepSeek-V3 over 8 servers than NCCL's all-to-all); every other collective is the base model's."""
+    from echo_plan.cost.collectives import collective_model_for
+    from echo_plan.cost.expert_exchange import deepep_collectives
+    from echo_plan.specs import load_model
+    from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
+
+    h800 = load_cluster("h800")
+    base = collective_model_for(h800)
+    deepep = deepep_collectives(base, load_model("deepseek-v3"))
+    ep64 = CommGroup(GroupKind.EP, 64)
+    nbytes = 4096 * 8 * 7168  # 4,096 tokens x 8 copies, FP8
+    assert deepep.time(CollectiveKind.ALL_TO_ALL, nbytes, ep64, h800).time_s < \
+        0.5 * base.time(CollectiveKind.ALL_TO_ALL, nbytes, ep64, h800).time_s
+    tp = CommGroup(GroupKind.TP, 8)
+    assert deepep.time(CollectiveKind.ALL_REDUCE, 1 << 26, tp, h800) == base.time(CollectiveKind.ALL_REDUCE, 1 << 26, tp,
+                                                                                 h800)
+    hash(deepep)  # keys the layer memo

@@ -15,7 +15,7 @@ DEEPSEEK_V3 = {  # keys of deepseek-ai/DeepSeek-V3 config.json
     "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "num_attention_heads": 128,
     "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1,
     "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "scoring_func": "sigmoid",
-    "tie_word_embeddings": False, "v_head_dim": 128, "vocab_size": 129280}
+    "tie_word_embeddings": False, "v_head_dim": 128, "vocab_size": 129280, "n_group": 8, "topk_group": 4}
 MIXTRAL = {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
            "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
            "vocab_size": 32000, "max_position_embeddings": 32768, "tie_word_embeddings": False}
@@ -32,6 +32,8 @@ def test_deepseek_v3_config_matches_the_preset_plus_its_mtp_module(tmp_path):
     preset = load_model("deepseek-v3")
     assert m.moe == preset.moe and m.mla == preset.mla and m.mtp_layers == 1
     assert m.num_params - m.mtp_params == preset.num_params
+    assert (m.moe.routing_groups, m.moe.groups_per_token) == (8, 4)  # node-limited routing
+    assert [m.moe.server_limit(n) for n in (1, 2, 8, 16)] == [1, 2, 4, 8]  # a group spans 2 of 16 servers
 
 
 def test_mixtral_config_matches_the_preset(tmp_path):

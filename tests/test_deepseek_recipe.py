@@ -1,0 +1,31 @@
+"""DeepSeek-V3's recipe on 2,048 H800 with its own stack (issue 32, in part): DeepEP's node-limited
+exchange instead of NCCL's all-to-all, shown as the expert exchange in the breakdown."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo_plan.simulate import SimulationMemo, simulate
+from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
+from echo_plan.specs.plan import balanced_split
+from echo_plan.trace.cache import TraceCache
+
+
+@pytest.mark.slow
+def test_deepseeks_stack_runs_the_exchange_as_deepep(tmp_path):
+    model, cluster = load_model("deepseek-v3"), load_cluster("h800").resized(gpus=2048)
+    plan = PlanSpec.build({"tp": 1, "pp": 16, "dp": 128, "ep": 64, "micro_batch_size": 1, "global_batch_size": 15360,
+                           "distributed_optimizer": True, "dtype": "fp8", "schedule": "dualpipe",
+                           "layer_split": balanced_split(model.num_layers, 16)})
+    cache, memo = TraceCache(tmp_path), SimulationMemo()
+    nccl = simulate(model, cluster, plan, stack=load_stack("megatron-core", {"fp8_recipe": "blockwise"}), cache=cache,
+                    memo=memo)
+    deepep = simulate(model, cluster, plan, stack=load_stack("megatron-core", {"fp8_recipe": "blockwise",
+                                                                               "moe_dispatcher": "deepep"}),
+                      cache=cache, memo=memo)
+    for r in (nccl, deepep):
+        assert r.breakdown.total_s == pytest.approx(r.step_time_s, rel=1e-9)
+        assert r.breakdown.ep_comm_exposed_s > r.breakdown.tp_comm_exposed_s  # the exchange, not TP (tp 1)
+    # node-limited: at most 4 servers a token, once each over the network, not one copy per expert
+    assert deepep.breakdown.ep_comm_exposed_s < 0.5 * nccl.breakdown.ep_comm_exposed_s
+    assert deepep.step_time_s < nccl.step_time_s
