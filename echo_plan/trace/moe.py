@@ -81,6 +81,21 @@ def all_to_all(x: torch.Tensor, group: TPGroup, send: int, recv: int) -> torch.T
     return c10d.wait_tensor(c10d.all_to_all_single(x.contiguous(), out_splits, in_splits, group.name))
 
 
+class _Riding(torch.autograd.Function):
+    """Per-row values that travel inside another exchange (DeepEP's dispatch carries each copy's gate weight
+    with its token): ``send`` rows in, ``recv`` out, no collective of their own either way; ``carrier`` (the
+    exchanged rows) orders them after that exchange."""
+
+    @staticmethod
+    def forward(ctx, w, carrier, recv: int):
+        ctx.send = w.shape[0]
+        return w.new_empty((recv, *w.shape[1:]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.new_empty((ctx.send, *grad.shape[1:])), None, None
+
+
 def dispatch(x: torch.Tensor, group: TPGroup | None, send: int, recv: int) -> torch.Tensor:
     """Send ``send`` rows, receive ``recv``. Without expert parallelism the rows stay here (a
     permutation copy when the per-expert counts do not add up to the rows exactly)."""
@@ -183,6 +198,7 @@ class MoELayer(nn.Module):
         self.allgather = stack.moe_dispatcher is MoEDispatcher.ALLGATHER
         self.fused = stack.moe_permute_fusion
         self.probs_in_act = stack.moe_probs_in_activation
+        self.deepep = stack.moe_dispatcher is MoEDispatcher.DEEPEP
 
     def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k probabilities and expert indices of each token ([T, k] each)."""
@@ -226,7 +242,10 @@ class MoELayer(nn.Module):
         weights = None
         if self.probs_in_act:  # each copy's probability travels with it (fp32, one value per copy)
             weights = self._permute(probs.float().reshape(-1, 1), order)
-            weights = parallel.gather_from_sp(dispatch(weights, g.ep, sent, recv), g.etp)
+            if self.deepep and g.ep is not None:  # inside the token exchange (recv_topk_weights)
+                weights = parallel.gather_from_sp(_Riding.apply(weights, got, recv), g.etp)
+            else:  # Megatron-Core: an all-to-all of their own
+                weights = parallel.gather_from_sp(dispatch(weights, g.ep, sent, recv), g.etp)
         if g.ep is not None and self.experts.local > 1:
             got = self._permute(got, self._copies(got, got.shape[0]))  # sort the received chunks by expert
             if weights is not None:

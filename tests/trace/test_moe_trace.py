@@ -78,6 +78,10 @@ def test_probabilities_at_unpermute_or_in_the_activation_follow_the_stack(tmp_pa
     assert old_trace.saved_bytes - new_trace.saved_bytes == pytest.approx(expert_out - 4 * copies, rel=0.02)
     names = {op.name for op in new_trace.ops}
     assert any("weighted_act" in n for n in names) and not any(n.endswith("moe_unpermute.default") for n in names)
+    deepep = tmp_path / "deepep.yaml"  # DeepEP's dispatch carries the gate weights inside the token exchange
+    deepep.write_text("base: megatron-core\nmoe_dispatcher: deepep\n")
+    dp_trace, dp_a2a = _a2a_and_saved(str(deepep))
+    assert len(dp_a2a) == 4 and dp_trace.saved_bytes == new_trace.saved_bytes
 
 
 def test_imbalance_never_lightens_the_busiest_rank():
