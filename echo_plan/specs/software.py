@@ -114,6 +114,10 @@ class SoftwareSpec(Spec):
                                   "activation (Megatron-Core >= 0.13, 'memory efficient token permutation'), so "
                                   "un-permutation keeps no expert output for backward; false: Megatron-Core <= 0.12, "
                                   "the probabilities weight the copies at un-permutation")
+    moe_act_input_fp8: bool = Field(
+        default=False, description="MoE with the moe_act recompute: the experts' activation keeps its input in FP8 "
+                                   "(1x128 tiles with their scales) instead of bf16, and its backward reads that "
+                                   "(DeepSeek-V3 report 3.3.3: the SwiGLU inputs cached in FP8)")
     moe_a2a_overlap: bool = Field(
         default=False, description="MoE: in the steady state each forward runs paired with the next backward, one "
                                    "micro-batch's all-to-all under the other's compute (Megatron-Core "
@@ -163,6 +167,7 @@ class SoftwareSpec(Spec):
                 f"tpov={self.tp_comm_overlap};rc={modules};moe={self.moe_dispatcher.value},"
                 f"{self.moe_grouped_gemm},{self.moe_permute_fusion}"
                 + ("" if self.moe_probs_in_activation else ",probs-at-unpermute")
+                + (",act-in-fp8" if self.moe_act_input_fp8 else "")
                 + ("" if self.cp_comm is CPComm.P2P else f";cp={self.cp_comm.value}"))
 
     def fp8_signature(self) -> str:

@@ -140,6 +140,18 @@ def _block_cast_fake(x, grad, columnwise):
     return q, s, x.new_empty(t, dtype=fmt), x.new_empty((*t[:-1], _blocks(t[-1])), dtype=f32)
 
 
+@torch.library.custom_op("echo_plan::fp8_block_dequant", mutates_args=())
+def fp8_block_dequant(q: Tensor, scales: Tensor, n: int) -> Tensor:
+    """The bf16 tensor ``fp8_block_cast`` quantised (its last dimension ``n`` wide), one read of the FP8 tiles."""
+    pad = -n % BLOCK
+    qf = torch.nn.functional.pad(q.float(), (0, pad)) if pad else q.float()
+    tiles = qf.reshape(*q.shape[:-1], qf.shape[-1] // BLOCK, BLOCK) * scales.unsqueeze(-1)
+    return tiles.reshape(*q.shape[:-1], -1)[..., :n].to(torch.bfloat16).contiguous()
+
+
+fp8_block_dequant.register_fake(lambda q, scales, n: q.new_empty((*q.shape[:-1], n), dtype=torch.bfloat16))
+
+
 @torch.library.custom_op("echo_plan::fp8_weight_cast", mutates_args=())
 def fp8_weight_cast(w: Tensor, scale: Tensor, blockwise: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(w in e4m3, w^T in e4m3, scale-inverse: one, or one per 128 x 128 block)."""

@@ -59,6 +59,9 @@ def routed_token_counts(tokens: int, model: ModelSpec, layout: ExpertLayout) -> 
     return sent, hot, max(1, round(mean))
 
 
+WEIGHTED_KINDS = {Activation.SWIGLU: "swiglu", Activation.SWIGLU_CLAMPED: "clamped_geglu"}  # moe_kernels.weighted_act
+
+
 class _AllToAll(torch.autograd.Function):
     """All-to-all over ``group``: forward sends ``send`` rows and receives ``recv``; backward reverses."""
 
@@ -108,8 +111,9 @@ class Experts(nn.Module):
     """This rank's local experts (their FFN split by expert TP), as a grouped GEMM or one GEMM each."""
 
     def __init__(self, model: ModelSpec, local: int, etp: int, dtype: torch.dtype, grouped: bool,
-                 recompute_act=None, discard=None, fused_act: bool = True) -> None:
+                 recompute_act=None, discard=None, fused_act: bool = True, act_input_fp8: bool = False) -> None:
         super().__init__()
+        self.act_input_fp8 = act_input_fp8  # the stack's moe_act_input_fp8 (with the moe_act recompute)
         self.fused_act = fused_act  # Megatron-Core's bias_activation_fusion (the stack's fused elementwise ops)
         self.recompute_act = recompute_act if discard is not None else None  # checkpoints a callable
         self.discard = discard
@@ -141,12 +145,18 @@ class Experts(nn.Module):
     def weighted(self, h: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """The activation weighted by each copy's router probability (Megatron-Core >= 0.13): one fused
         kernel keeping its input and the probabilities, or, unfused, the activation then a multiply."""
-        kind = {Activation.SWIGLU: "swiglu", Activation.SWIGLU_CLAMPED: "clamped_geglu"}.get(self.activation)
+        kind = WEIGHTED_KINDS.get(self.activation)
         if self.fused_act and kind is not None:
             return moe_kernels.weighted_act(h, p, kind)
         return (self.act(h).float() * p).to(h.dtype)
 
     def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor, p: torch.Tensor | None = None) -> torch.Tensor:
+        kind = WEIGHTED_KINDS.get(self.activation)
+        if self.act_input_fp8 and self.recompute_act is not None and p is not None and kind and self.fused_act:
+            a = moe_kernels.CachedWeightedAct.apply(self._bmm(x, fc1), p, kind)  # keeps its input in FP8
+            out = self._bmm(a, fc2)
+            self.discard(a)  # the activation's output is freed after FC2 and recomputed in backward
+            return out
         fn, args = (self.act, ()) if p is None else (self.weighted, (p,))
         if self.recompute_act is None:
             return self._bmm(fn(self._bmm(x, fc1), *args), fc2)
@@ -193,7 +203,8 @@ class MoELayer(nn.Module):
         self.model, self.layout, self.groups = model, layout, groups
         self.router_weight = nn.Parameter(torch.empty(moe.num_experts, model.hidden_size, dtype=dtype))
         self.experts = Experts(model, moe.num_experts // layout.ep, layout.etp, dtype, stack.moe_grouped_gemm,
-                               recompute_act, discard, fused_act=stack.fused_elementwise)
+                               recompute_act, discard, fused_act=stack.fused_elementwise,
+                               act_input_fp8=stack.moe_act_input_fp8)
         self.shared = shared_mlp
         self.allgather = stack.moe_dispatcher is MoEDispatcher.ALLGATHER
         self.fused = stack.moe_permute_fusion

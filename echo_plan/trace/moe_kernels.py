@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from echo_plan.trace.fp8_kernels import fp8_block_cast, fp8_block_dequant
 from echo_plan.trace.fused_elementwise import clamped_geglu_backward, clamped_geglu_reference, swiglu_backward
 
 Tensor = torch.Tensor
@@ -143,3 +144,23 @@ def _weighted_bwd(ctx, grad):
 
 
 weighted_act.register_autograd(_weighted_bwd, setup_context=_weighted_setup)
+
+
+class CachedWeightedAct(torch.autograd.Function):
+    """The weighted activation that keeps only its input in FP8 (1 x 128 tiles, fp32 scales) and the
+    probabilities for backward, where the input is dequantised and the gradients taken from it (DeepSeek-V3:
+    the SwiGLU inputs cached in FP8 and its output recomputed)."""
+
+    @staticmethod
+    def forward(ctx, h, probs, kind: str):
+        q, s, _, _ = fp8_block_cast(h.reshape(-1, h.shape[-1]), False, False)
+        ctx.kind, ctx.shape, ctx.dtype = kind, h.shape, h.dtype
+        ctx.save_for_backward(q, s, probs)
+        return weighted_act(h, probs, kind)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, s, probs = ctx.saved_tensors
+        h = fp8_block_dequant(q, s, ctx.shape[-1]).to(ctx.dtype).reshape(ctx.shape)
+        dh, dp = weighted_act_backward(grad, h, probs, ctx.kind)
+        return dh, dp, None

@@ -25,14 +25,14 @@ _SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_
             "scaled_masked_softmax", "scaled_masked_softmax_backward"}
 # echo_plan's fused elementwise kernels (trace/kernels.py) and torch's dropout kernels
 _FUSED_ELEMENTWISE = {"bias_gelu", "bias_gelu_backward", "swiglu", "swiglu_backward", "bias_dropout_add",
-                      "clamped_geglu", "clamped_geglu_backward",
+                      "clamped_geglu", "clamped_geglu_backward", "weighted_act", "weighted_act_backward",
                       "attn_out_correction", "dropout_backward", "rope", "rope_backward", "native_dropout", "native_dropout_backward",
                       # Transformer Engine's FP8 casts (trace/fp8_kernels.py): bandwidth-bound
-                      "fp8_cast", "fp8_cast_transpose", "fp8_transpose", "fp8_block_cast", "fp8_weight_cast",
+                      "fp8_cast", "fp8_cast_transpose", "fp8_transpose", "fp8_block_cast", "fp8_block_dequant", "fp8_weight_cast",
                       "fp8_grouped_weight_cast", "fp8_weight_transpose"}
 _EMBEDDING = {"embedding", "embedding_dense_backward", "index_select", "index_add", "index_add_",
               "gather", "scatter_add", "scatter_add_", "index", "index_put", "index_put_", "_index_put_impl_",
-              "moe_permute", "moe_permute_backward", "moe_unpermute", "moe_unpermute_backward"}  # trace/moe_kernels.py
+              "moe_permute", "moe_permute_backward", "moe_unpermute", "moe_unpermute_backward", "moe_unpermute_sum"}  # trace/moe_kernels.py
 _COPY = {"copy_", "clone", "_to_copy", "cat", "stack", "contiguous", "_copy_from", "repeat", "constant_pad_nd",
          "slice_backward", "select_backward", "narrow_copy", "as_strided_scatter", "slice_scatter"}
 _VIEW_NAMES = {"_unsafe_view", "detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided",

@@ -184,3 +184,31 @@ def test_fused_clamped_experts_never_cost_more_than_unfused():
                    if op.collective is None and op.module.endswith("experts") and op.kind.value == "elementwise")
 
     assert seconds(True) < seconds(False)
+
+
+def test_the_activation_input_cached_in_fp8_halves_what_the_recomputed_activation_keeps(tmp_path):
+    """DeepSeek-V3 keeps the SwiGLU inputs in FP8 (1 x 128 tiles) when it recomputes the activation: the
+    saved bytes drop by half of that input (less the tiles' fp32 scales) and backward dequantises it."""
+    def traced(fp8_input: bool):
+        stack = load_stack("megatron-core", {"recompute_modules": ["moe_act"], "moe_act_input_fp8": fp8_input})
+        return trace_stage(tiny(), StageKind.BLOCK, tp=1, sequence_parallel=False, micro_batch_size=1, dtype="bf16",
+                           recompute="selective", kind=MOE, layout=ExpertLayout(1, 1, 1.0), stack=stack)
+
+    plain, cached = traced(False), traced(True)
+    model = tiny()
+    copies = model.seq_length * model.moe.top_k
+    h_in = 2 * model.moe.expert_ffn_hidden_size  # gate and up halves
+    expected = copies * h_in * 2 - copies * h_in - copies * (-(-h_in // 128)) * 4
+    assert plain.saved_bytes - cached.saved_bytes == pytest.approx(expected, rel=0.02)
+    assert any(op.name.endswith("fp8_block_dequant.default") for op in cached.ops if op.phase is Phase.BACKWARD)
+
+
+def test_blockwise_fp8_round_trip_keeps_the_values():
+    import torch
+
+    from echo_plan.trace.fp8_kernels import fp8_block_cast, fp8_block_dequant
+
+    x = torch.randn(8, 300, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    q, s, _, _ = fp8_block_cast(x, False, False)
+    back = fp8_block_dequant(q, s, 300).float()
+    assert back.shape == x.shape and torch.allclose(back, x.float(), rtol=0.07, atol=0.02)
