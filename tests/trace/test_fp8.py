@@ -103,13 +103,15 @@ def test_moe_experts_run_fp8_grouped_gemms():
 
 
 def test_cast_kernels_compute_what_their_fakes_promise():
-    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     q, qt, amax = fk.fp8_cast_transpose(x, torch.tensor(1.0), True)
     assert q.dtype == qt.dtype == torch.float8_e5m2 and qt.shape == (256, 4)
     assert torch.equal(q.float().t(), qt.float()) and amax == x.abs().amax().float()
     q, s, qt, st = fk.fp8_block_cast(x, False, True)
     assert s.shape == (4, 2) and qt.shape == (256, 4) and st.shape == (256, 1)
-    assert torch.allclose((q.float().reshape(4, 2, 128) * s.unsqueeze(-1)).reshape(4, 256), x.float(), rtol=0.13)
+    # e4m3 keeps 3 mantissa bits: within a relative 1/16 of each value, and one quantum of its tile near zero
+    assert torch.allclose((q.float().reshape(4, 2, 128) * s.unsqueeze(-1)).reshape(4, 256), x.float(), rtol=0.07,
+                          atol=0.02)
     w = torch.randn(256, 128, dtype=torch.bfloat16)
     w8, w8t, sinv = fk.fp8_weight_cast(w, torch.tensor(1.0), True)
     assert w8.shape == (256, 128) and w8t.shape == (128, 256) and sinv.shape == (2, 1)
