@@ -22,6 +22,7 @@ from echo_plan.replay.compiled.switch import CompiledSwitch
 from echo_plan.replay.step_replay import ScheduleCache, StepReplayer
 from echo_plan.layout.schedules import schedule_shape
 from echo_plan.replay.step_costs import ep_overlap_pairs, stack_notes, step_costs
+from echo_plan.specs.calibration import calibration_status
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.faults import Fault, check_faults, slowed_cluster, stage_effects
 from echo_plan.specs.model import ModelSpec
@@ -224,6 +225,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     notes = [f"critical pipeline stage: {rank}", f"micro-batches per step: {plan.num_microbatches}",
              f"level-2 tasks: {step.tasks_replayed}", f"software stack: {stack.name}"]
     notes += stack_notes(plan, stack)
+    status = calibration_status(cluster)
+    if not status.startswith("calibrated"):  # inherited from a preset, or none for this GPU: said plainly
+        notes.append(status)
     a2a = None
     if model.is_moe:
         def tiers(group):  # the bandwidths the NCCL model gives each tier of this group's all-to-all

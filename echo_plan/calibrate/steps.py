@@ -99,6 +99,7 @@ def calibration_block(cal: StepsCalibration, suite_name: str, source: str,
     """``calibration:`` for a cluster file: the compute figures with their rows, and the held-out
     residuals as the prediction range of the stack (merged into ``old``, whose nccl part stays)."""
     out = dict(old or {})
+    out.pop("from", None)  # the figures are this fit's now, not a preset's the cluster inherited
     held = [r.row.label for r in cal.held_out]
     record = calibration_record(cal.fit, suite_name, source, held, cal.stack)
     record["source"] = (f"{source}; fitted by echo-plan {__version__} calibrate steps "

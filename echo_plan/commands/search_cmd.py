@@ -21,6 +21,7 @@ from echo_plan.search.space import default_space_path_for, load_space
 from echo_plan.search.study import SamplerKind, SearchConfig
 from echo_plan import limits as L
 from echo_plan.search.storage import check_storage
+from echo_plan.report.inputs import calibration_summary
 from echo_plan.search.space import Knob
 from echo_plan.commands.common import dp_comm_fields
 from echo_plan.commands.common import check_cache_dir
@@ -138,6 +139,9 @@ def print_search(outcome, top: int, explain: bool, pruned=None) -> None:
     gpus = outcome.cluster["gpus_per_node"] * outcome.cluster["num_nodes"]
     typer.echo(f"{outcome.model['name']} on {gpus} x {outcome.cluster['gpu']['name']} ({outcome.cluster['name']}), "
                f"space {outcome.space['name']}, study {outcome.study_name}")
+    cal = outcome.cluster.get("calibration") or {}
+    if "compute" not in cal or cal.get("from"):  # inherited, or none for this GPU: said before the ranking
+        typer.echo("calibration: " + calibration_summary(cal))
     for line in format_ranked(outcome, top):
         typer.echo(line)
     if outcome.sampler == "nsga2" and outcome.pareto:

@@ -8,6 +8,7 @@ from typing import Any
 
 from echo_plan.report.chart import fmt_count
 from echo_plan.specs import ModelSpec
+from echo_plan.specs.calibration import UNCALIBRATED_ERROR
 
 # What the prediction accounts for and what it leaves out (DESIGN.md, stages 2-4).
 MODELLED = (
@@ -88,15 +89,17 @@ def cluster_rows(cluster: dict[str, Any]) -> list[tuple[str, str]]:
         if net.get("routing", "none") != "none":
             rows.append(("routing", f"{net['routing']} across leaves ({net.get('flows_per_connection', 1)} flow(s) "
                                     f"per connection; {net.get('leaf_radix', '?')}-port leaves): docs/traffic.md"))
-    if cluster.get("calibration"):
-        rows.append(("calibration", calibration_summary(cluster["calibration"]) + " (table below)"))
+    rows.append(("calibration", calibration_summary(cluster.get("calibration"))
+                 + (" (table below)" if cluster.get("calibration") else "")))
     return rows
 
 
 def calibration_summary(calibration: Any) -> str:
-    if not isinstance(calibration, dict) or not calibration:
-        return "none: the cost models' defaults"
-    return "fitted: " + ", ".join(str(k) for k in calibration)
+    if not isinstance(calibration, dict) or "compute" not in calibration:
+        return (f"NONE for this GPU: the kernel model as published ({UNCALIBRATED_ERROR}; calibrate with "
+                "`echo-plan calibrate steps`)")
+    fitted = "fitted: " + ", ".join(str(k) for k in calibration if k != "from")
+    return fitted + (f"; inherited from {calibration['from']}" if calibration.get("from") else "")
 
 
 def flat_rows(value: Any, path: tuple[str, ...] = ()) -> list[tuple[str, str]]:

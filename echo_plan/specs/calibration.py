@@ -9,7 +9,10 @@ each keeping the rows it was fitted on:
 * ``nccl``: the collective model's fitted parameters (``echo-plan calibrate nccl``), by the names
   and shapes of :data:`CALIBRATABLE`;
 * ``ranges``: the spread of held-out prediction errors per software stack, from which every
-  prediction's range comes.
+  prediction's range comes;
+* ``from``: a cluster preset whose ``compute`` and ``ranges`` this cluster takes (a cluster file of one's
+  own naming a GPU that a preset has inherits them by itself; ``specs/presets.load_cluster``), and after
+  loading, which preset they came from.
 
 This module is the schema: a ClusterSpec checks its calibration here when it is built, so a bad
 figure is an error that names the key and what is valid before anything runs. The cost models read
@@ -26,7 +29,8 @@ from typing import Any, Mapping, Sequence
 
 from echo_plan.errors import SpecError
 
-SECTIONS = ("compute", "nccl", "ranges")
+SECTIONS = ("compute", "nccl", "ranges", "from")  # from: where inherited sections came from (presets.load_cluster)
+INHERITED = ("compute", "ranges")  # what a cluster of one's own takes from the preset of its GPU
 # field -> (lower bound, upper bound): a scale outside these is not a calibration but a mistake
 COMPUTE_FIELDS: dict[str, tuple[float, float]] = {
     "gemm_efficiency_scale": (0.2, 1.5),
@@ -50,6 +54,8 @@ def check_calibration(calibration: Mapping[str, Any], context: str = "calibratio
         ComputeCalibration.from_mapping(calibration["compute"], context)
     if "ranges" in calibration:
         RangeTable.from_mapping(calibration["ranges"], context)
+    if "from" in calibration and not isinstance(calibration["from"], str):
+        raise SpecError("calibration.from", calibration["from"], "the name of a cluster preset", context)
     if "nccl" in calibration:
         check_nccl_section(calibration["nccl"], context)
 
@@ -319,3 +325,22 @@ def _groups(data: Mapping[str, Any], key: str, context: str) -> Mapping[str, Res
         groups[str(name)] = ResidualGroup(str(name), res, tuple(str(r) for r in g.get("rows") or ()),
                                           str(g.get("source") or ""))
     return MappingProxyType(groups)
+
+
+# What an uncalibrated prediction's error looked like on the visible suites (validate, leave-one-suite-out:
+# the SC21 A100 rows with no A100 calibration left were 5-16% slow)
+UNCALIBRATED_ERROR = "uncalibrated, the SC21 A100 runs were predicted 5-16% off"
+
+
+def calibration_status(cluster: Any) -> str:
+    """One line on what the cluster's predictions rest on: its own fitted figures, a preset's it inherited,
+    or none for its GPU (then the kernel model runs as published, and measured runs are usually slower)."""
+    cal = getattr(cluster, "calibration", None) or {}
+    gpu = cluster.gpu.name
+    if "compute" not in cal:
+        return (f"no calibration for GPU {gpu}: the kernel model runs as published, without the sustained rates "
+                f"measured runs show ({UNCALIBRATED_ERROR}; calibrate with `echo-plan calibrate steps`, or name a "
+                "preset of the same GPU with `calibration: {from: PRESET}`)")
+    if cal.get("from"):
+        return f"calibration inherited from {cal['from']}"
+    return f"calibrated for GPU {gpu}"

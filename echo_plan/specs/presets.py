@@ -8,6 +8,7 @@ from pathlib import Path
 
 from echo_plan.files import safe_load
 
+from echo_plan.specs.calibration import INHERITED
 from echo_plan.errors import EchoPlanError, UnknownPresetError
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.loaders import is_hf_config, model_fields_from_hf, read_mapping
@@ -89,8 +90,39 @@ def load_cluster(ref: str, nodes: int | None = None, gpus: int | None = None) ->
             raise UnknownPresetError("cluster", ref, cluster_names())
     data = read_mapping(path)
     data.setdefault("name", path.stem)
+    if _looks_like_path(ref):
+        data = _with_inherited_calibration(data, str(path))
     cluster = ClusterSpec.build(data, context=str(path))
     return cluster.resized(nodes=nodes, gpus=gpus)
+
+
+def _with_inherited_calibration(data: dict, context: str) -> dict:
+    """A cluster file of one's own: ``calibration: {from: PRESET}`` takes that preset's compute figures and
+    ranges (the file's own sections win); with no calibration at all, the preset with the same GPU gives them,
+    and ``calibration.from`` says which. A GPU no preset has stays uncalibrated (and says so)."""
+    cal = data.get("calibration")
+    if isinstance(cal, dict) and isinstance(cal.get("from"), str):
+        source = cal["from"]
+        if source not in cluster_names():
+            raise UnknownPresetError("cluster", source, cluster_names())
+        got = read_mapping(clusters_dir() / f"{source}.yaml").get("calibration") or {}
+        merged = {k: got[k] for k in INHERITED if k in got}
+        merged.update({k: v for k, v in cal.items() if k != "from"})
+        merged["from"] = f"{source} ({', '.join(k for k in INHERITED if k in got and k not in cal)}, as named)"
+        return {**data, "calibration": merged}
+    if cal is not None:
+        return data
+    gpu = data.get("gpu")
+    name = gpu.get("name") if isinstance(gpu, dict) else None
+    for preset in cluster_names():
+        got = read_mapping(clusters_dir() / f"{preset}.yaml")
+        pre_gpu = (got.get("gpu") or {}).get("name")
+        cal_p = got.get("calibration") or {}
+        if name and pre_gpu == name and "compute" in cal_p:
+            merged = {k: cal_p[k] for k in INHERITED if k in cal_p}
+            merged["from"] = f"{preset} (same GPU {name}: {', '.join(merged)})"
+            return {**data, "calibration": merged}
+    return data
 
 
 def load_stack(ref: str | None = None, overrides: dict | None = None) -> SoftwareSpec:
