@@ -42,6 +42,10 @@ def calibrated_parts(calibration: dict) -> list[str]:
     (the H100/H800 presets: no nccl-tests logs of those clusters are held)."""
     parts = []
     for name in sorted(calibration):
+        if name == "from":  # which preset the inherited sections came from
+            continue
         params = set(((calibration.get(name) or {}).get("params") or {})) if name == "nccl" else set()
         parts.append("nccl (MoE all-to-all share only)" if params == {"all_to_all_net_efficiency"} else name)
+    if calibration.get("from"):
+        parts.append(f"inherited from {str(calibration['from']).split(' ')[0]}")
     return parts

@@ -90,7 +90,8 @@ def load_cluster(ref: str, nodes: int | None = None, gpus: int | None = None) ->
             raise UnknownPresetError("cluster", ref, cluster_names())
     data = read_mapping(path)
     data.setdefault("name", path.stem)
-    if _looks_like_path(ref):
+    cal = data.get("calibration")
+    if _looks_like_path(ref) or (isinstance(cal, dict) and "from" in cal):  # a preset may name another's too
         data = _with_inherited_calibration(data, str(path))
     cluster = ClusterSpec.build(data, context=str(path))
     return cluster.resized(nodes=nodes, gpus=gpus)

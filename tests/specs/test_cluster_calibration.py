@@ -69,3 +69,10 @@ def test_a_fit_of_ones_own_replaces_the_inherited_label():
     got = calibration_block(StepsCalibration(fit, (), "megatron-core"), "ours", "ours.csv",
                             {"from": "dgx-h100 (same GPU)", "ranges": {"nominal_coverage": 0.8, "by_stack": {}}})
     assert "from" not in got and "compute" in got
+
+
+def test_the_h200_preset_is_the_h100_die_with_more_memory_and_says_whose_calibration_it_has():
+    h200, h100 = load_cluster("h200"), load_cluster("dgx-h100")
+    assert h200.gpu.peak_bf16_tflops == h100.gpu.peak_bf16_tflops and h200.gpu.hbm_GiB > 1.7 * h100.gpu.hbm_GiB
+    assert h200.calibration["compute"] == h100.calibration["compute"]
+    assert calibration_status(h200).startswith("calibration inherited from dgx-h100")
