@@ -36,6 +36,9 @@ def register(app: typer.Typer) -> None:
         separated by ':') and every --dir add more (docs/validation.md describes the formats).
         Exits 1 when a suite fails, unless the suite is marked as a known gap of an open issue:
         its line then says FAIL (known gap: ...) and the last line says why the exit status is 0.
+        Each training suite is also predicted by the calibration its recipes would make without it
+        (leave-one-suite-out: the `w/o` columns and the pooled line; --no-loso skips the refits), and
+        the summary ends with the least memory the runs that ran left free beyond their predicted peak.
         """
         from echo_plan.calibrate.nccl_fit import nccl_fitter  # deferred: loads numpy
 
