@@ -54,11 +54,12 @@ def read_deepep(path: Path) -> list[ExchangeRow]:
     return rows
 
 
-def predict(row: ExchangeRow, cluster, eff: ExchangeEfficiency) -> ExchangeCost:  # noqa: ANN001
-    """DeepEP's normal kernel of ``row`` on ``cluster`` (EP over servers of the cluster's GPUs per server)."""
+def predict(row: ExchangeRow, cluster, eff: ExchangeEfficiency, where: Path = DEEPEP_FILE) -> ExchangeCost:  # noqa: ANN001
+    """DeepEP's normal kernel of ``row`` (read from ``where``) on ``cluster`` (EP over servers of the cluster's
+    GPUs per server)."""
     g = cluster.gpus_per_node
-    if row.ep % g:
-        raise FileFormatError(str(DEEPEP_FILE), f"EP {row.ep} is not a whole number of {g}-GPU servers")
+    if row.ep % g or row.ep <= 0:
+        raise FileFormatError(str(where), f"{row.label}: EP {row.ep} is not a whole number of {g}-GPU servers")
     servers = row.ep // g
     routing = Routing(EXPERTS // row.ep * row.ep, TOP_K, servers, g, min(servers, MAX_SERVERS))
     nvl, net = cluster_rates(cluster)

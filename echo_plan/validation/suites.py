@@ -336,7 +336,7 @@ def run_exchange(ref: SuiteRef) -> SuiteResult:
         if r.kernel != "normal":
             rows.append(RowResult(r.label, None, r.measured_GBps, True, not_modelled="low-latency (decoding) kernels"))
             continue
-        c = predict(r, cluster, eff)
+        c = predict(r, cluster, eff, ref.path)
         rows.append(RowResult(r.label, c.reported_GBps, r.measured_GBps, r.label not in eff.fitted_on,
                               f"{c.bottleneck}-bound; DeepEP prints its {r.bottleneck} figure"))
     notes = (f"DeepEP's normal kernels in DeepSeek-V3's setting on the {EXCHANGE_CLUSTER} preset: NVLink share "
