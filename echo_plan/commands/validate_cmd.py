@@ -189,6 +189,7 @@ def _print_suite(r) -> None:
         typer.echo(f"   leave-one-suite-out: {r.loso.how}; mean |error| {_pct(r.loso.mean_abs_error)}, "
                    f"{_pct(r.loso.coverage)} of rows inside the range made from the other suites")
     typer.echo(f"   {'row':<40} {'measured':>10} {'predicted':>10} {'error':>8}  {'memory (peak/usable)':<22}")
+    loso_errors = {x.label: x.error for x in r.loso.rows} if r.loso is not None else {}
     for row in r.rows:
         if row.predicted is None:
             why = row.detail or (f"not modelled: {row.not_modelled}" if row.not_modelled else "")
@@ -196,6 +197,9 @@ def _print_suite(r) -> None:
             continue
         role = "" if r.kind == "collective" else (" (held out)" if row.held_out else " (fit)")
         rng = "" if row.in_range is None else ("  in range" if row.in_range else "  OUT of range")
+        wo = loso_errors.get(row.label)
+        if wo is not None and abs(wo - row.error) > 5e-4:  # predicted otherwise by the calibration made without it
+            rng += f"  (w/o suite {wo * 100:+.1f}%)"
         memory = row.memory.words() if row.memory is not None else "-"
         typer.echo(f"   {row.label:<40} {row.measured:>10.4g} {row.predicted:>10.4g} {row.error * 100:>+7.1f}%  "
                    f"{memory:<22}{row.detail}{role}{rng}")
