@@ -15,7 +15,7 @@ from echo_plan.replay.dp import dp_exchange_summary
 from echo_plan.layout.layer_mix import all_to_all_note
 from echo_plan.replay.metrics import throughput
 from echo_plan.cost.collectives import CollectiveTimes
-from echo_plan.cost.expert_exchange import deepep_collectives
+from echo_plan.cost.expert_exchange import DeepEPCollectives, deepep_collectives, deepep_note
 from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.replay.results import StepResult
 from echo_plan.replay.compiled.switch import CompiledSwitch
@@ -239,6 +239,11 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                               tiers if hasattr(comm, "lines") and hasattr(comm, "params") else None)
     if a2a:
         notes.append(a2a)
+    if isinstance(comm, DeepEPCollectives):
+        ep = next((op.collective.group for _, t in getattr(traces, "blocks", ()) for op in t.collectives
+                   if op.collective.kind is CollectiveKind.ALL_TO_ALL), None)
+        if ep is not None:
+            notes.append(deepep_note(model, ep, cluster.gpus_per_node))
     if step.extrapolated:
         notes.append("steady state verified periodic at {} micro-batches and extrapolated exactly".format(
             ", ".join(map(str, step.sampled[-3:]))))

@@ -29,3 +29,7 @@ def test_deepseeks_stack_runs_the_exchange_as_deepep(tmp_path):
     # node-limited: at most 4 servers a token, once each over the network, not one copy per expert
     assert deepep.breakdown.ep_comm_exposed_s < 0.5 * nccl.breakdown.ep_comm_exposed_s
     assert deepep.step_time_s < nccl.step_time_s
+    # simulate says where the exchange runs and what node-limited routing saves
+    (note,) = [n for n in deepep.notes if n.startswith("DeepEP exchange")]
+    assert "at most 4 of 8 servers" in note and "crosses the network 3.50 times" in note
+    assert not any(n.startswith("DeepEP exchange") for n in nccl.notes)

@@ -178,3 +178,26 @@ def deepep_collectives(base: Any, model: Any, eff: ExchangeEfficiency | None = N
     moe = model.moe
     groups = None if moe.routing_groups is None else (moe.routing_groups, moe.groups_per_token)
     return DeepEPCollectives(base, moe.num_experts, moe.top_k, groups, eff or load_exchange_efficiency())
+
+
+def deepep_note(model: Any, ep_group: Any, gpus_per_node: int) -> str:
+    """Where DeepEP's exchange of ``model`` runs on this EP group and what node-limited routing saves: each
+    token's copies over the network with and without the limit, and the GPUs it is forwarded to."""
+    per_node, servers = ep_group.placement(gpus_per_node)
+    moe = model.moe
+    limit = moe.server_limit(servers)
+    limited = Routing(moe.num_experts, moe.top_k, servers, per_node, limit)
+    free = Routing(moe.num_experts, moe.top_k, servers, per_node, None)
+
+    def remote(r: Routing) -> float:
+        return r.servers_per_token() * (servers - 1) / servers
+
+    if servers == 1:
+        return (f"DeepEP exchange: ep {ep_group.size} inside one server over NVLink; each token to "
+                f"{limited.gpus_per_reached_server():.1f} GPUs on average")
+    words = (f"at most {limit} of {servers} servers per token (group-limited routing)" if limit is not None
+             else f"{servers} servers, no routing limit")
+    return (f"DeepEP exchange: ep {ep_group.size} over {servers} servers, {words}: each token crosses the network "
+            f"{remote(limited):.2f} times (once per remote server reached; {remote(free):.2f} without the limit, "
+            f"{moe.top_k * (servers - 1) / servers:.2f} as one copy per remote expert), then NVLink to "
+            f"{limited.gpus_per_reached_server():.1f} GPUs per server")
