@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from echo_plan.cost.base import Algorithm, CollectiveEstimate, Protocol_
+from echo_plan.specs.moe import server_limit
 from echo_plan.trace.records import CollectiveKind, GroupKind
 
 __all__ = ["DeepEPCollectives", "ExchangeCost", "ExchangeEfficiency", "Routing", "cluster_rates", "deepep_collectives",
@@ -161,7 +162,7 @@ class DeepEPCollectives:
         if kind is not CollectiveKind.ALL_TO_ALL or group.kind is not GroupKind.EP or group.size <= 1 or nbytes <= 0:
             return self.base.time(kind, nbytes, group, cluster)
         per_node, servers = group.placement(cluster.gpus_per_node)
-        limit = None if self.groups is None else min(servers, self.groups[1] * max(1, servers // self.groups[0]))
+        limit = None if self.groups is None else server_limit(self.groups[0], self.groups[1], servers)
         routing = Routing(self.experts, self.top_k, servers, per_node, limit)
         nvl, net = cluster_rates(cluster)
         tokens_bytes = nbytes / self.top_k

@@ -31,6 +31,12 @@ class RouterKind(str, Enum):
     SIGMOID = "sigmoid"  # sigmoid scores, top-k, renormalised (DeepSeek-V3's auxiliary-loss-free gating)
 
 
+def server_limit(groups: int, per_token: int, servers: int) -> int:
+    """The most of ``servers`` servers a token reaches when its experts lie in ``groups`` equal groups, at most
+    ``per_token`` of them per token, spread over the servers in order (a group spanning k servers: k each)."""
+    return min(servers, per_token * max(1, servers // groups))
+
+
 class MoESpec(Spec):
     num_experts: int = Field(gt=1, le=4096, description="routed experts per MoE layer")
     top_k: int = Field(gt=0, le=4096, description="experts each token is routed to")
@@ -72,7 +78,7 @@ class MoESpec(Spec):
         num_experts / servers of them); None without group-limited routing."""
         if self.routing_groups is None or self.groups_per_token is None:
             return None
-        return min(servers, self.groups_per_token * max(1, servers // self.routing_groups))
+        return server_limit(self.routing_groups, self.groups_per_token, servers)
 
     @property
     def shared_ffn(self) -> int:
