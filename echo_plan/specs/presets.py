@@ -97,6 +97,18 @@ def load_cluster(ref: str, nodes: int | None = None, gpus: int | None = None) ->
     return cluster.resized(nodes=nodes, gpus=gpus)
 
 
+def _preset_calibration(name: str, context: str, seen: tuple[str, ...] = ()) -> dict:
+    """A preset's calibration with its own ``from`` resolved (presets may chain; a loop is an error)."""
+    if name in seen:
+        raise EchoPlanError(f"{context}: calibration.from loops through {' -> '.join(seen + (name,))}")
+    cal = dict(read_mapping(clusters_dir() / f"{name}.yaml").get("calibration") or {})
+    source = cal.get("from")
+    if isinstance(source, str) and source in cluster_names():
+        inherited = _preset_calibration(source, context, seen + (name,))
+        cal = {**{k: inherited[k] for k in INHERITED if k in inherited}, **{k: v for k, v in cal.items() if k != "from"}}
+    return cal
+
+
 def _with_inherited_calibration(data: dict, context: str) -> dict:
     """A cluster file of one's own: ``calibration: {from: PRESET}`` takes that preset's compute figures and
     ranges (the file's own sections win); with no calibration at all, the preset with the same GPU gives them,
@@ -106,7 +118,7 @@ def _with_inherited_calibration(data: dict, context: str) -> dict:
         source = cal["from"]
         if source not in cluster_names():
             raise UnknownPresetError("cluster", source, cluster_names())
-        got = read_mapping(clusters_dir() / f"{source}.yaml").get("calibration") or {}
+        got = _preset_calibration(source, context)
         merged = {k: got[k] for k in INHERITED if k in got}
         merged.update({k: v for k, v in cal.items() if k != "from"})
         merged["from"] = f"{source} ({', '.join(k for k in INHERITED if k in got and k not in cal)}, as named)"

@@ -76,3 +76,9 @@ def test_the_h200_preset_is_the_h100_die_with_more_memory_and_says_whose_calibra
     assert h200.gpu.peak_bf16_tflops == h100.gpu.peak_bf16_tflops and h200.gpu.hbm_GiB > 1.7 * h100.gpu.hbm_GiB
     assert h200.calibration["compute"] == h100.calibration["compute"]
     assert calibration_status(h200).startswith("calibration inherited from dgx-h100")
+
+
+def test_from_follows_a_preset_that_itself_inherits(tmp_path):
+    """h200 takes dgx-h100's figures; a file naming h200 gets them too, not an empty calibration."""
+    mine = load_cluster(_own(tmp_path, "mine", "H200-NVL", {"from": "h200"}))
+    assert mine.calibration["compute"] == load_cluster("dgx-h100").calibration["compute"]
