@@ -6,6 +6,7 @@ import typer
 
 from echo_plan.commands.common import JsonOpt, print_json
 from echo_plan.specs import cluster_names, load_cluster, load_model, load_stack, model_names, stack_names
+from echo_plan.specs.presets import CLUSTER_ALIASES
 
 
 def register(app: typer.Typer) -> None:
@@ -32,6 +33,8 @@ def register(app: typer.Typer) -> None:
                 "not calibrated"
             typer.echo(f"  {c.name:<12} {c.num_nodes} x {c.gpus_per_node} {c.gpu.name}, "
                        f"{c.network.nics_per_node} x {c.network.nic_bw_Gbps:g} Gb/s per node ({calibrated})")
+        for alias, target in sorted(CLUSTER_ALIASES.items()):
+            typer.echo(f"  {alias:<12} another name for {target}")
         typer.echo("Software stacks (--stack; a YAML file with base: NAME changes some settings):")
         for s in stacks:
             typer.echo(f"  {s.name:<20} {s.description}")

@@ -51,6 +51,10 @@ def model_names() -> list[str]:
     return sorted(_model_table())
 
 
+# Other names of cluster presets: the preset they load (issue 35: `h100` as the GPU's name for `dgx-h100`)
+CLUSTER_ALIASES = {"h100": "dgx-h100"}
+
+
 def cluster_names() -> list[str]:
     return sorted(p.stem for p in clusters_dir().glob("*.yaml"))
 
@@ -85,9 +89,9 @@ def load_cluster(ref: str, nodes: int | None = None, gpus: int | None = None) ->
     if _looks_like_path(ref):
         path = Path(ref)
     else:
-        path = clusters_dir() / f"{ref}.yaml"
+        path = clusters_dir() / f"{CLUSTER_ALIASES.get(ref, ref)}.yaml"
         if not path.exists():
-            raise UnknownPresetError("cluster", ref, cluster_names())
+            raise UnknownPresetError("cluster", ref, cluster_names() + sorted(CLUSTER_ALIASES))
     data = read_mapping(path)
     data.setdefault("name", path.stem)
     cal = data.get("calibration")

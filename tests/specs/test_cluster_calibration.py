@@ -82,3 +82,11 @@ def test_from_follows_a_preset_that_itself_inherits(tmp_path):
     """h200 takes dgx-h100's figures; a file naming h200 gets them too, not an empty calibration."""
     mine = load_cluster(_own(tmp_path, "mine", "H200-NVL", {"from": "h200"}))
     assert mine.calibration["compute"] == load_cluster("dgx-h100").calibration["compute"]
+
+
+def test_h100_is_another_name_for_dgx_h100(capsys):
+    from echo_plan.cli import main
+
+    assert load_cluster("h100") == load_cluster("dgx-h100")
+    assert main(["presets"]) == 0
+    assert "another name for dgx-h100" in capsys.readouterr().out
