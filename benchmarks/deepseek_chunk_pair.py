@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from echo_plan.cost.base import with_stack_kernels  # noqa: E402
 from echo_plan.cost.expert_exchange import deepep_collectives  # noqa: E402
 from echo_plan.replay.interference import load_interference  # noqa: E402
 from echo_plan.replay.layer import replay_layer  # noqa: E402
@@ -72,7 +73,7 @@ def predicted() -> tuple[dict[str, float], float]:
     memo = SimulationMemo()
     traces = memo.traces(model, plan, TraceCache(None), stack)
     trace = next(t for kind, t in traces.blocks if kind.moe)
-    compute = memo.default_compute(cluster)
+    compute = with_stack_kernels(memo.default_compute(cluster), stack)
     comm = deepep_collectives(memo.default_comm(cluster), model)
     interference = load_interference(None)
     by: dict[str, float] = defaultdict(float)

@@ -241,12 +241,16 @@ class AnalyticalComputeModel:
     """The roofline kernel model; implements ``ComputeModel``. Results are cached per op shape."""
 
     def __init__(self, constants: ComputeConstants | None = None, *, causal_attention: bool = True,
-                 attention_library: str = "cudnn") -> None:
+                 attention_library: str = "cudnn", grouped_fp8_blockwise: bool = False) -> None:
         # ModelSpec describes decoder-only transformers, whose attention is causal.
         self.constants = constants or load_compute_constants()
         self.causal_attention = causal_attention
         self.attention_library = attention_library  # AttentionLibrary value: whose fused-attention kernels run
-        self._siblings: dict[str, AnalyticalComputeModel] = {attention_library: self}
+        # the stack's FP8 recipe is blockwise: the experts' grouped FP8 GEMMs, whose operands cannot show
+        # their scales' layout, run at the blockwise rate too
+        self.grouped_fp8_blockwise = grouped_fp8_blockwise
+        self._siblings: dict[tuple[str, bool], AnalyticalComputeModel] = {
+            (attention_library, grouped_fp8_blockwise): self}
         self._cache: dict[tuple[Any, ...], KernelEstimate] = {}
         # Fast path for the replay's hot loop: the same OpRecord and GPUSpec objects come back for
         # every plan. Keyed by identity; the entry holds both objects, so their ids stay theirs.
@@ -255,12 +259,18 @@ class AnalyticalComputeModel:
     def with_attention_library(self, library: str) -> "AnalyticalComputeModel":
         """This model with another library's fused-attention kernels (a software stack's
         ``attention_library``); the same object for the same library, so its caches are kept."""
-        sib = self._siblings.get(library)
+        return self.with_kernels(library, self.grouped_fp8_blockwise)
+
+    def with_kernels(self, library: str, grouped_fp8_blockwise: bool) -> "AnalyticalComputeModel":
+        """This model timing a software stack's kernels: its fused-attention library and whether its FP8
+        GEMMs are blockwise-scaled; the same object for the same choice, so its caches are kept."""
+        key = (library, grouped_fp8_blockwise)
+        sib = self._siblings.get(key)
         if sib is None:
             sib = AnalyticalComputeModel(self.constants, causal_attention=self.causal_attention,
-                                         attention_library=library)
+                                         attention_library=library, grouped_fp8_blockwise=grouped_fp8_blockwise)
             sib._siblings = self._siblings
-            self._siblings[library] = sib
+            self._siblings[key] = sib
         return sib
 
     def op_time(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> float:
@@ -325,7 +335,8 @@ class AnalyticalComputeModel:
         if is_fp8_gemm(op) and arch.fp8_asymptotic_eff is not None and arch.fp8_max_eff is not None:
             shape = gemm_shape_efficiency(m, n, k, gpu.sm_count, c.tiles, c.fp8_k_overhead, c.min_split_k,
                                           c.max_split, batch=batch, stream_k=arch.stream_k_eff)
-            blockwise = "grouped" not in op.name and any(len(t.shape) == 2 for t in op.inputs[2:4])
+            blockwise = self.grouped_fp8_blockwise if "grouped" in op.name else \
+                any(len(t.shape) == 2 for t in op.inputs[2:4])
             block = c.fp8_blockwise_eff if blockwise else 1.0
             fp8 = min(arch.fp8_max_eff, arch.fp8_asymptotic_eff * shape) * block
             # JUDGEMENT: an FP8 GEMM never runs slower than the bf16 GEMM of its shape (same tiles, half the

@@ -230,18 +230,28 @@ class DatabaseComputeModel:
     fallback: Any  # a ComputeModel
     _tally: dict[str, Any] = field(default_factory=lambda: {"m": 0, "f": 0, "tm": 0.0, "tf": 0.0, "miss": set()})
     _memo: dict[tuple[int, int, DType], tuple[OpRecord, GPUSpec, tuple[float, bool]]] = field(default_factory=dict)
-    _siblings: dict[str, "DatabaseComputeModel"] = field(default_factory=dict)
+    _siblings: dict[int, "DatabaseComputeModel"] = field(default_factory=dict)  # by the fallback (kept alive by it)
 
     def with_attention_library(self, library: str) -> "DatabaseComputeModel":
         """The fallback model with ``library``'s fused-attention kernels; measured entries stay measured
         (a database times the kernels its own run used)."""
         inner = getattr(self.fallback, "with_attention_library", None)
-        fallback = inner(library) if inner is not None else self.fallback
+        return self._with_fallback(inner(library) if inner is not None else self.fallback)
+
+    def with_kernels(self, library: str, grouped_fp8_blockwise: bool) -> "DatabaseComputeModel":
+        """The fallback model timing a stack's kernels (``AnalyticalComputeModel.with_kernels``); measured
+        entries stay measured."""
+        inner = getattr(self.fallback, "with_kernels", None)
+        if inner is None:
+            return self.with_attention_library(library)
+        return self._with_fallback(inner(library, grouped_fp8_blockwise))
+
+    def _with_fallback(self, fallback: Any) -> "DatabaseComputeModel":
         if fallback is self.fallback:
             return self
-        sib = self._siblings.get(library)
+        sib = self._siblings.get(id(fallback))
         if sib is None:
-            sib = self._siblings[library] = DatabaseComputeModel(self.db, fallback)
+            sib = self._siblings[id(fallback)] = DatabaseComputeModel(self.db, fallback)
         return sib
 
     def op_time(self, op: OpRecord, gpu: GPUSpec, dtype: DType) -> float:

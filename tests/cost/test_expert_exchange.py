@@ -86,3 +86,32 @@ def test_deepep_runs_only_the_expert_parallel_all_to_alls():
     assert deepep.time(CollectiveKind.ALL_REDUCE, 1 << 26, tp, h800) == base.time(CollectiveKind.ALL_REDUCE, 1 << 26, tp,
                                                                                  h800)
     hash(deepep)  # keys the layer memo
+
+
+def test_a_blockwise_stack_runs_the_experts_grouped_fp8_gemms_at_the_blockwise_rate():
+    """The grouped GEMMs' operands cannot show their scales: the stack's recipe decides (cost/base.py)."""
+    from echo_plan.cost.base import with_stack_kernels
+    from echo_plan.cost.compute import AnalyticalComputeModel
+    from echo_plan.specs import load_stack
+    from echo_plan.specs.cluster import DType
+    from echo_plan.specs.moe import ExpertLayout, LayerKind
+    from echo_plan.trace.tracer import StageKind, trace_stage
+
+    model = load_model_small()
+    trace = trace_stage(model, StageKind.BLOCK, tp=1, sequence_parallel=False, micro_batch_size=1, dtype="fp8",
+                        recompute="none", kind=LayerKind(moe=True), layout=ExpertLayout(8, 1, 1.0))
+    grouped = [op for op in trace.ops if "grouped" in op.name]
+    assert grouped
+    h800 = load_cluster("h800")
+    base = AnalyticalComputeModel()
+    tensorwise = with_stack_kernels(base, load_stack("megatron-core", {"fp8_recipe": "current"}))
+    blockwise = with_stack_kernels(base, load_stack("megatron-core", {"fp8_recipe": "blockwise"}))
+    slow = sum(blockwise.op_time(op, h800.gpu, DType.FP8) for op in grouped)
+    fast = sum(tensorwise.op_time(op, h800.gpu, DType.FP8) for op in grouped)
+    assert slow > fast and with_stack_kernels(base, load_stack("megatron-core", {"fp8_recipe": "blockwise"})) is blockwise
+
+
+def load_model_small():
+    from echo_plan.specs import load_model
+
+    return load_model("qwen3-30b-a3b").replace(num_layers=2)  # 4,096 tokens: GEMMs past the bf16 floor
