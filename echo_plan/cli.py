@@ -21,8 +21,8 @@ COMMAND_HELP: dict[str, str] = {
     "report": "Write the HTML report from a saved result or a study, without re-running the search.",
     "calibrate": "Fit the cost models to measurements (step times, nccl-tests logs, kernel timings, interference).",
     "validate": "Run every validation suite (or --suite ones): one summary line per suite, then each row.",
-    "export": "Write echo-plan's workloads in other tools' formats (Chakra ET).",
-    "import": "Read other tools' workloads (Chakra ET) and replay them.",
+    "export": "Write echo-plan's workloads and plans in other tools' formats (Chakra ET, launch configs).",
+    "import": "Read other tools' workloads (Chakra ET) and running jobs' launch configs.",
     "sparsify": "Break-even density of each sparse data-parallel exchange against the dense reduction, for one plan.",
     "whatif": "What-ifs on one plan: faults and stragglers.",
     "diagnose": "Healthy, or which syndrome (communication or non-communication hang or slowdown), the suspect "

@@ -10,6 +10,12 @@ from typing import Optional
 import typer
 
 from echo_plan.commands.common import CacheDirOpt, ClusterOpt, JsonOpt, print_json, stderr_is_tty, write_atomic
+from echo_plan.errors import EchoPlanError, SpecError
+from echo_plan.files import read_text
+from echo_plan.interop.launch import read_launch
+from echo_plan.interop.launch.logs import read_log_steps
+from echo_plan.specs import load_stack
+from echo_plan.validation.rows import STEP_UNIT, TrainingRow
 from echo_plan.specs import ClusterSpec, load_cluster
 from echo_plan.trace.cache import TraceCache
 from echo_plan.validation.registry import training_rows, training_suite
@@ -20,7 +26,15 @@ from echo_plan.output_paths import check_output_file
 def register_steps(calibrate_app: typer.Typer) -> None:
     @calibrate_app.command("steps")
     def steps_cmd(
-        measured: Path = typer.Argument(..., help="measured runs: a CSV in a validation-suite format (docs/validation.md)"),
+        measured: Optional[Path] = typer.Argument(
+            None, help="measured runs: a CSV in a validation-suite format (docs/validation.md); or use --from-log"),
+        from_log: Optional[list[str]] = typer.Option(
+            None, "--from-log", help="a training log (Megatron-LM, Megatron-Bridge, NeMo, torchtitan), repeatable: "
+                                     "its step times after warm-up, one run each"),
+        launch: Optional[list[str]] = typer.Option(
+            None, "--launch", help="the launch config of each --from-log run, in the same order (not needed for a "
+                                   "Megatron-LM log that prints its arguments)"),
+        skip_steps: int = typer.Option(10, "--skip-steps", help="warm-up iterations of each log left out"),
         cluster: str = ClusterOpt,
         output: str = typer.Option(..., "--output", "-o", help="cluster YAML to write (the cluster plus calibration:)"),
         stack: Optional[str] = typer.Option(
@@ -48,9 +62,18 @@ def register_steps(calibrate_app: typer.Typer) -> None:
         check_output_file(output, "--output", (".yaml", ".yml"))
         check_cache_dir(cache_dir)
 
-        suite = training_suite(measured)
-        stack_name = stack or suite.stack
-        rows = training_rows(suite)
+        if (measured is None) == (not from_log):
+            raise EchoPlanError("give the measured runs as a CSV file or with --from-log LOG (one of the two)")
+        if measured is not None:
+            if launch:
+                raise SpecError("--launch", launch[0], "goes with --from-log")
+            suite = training_suite(measured)
+            stack_name, rows, settings, suite_name = stack or suite.stack, training_rows(suite), suite.model_settings, suite.name
+            source_name = measured.name
+        else:
+            stack_name = stack or "megatron-core"
+            rows = rows_from_logs(from_log, launch or [], stack_name, skip_steps)
+            settings, suite_name, source_name = None, "logs", f"{len(rows)} training logs"
         base = load_cluster(cluster)
         held = every_nth(rows, hold_out_every)
         names = tuple(n.strip() for n in fit.split(",") if n.strip())
@@ -60,17 +83,17 @@ def register_steps(calibrate_app: typer.Typer) -> None:
             if show:
                 typer.echo(f"\rfitting: {msg}", err=True, nl=False)
 
-        result = calibrate_rows(rows, base, stack_name, held, names, model_settings=suite.model_settings,
+        result = calibrate_rows(rows, base, stack_name, held, names, model_settings=settings,
                                 cache=TraceCache(cache_dir), progress=progress)
         if show:
             typer.echo("", err=True)
         data = base.model_dump(mode="json")
-        data["calibration"] = calibration_block(result, suite.name, f"{measured.name} ({len(result.rows)} runs)",
+        data["calibration"] = calibration_block(result, suite_name, f"{source_name} ({len(result.rows)} runs)",
                                                 data.get("calibration"))
         data["sources"] = list(data.get("sources", [])) + [
-            f"calibration.compute and ranges: fitted by echo-plan calibrate steps to {measured.name}"]
+            f"calibration.compute and ranges: fitted by echo-plan calibrate steps to {source_name}"]
         ClusterSpec.build(data, context=output)  # never write a file that would not load
-        write_atomic(output, f"# {base.name} calibrated to {measured.name} by `echo-plan calibrate steps`.\n"
+        write_atomic(output, f"# {base.name} calibrated to {source_name} by `echo-plan calibrate steps`.\n"
                      + yaml.safe_dump(data, sort_keys=False))
         held_rows = result.held_out
         errs = [abs(r.error) for r in held_rows]
@@ -104,3 +127,24 @@ def register_steps(calibrate_app: typer.Typer) -> None:
             typer.echo(f"not simulated ({len(summary['not_modelled'])}): " + ", ".join(summary["not_modelled"][:5])
                        + (" ..." if len(summary["not_modelled"]) > 5 else ""))
         typer.echo(f"wrote {output}")
+
+
+def rows_from_logs(logs: list[str], launches: list[str], stack_name: str, skip: int) -> list[TrainingRow]:
+    """One measured row per log: its median step time after warm-up, and the job its launch config
+    (or, for a Megatron-LM log, its own argument dump) describes."""
+    if launches and len(launches) != len(logs):
+        raise SpecError("--launch", len(launches), f"one per --from-log ({len(logs)}), in the same order")
+    base = load_stack(stack_name)
+    rows = []
+    for i, log in enumerate(logs):
+        job = read_launch(launches[i] if launches else log, base)
+        text = read_text(log)
+        tokens = job.plan.global_batch_size * job.model.seq_length
+        steps = read_log_steps(text, log, skip=skip, tokens_per_step=tokens, gpus=job.gpus)
+        own = job.stack.model_dump(mode="json")
+        overrides = {k: v for k, v in own.items() if v != base.model_dump(mode="json")[k] and k not in ("name", "base")}
+        rows.append(TrainingRow(label=f"{Path(log).name} ({job.plan.short()})", measured=steps.step_s, unit=STEP_UNIT,
+                                model=job.model, gpus=job.gpus, plan=job.plan.model_dump(mode="json"),
+                                stack_overrides=overrides,
+                                detail=f"{steps.framework} log, median of {len(steps.kept)} steps after {skip}"))
+    return rows

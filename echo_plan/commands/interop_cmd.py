@@ -9,6 +9,7 @@ import typer
 from echo_plan.commands.common import (
     CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, NodesOpt, print_json,
 )
+from echo_plan.commands.launch_cmd import register_launch
 from echo_plan.commands.plan_flags import PlanFlags, build_plan, plan_options
 from echo_plan.commands.common import check_cache_dir
 from echo_plan.interop.chakra_step import build_step_graph
@@ -26,11 +27,12 @@ CHAKRA_REFUSES = {"dp_comm": "the Chakra export writes the dense data-parallel e
 
 
 def register(app: typer.Typer) -> None:
-    export_app = typer.Typer(help="Write echo-plan's workloads in other tools' formats (Chakra ET).",
+    export_app = typer.Typer(help="Write echo-plan's workloads and plans in other tools' formats (Chakra ET, launch configs).",
                              no_args_is_help=True)
-    import_app = typer.Typer(help="Read other tools' workloads (Chakra ET) and replay them.", no_args_is_help=True)
+    import_app = typer.Typer(help="Read other tools' workloads (Chakra ET) and running jobs' launch configs.", no_args_is_help=True)
     app.add_typer(export_app, name="export")
     app.add_typer(import_app, name="import")
+    register_launch(export_app, import_app)
 
     @export_app.command("chakra")
     @plan_options

@@ -16,6 +16,8 @@ from echo_plan.commands.common import (
     write_atomic,
 )
 from echo_plan.commands.common import fp8_stack, parse_headroom, resolve_specs, resolve_stack
+from echo_plan.commands.launch_cmd import FromLaunchOpt, LaunchFormatOpt, job_cluster, print_job_comparison
+from echo_plan.interop.launch import launch_format as parse_launch_format, read_launch
 from echo_plan.errors import SpecError
 from echo_plan.search.space import default_space_path_for, load_space
 from echo_plan.search.study import SamplerKind, SearchConfig
@@ -71,7 +73,7 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
             memory_headroom: Optional[str] = None, dp_comm: Optional[str] = None, density: Optional[float] = None,
             dtype: Optional[str] = None, fp8_recipe: Optional[str] = None, fp8_param_gather: Optional[bool] = None,
             processes: Optional[int] = None, seq_length: Optional[int] = None, cp: Optional[int] = None,
-            routing: Optional[str] = None, flows_per_connection: Optional[int] = None):
+            routing: Optional[str] = None, flows_per_connection: Optional[int] = None, job=None):
     try:
         kind = SamplerKind(sampler.lower())
     except ValueError:
@@ -89,8 +91,11 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
     L.check_int("--gbs", gbs, 1, L.MAX_GLOBAL_BATCH, "sequences per step")
 
     check_storage(storage)
-    m, c = resolve_specs(model, cluster, nodes, gpus, seq_length=seq_length, routing=routing,
-                         flows_per_connection=flows_per_connection)
+    if job is not None:  # --from-launch: the job's model, GPUs, batch and stack
+        m, c = job.model, job_cluster(cluster, nodes, job).with_routing(routing, flows_per_connection)
+    else:
+        m, c = resolve_specs(model, cluster, nodes, gpus, seq_length=seq_length, routing=routing,
+                             flows_per_connection=flows_per_connection)
     space_spec = load_space(space if space is not None else default_space_path_for(m))
     if cp is not None:  # --cp fixes the cp knob
         L.check_int("--cp", cp, 1, L.MAX_GPUS, "the context-parallel degree")
@@ -106,7 +111,8 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
     return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=space_spec, sampler=kind, seed=seed,
                         n_trials=trials, storage=storage, study_name=study_name, workers=workers,
                         ray_address=ray_address, processes=processes, tokens_budget=tokens,
-                        stack=fp8_stack(resolve_stack(stack), any_fp8, fp8_recipe, fp8_param_gather),
+                        stack=fp8_stack(job.stack if job is not None else resolve_stack(stack), any_fp8, fp8_recipe,
+                                        fp8_param_gather),
                         memory_headroom_bytes=parse_headroom(memory_headroom, c))
 
 
@@ -226,15 +232,31 @@ def register(app: typer.Typer) -> None:
         csv: Optional[str] = typer.Option(None, "--csv", help="write the ranked plans to this CSV file"),
         explain: bool = typer.Option(False, "--explain", help="pruned candidates per reason and per knob value"),
         progress: Optional[bool] = ProgressOpt, report: Optional[str] = ReportOpt,
+        from_launch: Optional[str] = FromLaunchOpt, launch_format: Optional[str] = LaunchFormatOpt,
     ) -> None:
         """Find the fastest plans that fit: prune the space, simulate candidates (Optuna), rank them."""
         check_int("--top", top, 1, 1_000_000, "plans to show")
         check_outputs(csv, report, cache_dir)
+        job = None
+        if from_launch is not None:
+            given = {"--model": model != ModelOpt.default, "--gbs": gbs != DEFAULT_GBS, "--gpus": gpus is not None,
+                     "--nodes": nodes is not None, "--seq-length": seq_length is not None}
+            clash = next((k for k, v in given.items() if v), None)
+            if clash:
+                raise SpecError(clash, "given", "not with --from-launch (the job's model, GPUs, batch and stack are "
+                                                "read from its launch config)")
+            job = read_launch(from_launch, resolve_stack(stack),
+                              fmt=parse_launch_format(launch_format, "--launch-format") if launch_format else None)
+            gbs = job.plan.global_batch_size
+            if dtype is None:  # like for like: the job's precision
+                dtype = job.plan.dtype.value
+        elif launch_format is not None:
+            raise SpecError("--launch-format", launch_format, "needs --from-launch")
         config = _config(model, cluster, nodes, gpus, gbs, space, sampler, trials, seed, storage, study_name,
                          workers, ray_address, stack=stack, memory_headroom=memory_headroom, dp_comm=dp_comm,
                          density=density, dtype=dtype, fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather,
                          processes=processes, seq_length=seq_length, cp=cp,
-                         routing=routing, flows_per_connection=flows_per_connection)
+                         routing=routing, flows_per_connection=flows_per_connection, job=job)
         if dtype is not None and "," in dtype:
             raise SpecError("--dtype", dtype, "one precision for search (compare takes a list: --dtype bf16,fp8)")
         pruned = prune_for(config)
@@ -256,6 +278,8 @@ def register(app: typer.Typer) -> None:
             print_search(outcome, top, explain)
             if csv:
                 typer.echo(f"wrote {csv}")
+        if job is not None and not as_json:
+            print_job_comparison(job, config, outcome, cache_dir)
         after_search(outcome, report, cache_dir, as_json)
 
     @app.command("compare")

@@ -10,7 +10,8 @@ from echo_plan.commands.common import (
     CacheDirOpt, CkptBwOpt, DetectOpt, FailRateOpt, FlowsOpt, HeadroomOpt, JsonOpt, RestartOpt, RoutingOpt,
     failure_model, print_json,
 )
-from echo_plan.commands.plan_flags import PlanFlags, build_plan, plan_options
+from echo_plan.commands.launch_cmd import FromLaunchOpt, LaunchFormatOpt, job_inputs
+from echo_plan.commands.plan_flags import PlanFlags, PlanInputs, build_plan, plan_options
 from echo_plan.commands.common import check_cache_dir, parse_headroom
 from echo_plan.errors import SpecError
 from echo_plan.output_paths import check_output_file
@@ -27,6 +28,8 @@ def register(app: typer.Typer) -> None:
     @plan_options
     def simulate_cmd(
         flags: PlanFlags,
+        from_launch: Optional[str] = FromLaunchOpt,
+        launch_format: Optional[str] = LaunchFormatOpt,
         memory_headroom: Optional[str] = HeadroomOpt,
         fault: Optional[list[str]] = typer.Option(
             None, "--fault", help="a fault, repeatable: straggler:rank=R,compute=F | link:node=N,nic=I,bw=F | "
@@ -71,7 +74,16 @@ def register(app: typer.Typer) -> None:
         check_cache_dir(cache_dir)
         if no_interference and interference_file:
             raise SpecError("--interference", interference_file, "not together with --no-interference")
-        inputs = build_plan(flags, routing=routing, flows_per_connection=flows_per_connection)
+        if from_launch is not None:
+            inputs, job = job_inputs(from_launch, flags, launch_format)
+            for note in job.notes:
+                typer.echo(f"note: {note}", err=True)
+            inputs = PlanInputs(inputs.model, inputs.cluster.with_routing(routing, flows_per_connection), inputs.stack,
+                                inputs.plan)
+        else:
+            if launch_format is not None:
+                raise SpecError("--launch-format", launch_format, "needs --from-launch")
+            inputs = build_plan(flags, routing=routing, flows_per_connection=flows_per_connection)
         model_spec, cluster_spec, stack_spec, plan = inputs.model, inputs.cluster, inputs.stack, inputs.plan
         headroom = parse_headroom(memory_headroom, cluster_spec)
 

@@ -1,0 +1,167 @@
+"""Launch configs (issue 33): every plan of a search exports and imports back to itself, or is refused
+with one line; imports refuse what they cannot model; the framework formats' own details."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo_plan.interop.launch import (
+    CannotExpress, CannotImport, LaunchFormat, canonical_plan, export_launch, import_launch,
+)
+from echo_plan.interop.launch.megatron_lm import import_argument_dump, parse_argument_dump
+from echo_plan.search.config import prune_for
+from echo_plan.search.space import default_space_path_for, load_space
+from echo_plan.search.study import SearchConfig
+from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
+
+STACK = load_stack("megatron-core")
+
+
+def _search_plans(model: str, gpus: int, gbs: int, dtype: str = "bf16", seq: int | None = None):
+    m = load_model(model)
+    if seq:
+        m = m.replace(seq_length=seq)
+    cluster = load_cluster("h800", gpus=gpus)
+    space = load_space(default_space_path_for(m)).with_values({"dtype": (dtype,)})
+    config = SearchConfig(model=m, cluster=cluster, global_batch_size=gbs, space=space, stack=STACK)
+    return m, cluster, [v.plan for v in prune_for(config).valid]
+
+
+SEARCHES = {
+    "readme-gpt3": ("gpt3-175b", 96, 1536, "bf16", None),  # the README's main search
+    "moe-qwen3": ("qwen3-30b-a3b", 64, 256, "bf16", None),
+    "long-context": ("llama3-8b", 64, 64, "bf16", 65536),
+    "fp8-llama": ("llama3-70b", 64, 128, "fp8", None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEARCHES))
+@pytest.mark.parametrize("fmt", list(LaunchFormat))
+def test_every_plan_of_a_search_round_trips_or_is_refused_in_one_line(name, fmt):
+    model, cluster, plans = _search_plans(*SEARCHES[name])
+    assert plans
+    exported = 0
+    for plan in plans:
+        try:
+            out = export_launch(fmt, model, plan, STACK, cluster)
+        except CannotExpress as exc:
+            assert "\n" not in str(exc) and exc.knob in str(exc)
+            continue
+        exported += 1
+        job = import_launch(out.text, f"job{fmt.suffix}", STACK)
+        assert job.plan == canonical_plan(plan, model), plan.short()
+        assert job.model.model_dump(exclude={"source"}) == model.model_dump(exclude={"source"})
+        assert job.gpus == cluster.num_gpus
+        assert job.stack.model_dump() == STACK.model_dump() or fmt is LaunchFormat.TORCHTITAN
+    if fmt is not LaunchFormat.TORCHTITAN:  # torchtitan needs FSDP for these layouts (issue 34)
+        assert exported > 0
+
+
+@pytest.mark.parametrize("fmt", [LaunchFormat.MEGATRON_LM, LaunchFormat.MEGATRON_BRIDGE])
+def test_deepseek_stack_and_uneven_split_round_trip(fmt):
+    model = load_model("deepseek-v3")
+    stack = load_stack("deepseek-v3").replace(moe_act_input_fp8=False)
+    plan = PlanSpec(pp=16, dp=128, ep=64, global_batch_size=15360, distributed_optimizer=True, recompute="selective",
+                    layer_split=(3,) + (4,) * 14 + (2,), dtype="fp8")
+    cluster = load_cluster("h800", gpus=2048)
+    job = import_launch(export_launch(fmt, model, plan, stack, cluster).text, f"x{fmt.suffix}", load_stack(None))
+    assert job.plan == canonical_plan(plan, model)
+    for field in ("moe_dispatcher", "fp8_recipe", "recompute_modules", "optimizer_state_bytes", "attention_library"):
+        assert getattr(job.stack, field) == getattr(stack, field), field
+
+
+def test_deepseeks_fp8_activation_caching_is_refused_by_megatron():
+    model, stack = load_model("deepseek-v3"), load_stack("deepseek-v3")
+    plan = PlanSpec(pp=16, dp=128, ep=64, global_batch_size=15360, distributed_optimizer=True, dtype="fp8")
+    with pytest.raises(CannotExpress, match="moe_act_input_fp8"):
+        export_launch(LaunchFormat.MEGATRON_LM, model, plan, stack, load_cluster("h800", gpus=2048))
+
+
+@pytest.mark.parametrize("fields, knob", [
+    (dict(pp=4, dp=2, schedule="zb-v", global_batch_size=16), "schedule"),
+    (dict(pp=4, dp=2, schedule="dualpipe", global_batch_size=16), "schedule"),
+    (dict(dp=8, dp_comm="topk", density=0.1, global_batch_size=16), "dp_comm"),
+])
+def test_schedules_and_exchanges_megatron_lacks_are_refused(fields, knob):
+    model, cluster = load_model("gpt-13b"), load_cluster("h800", gpus=8 * fields.get("pp", 1))
+    with pytest.raises(CannotExpress, match=knob):
+        export_launch(LaunchFormat.MEGATRON_LM, model, PlanSpec(**fields), STACK, cluster)
+
+
+def test_torchtitan_refuses_what_needs_fsdp_and_runs_pure_data_parallel():
+    model, cluster = load_model("llama3-8b"), load_cluster("h800", gpus=8)
+    with pytest.raises(CannotExpress, match="issue 34"):
+        export_launch(LaunchFormat.TORCHTITAN, model, PlanSpec(tp=2, dp=4, sequence_parallel=True,
+                                                               global_batch_size=8), STACK, cluster)
+    with pytest.raises(CannotExpress, match="flavours"):
+        export_launch(LaunchFormat.TORCHTITAN, load_model("gpt-13b"), PlanSpec(dp=8, global_batch_size=8), STACK, cluster)
+    out = export_launch(LaunchFormat.TORCHTITAN, model, PlanSpec(dp=8, global_batch_size=64), STACK, cluster)
+    assert 'flavor = "8B"' in out.text and "data_parallel_replicate_degree = 8" in out.text
+
+
+LM = ("torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 1024 "
+      "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 --vocab-size 32000 --bf16 "
+      "--micro-batch-size 1 --global-batch-size 16 --tensor-model-parallel-size 2 --sequence-parallel ")
+
+
+@pytest.mark.parametrize("extra, setting", [
+    ("--foo-bar 3", "--foo-bar"),
+    ("--moe-shared-expert-overlap", "--moe-shared-expert-overlap"),  # changes the step: not read past
+    ("--recompute-granularity full --recompute-method block --recompute-num-layers 2", "recompute_num_layers"),
+])
+def test_import_refuses_a_setting_it_cannot_model_naming_it(extra, setting):
+    with pytest.raises(CannotImport) as exc:
+        import_launch(LM + extra, "job.sh", STACK)
+    assert setting in str(exc.value) and "nothing simulated" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_import_reads_past_data_and_logging_flags_and_uses_megatron_defaults():
+    job = import_launch(LM + "--data-path 0.5 /d/a 0.5 /d/b --lr 1e-4 --log-interval 10 --save /ckpt", "job.sh", STACK)
+    assert (job.plan.tp, job.plan.dp, job.plan.global_batch_size) == (2, 4, 16)
+    assert job.model.norm.value == "layernorm" and job.model.activation.value == "gelu"  # Megatron-LM's defaults
+    assert job.stack.hidden_dropout == 0.1  # Megatron-LM's default dropout, not the preset's
+
+
+def test_import_needs_precision_and_gpus():
+    with pytest.raises(CannotImport, match="fp32"):
+        import_launch(LM.replace("--bf16 ", ""), "job.sh", STACK)
+    with pytest.raises(CannotImport, match="--gpus"):
+        import_launch(LM.replace("torchrun --nnodes 1 --nproc-per-node 8 ", "python "), "job.sh", STACK)
+    job = import_launch(LM.replace("torchrun --nnodes 1 --nproc-per-node 8 ", "python "), "job.sh", STACK, gpus=16)
+    assert job.plan.dp == 8
+
+
+def test_a_megatron_log_argument_dump_is_a_launch_config():
+    dump_lines = ["------------------------ arguments ------------------------"]
+    args = {"num_layers": 4, "hidden_size": 1024, "ffn_hidden_size": 4096, "num_attention_heads": 16,
+            "num_query_groups": 16, "seq_length": 2048, "max_position_embeddings": 2048, "vocab_size": 32000,
+            "bf16": True, "fp16": False, "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
+            "context_parallel_size": 1, "micro_batch_size": 1, "global_batch_size": 16, "sequence_parallel": True,
+            "swiglu": True, "normalization": "RMSNorm", "untie_embeddings_and_output_weights": True,
+            "add_bias_linear": False, "use_distributed_optimizer": True, "overlap_grad_reduce": True,
+            "recompute_granularity": None, "world_size": 8, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+            "accumulate_allreduce_grads_in_fp32": True, "data_path": ["/d/a"]}
+    dump_lines += [f"  {k} {'.' * (40 - len(k))} {v}" for k, v in args.items()]
+    dump_lines.append("-------------------- end of arguments ---------------------")
+    dump = parse_argument_dump("\n".join(["some banner"] + dump_lines + ["training ..."]))
+    job = import_argument_dump(dump, "run.log", STACK)
+    assert job.gpus == 8 and job.plan.dp == 4 and job.plan.distributed_optimizer
+    assert job.model.activation.value == "swiglu" and not job.model.tied_embeddings and not job.model.has_bias
+
+
+def test_bridge_yaml_refuses_unknown_sections_and_reads_its_recipe():
+    model, cluster = load_model("llama3-70b"), load_cluster("h800", gpus=64)
+    plan = PlanSpec(tp=4, pp=4, dp=4, virtual_stages=5, sequence_parallel=True, global_batch_size=64)
+    text = export_launch(LaunchFormat.MEGATRON_BRIDGE, model, plan, STACK, cluster).text
+    assert "# recipe: llama3_70b_pretrain_config" in text
+    with pytest.raises(CannotImport, match="peft"):
+        import_launch(text + "peft: {dim: 8}\n", "x.yaml", STACK)
+    with pytest.raises(CannotExpress, match="recipe"):
+        export_launch(LaunchFormat.MEGATRON_BRIDGE, load_model("gpt-13b"), PlanSpec(dp=8, global_batch_size=8), STACK,
+                      load_cluster("h800", gpus=8))
+
+
+def test_torchtitan_import_refuses_fsdp():
+    text = '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = -1\n'
+    with pytest.raises(CannotImport, match="FSDP2"):
+        import_launch(text, "job.toml", STACK, gpus=8)
