@@ -23,7 +23,7 @@ from echo_plan.replay.step_replay import ScheduleCache, StepReplayer
 from echo_plan.layout.schedules import schedule_shape
 from echo_plan.replay.step_costs import ep_overlap_pairs, stack_notes, step_costs
 from echo_plan.specs.calibration import calibration_status
-from echo_plan.specs.cluster import ClusterSpec
+from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.faults import Fault, check_faults, slowed_cluster, stage_effects
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
@@ -182,6 +182,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         raise SpecError("work_scale", work_scale, f"one positive factor per pipeline stage ({plan.pp})")
     memo = memo if memo is not None else SimulationMemo()
     stack = stack if stack is not None else memo.default_stack()
+    asked = stack
+    stack = stack.for_plan(plan)
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
@@ -225,6 +227,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     notes = [f"critical pipeline stage: {rank}", f"micro-batches per step: {plan.num_microbatches}",
              f"level-2 tasks: {step.tasks_replayed}", f"software stack: {stack.name}"]
     notes += stack_notes(plan, stack)
+    if plan.dtype is DType.FP8 and asked.fp8_param_gather and not stack.fp8_param_gather:
+        notes.append(f"stack {stack.name}: FP8 parameters (fp8_param_gather) need the distributed optimizer "
+                     "(Megatron's rule); bf16 weights kept here")
     status = calibration_status(cluster)
     if not status.startswith("calibrated"):  # inherited from a preset, or none for this GPU: said plainly
         notes.append(status)

@@ -265,6 +265,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
     from an input-gradient pass until its weight-gradient pass. ``layout``: the plan's layout, or None for
     the estimate of a search's candidates, which derives only the parts it reads."""
 
+    stack = stack.for_plan(plan)  # FP8 parameters only with the distributed optimizer, as simulate has it
     c = consts or load_memory_constants()
     w_b, _, o_b = c.bytes_per_param[plan.param_dtype]
     if stack.optimizer_state_bytes is not None:

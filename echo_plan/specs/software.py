@@ -13,6 +13,7 @@ that has no such overlap) is switched off and the simulation says so.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -176,6 +177,14 @@ class SoftwareSpec(Spec):
 
     def short(self) -> str:
         return self.name
+
+    def for_plan(self, plan: Any) -> "SoftwareSpec":
+        """The stack as ``plan`` runs it: Megatron keeps FP8 parameters (``fp8_param_gather``) only with the
+        distributed optimizer (Megatron-LM's ``validate_args`` refuses them otherwise), so without it the
+        weights stay bf16 beside their FP8 copies."""
+        if self.fp8_param_gather and plan.dtype is DType.FP8 and not plan.distributed_optimizer:
+            return self.replace(fp8_param_gather=False)
+        return self
 
 
 def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,

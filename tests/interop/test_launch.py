@@ -52,7 +52,7 @@ def test_every_plan_of_a_search_round_trips_or_is_refused_in_one_line(name, fmt)
         assert job.plan == canonical_plan(plan, model), plan.short()
         assert job.model.model_dump(exclude={"source"}) == model.model_dump(exclude={"source"})
         assert job.gpus == cluster.num_gpus
-        assert job.stack.model_dump() == STACK.model_dump() or fmt is LaunchFormat.TORCHTITAN
+        assert job.stack.model_dump() == STACK.for_plan(plan).model_dump() or fmt is LaunchFormat.TORCHTITAN
     if fmt is not LaunchFormat.TORCHTITAN:  # torchtitan needs FSDP for these layouts (issue 34)
         assert exported > 0
 

@@ -181,6 +181,7 @@ def _refuse_plan(plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchFormat) -> None
 def to_mcore(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchFormat) -> dict[str, dict[str, Any]]:
     """The sections ``model``, ``train``, ``ddp``, ``optimizer`` of Megatron-Core config fields (plus
     ``activation``, which Megatron-LM gives as a flag and Bridge takes from its recipe)."""
+    stack = stack.for_plan(plan)  # as the simulation runs it
     _refuse_plan(plan, stack, fmt)
     m = _model_fields(model, fmt)
     m.update(tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,

@@ -27,7 +27,8 @@ RECIPES = {"gpt3-175b": "gpt3_175b_pretrain_config", "llama3-8b": "llama3_8b_pre
            "deepseek-v3": "deepseek_v3_pretrain_config", "qwen3-30b-a3b": "qwen3_30b_a3b_pretrain_config",
            "qwen3-235b-a22b": "qwen3_235b_a22b_pretrain_config"}
 PRECISION_KEYS = ("bf16", "fp16", "fp8", "fp8_recipe", "fp8_param")
-NOT_IN_YAML = ("activation",)  # set by the recipe (a callable)
+# set by the recipe (the activation is a callable), or Megatron-LM's only (GPTModelProvider has seq_length alone)
+NOT_IN_YAML = ("activation", "max_position_embeddings")
 
 
 def export_megatron_bridge(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec,
