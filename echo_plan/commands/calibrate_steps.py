@@ -14,6 +14,7 @@ from echo_plan.errors import EchoPlanError, SpecError
 from echo_plan.files import read_text
 from echo_plan.interop.launch import read_launch
 from echo_plan.interop.launch.logs import read_log_steps
+from echo_plan.interop.launch.megatron_lm import parse_argument_dump
 from echo_plan.specs import load_stack
 from echo_plan.validation.rows import STEP_UNIT, TrainingRow
 from echo_plan.specs import ClusterSpec, load_cluster
@@ -137,8 +138,11 @@ def rows_from_logs(logs: list[str], launches: list[str], stack_name: str, skip: 
     base = load_stack(stack_name)
     rows = []
     for i, log in enumerate(logs):
-        job = read_launch(launches[i] if launches else log, base)
         text = read_text(log)
+        if not launches and parse_argument_dump(text) is None:
+            raise EchoPlanError(f"{log}: no Megatron-LM argument dump in it to read the job from; give each run's "
+                                "launch config with --launch, in the order of the logs")
+        job = read_launch(launches[i] if launches else log, base)
         tokens = job.plan.global_batch_size * job.model.seq_length
         steps = read_log_steps(text, log, skip=skip, tokens_per_step=tokens, gpus=job.gpus)
         own = job.stack.model_dump(mode="json")

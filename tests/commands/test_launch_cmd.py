@@ -1,0 +1,127 @@
+"""``export launch``, ``import launch``, ``simulate/search --from-launch`` and ``calibrate steps --from-log``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from echo_plan.cli import main
+
+DATA = Path(__file__).parents[1] / "interop" / "launch_data"
+PLAN = ["--model", "llama3-8b", "--cluster", "h800", "--gpus", "16", "--tp", "2", "--pp", "2", "--gbs", "32",
+        "--sequence-parallel", "--distributed-optimizer", "--recompute", "selective"]
+
+
+@pytest.fixture()
+def cache(tmp_path_factory):
+    return ["--cache-dir", str(tmp_path_factory.getbasetemp() / "launch-traces")]
+
+
+def _json(capsys):
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_exported_job_simulates_as_the_plan_it_came_from(capsys, tmp_path, cache):
+    script = tmp_path / "job.sh"
+    assert main(["export", "launch", "--format", "megatron-lm", "-o", str(script)] + PLAN) == 0
+    assert "pretrain_gpt.py" in script.read_text()
+    capsys.readouterr()
+    assert main(["simulate", "--json"] + PLAN + cache) == 0
+    direct = _json(capsys)
+    assert main(["simulate", "--json", "--from-launch", str(script), "--cluster", "h800"] + cache) == 0
+    via = _json(capsys)
+    assert via["plan"] == direct["plan"] and via["step_time_s"] == direct["step_time_s"]
+    assert main(["import", "launch", str(script), "--json"] + cache) == 0
+    imported = _json(capsys)
+    assert imported["step_time_s"] == direct["step_time_s"] and imported["gpus"] == 16
+
+
+def test_from_launch_refuses_plan_flags_and_unreadable_files(capsys, tmp_path):
+    script = tmp_path / "job.sh"
+    assert main(["export", "launch", "--format", "megatron-lm", "-o", str(script)] + PLAN) == 0
+    capsys.readouterr()
+    assert main(["simulate", "--from-launch", str(script), "--tp", "4"]) == 2
+    assert "--tp" in capsys.readouterr().err
+    binary = tmp_path / "job.toml"
+    binary.write_bytes(b"\x00\xff\x10garbage")
+    for bad in (str(binary), str(tmp_path / "missing.sh"), str(tmp_path)):
+        assert main(["import", "launch", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and len(err.strip().splitlines()) == 1, err
+    listed = tmp_path / "job.yaml"
+    listed.write_text("- 1\n- 2\n")
+    assert main(["import", "launch", str(listed)]) == 2
+    assert "model: section" in capsys.readouterr().err
+
+
+def test_export_refuses_in_one_line_and_never_writes(capsys, tmp_path):
+    out = tmp_path / "job.toml"
+    assert main(["export", "launch", "--format", "torchtitan", "-o", str(out)] + PLAN) == 2
+    assert not out.exists()
+    err = capsys.readouterr().err
+    assert "torchtitan cannot run this plan as simulated" in err and len(err.strip().splitlines()) == 1
+    assert main(["export", "launch", "--format", "slurm"] + PLAN) == 2
+    assert "megatron-lm, megatron-bridge, torchtitan" in capsys.readouterr().err
+
+
+def test_export_from_a_saved_search_takes_its_ranked_plan(capsys, tmp_path, cache):
+    db = tmp_path / "s.db"
+    args = ["search", "--model", "gpt-13b", "--cluster", "h800", "--gpus", "16", "--gbs", "64", "--trials", "8",
+            "--storage", f"sqlite:///{db}", "--processes", "1", "--json", "--no-progress"] + cache
+    assert main(args) == 0
+    saved = tmp_path / "result.json"
+    saved.write_text(capsys.readouterr().out)
+    ranked = json.loads(saved.read_text())["ranked"]
+    exported = 0
+    for rank, result in enumerate(ranked, start=1):
+        code = main(["export", "launch", "--format", "megatron-lm", "--from", str(saved), "--rank", str(rank),
+                     "--json"])
+        out = capsys.readouterr()
+        if code == 2:  # a schedule Megatron lacks (zb-h1, zb-v, dualpipe): said in one line
+            assert result["plan"]["schedule"] in ("zb-h1", "zb-v", "dualpipe"), out.err
+            assert "schedule" in out.err and len(out.err.strip().splitlines()) == 1
+            continue
+        plan, text = result["plan"], json.loads(out.out)["text"]
+        assert f"--tensor-model-parallel-size {plan['tp']}" in text
+        assert f"--micro-batch-size {plan['micro_batch_size']}" in text
+        exported += 1
+    assert exported >= 1
+    assert main(["export", "launch", "--format", "megatron-bridge", "--from", str(saved)]) == 2
+    assert "no Megatron-Bridge recipe" in capsys.readouterr().err  # gpt-13b has none
+    assert main(["export", "launch", "--format", "megatron-lm", "--from", str(saved), "--rank", "999"]) == 2
+    assert "--rank" in capsys.readouterr().err
+    assert main(["export", "launch", "--format", "megatron-lm", "--from", str(saved), "--tp", "2"]) == 2
+    assert "--tp" in capsys.readouterr().err
+
+
+def test_search_from_launch_compares_the_job_with_the_best_plan(capsys, tmp_path, cache):
+    script = tmp_path / "job.sh"
+    assert main(["export", "launch", "--format", "megatron-lm", "-o", str(script)] + PLAN) == 0
+    capsys.readouterr()
+    assert main(["search", "--from-launch", str(script), "--trials", "6", "--processes", "1", "--no-progress",
+                 "--storage", f"sqlite:///{tmp_path / 's.db'}"] + cache) == 0
+    out = capsys.readouterr().out
+    assert "your job" in out and "tp2 pp2 dp4" in out
+    assert main(["search", "--from-launch", str(script), "--gbs", "64"]) == 2
+    assert "--gbs" in capsys.readouterr().err
+
+
+def test_calibrate_steps_from_logs_writes_a_cluster_that_loads(capsys, tmp_path, cache):
+    out = tmp_path / "mine.yaml"
+    args = ["calibrate", "steps", "--cluster", "h800", "-o", str(out), "--hold-out-every", "0", "--json",
+            "--from-log", str(DATA / "megatron_lm_step.log"), "--launch", str(DATA / "llama3_8b_tp2.sh"),
+            "--from-log", str(DATA / "nemo_step.log"), "--launch", str(DATA / "llama3_8b_pp2.sh")] + cache
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [r["measured_step_s"] for r in summary["rows"]] == pytest.approx([7.8059, 7.82])
+    data = yaml.safe_load(out.read_text())
+    assert "compute" in data["calibration"]
+    assert main(["calibrate", "steps", "--cluster", "h800", "-o", str(tmp_path / "x.yaml"),
+                 "--from-log", str(DATA / "nemo_step.log")]) == 2  # no launch config, no argument dump
+    assert "--launch" in capsys.readouterr().err and not (tmp_path / "x.yaml").exists()
+    assert main(["calibrate", "steps", "--cluster", "h800", "-o", str(tmp_path / "x.yaml"),
+                 "--from-log", str(DATA / "nemo_step.log"), "--launch", "a.sh", "--launch", "b.sh"]) == 2
+    assert "one per --from-log" in capsys.readouterr().err
