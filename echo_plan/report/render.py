@@ -17,6 +17,7 @@ from echo_plan.report.charts_search import breakdown_chart, evaluated, progress_
     throughput_memory_chart
 from echo_plan.report.headline import compare_headline, search_headline
 from echo_plan.report.inputs import build_inputs
+from echo_plan.report.launch_view import launch_snippets
 from echo_plan.report.table import knob_value_table, ranked_table, sizes_table
 from echo_plan.search.results import CompareOutcome, SearchOutcome, TrialState, simulated_this_study
 from echo_plan.files import write_atomic
@@ -31,6 +32,7 @@ class SearchView:
     charts: dict[str, Chart | None]
     run: tuple[tuple[str, str], ...]
     timeline_note: str | None
+    launch: tuple = ()  # LaunchSnippet per framework for the recommended plan
 
 
 def _run_rows(o: SearchOutcome) -> tuple[tuple[str, str], ...]:
@@ -65,7 +67,7 @@ def search_view(o: SearchOutcome, timeline_note: str | None = None) -> SearchVie
     if best is not None and not best.timeline and timeline_note is None:
         timeline_note = "No timeline: this result carries no timeline events of the recommended plan."
     return SearchView(ranked_table(o.ranked, o.tokens_budget, top=50), knob_value_table(o.pruned_by_knob), charts,
-                      _run_rows(o), timeline_note)
+                      _run_rows(o), timeline_note, launch_snippets(o))
 
 
 def _environment() -> Any:

@@ -193,3 +193,27 @@ def test_a_long_step_gets_its_start_at_full_resolution():
     heat = chart.data[0]
     end = max(e.start_s + e.duration_s for e in best.timeline)
     assert heat["x"][-1] < end * (1e3 if heat["x"][-1] < end * 1e3 else 1)  # a window, not the whole step
+
+
+def test_the_recommended_plan_comes_with_its_launch_configs(outcome, html):
+    from echo_plan.report.launch_view import launch_snippets
+
+    snippets = launch_snippets(outcome)
+    assert [s.fmt for s in snippets] == ["megatron-lm", "megatron-bridge", "torchtitan"]
+    for s in snippets:  # a config to copy, or the one line why not; never both, never neither
+        assert bool(s.text) != bool(s.refusal)
+        if s.text:
+            assert f'data-copy="launch-{s.fmt}"' in html and f'id="launch-{s.fmt}"' in html
+        else:
+            assert "\n" not in s.refusal and s.refusal.split(":")[0] in html
+    best = outcome.best.plan
+    lm = next(s for s in snippets if s.fmt == "megatron-lm")
+    if lm.text:
+        assert f"--tensor-model-parallel-size {best['tp']}" in lm.text
+    assert 'href="#launch"' in html
+
+
+def test_no_launch_card_without_a_recommended_plan(outcome):
+    from echo_plan.report.launch_view import launch_snippets
+
+    assert launch_snippets(replace(outcome, ranked=())) == ()

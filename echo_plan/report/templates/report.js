@@ -58,6 +58,20 @@
       button.textContent = open ? "show fewer rows" : "show all rows";
     });
   });
+  document.querySelectorAll("button.copy").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var text = document.getElementById(button.dataset.copy).textContent;
+      function done(ok) { button.textContent = ok ? "Copied" : "Select and copy"; }
+      if (navigator.clipboard && navigator.clipboard.writeText) {
+        navigator.clipboard.writeText(text).then(function () { done(true); }, function () { done(false); });
+      } else {
+        var range = document.createRange();  // no clipboard API (a file:// page in some browsers): select it
+        range.selectNodeContents(document.getElementById(button.dataset.copy));
+        var sel = window.getSelection(); sel.removeAllRanges(); sel.addRange(range);
+        done(false);
+      }
+    });
+  });
   function sortBy(table, col, numeric, th) {
     var tbody = table.tBodies[0];
     var asc = th.getAttribute("aria-sort") !== "ascending";
