@@ -10,7 +10,9 @@ import typer
 from echo_plan.commands.common import CacheDirOpt, ClusterOpt, GpusOpt, JsonOpt, StackOpt, print_json, write_atomic
 from echo_plan.commands.plan_flags import DEFAULTS, FLAG_NAMES, PlanFlags, PlanInputs, build_plan, plan_options
 from echo_plan.errors import EchoPlanError, SpecError
-from echo_plan.interop.launch import LaunchFormat, LaunchJob, export_launch, launch_format, read_launch
+from echo_plan.interop.launch import (
+    LaunchExport, LaunchFormat, LaunchJob, export_launch, first_exportable, launch_format, read_launch,
+)
 from echo_plan.interop.launch.job import FORMAT_NAMES
 from echo_plan.output_paths import check_output_file
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load_cluster, load_stack
@@ -47,22 +49,46 @@ def job_cluster(name: str, nodes: Optional[int], job: LaunchJob) -> ClusterSpec:
     return cluster
 
 
-def plan_from_saved(source: str, rank: int, storage: Optional[str], study_name: Optional[str]) -> PlanInputs:
-    """Rank ``rank`` (1: the best) of a saved search result or a stored study."""
+def saved_candidates(source: str, storage: Optional[str], study_name: Optional[str]):
+    """(model, cluster, stack, ranked plans) of a saved search result or a stored study."""
     from echo_plan.report.load import load_source  # deferred: Optuna, only for a saved search
 
     outcome = load_source(source, storage, study_name)
     ranked = getattr(outcome, "ranked", None)
     if ranked is None:
         raise EchoPlanError(f"{source}: a compare result; export from one search (its --json, or its study)")
-    if not 1 <= rank <= len(ranked):
-        raise SpecError("--rank", rank, f"1 to {len(ranked)} (the fitting plans of {source})" if ranked
-                        else f"{source} has no plan that fits")
-    result = ranked[rank - 1]
+    if not ranked:
+        raise EchoPlanError(f"{source}: no plan of this search fits; nothing to export")
     model = ModelSpec.build(outcome.model, context=source)
-    cluster = ClusterSpec.build(outcome.cluster, context=source).resized(gpus=result.num_gpus)
+    cluster = ClusterSpec.build(outcome.cluster, context=source).resized(gpus=ranked[0].num_gpus)
     stack = SoftwareSpec.build(outcome.stack, context=source) if outcome.stack else load_stack(None)
-    return PlanInputs(model, cluster, stack, PlanSpec.build(result.plan, context=source))
+    return model, cluster, stack, [PlanSpec.build(r.plan, context=source) for r in ranked]
+
+
+def export_saved(target: LaunchFormat, source: str, rank: Optional[int], storage: Optional[str],
+                 study_name: Optional[str]) -> tuple[PlanInputs, LaunchExport, int, list[str]]:
+    """Rank ``rank`` of a saved search in ``target`` (it, or the one line why not); without a rank, the
+    fastest plan the framework can run, and why the faster ones were passed over."""
+    model, cluster, stack, plans = saved_candidates(source, storage, study_name)
+    if rank is not None:
+        if not 1 <= rank <= len(plans):
+            raise SpecError("--rank", rank, f"1 to {len(plans)} (the fitting plans of {source})")
+        plan = plans[rank - 1]
+        return PlanInputs(model, cluster, stack, plan), export_launch(target, model, plan, stack, cluster), rank, []
+    k, plan, out, skipped = first_exportable(target, model, plans, stack, cluster)
+    return PlanInputs(model, cluster, stack, plan), out, k, skipped
+
+
+def fit_note(inputs: PlanInputs, cache_dir: Optional[str]) -> None:
+    """A plan given by flags is simulated once: a plan predicted not to fit is said before it is written."""
+    from echo_plan.simulate import simulate  # deferred: the simulator
+    from echo_plan.trace.cache import TraceCache  # deferred: with the simulator
+
+    result = simulate(inputs.model, inputs.cluster, inputs.plan, stack=inputs.stack, cache=TraceCache(cache_dir))
+    if not result.fits:
+        usable = min(m.usable_bytes for m in result.memory) / 2**30
+        typer.echo(f"note: this plan is predicted NOT to fit: {result.memory_peak_gib:.1f} GiB at its peak, "
+                   f"{usable:.1f} GiB usable per GPU", err=True)
 
 
 def register_launch(export_app: typer.Typer, import_app: typer.Typer) -> None:
@@ -73,11 +99,13 @@ def register_launch(export_app: typer.Typer, import_app: typer.Typer) -> None:
         fmt: str = FormatOpt,
         source: Optional[str] = typer.Option(None, "--from", help="a saved search (`search --json` output, .json) or "
                                                                   "a study database (.db): export its plan --rank K"),
-        rank: int = typer.Option(1, "--rank", help="with --from: the K-th fastest fitting plan (1: the best)"),
+        rank: Optional[int] = typer.Option(None, "--rank", help="with --from: the K-th fastest fitting plan (default: "
+                                                                "the fastest the framework can run)"),
         storage: Optional[str] = typer.Option(None, "--storage", help="with --from: the study's Optuna storage URL"),
         study_name: Optional[str] = typer.Option(None, "--study-name", help="with --from: the study in that storage"),
         output: Optional[str] = typer.Option(None, "-o", "--output", help="write the config to this file (default: "
                                                                           "print it)"),
+        cache_dir: Optional[str] = CacheDirOpt,
         as_json: bool = JsonOpt,
     ) -> None:
         """Write a plan as a launch config: Megatron-LM arguments, a Megatron-Bridge YAML or a torchtitan TOML."""
@@ -89,13 +117,17 @@ def register_launch(export_app: typer.Typer, import_app: typer.Typer) -> None:
                 if getattr(flags, name) != DEFAULTS[name]:
                     raise SpecError(FLAG_NAMES[name], getattr(flags, name), "not with --from (the saved plan is "
                                                                             "exported as it was searched)")
-            inputs = plan_from_saved(source, rank, storage, study_name)
+            inputs, out, chosen, skipped = export_saved(target, source, rank, storage, study_name)
+            if skipped:
+                typer.echo(f"note: exported rank {chosen}, the fastest plan {target.value} runs as simulated; "
+                           f"faster: " + "; ".join(skipped[:3]) + (" ..." if len(skipped) > 3 else ""), err=True)
         else:
-            if rank != 1:
+            if rank is not None:
                 raise SpecError("--rank", rank, "needs --from (a saved search)")
             inputs = build_plan(flags)
-        validate_plan(inputs.plan, inputs.model, inputs.cluster)
-        out = export_launch(target, inputs.model, inputs.plan, inputs.stack, inputs.cluster)
+            validate_plan(inputs.plan, inputs.model, inputs.cluster)
+            out = export_launch(target, inputs.model, inputs.plan, inputs.stack, inputs.cluster)
+            fit_note(inputs, cache_dir)
         if output is not None:
             write_atomic(output, out.text)
         if as_json:

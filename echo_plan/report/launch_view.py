@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echo_plan.errors import EchoPlanError
-from echo_plan.interop.launch import LaunchFormat, export_launch
+from echo_plan.interop.launch import LaunchFormat, first_exportable
 from echo_plan.search.results import SearchOutcome
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load_stack
 
@@ -21,10 +21,13 @@ class LaunchSnippet:
     title: str
     text: str  # the config, or "" when refused
     refusal: str  # why the framework cannot run the plan as simulated ("" when it can)
+    rank: int = 1  # which ranked plan the config runs (the fastest the framework can)
+    passed_over: str = ""  # why the faster plans were not exported
 
 
 def launch_snippets(outcome: SearchOutcome) -> tuple[LaunchSnippet, ...]:
-    """One snippet per launch format for the recommended plan (none without one)."""
+    """One snippet per launch format: the recommended plan, or the fastest plan the framework can run as
+    simulated and why the faster ones could not (none without a recommended plan)."""
     best = outcome.best
     if best is None:
         return ()
@@ -32,14 +35,18 @@ def launch_snippets(outcome: SearchOutcome) -> tuple[LaunchSnippet, ...]:
         model = ModelSpec.build(outcome.model, context="the search's model")
         cluster = ClusterSpec.build(outcome.cluster, context="the search's cluster").resized(gpus=best.num_gpus)
         stack = SoftwareSpec.build(outcome.stack, context="the search's stack") if outcome.stack else load_stack(None)
-        plan = PlanSpec.build(best.plan, context="the recommended plan")
+        plans = [PlanSpec.build(r.plan, context="a ranked plan") for r in outcome.ranked]
     except EchoPlanError:
         return ()  # an outcome saved by an older release without what the export needs
     out = []
     for fmt in LaunchFormat:
         try:
-            text, refusal = export_launch(fmt, model, plan, stack, cluster).text, ""
+            rank, _, export, skipped = first_exportable(fmt, model, plans, stack, cluster)
         except EchoPlanError as exc:
-            text, refusal = "", str(exc)
-        out.append(LaunchSnippet(fmt.value, TITLES[fmt], text, refusal))
+            out.append(LaunchSnippet(fmt.value, TITLES[fmt], "", str(exc)))
+            continue
+        passed = "" if rank == 1 else (f"Plan {rank} of the ranking, the fastest {fmt.value} runs as simulated; "
+                                       f"the faster ones need what it lacks: " + "; ".join(skipped[:3])
+                                       + (" ..." if len(skipped) > 3 else ""))
+        out.append(LaunchSnippet(fmt.value, TITLES[fmt], export.text, "", rank, passed))
     return tuple(out)

@@ -206,10 +206,11 @@ def test_the_recommended_plan_comes_with_its_launch_configs(outcome, html):
             assert f'data-copy="launch-{s.fmt}"' in html and f'id="launch-{s.fmt}"' in html
         else:
             assert "\n" not in s.refusal and s.refusal.split(":")[0] in html
-    best = outcome.best.plan
+        assert (s.rank == 1) == (s.passed_over == "")  # a later plan says why the faster ones were passed over
     lm = next(s for s in snippets if s.fmt == "megatron-lm")
     if lm.text:
-        assert f"--tensor-model-parallel-size {best['tp']}" in lm.text
+        shown = outcome.ranked[lm.rank - 1].plan
+        assert f"--tensor-model-parallel-size {shown['tp']}" in lm.text
     assert 'href="#launch"' in html
 
 
@@ -217,3 +218,13 @@ def test_no_launch_card_without_a_recommended_plan(outcome):
     from echo_plan.report.launch_view import launch_snippets
 
     assert launch_snippets(replace(outcome, ranked=())) == ()
+
+
+def test_a_plan_megatron_cannot_run_hands_the_card_to_the_next_one(outcome):
+    from echo_plan.report.launch_view import launch_snippets
+
+    first = outcome.ranked[0]
+    dualpipe = replace(first, plan={**first.plan, "schedule": "dualpipe"})
+    snippets = launch_snippets(replace(outcome, ranked=(dualpipe,) + outcome.ranked))
+    lm = next(s for s in snippets if s.fmt == "megatron-lm")
+    assert lm.rank == 2 and "schedule dualpipe" in lm.passed_over

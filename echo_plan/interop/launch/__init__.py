@@ -23,7 +23,7 @@ from echo_plan.interop.launch.torchtitan import export_torchtitan, import_torcht
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec
 
 __all__ = ["CannotExpress", "CannotImport", "LaunchExport", "LaunchFormat", "LaunchJob", "canonical_plan",
-           "export_launch", "import_launch", "launch_format", "read_launch"]
+           "export_launch", "first_exportable", "import_launch", "launch_format", "read_launch"]
 
 _EXPORTERS = {LaunchFormat.MEGATRON_LM: export_megatron_lm, LaunchFormat.MEGATRON_BRIDGE: export_megatron_bridge,
               LaunchFormat.TORCHTITAN: export_torchtitan}
@@ -35,6 +35,24 @@ def export_launch(fmt: LaunchFormat, model: ModelSpec, plan: PlanSpec, stack: So
                   cluster: ClusterSpec) -> LaunchExport:
     """The launch config of ``plan`` in ``fmt``; CannotExpress (one line) when the framework cannot run it as simulated."""
     return _EXPORTERS[fmt](model, plan, stack, cluster)
+
+
+def first_exportable(fmt: LaunchFormat, model: ModelSpec, plans: list[PlanSpec], stack: SoftwareSpec,
+                     cluster: ClusterSpec) -> tuple[int, PlanSpec, LaunchExport, list[str]]:
+    """The fastest of ``plans`` (fastest first) that ``fmt`` runs as simulated: (its rank from 1, the plan, its
+    export, why each faster one was passed over). CannotExpress when none can (the first plan's reason)."""
+    skipped: list[str] = []
+    first: CannotExpress | None = None
+    for k, plan in enumerate(plans, start=1):
+        try:
+            return k, plan, export_launch(fmt, model, plan, stack, cluster), skipped
+        except CannotExpress as exc:
+            first = first or exc
+            skipped.append(f"rank {k} ({plan.short()}): {exc.knob} {exc.value}")
+            if exc.knob == "model":  # the same for every plan
+                break
+    assert first is not None, "no plans given"
+    raise first
 
 
 def detect_format(text: str, name: str) -> LaunchFormat:
