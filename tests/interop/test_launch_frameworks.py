@@ -15,7 +15,7 @@ import pytest
 from echo_plan.interop.launch import CannotExpress, LaunchFormat, export_launch
 from echo_plan.interop.launch.mcore import to_mcore
 from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
-from tests.interop.test_launch import SEARCHES, STACK, _search_plans
+from tests.interop.launch_searches import SEARCHES, STACK, _search_plans
 
 # model-section keys that Megatron-LM's GPT builder / Bridge's GPTModelProvider read, not TransformerConfig
 PROVIDER_ONLY = {"seq_length", "max_position_embeddings", "vocab_size", "share_embeddings_and_output_weights",
