@@ -125,3 +125,30 @@ def test_calibrate_steps_from_logs_writes_a_cluster_that_loads(capsys, tmp_path,
     assert main(["calibrate", "steps", "--cluster", "h800", "-o", str(tmp_path / "x.yaml"),
                  "--from-log", str(DATA / "nemo_step.log"), "--launch", "a.sh", "--launch", "b.sh"]) == 2
     assert "one per --from-log" in capsys.readouterr().err
+
+
+def test_a_megatron_log_with_its_argument_dump_calibrates_without_a_launch_file(capsys, tmp_path, cache):
+    script = (DATA / "llama3_8b_tp2.sh").read_text()
+    from echo_plan.interop.launch import import_launch
+    from echo_plan.specs import load_stack
+
+    job = import_launch(script, "job.sh", load_stack(None))
+    args = {"num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336, "num_attention_heads": 32,
+            "num_query_groups": 8, "group_query_attention": True, "seq_length": 8192, "max_position_embeddings": 8192,
+            "vocab_size": 128256, "swiglu": True, "normalization": "RMSNorm", "position_embedding_type": "rope",
+            "untie_embeddings_and_output_weights": True, "add_bias_linear": False, "bf16": True, "fp16": False,
+            "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
+            "sequence_parallel": True, "micro_batch_size": 1, "global_batch_size": 64, "world_size": 8,
+            "hidden_dropout": 0.0, "attention_dropout": 0.0, "attention_backend": "AttnBackend.fused",
+            "use_distributed_optimizer": False, "overlap_grad_reduce": True, "tp_comm_overlap": True,
+            "accumulate_allreduce_grads_in_fp32": True, "recompute_granularity": None}
+    dump = ["------------------------ arguments ------------------------"]
+    dump += [f"  {k} {'.' * (44 - len(k))} {v}" for k, v in sorted(args.items())]
+    dump += ["-------------------- end of arguments ---------------------"]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(dump) + "\n" + (DATA / "megatron_lm_step.log").read_text())
+    out = tmp_path / "c.yaml"
+    assert main(["calibrate", "steps", "--cluster", "h800", "-o", str(out), "--hold-out-every", "0", "--json",
+                 "--from-log", str(log)] + cache) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["measured_step_s"] == pytest.approx(7.8059) and job.plan.short() in row["label"]

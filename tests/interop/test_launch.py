@@ -3,6 +3,8 @@ with one line; imports refuse what they cannot model; the framework formats' own
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from echo_plan.interop.launch import (
@@ -144,3 +146,27 @@ def test_torchtitan_import_refuses_fsdp():
     text = '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = -1\n'
     with pytest.raises(CannotImport, match="FSDP2"):
         import_launch(text, "job.toml", STACK, gpus=8)
+
+
+NEMO = (Path(__file__).parent / "launch_data" / "nemo_llama3_8b.yaml").read_text()
+
+
+def test_a_nemo_training_yaml_imports_with_the_vocabulary_of_its_shape():
+    job = import_launch(NEMO, "nemo.yaml", STACK)
+    assert job.model.name == "llama3-8b" and job.gpus == 16 and job.gpus_per_node == 8
+    assert (job.plan.tp, job.plan.dp, job.plan.global_batch_size) == (2, 8, 128)
+    assert job.plan.recompute.value == "selective" and job.plan.sequence_parallel and job.plan.distributed_optimizer
+    assert job.stack.tp_comm_overlap and "preset llama3-8b" in job.notes[0]
+
+
+@pytest.mark.parametrize("old, new, setting", [
+    ("rampup_batch_size: null", "rampup_batch_size: [16, 16, 1000]", "rampup_batch_size"),
+    ("megatron_amp_O2: true", "megatron_amp_O2: false", "megatron_amp_O2"),
+    ("precision: bf16", "precision: 32", "trainer.precision"),
+    ("hidden_size: 4096", "hidden_size: 4160", "model.tokenizer"),  # no preset of that shape: vocabulary unknown
+    ("name: mcore_distributed_optim", "name: lamb", "model.optim.name"),
+])
+def test_a_nemo_yaml_setting_that_is_not_modelled_is_refused_by_name(old, new, setting):
+    assert old in NEMO
+    with pytest.raises(CannotImport, match=setting.replace(".", r"\.")):
+        import_launch(NEMO.replace(old, new), "nemo.yaml", STACK)

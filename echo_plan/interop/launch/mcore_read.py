@@ -26,6 +26,8 @@ def _stack(sec: Mapping[str, Mapping[str, Any]], base: SoftwareSpec, source: str
     m, ddp, opt = sec["model"], sec.get("ddp", {}), sec.get("optimizer", {})
     changes: dict[str, Any] = {}
     backend = m.get("attention_backend")
+    if isinstance(backend, str) and backend.startswith("AttnBackend."):  # Megatron-LM's argument dump prints the enum
+        backend = backend.split(".", 1)[1]
     if backend not in (None, "auto"):
         if str(backend) not in ATTENTION:
             raise CannotImport(source, "attention_backend", backend, "one of " + ", ".join(ATTENTION) + " or auto")

@@ -18,6 +18,7 @@ from echo_plan.interop.launch.job import CannotExpress, CannotImport, LaunchExpo
 from echo_plan.interop.launch.mcore import to_mcore
 from echo_plan.interop.launch.mcore_read import job_from_mcore
 from echo_plan.interop.launch.megatron_lm import command_tokens, environment, _launcher_gpus
+from echo_plan.interop.launch.nemo import import_nemo, is_nemo
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load_model
 
 FMT = LaunchFormat.MEGATRON_BRIDGE
@@ -71,8 +72,11 @@ def _yaml(doc: dict[str, Any]) -> str:
 
 
 def import_megatron_bridge(text: str, source: str, base_stack: SoftwareSpec, gpus: int | None = None) -> LaunchJob:
-    """The job of a Bridge override YAML (this module's export, or a hand-written one with the same sections)."""
+    """The job of a Bridge override YAML (this module's export, or a hand-written one with the same sections), or
+    of a NeMo training YAML (``nemo.py``)."""
     doc = parse_yaml(text, source)
+    if is_nemo(doc):  # NeMo 1.x / NeMo-Framework-Launcher: trainer: + model:
+        return import_nemo(doc, source, base_stack, gpus)
     if not isinstance(doc, dict) or "model" not in doc:
         raise CannotImport(source, "YAML", None, "expected a Megatron-Bridge override file with a model: section")
     unknown = sorted(set(doc) - {"model", "train", "ddp", "optimizer", "mixed_precision", "comm_overlap", "dataset",
