@@ -134,12 +134,12 @@ def register_launch(export_app: typer.Typer, import_app: typer.Typer) -> None:
             print_json({"format": target.value, "text": out.text, "env": dict(out.env), "notes": list(out.notes),
                         "plan": inputs.plan.short(), "output": output})
             return
+        for note in out.notes:
+            typer.echo(f"note: {note}", err=True)
         if output is None:
             typer.echo(out.text, nl=False)
         else:
             typer.echo(f"wrote {output} ({target.value}: {inputs.model.name}, {inputs.plan.short()})")
-        for note in out.notes:
-            typer.echo(f"note: {note}", err=True)
 
     @import_app.command("launch")
     def import_launch_cmd(

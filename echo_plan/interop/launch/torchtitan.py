@@ -26,6 +26,9 @@ FLAVOURS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "lla
             "qwen3-235b-a22b": ("qwen3", "235B-A22B")}
 NEEDS_FSDP = "needs torchtitan's FSDP2, which echo-plan does not simulate yet (issue 34)"
 AC_MODES = {Recompute.NONE: "none", Recompute.FULL: "full"}
+AUTOCAST_NOTE = ("torchtitan without FSDP keeps fp32 weights under bf16 autocast: 16 bytes per parameter for weights, "
+                 "gradients and Adam states where the simulation counts 18 (bf16 weights, fp32 gradients, master "
+                 "weights and moments), and it casts every weight to bf16 in each micro-batch's forward")
 
 
 def _flavour(model: ModelSpec) -> tuple[str, str]:
@@ -72,7 +75,7 @@ def export_torchtitan(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, clu
              "[parallelism]", f"data_parallel_replicate_degree = {plan.dp}", "data_parallel_shard_degree = 1",
              "tensor_parallel_degree = 1", "pipeline_parallel_degree = 1", "context_parallel_degree = 1",
              "[activation_checkpoint]", f'mode = "{AC_MODES[plan.recompute]}"']
-    return LaunchExport(FMT, "\n".join(lines) + "\n")
+    return LaunchExport(FMT, "\n".join(lines) + "\n", notes=(AUTOCAST_NOTE,))
 
 
 def import_torchtitan(text: str, source: str, base_stack: SoftwareSpec, gpus: int | None = None) -> LaunchJob:
@@ -115,6 +118,6 @@ def import_torchtitan(text: str, source: str, base_stack: SoftwareSpec, gpus: in
                                   recompute=mode)
     plan = PlanSpec.build(fields, context=source)
     notes = (f"simulated with stack {base_stack.name}'s kernels; torchtitan runs PyTorch's own (issue 34 adds a "
-             "torchtitan stack)",)
+             "torchtitan stack)", AUTOCAST_NOTE)
     return LaunchJob(model=model, plan=plan, stack=base_stack, gpus=world,
                      gpus_per_node=int(launch.group(2)) if launch else None, source=source, notes=notes)
