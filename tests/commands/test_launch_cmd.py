@@ -152,3 +152,25 @@ def test_a_megatron_log_with_its_argument_dump_calibrates_without_a_launch_file(
                  "--from-log", str(log)] + cache) == 0
     row = json.loads(capsys.readouterr().out)["rows"][0]
     assert row["measured_step_s"] == pytest.approx(7.8059) and job.plan.short() in row["label"]
+
+
+CSV = """# echo-plan: cluster=h800 stack=megatron-core
+model,num_layers,hidden_size,ffn_hidden_size,num_attention_heads,num_kv_heads,vocab_size,seq_length,activation,norm,position,tied_embeddings,dropout,gpus,tp,pp,vpp,cp,mbs,gbs,precision,recompute,sequence_parallel,distributed_optimizer,overlap_grad_sync,overlap_param_sync,grad_sync_dtype,step_time_s
+llama3-8b,32,4096,14336,32,8,128256,8192,swiglu,rmsnorm,rope,false,0.0,8,2,1,1,1,1,64,bf16,none,true,false,true,false,fp32,7.8059
+llama3-8b,32,4096,14336,32,8,128256,8192,swiglu,rmsnorm,rope,false,0.0,8,1,2,1,1,1,64,bf16,selective,false,false,true,false,fp32,7.82
+"""
+
+
+def test_logs_fit_exactly_as_the_same_runs_written_as_a_csv(capsys, tmp_path, cache):
+    csv = tmp_path / "runs.csv"
+    csv.write_text(CSV)
+    common = ["--cluster", "h800", "--hold-out-every", "0", "--json"] + cache
+    assert main(["calibrate", "steps", str(csv), "-o", str(tmp_path / "a.yaml")] + common) == 0
+    from_csv = json.loads(capsys.readouterr().out)
+    assert main(["calibrate", "steps", "-o", str(tmp_path / "b.yaml"),
+                 "--from-log", str(DATA / "megatron_lm_step.log"), "--launch", str(DATA / "llama3_8b_tp2.sh"),
+                 "--from-log", str(DATA / "nemo_step.log"), "--launch", str(DATA / "llama3_8b_pp2.sh")] + common) == 0
+    from_logs = json.loads(capsys.readouterr().out)
+    assert from_logs["figures"] == pytest.approx(from_csv["figures"], rel=1e-9)
+    assert [r["predicted_step_s"] for r in from_logs["rows"]] == pytest.approx(
+        [r["predicted_step_s"] for r in from_csv["rows"]], rel=1e-9)

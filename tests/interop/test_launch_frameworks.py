@@ -112,3 +112,19 @@ def test_torchtitan_flavours_have_the_shapes_echo_plan_simulates():
         with torch.device("meta"):
             built = module.Transformer(args)
         assert sum(p.numel() for p in built.parameters()) == spec.num_params, preset
+
+
+def test_megatron_bridge_applies_the_override_yaml_to_its_recipe(tmp_path):
+    pytest.importorskip("megatron.bridge.training.config", reason="Megatron-Bridge imports Transformer Engine "
+                                                                   "(CUDA); it installs on GPU machines only")
+    from megatron.bridge.recipes.llama.llama3 import llama3_70b_pretrain_config
+    from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
+
+    model, cluster = load_model("llama3-70b"), load_cluster("h800", gpus=64)
+    plan = PlanSpec(tp=4, pp=4, cp=2, dp=2, virtual_stages=5, sequence_parallel=True, distributed_optimizer=True,
+                    global_batch_size=64)
+    path = tmp_path / "overrides.yaml"
+    path.write_text(export_launch(LaunchFormat.MEGATRON_BRIDGE, model, plan, STACK, cluster).text)
+    cfg = process_config_with_overrides(llama3_70b_pretrain_config(), config_filepath=str(path))
+    assert (cfg.model.tensor_model_parallel_size, cfg.model.pipeline_model_parallel_size) == (4, 4)
+    assert cfg.model.virtual_pipeline_model_parallel_size == 5 and cfg.train.global_batch_size == 64
