@@ -39,6 +39,7 @@ from echo_plan.replay.faults import fault_summary
 from echo_plan.specs.presets import load_stack
 from echo_plan.replay.interference import load_interference
 from echo_plan.cost.kernel_db import compute_model_for
+from echo_plan.cost.compute import load_compute_constants
 from echo_plan.cost.ranges import prediction_range
 from echo_plan.cost.collectives import collective_model_for
 from echo_plan.trace.tracer import trace_model
@@ -233,6 +234,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     status = calibration_status(cluster)
     if not status.startswith("calibrated"):  # inherited from a preset, or none for this GPU: said plainly
         notes.append(status)
+    arch = load_compute_constants().arch_note(cluster.gpu.name, cluster.gpu.sm_arch)
+    if arch:
+        notes.append(arch)
     a2a = None
     if model.is_moe:
         def tiers(group):  # the bandwidths the NCCL model gives each tier of this group's all-to-all
@@ -240,7 +244,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
             p = comm.params
             return (topo.nvl_GBps * p.all_to_all_nvlink_efficiency,
                     topo.net_rank_GBps * p.all_to_all_net_efficiency)
-        a2a = all_to_all_note(model, plan, traces, comm_time, cluster.gpus_per_node,
+        a2a = all_to_all_note(model, plan, traces, comm_time, cluster.domain_gpus,
                               tiers if hasattr(comm, "lines") and hasattr(comm, "params") else None)
     if a2a:
         notes.append(a2a)
@@ -248,7 +252,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         ep = next((op.collective.group for _, t in getattr(traces, "blocks", ()) for op in t.collectives
                    if op.collective.kind is CollectiveKind.ALL_TO_ALL), None)
         if ep is not None:
-            notes.append(deepep_note(model, ep, cluster.gpus_per_node))
+            notes.append(deepep_note(model, ep, cluster.domain_gpus))
     if step.extrapolated:
         notes.append("steady state verified periodic at {} micro-batches and extrapolated exactly".format(
             ", ".join(map(str, step.sampled[-3:]))))

@@ -62,15 +62,16 @@ def register(app: typer.Typer) -> None:
 
             fabric = group_slowdown(kind, group, spec, tree=est.algorithm is Algorithm.TREE).as_json()
         cands = model.candidates(kind, nbytes, group, spec) if show_all else []
-        per_node, spanned = group.placement(spec.gpus_per_node)
+        per_node, spanned = group.placement(spec.domain_gpus)  # servers, or NVLink domains of several servers
+        unit = "server" if spec.domain_gpus == spec.gpus_per_node else "NVLink domain"
         calibrated = "nccl" in spec.calibration
         if algorithm is not None:
             cmp = compare_with_nccl(algorithm, kind, nbytes, group, spec, model)
             if as_json:
                 print_json({"op": kind.value, "gpus": gpus, "cluster": spec.name, "size_bytes": nbytes, **cmp})
                 return
-            typer.echo(f"{kind.value} of {nbytes} B on {gpus} GPUs of {spec.name} ({per_node} per server, "
-                       f"{spanned} server{'s' if spanned > 1 else ''})")
+            typer.echo(f"{kind.value} of {nbytes} B on {gpus} GPUs of {spec.name} ({per_node} per {unit}, "
+                       f"{spanned} {unit}{'s' if spanned > 1 else ''})")
             for row in cmp["rows"]:
                 typer.echo(f"  {row['name']:<34} {row['protocol']:<7} {row['time_us']:12.2f} us  "
                            f"algbw {row['algbw_GBps']:8.2f}  busbw {row['busbw_GBps']:8.2f} GB/s")
@@ -85,8 +86,8 @@ def register(app: typer.Typer) -> None:
                 out["ecmp_slowdown"] = fabric
             print_json(out)
             return
-        typer.echo(f"{kind.value} of {nbytes} B on {gpus} GPUs of {spec.name} ({per_node} per server, {spanned} "
-                   f"server{'s' if spanned > 1 else ''}; {'calibrated' if calibrated else 'uncalibrated'} NCCL model)")
+        typer.echo(f"{kind.value} of {nbytes} B on {gpus} GPUs of {spec.name} ({per_node} per {unit}, {spanned} "
+                   f"{unit}{'s' if spanned > 1 else ''}; {'calibrated' if calibrated else 'uncalibrated'} NCCL model)")
         typer.echo(f"  time   {est.time_s * 1e6:12.2f} us")
         typer.echo(f"  choice {est.algorithm.value}/{est.protocol.value}")
         typer.echo(f"  algbw  {est.algbw_GBps:12.2f} GB/s")

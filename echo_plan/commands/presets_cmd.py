@@ -32,7 +32,9 @@ def register(app: typer.Typer) -> None:
             calibrated = "calibrated: " + ", ".join(calibrated_parts(c.calibration)) if c.calibration else \
                 "not calibrated"
             typer.echo(f"  {c.name:<12} {c.num_nodes} x {c.gpus_per_node} {c.gpu.name}, "
-                       f"{c.network.nics_per_node} x {c.network.nic_bw_Gbps:g} Gb/s per node ({calibrated})")
+                       f"{c.network.nics_per_node} x {c.network.nic_bw_Gbps:g} Gb/s per node"
+                       + (f", NVLink domain {c.domain_gpus} GPUs" if c.domain_gpus > c.gpus_per_node else "")
+                       + f" ({calibrated})")
         for alias, target in sorted(CLUSTER_ALIASES.items()):
             typer.echo(f"  {alias:<12} another name for {target}")
         typer.echo("Software stacks (--stack; a YAML file with base: NAME changes some settings):")

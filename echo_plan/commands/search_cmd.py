@@ -159,7 +159,8 @@ def print_search(outcome, top: int, explain: bool, pruned=None) -> None:
         typer.echo(line)
     if outcome.best is not None:
         why_cp = cp_choice(outcome.best, outcome.ranked, int(outcome.model["seq_length"]),
-                           int(outcome.cluster["gpus_per_node"]), outcome.pruned_counts)
+                           int(outcome.cluster.get("nvlink_domain_gpus") or outcome.cluster["gpus_per_node"]),
+                           outcome.pruned_counts)
         if why_cp:
             typer.echo(why_cp)
     pruned_total = sum(outcome.pruned_counts.values())

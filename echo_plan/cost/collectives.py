@@ -33,7 +33,8 @@ _ALLREDUCE_LIKE = (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER, Collect
 def net_rank_GBps(cluster: ClusterSpec, efficiency: float = 1.0) -> float:
     """Network bandwidth one rank can count on when every GPU of its server communicates.
 
-    The server's usable NIC bandwidth shared by its GPUs. A rail-optimised fabric keeps NCCL's
+    The server's usable NIC bandwidth shared by its GPUs (a server's NICs serve its own GPUs, also
+    inside an NVLink domain of several servers). A rail-optimised fabric keeps NCCL's
     traffic on one rail (same-index NICs under the same rail switches), so its spine's
     oversubscription is not charged; a fat-tree's is. Under ``--routing ecmp|planned`` the leaf/spine
     layer is modelled instead (``make_topo``), so no flat oversubscription is charged.
@@ -50,7 +51,7 @@ def make_topo(group: CommGroup, cluster: ClusterSpec, params: NcclParams, kind: 
     """The group's tiers on the cluster. With ``kind`` and a cluster routing other than ``none``, the
     network side is slowed by the leaf/spine crossing of the group's flows (``cost/fabric.py``: the
     slowest flow paces the ring or tree; ``tree`` picks the tree's flows)."""
-    gpn = cluster.gpus_per_node
+    gpn = cluster.domain_gpus  # NVLink reaches the whole domain (one server, or an NVL72 rack)
     ppn, nodes = group.placement(gpn)
     nvl = cluster.gpu.nvlink_uni_GBps * params.nvlink_bw_efficiency
     if ppn >= 2:

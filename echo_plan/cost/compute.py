@@ -98,6 +98,15 @@ class ComputeConstants:
     fp8_blockwise_eff: float = 1.0  # blockwise-scaled FP8 GEMMs relative to per-tensor scaled ones
     attention_head_dim_half: float = 0.0  # 0: no head-dim dependence
 
+    def arch_note(self, gpu_name: str, sm_arch: int) -> str | None:
+        """One line when ``sm_arch`` has no measured entry of its own and another generation's stands in."""
+        if sm_arch in self.arch:
+            return None
+        older = [a for a in sorted(self.arch) if a <= sm_arch]
+        used = older[-1] if older else min(self.arch)
+        return (f"the kernel model has no measured GEMM and attention efficiencies for {gpu_name} (sm{sm_arch}): "
+                f"sm{used}'s are used (compute.yaml), a judgement until runs on this GPU calibrate it")
+
     def arch_params(self, sm_arch: int) -> ArchParams:
         """The newest generation in the table that is not newer than ``sm_arch`` (else the oldest)."""
         known = sorted(self.arch)

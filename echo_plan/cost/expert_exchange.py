@@ -161,7 +161,7 @@ class DeepEPCollectives:
     def time(self, kind, nbytes: int, group, cluster) -> CollectiveEstimate:  # noqa: ANN001
         if kind is not CollectiveKind.ALL_TO_ALL or group.kind is not GroupKind.EP or group.size <= 1 or nbytes <= 0:
             return self.base.time(kind, nbytes, group, cluster)
-        per_node, servers = group.placement(cluster.gpus_per_node)
+        per_node, servers = group.placement(cluster.domain_gpus)
         limit = None if self.groups is None else server_limit(self.groups[0], self.groups[1], servers)
         routing = Routing(self.experts, self.top_k, servers, per_node, limit)
         nvl, net = cluster_rates(cluster)

@@ -123,7 +123,8 @@ def search_headline(outcome: SearchOutcome) -> Headline:
         reasons.append(experts)
 
     why_cp = cp_choice(best, [r for r in points if r.fits], int(outcome.model.get("seq_length") or 0),
-                       int(outcome.cluster.get("gpus_per_node") or 8), outcome.pruned_counts)
+                       int(outcome.cluster.get("nvlink_domain_gpus") or outcome.cluster.get("gpus_per_node") or 8),
+                       outcome.pruned_counts)
     if why_cp:
         reasons.append(why_cp)
     if cap:

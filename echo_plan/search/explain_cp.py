@@ -30,8 +30,9 @@ def cp_choice(best: Any, fitting: Iterable[Any], seq_length: int, gpus_per_node:
         tp = int(best.plan.get("tp") or 1)
         chunk = seq_length // (2 * cp)
         span = cp * tp  # the ring's ranks are tp apart
-        where = ("inside one server (NVLink)" if span <= gpus_per_node
-                 else f"across {-(-span // gpus_per_node)} servers (the network)")
+        unit = "server" if gpus_per_node <= 8 else "NVLink domain"  # an NVL72 rack is one domain of many servers
+        where = (f"inside one {unit} (NVLink)" if span <= gpus_per_node
+                 else f"across {-(-span // gpus_per_node)} {unit}s (the network)")
         text = (f"Context parallelism {cp}: each {seq_length:,}-token sequence is cut into {2 * cp} chunks of "
                 f"{chunk:,} tokens, two per GPU (the first and the last of a mirrored pair, so every GPU has the "
                 f"same causal work); K/V chunks go round a ring of {cp} GPUs {where} while attention runs on "

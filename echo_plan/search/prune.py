@@ -141,9 +141,10 @@ class Pruner:
         if self.gbs % (dp * mbs):
             return Verdict(combo, None, PruneReason.BATCH,
                            f"global batch {self.gbs} is not a multiple of dp x mbs = {dp} x {mbs}")
-        if self.space.tp_within_node and (tp > self.cluster.gpus_per_node or self.cluster.gpus_per_node % tp):
+        dom = self.cluster.domain_gpus
+        if self.space.tp_within_node and (tp > dom or dom % tp):
             return Verdict(combo, None, PruneReason.TP_NODE,
-                           f"tp {tp} does not fit in a {self.cluster.gpus_per_node}-GPU server")
+                           f"tp {tp} does not fit in a {dom}-GPU NVLink domain")
         schedule = c["schedule"]
         if schedule in _SPLIT:
             why = schedule_rule(Schedule(schedule), pp, vpp, self.gbs // (dp * mbs))

@@ -168,9 +168,13 @@ class NetworkSpec(Spec):
 class ClusterSpec(Spec):
     name: str
     gpu: GPUSpec
-    gpus_per_node: int = Field(gt=0, le=L.MAX_GPUS_PER_NODE)
+    gpus_per_node: int = Field(gt=0, le=L.MAX_GPUS_PER_NODE, description="GPUs of one server (a compute tray)")
     num_nodes: int = Field(gt=0, le=L.MAX_GPUS)
     network: NetworkSpec
+    nvlink_domain_gpus: int | None = Field(
+        default=None, gt=0, le=L.MAX_GPUS,
+        description="GPUs on one NVLink fabric, a whole number of servers: 72 for a GB200/GB300 NVL72 rack of "
+                    "18 four-GPU trays; None: one server (HGX/DGX)")
     nvlink_latency_us: float = Field(default=0.6, ge=0, le=1e6)
     sources: list[str] = Field(default_factory=list)
     calibration: dict = Field(
@@ -181,6 +185,12 @@ class ClusterSpec(Spec):
     def _rules(self) -> "ClusterSpec":
         if self.gpus_per_node > 1 and self.gpu.nvlink_links == 0:
             raise ValueError("a server with several GPUs needs gpu.nvlink_links > 0")
+        if self.domain_gpus > self.gpus_per_node and self.network.routing is not Routing.NONE:
+            raise ValueError(f"routing {self.network.routing.value}: the leaf/spine model places flows per server; "
+                             f"with an NVLink domain of {self.domain_gpus} GPUs use routing none")
+        if self.nvlink_domain_gpus is not None and self.nvlink_domain_gpus % self.gpus_per_node:
+            raise ValueError(f"nvlink_domain_gpus {self.nvlink_domain_gpus} must be a whole number of "
+                             f"{self.gpus_per_node}-GPU servers")
         if self.num_gpus > L.MAX_GPUS:
             raise ValueError(f"{self.num_nodes:,} nodes x {self.gpus_per_node} GPUs = {self.num_gpus:,} GPUs; "
                              f"at most {L.MAX_GPUS:,}")
@@ -222,11 +232,24 @@ class ClusterSpec(Spec):
             changes["flows_per_connection"] = flows_per_connection
         if not changes:
             return self
+        if changes.get("routing", Routing.NONE) is not Routing.NONE and self.domain_gpus > self.gpus_per_node:
+            raise SpecError("--routing", routing, f"none on {self.name}: the leaf/spine model places flows per "
+                                                  f"server, not yet across an NVLink domain of {self.domain_gpus} GPUs")
         return self.replace(network=self.network.replace(**changes).model_dump())
 
     @property
     def num_gpus(self) -> int:
         return self.gpus_per_node * self.num_nodes
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs that reach each other over NVLink: the NVLink domain, or one server."""
+        return int(self.nvlink_domain_gpus or self.gpus_per_node)
+
+    @property
+    def num_domains(self) -> int:
+        """NVLink domains the job's GPUs span (the last may be partly used)."""
+        return -(-self.num_gpus // self.domain_gpus)
 
     def resized(self, nodes: int | None = None, gpus: int | None = None) -> "ClusterSpec":
         """The same cluster with another size; ``gpus`` must fill whole servers (or be one server or less)."""
@@ -238,7 +261,7 @@ class ClusterSpec(Spec):
         if gpus is not None:
             L.check_int("gpus", gpus, 1, L.MAX_GPUS, "GPUs")
             if gpus < self.gpus_per_node:
-                return self.replace(gpus_per_node=gpus, num_nodes=1)
+                return self.replace(gpus_per_node=gpus, num_nodes=1, nvlink_domain_gpus=None)
             if gpus % self.gpus_per_node:
                 raise SpecError(
                     "gpus", gpus,

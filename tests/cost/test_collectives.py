@@ -59,14 +59,14 @@ def test_busbw_within_hardware(name, kind):
     cluster = CLUSTERS[name]
     nvl = cluster.gpu.nvlink_uni_GBps
     for group in _groups(cluster):
-        ppn, nodes = group.placement(cluster.gpus_per_node)
+        ppn, nodes = group.placement(cluster.domain_gpus)  # NVLink reaches the domain
         for size in (1 << 10, 1 << 20, 1 << 26, 1 << 32):
             est = MODEL.time(kind, size, group, cluster)
             if kind is CollectiveKind.ALL_TO_ALL:
                 # inter-server peers' share limits over the rank's NIC share
                 bound = nvl if nodes == 1 else net_rank_GBps(cluster) * (group.size - 1) / (group.size - ppn)
             elif kind is CollectiveKind.SEND_RECV:
-                bound = nvl if group.stride < cluster.gpus_per_node else net_rank_GBps(cluster)
+                bound = nvl if group.stride < cluster.domain_gpus else net_rank_GBps(cluster)
             elif nodes == 1:
                 # NVLS reduces in the switch: all-reduce moves each byte once each way
                 bound = 2 * nvl if est.algorithm is Algorithm.NVLS else nvl
