@@ -46,6 +46,7 @@ from echo_plan.search.compare import parse_gpu_list, parse_tokens, run_compare
 from echo_plan.search.serialize import compare_to_json
 from echo_plan.search.table import COMPARE_COLUMNS, compare_rows, format_compare
 from echo_plan.search.compare_dtype import parse_dtypes
+from echo_plan.search.compare_cluster import format_cluster_compare, parse_names, parse_prices, run_cluster_compare
 
 DEFAULT_GBS = 1536  # GPT-3 175B's global batch in Brown et al. 2020 (3.2M tokens at seq 2048)
 DEFAULT_TOP = 10
@@ -204,6 +205,50 @@ def compare_dtypes(base, sizes, dtypes, run, csv, report, as_json) -> None:
         typer.echo(line)
 
 
+def compare_clusters(configs, sizes, prices, cache_dir, progress, csv, report, as_json, fm, dtype) -> None:
+    """``compare --cluster a,b,c``: each cluster searched at every size, the best plans side by side."""
+    if report:
+        raise SpecError("--report", report, "not with several clusters yet (the comparison prints, gives JSON with "
+                                            "--json or CSV with --csv); run compare per cluster for its report")
+    if dtype is not None and "," in dtype:
+        raise SpecError("--dtype", dtype, "one precision when comparing clusters")
+
+    def run_one(config, price):
+        return run_compare(config, sizes, lambda c: SimulatorFactory(config.model, c, cache_dir, config.stack,
+                                                                     config.memory_headroom_bytes),
+                           price, progress_for=lambda g: _progress(progress, f"{config.cluster.name} {g} GPUs"),
+                           failure_model=fm)
+
+    by_name = {c.cluster.name: (c, p) for c, p in zip(configs, prices)}
+    try:
+        result = run_cluster_compare([c.cluster for c in configs], prices,
+                                     lambda cl: run_one(*by_name[cl.name]))
+    except KeyboardInterrupt:
+        typer.echo("interrupted: finished trials are stored; run the same command again to resume", err=True)
+        raise typer.Exit(130) from None
+    if csv:
+        import csv as csv_mod
+        import io
+
+        rows = result.rows()
+        buf = io.StringIO()
+        w = csv_mod.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: "" if v is None else v for k, v in row.items()})
+        write_atomic(csv, buf.getvalue())
+    if as_json:
+        print_json(result.as_json())
+        return
+    first = configs[0]
+    typer.echo(f"{first.model.name}, gbs {first.global_batch_size}, {first.tokens_budget or 0:,.0f} tokens: "
+               + " vs ".join(c.cluster.name for c in configs))
+    for line in format_cluster_compare(result):
+        typer.echo(line)
+    if csv:
+        typer.echo(f"wrote {csv}")
+
+
 def _dtype_knob():
     return Knob.DTYPE
 
@@ -285,7 +330,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare")
     def compare(
-        model: str = ModelOpt, cluster: str = ClusterOpt,
+        model: str = ModelOpt,
+        cluster: str = typer.Option(ClusterOpt.default, "--cluster", "-c",
+                                    help="cluster preset or YAML file; several, comma-separated (h800,h200,b200,"
+                                         "gb200-nvl72), compare the kinds of cluster side by side"),
         gpus: str = typer.Option("64,96,128,256,512", "--gpus", help="cluster sizes to compare, comma-separated"),
         gbs: int = GbsOpt, space: Optional[str] = SpaceOpt, sampler: str = SamplerOpt,
         seq_length: Optional[int] = SeqOpt,
@@ -295,7 +343,9 @@ def register(app: typer.Typer) -> None:
         trials: Optional[int] = TrialsOpt, seed: int = SeedOpt, storage: Optional[str] = StorageOpt,
         tokens: str = typer.Option("300B", "--tokens",
                                    help="token budget to train (300B, 1.5T, 2e12; default 300B, GPT-3's)"),
-        price: Optional[float] = typer.Option(None, "--price-per-gpu-hour", help="adds the cost of the token budget"),
+        price: Optional[str] = typer.Option(None, "--price-per-gpu-hour",
+                                            help="adds the cost of the token budget; with several clusters one "
+                                                 "price for all or one per cluster (2.1,2.5,6)"),
         workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt, processes: Optional[int] = ProcessesOpt,
         cache_dir: Optional[str] = CacheDirOpt,
         dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
@@ -314,6 +364,22 @@ def register(app: typer.Typer) -> None:
         """Search each cluster size: best plan, throughput, scaling efficiency, time and GPU-hours to train."""
         check_outputs(csv, report, cache_dir)
         sizes = parse_gpu_list(gpus)
+        names = parse_names(cluster)
+        prices = parse_prices(price, names)
+
+        def config_for(name: str):
+            return _config(model, name, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
+                           ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom,
+                           dp_comm=dp_comm, density=density, dtype=dtype, fp8_recipe=fp8_recipe,
+                           fp8_param_gather=fp8_param_gather, processes=processes, seq_length=seq_length, cp=cp,
+                           routing=routing, flows_per_connection=flows_per_connection)
+
+        if len(names) > 1:
+            compare_clusters([config_for(n) for n in names], sizes, prices, cache_dir, progress, csv, report,
+                             as_json, failure_model(failures_per_gpu_day, checkpoint_gbps_per_gpu, restart_min,
+                                                    detect_min), dtype)
+            return
+        price = prices[0]
         base = _config(model, cluster, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
                        ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom,
                        dp_comm=dp_comm, density=density, dtype=dtype, fp8_recipe=fp8_recipe,

@@ -73,6 +73,8 @@ class GPUSpec(Spec):
     sm_count: int = Field(gt=0, le=100_000)
     sm_arch: int = Field(gt=0, le=1000, description="compute capability x10, e.g. 80 for A100, 90 for Hopper")
     nvls: bool = Field(default=False, description="NVLink SHARP (NVSwitch reductions) available")
+    tdp_W: float | None = Field(default=None, gt=0, le=1e5,
+                                description="board power limit (TDP); energy estimates count each GPU at it")
 
     def peak_tflops(self, dtype: DType) -> float:
         table = {

@@ -1,0 +1,53 @@
+"""``compare --cluster a,b``: several kinds of cluster side by side (issue 35)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from echo_plan.cli import main
+from echo_plan.errors import EchoPlanError
+from echo_plan.search.compare_cluster import parse_names, parse_prices
+
+
+def test_prices_are_one_for_all_or_one_per_cluster():
+    assert parse_prices(None, ["a", "b"]) == [None, None]
+    assert parse_prices("2.5", ["a", "b"]) == [2.5, 2.5]
+    assert parse_prices("2,6", ["a", "b"]) == [2.0, 6.0]
+    for bad in ("1,2,3", "x", "-1", "0", "inf"):
+        with pytest.raises(EchoPlanError, match="--price-per-gpu-hour"):
+            parse_prices(bad, ["a", "b"])
+    assert parse_names("h800, b200,h800") == ["h800", "b200"]
+
+
+@pytest.fixture()
+def compared(tmp_path, capsys):
+    args = ["compare", "--model", "gpt-13b", "--cluster", "h800,gb200-nvl72", "--gpus", "16,32", "--gbs", "64",
+            "--trials", "4", "--tokens", "10B", "--price-per-gpu-hour", "2,5", "--processes", "1", "--json",
+            "--no-progress", "--storage", f"sqlite:///{tmp_path / 's.db'}",
+            "--cache-dir", str(tmp_path / "cache")]
+    assert main(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_every_cluster_and_size_gets_its_best_plan_cost_and_energy(compared):
+    rows = compared["rows"]
+    assert [(r["cluster"], r["num_gpus"]) for r in rows] == [("h800", 16), ("h800", 32), ("gb200-nvl72", 16),
+                                                             ("gb200-nvl72", 32)]
+    watts = {"h800": 700, "gb200-nvl72": 1200}
+    for r in rows:
+        assert r["cost"] == pytest.approx(r["gpu_hours"] * r["price_per_gpu_hour"])
+        assert r["energy_MWh"] == pytest.approx(r["gpu_hours"] * watts[r["cluster"]] / 1e6)
+        assert r["step_time_range_s"][0] <= r["step_time_s"] <= r["step_time_range_s"][1]
+    assert {r["calibration"] for r in rows if r["cluster"] == "h800"} == {"calibrated"}
+    assert all(r["calibration"].startswith("no calibration") for r in rows if r["cluster"] == "gb200-nvl72")
+    assert "estimate" in compared["energy_note"]
+
+
+def test_several_clusters_refuse_a_report_in_one_line(capsys, tmp_path):
+    assert main(["compare", "--cluster", "h800,b200", "--gpus", "16", "--report", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "--report" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
+    assert main(["compare", "--cluster", "h800,b200", "--gpus", "16", "--price-per-gpu-hour", "1,2,3"]) == 2
+    assert "one per cluster" in capsys.readouterr().err
