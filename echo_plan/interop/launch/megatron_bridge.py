@@ -66,9 +66,14 @@ def _same_shape(model: ModelSpec, preset: str) -> bool:
 
 
 def _yaml(doc: dict[str, Any]) -> str:
+    """Sections as blocks, one field a line; lists (recompute modules, MoE layer pattern) on one line."""
     import yaml  # deferred: the YAML writer
 
-    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+    return yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
 def import_megatron_bridge(text: str, source: str, base_stack: SoftwareSpec, gpus: int | None = None) -> LaunchJob:
