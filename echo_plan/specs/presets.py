@@ -113,6 +113,11 @@ def _preset_calibration(name: str, context: str, seen: tuple[str, ...] = ()) -> 
     return cal
 
 
+def _gpu_arch(data: dict) -> object:
+    gpu = data.get("gpu")
+    return gpu.get("sm_arch") if isinstance(gpu, dict) else None
+
+
 def _with_inherited_calibration(data: dict, context: str) -> dict:
     """A cluster file of one's own: ``calibration: {from: PRESET}`` takes that preset's compute figures and
     ranges (the file's own sections win); with no calibration at all, the preset with the same GPU gives them,
@@ -123,9 +128,15 @@ def _with_inherited_calibration(data: dict, context: str) -> dict:
         if source not in cluster_names():
             raise UnknownPresetError("cluster", source, cluster_names())
         got = _preset_calibration(source, context)
-        merged = {k: got[k] for k in INHERITED if k in got}
+        other_arch = _gpu_arch(read_mapping(clusters_dir() / f"{source}.yaml")) != _gpu_arch(data)
+        # another GPU generation: its sustained shares of the kernel model are a prior, not a measurement of this
+        # GPU, so its ranges (errors measured on its own runs) are not taken: the uncalibrated ones say how unsure
+        kinds = tuple(k for k in INHERITED if not (other_arch and k == "ranges"))
+        merged = {k: got[k] for k in kinds if k in got}
         merged.update({k: v for k, v in cal.items() if k != "from"})
-        merged["from"] = f"{source} ({', '.join(k for k in INHERITED if k in got and k not in cal)}, as named)"
+        taken = ", ".join(k for k in kinds if k in got and k not in cal)
+        merged["from"] = (f"{source} ({taken}, as named; another GPU generation: a prior, its ranges not taken)"
+                          if other_arch else f"{source} ({taken}, as named)")
         return {**data, "calibration": merged}
     if cal is not None:
         return data
