@@ -46,7 +46,9 @@ from echo_plan.search.compare import parse_gpu_list, parse_tokens, run_compare
 from echo_plan.search.serialize import compare_to_json
 from echo_plan.search.table import COMPARE_COLUMNS, compare_rows, format_compare
 from echo_plan.search.compare_dtype import parse_dtypes
-from echo_plan.search.compare_cluster import format_cluster_compare, parse_names, parse_prices, run_cluster_compare
+from echo_plan.search.compare_cluster import (
+    format_cluster_compare, parse_names, parse_prices, read_cluster_list, run_cluster_compare,
+)
 
 DEFAULT_GBS = 1536  # GPT-3 175B's global batch in Brown et al. 2020 (3.2M tokens at seq 2048)
 DEFAULT_TOP = 10
@@ -333,7 +335,8 @@ def register(app: typer.Typer) -> None:
         model: str = ModelOpt,
         cluster: str = typer.Option(ClusterOpt.default, "--cluster", "-c",
                                     help="cluster preset or YAML file; several, comma-separated (h800,h200,b200,"
-                                         "gb200-nvl72), compare the kinds of cluster side by side"),
+                                         "gb200-nvl72), or a YAML list (clusters: [{cluster: h800, "
+                                         "price_per_gpu_hour: 2.1}, ...]), compare the kinds side by side"),
         gpus: str = typer.Option("64,96,128,256,512", "--gpus", help="cluster sizes to compare, comma-separated"),
         gbs: int = GbsOpt, space: Optional[str] = SpaceOpt, sampler: str = SamplerOpt,
         seq_length: Optional[int] = SeqOpt,
@@ -364,8 +367,11 @@ def register(app: typer.Typer) -> None:
         """Search each cluster size: best plan, throughput, scaling efficiency, time and GPU-hours to train."""
         check_outputs(csv, report, cache_dir)
         sizes = parse_gpu_list(gpus)
-        names = parse_names(cluster)
-        prices = parse_prices(price, names)
+        listed = read_cluster_list(cluster)  # a YAML list of clusters (and their prices)
+        if listed is not None and price is not None:
+            raise SpecError("--price-per-gpu-hour", price, f"not with the cluster list {cluster} (it gives the prices)")
+        names, prices = listed if listed is not None else (parse_names(cluster), None)
+        prices = prices if prices is not None else parse_prices(price, names)
 
         def config_for(name: str):
             return _config(model, name, None, None, gbs, space, sampler, trials, seed, storage, None, workers,
@@ -374,7 +380,7 @@ def register(app: typer.Typer) -> None:
                            fp8_param_gather=fp8_param_gather, processes=processes, seq_length=seq_length, cp=cp,
                            routing=routing, flows_per_connection=flows_per_connection)
 
-        if len(names) > 1:
+        if len(names) > 1 or listed is not None:
             compare_clusters([config_for(n) for n in names], sizes, prices, cache_dir, progress, csv, report,
                              as_json, failure_model(failures_per_gpu_day, checkpoint_gbps_per_gpu, restart_min,
                                                     detect_min), dtype)

@@ -23,6 +23,40 @@ from echo_plan.specs.calibration import calibration_status
 CLUSTER_COMPARE_FORMAT = "echo-plan-compare-cluster/1"
 
 
+def read_cluster_list(text: str) -> tuple[list[str], list[float | None]] | None:
+    """A YAML file listing clusters to compare (``clusters:`` entries with ``cluster`` and an optional
+    ``price_per_gpu_hour``), or None when ``text`` names no such file (a preset, a cluster file, a list)."""
+    from pathlib import Path
+
+    from echo_plan.files import read_text, parse_yaml
+
+    path = Path(text)
+    if path.suffix.lower() not in (".yaml", ".yml") or not path.is_file():
+        return None
+    doc = parse_yaml(read_text(path), str(path))
+    if not isinstance(doc, dict) or "clusters" not in doc:
+        return None  # a cluster file of one's own
+    entries = doc["clusters"]
+    if not isinstance(entries, list) or not entries:
+        raise SpecError("clusters", entries, "a list of entries such as {cluster: h800, price_per_gpu_hour: 2.1}",
+                        str(path))
+    names, prices = [], []
+    for e in entries:
+        if not isinstance(e, dict) or not isinstance(e.get("cluster"), str) or set(e) - {"cluster", "price_per_gpu_hour"}:
+            raise SpecError("clusters", e, "an entry with cluster (a preset or a file) and optionally "
+                                           "price_per_gpu_hour", str(path))
+        ref = e["cluster"]
+        if (path.parent / ref).is_file():  # a cluster file named relative to the list
+            ref = str(path.parent / ref)
+        names.append(ref)
+        price = e.get("price_per_gpu_hour")
+        if price is not None and (not isinstance(price, (int, float)) or isinstance(price, bool)
+                                  or not 0 < price <= MAX_PRICE):
+            raise SpecError("price_per_gpu_hour", price, f"a positive number at most {MAX_PRICE:,.0f}", str(path))
+        prices.append(None if price is None else float(price))
+    return names, prices
+
+
 def parse_names(text: str, option: str = "--cluster") -> list[str]:
     out = list(dict.fromkeys(p.strip() for p in str(text).split(",") if p.strip()))
     if not out:
@@ -95,7 +129,8 @@ def run_cluster_compare(clusters: list[Any], prices: list[float | None],
     for cluster, price in zip(clusters, prices):
         status = calibration_status(cluster)
         out.append((cluster.name, run(cluster), price, cluster.gpu.tdp_W,
-                    "calibrated" if status.startswith("calibrated") else status.split(":")[0]))
+                    "calibrated" if status.startswith("calibrated") else
+                    status if status.startswith("calibration inherited") else status.split(":")[0]))
     return ClusterComparison(tuple(out))
 
 
@@ -120,8 +155,11 @@ def format_cluster_compare(c: ClusterComparison) -> list[str]:
                      f"{f(r['tokens_per_s'], '10,.0f')}  {f(r['train_days'], '7.1f')}  "
                      f"{f(r['gpu_hours'], '10,.0f')}  {f(r['cost'], '11,.0f')}  {f(r['energy_MWh'], '7.1f')}")
     for name, _, _, _, status in c.outcomes:
-        if status != "calibrated":
+        if status.startswith("no calibration"):
             lines.append(f"{name}: {status}: its times are the kernel model's as published, less certain than a "
                          "calibrated cluster's (its range says how much)")
+        elif status != "calibrated":
+            lines.append(f"{name}: {status}: less certain than a cluster calibrated on its own runs (its range "
+                         "says how much)")
     lines.append(ENERGY_NOTE)
     return lines

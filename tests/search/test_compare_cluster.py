@@ -41,7 +41,8 @@ def test_every_cluster_and_size_gets_its_best_plan_cost_and_energy(compared):
         assert r["energy_MWh"] == pytest.approx(r["gpu_hours"] * watts[r["cluster"]] / 1e6)
         assert r["step_time_range_s"][0] <= r["step_time_s"] <= r["step_time_range_s"][1]
     assert {r["calibration"] for r in rows if r["cluster"] == "h800"} == {"calibrated"}
-    assert all(r["calibration"].startswith("no calibration") for r in rows if r["cluster"] == "gb200-nvl72")
+    # the Blackwell preset's figures are the H100's, a prior across generations, and the row says so
+    assert all("another GPU generation" in r["calibration"] for r in rows if r["cluster"] == "gb200-nvl72")
     assert "estimate" in compared["energy_note"]
 
 
@@ -51,3 +52,23 @@ def test_several_clusters_refuse_a_report_in_one_line(capsys, tmp_path):
     assert "--report" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
     assert main(["compare", "--cluster", "h800,b200", "--gpus", "16", "--price-per-gpu-hour", "1,2,3"]) == 2
     assert "one per cluster" in capsys.readouterr().err
+
+
+def test_a_yaml_list_names_the_clusters_and_their_prices(tmp_path, capsys):
+    from echo_plan.search.compare_cluster import read_cluster_list
+
+    listed = tmp_path / "clusters.yaml"
+    listed.write_text("clusters:\n  - {cluster: h800, price_per_gpu_hour: 2.1}\n  - {cluster: b200}\n")
+    assert read_cluster_list(str(listed)) == (["h800", "b200"], [2.1, None])
+    assert read_cluster_list("h800") is None
+    own = tmp_path / "mine.yaml"
+    own.write_text("name: mine\n")
+    assert read_cluster_list(str(own)) is None  # a cluster file of one's own, not a list
+    for bad in ("clusters: []\n", "clusters:\n  - {cluster: h800, price: 2}\n",
+                "clusters:\n  - {cluster: h800, price_per_gpu_hour: -1}\n"):
+        listed.write_text(bad)
+        with pytest.raises(EchoPlanError):
+            read_cluster_list(str(listed))
+    listed.write_text("clusters:\n  - {cluster: h800, price_per_gpu_hour: 2.1}\n  - {cluster: b200}\n")
+    assert main(["compare", "--cluster", str(listed), "--gpus", "16", "--price-per-gpu-hour", "3"]) == 2
+    assert "it gives the prices" in capsys.readouterr().err
