@@ -11,9 +11,11 @@ whose GPU no measured run calibrates says so in its row: its times are the kerne
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from echo_plan.errors import EchoPlanError, SpecError
+from echo_plan.files import parse_yaml, read_text
 from echo_plan.limits import MAX_PRICE_PER_GPU_HOUR as MAX_PRICE
 from echo_plan.search.results import CompareOutcome
 from echo_plan.search.serialize import compare_to_json
@@ -26,10 +28,6 @@ CLUSTER_COMPARE_FORMAT = "echo-plan-compare-cluster/1"
 def read_cluster_list(text: str) -> tuple[list[str], list[float | None]] | None:
     """A YAML file listing clusters to compare (``clusters:`` entries with ``cluster`` and an optional
     ``price_per_gpu_hour``), or None when ``text`` names no such file (a preset, a cluster file, a list)."""
-    from pathlib import Path
-
-    from echo_plan.files import read_text, parse_yaml
-
     path = Path(text)
     if path.suffix.lower() not in (".yaml", ".yml") or not path.is_file():
         return None
