@@ -19,7 +19,7 @@ from echo_plan.files import parse_yaml, read_text
 from echo_plan.limits import MAX_PRICE_PER_GPU_HOUR as MAX_PRICE
 from echo_plan.search.results import CompareOutcome
 from echo_plan.search.serialize import compare_to_json
-from echo_plan.search.table import plan_label
+from echo_plan.search.table import cell, plan_label
 from echo_plan.specs.calibration import calibration_status
 
 CLUSTER_COMPARE_FORMAT = "echo-plan-compare-cluster/1"
@@ -141,9 +141,7 @@ def format_cluster_compare(c: ClusterComparison) -> list[str]:
     width = max([len(r["plan"] or "no plan fits") for r in rows] + [9])
     name_w = max(len(r["cluster"]) for r in rows)
 
-    def f(v: Any, spec: str) -> str:
-        return "-" if v is None else format(v, spec)
-
+    f = cell
     head = (f"{'cluster':<{name_w}}  {'GPUs':>5}  {'best plan':<{width}}  {'step s':>8}  {'80% range':>13}  {'tokens/s':>10}  "
             f"{'days':>7}  {'GPU-hours':>10}  {'cost':>11}  {'MWh':>7}")
     lines = [head, "-" * len(head)]

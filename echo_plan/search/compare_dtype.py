@@ -15,7 +15,7 @@ from echo_plan.errors import SpecError
 from echo_plan.search.results import CompareOutcome
 from echo_plan.search.study import SearchConfig
 from echo_plan.search.space import TRAINING_DTYPES
-from echo_plan.search.table import plan_label
+from echo_plan.search.table import cell, plan_label
 from echo_plan.search.serialize import compare_to_json
 
 DTYPE_COMPARE_FORMAT = "echo-plan-compare-dtype/1"
@@ -78,9 +78,7 @@ def format_dtype_compare(c: DtypeComparison) -> list[str]:
     width = max([len(r["plan"] or "no plan fits") for r in rows] + [9])
     ref = c.outcomes[0][0]
 
-    def f(v: Any, spec: str) -> str:
-        return "-" if v is None else format(v, spec)
-
+    f = cell
     head = (f"{'GPUs':>5}  {'dtype':<5}  {'best plan':<{width}}  {'step s':>8}  {'tokens/s':>10}  "
             f"{'vs ' + ref:>8}  {'MFU':>6}  {'peak GiB':>8}")
     lines = [head, "-" * len(head)]

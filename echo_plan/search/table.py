@@ -16,6 +16,11 @@ RANK_COLUMNS = ["rank", "plan", "tp", "cp", "pp", "dp", "micro_batch_size", "vir
                 "step_time_low_s", "step_time_high_s", "memory_free_gib", "goodput_tokens_per_s", "ettr"]
 
 
+def cell(v: Any, spec: str) -> str:
+    """A table cell: ``v`` formatted, or "-" when there is none."""
+    return "-" if v is None else format(v, spec)
+
+
 def plan_label(plan: dict[str, Any]) -> str:
     try:
         return PlanSpec.build(plan).short()
@@ -122,9 +127,7 @@ def format_compare(c: CompareOutcome) -> list[str]:
     rows = compare_rows(c)
     width = max([len(r["plan"] or "no plan fits") for r in rows] + [4])
 
-    def f(v: Any, spec: str) -> str:
-        return "-" if v is None else format(v, spec)
-
+    f = cell
     head = (f"{'GPUs':>5}  {'best plan':<{width}}  {'step s':>8}  {'tokens/s':>10}  {'MFU':>6}  {'scaling':>7}  "
             f"{'days (80% range)':>20}  {'GPU-hours':>10}  {'goodput':>10}  {'ETTR':>6}  {'days w/ fail':>12}"
             + ("  cost (80% range)  cost w/ fail" if c.price_per_gpu_hour is not None else ""))
