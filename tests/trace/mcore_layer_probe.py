@@ -1,0 +1,97 @@
+"""Run one transformer layer of Megatron-Core itself on CPU, forward and backward, and print its GEMMs
+as JSON (issue 36's conformance check; run by tests/trace/test_megatron_core_conformance.py in a
+process of its own, so that Megatron-Core's global state never meets the rest of the suite).
+
+The layer is Megatron-Core's own ``TransformerLayer`` from its local (non-Transformer-Engine) GPT
+spec at tensor-parallel size 1. Three calls of Megatron-Core 0.16 assume CUDA and are replaced by CPU
+stand-ins, each doing what the original does on a GPU (listed in STAND_INS and printed):
+
+* ``GlobalMemoryBuffer.get_tensor`` allocates on ``torch.cuda.current_device()``: the current device
+  is answered as the CPU;
+* ``transformer.utils.get_default_causal_mask`` builds the causal mask with ``device="cuda"``: the
+  same mask on the CPU;
+* ``tensor_parallel.get_cuda_rng_tracker().fork()`` switches CUDA RNG states around dropout: a
+  tracker whose fork changes nothing (dropout is 0 here).
+
+Usage: python mcore_layer_probe.py '{"hidden": 1024, "heads": 16, "ffn": 4096, "seq": 512, "mbs": 2,
+"gated": true, "norm": "RMSNorm", "bias": false}'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import tempfile
+import warnings
+
+STAND_INS = ("torch.cuda.current_device -> cpu (GlobalMemoryBuffer.get_tensor)",
+             "fused_softmax.get_default_causal_mask -> the same mask on the CPU",
+             "tensor_parallel.get_cuda_rng_tracker -> a tracker whose fork() changes nothing")
+
+
+def main(cfg: dict) -> dict:
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=0, world_size=1)
+        from megatron.core import parallel_state
+        import megatron.core.fusions.fused_softmax as fused_softmax
+        import megatron.core.tensor_parallel as tensor_parallel
+        import megatron.core.tensor_parallel.random as tp_random
+        import megatron.core.transformer.dot_product_attention as dot_product_attention
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.spec_utils import build_module
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        class NoTracker:
+            def fork(self, name: str = "model-parallel-rng"):
+                return contextlib.nullcontext()
+
+        fused_softmax.get_default_causal_mask = lambda sq: torch.triu(torch.ones(sq, sq), diagonal=1).bool()
+        tensor_parallel.get_cuda_rng_tracker = tp_random.get_cuda_rng_tracker = lambda *a, **k: NoTracker()
+        dot_product_attention.tensor_parallel.get_cuda_rng_tracker = tensor_parallel.get_cuda_rng_tracker
+        parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+        gated = bool(cfg["gated"])
+        config = TransformerConfig(
+            num_layers=1, hidden_size=cfg["hidden"], num_attention_heads=cfg["heads"],
+            num_query_groups=cfg.get("kv_heads"), ffn_hidden_size=cfg["ffn"], bf16=True,
+            params_dtype=torch.bfloat16, use_cpu_initialization=True, add_bias_linear=bool(cfg["bias"]),
+            gated_linear_unit=gated, activation_func=F.silu if gated else F.gelu, normalization=cfg["norm"],
+            hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False, bias_dropout_fusion=False,
+            masked_softmax_fusion=False, apply_rope_fusion=False)
+        layer = build_module(get_gpt_layer_local_spec(normalization=cfg["norm"]), config=config, layer_number=1)
+
+        class Gemms(TorchDispatchMode):
+            def __init__(self) -> None:
+                super().__init__()
+                self.ops: list[tuple[str, int]] = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name, shapes = str(func), [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+                if name == "aten.mm.default":
+                    (m, k), (_, n) = shapes[0], shapes[1]
+                    self.ops.append((name, 2 * m * k * n))
+                elif name in ("aten.bmm.default", "aten.baddbmm.default"):
+                    (b, m, k), (_, _, n) = shapes[-2], shapes[-1]
+                    self.ops.append((name, 2 * b * m * k * n))
+                return func(*args, **(kwargs or {}))
+
+        x = torch.randn(cfg["seq"], cfg["mbs"], cfg["hidden"], dtype=torch.bfloat16, requires_grad=True)
+        rec = Gemms()
+        with rec:
+            out, _ = layer(x, attention_mask=None)
+            out.float().sum().backward()
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+    return {"params": sum(p.numel() for p in layer.parameters()), "gemm_ops": len(rec.ops),
+            "gemm_flops": sum(f for _, f in rec.ops), "stand_ins": list(STAND_INS)}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
