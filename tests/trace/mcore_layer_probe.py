@@ -3,8 +3,10 @@ as JSON (issue 36's conformance check; run by tests/trace/test_megatron_core_con
 process of its own, so that Megatron-Core's global state never meets the rest of the suite).
 
 The layer is Megatron-Core's own ``TransformerLayer`` from its local (non-Transformer-Engine) GPT
-spec at tensor-parallel size 1. Three calls of Megatron-Core 0.16 assume CUDA and are replaced by CPU
-stand-ins, each doing what the original does on a GPU (listed in STAND_INS and printed):
+spec, on tensor-parallel rank 0 of ``tp``: the process group is PyTorch's fake backend (collectives
+return at once; their calls and sizes are recorded). Three calls of Megatron-Core 0.16 assume CUDA and
+are replaced by CPU stand-ins, each doing what the original does on a GPU (listed in STAND_INS and
+printed):
 
 * ``GlobalMemoryBuffer.get_tensor`` allocates on ``torch.cuda.current_device()``: the current device
   is answered as the CPU;
@@ -22,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import tempfile
 import warnings
 
 STAND_INS = ("torch.cuda.current_device -> cpu (GlobalMemoryBuffer.get_tensor)",
@@ -37,60 +38,72 @@ def main(cfg: dict) -> dict:
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
     torch.cuda.current_device = lambda: torch.device("cpu")
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=0, world_size=1)
-        from megatron.core import parallel_state
-        import megatron.core.fusions.fused_softmax as fused_softmax
-        import megatron.core.tensor_parallel as tensor_parallel
-        import megatron.core.tensor_parallel.random as tp_random
-        import megatron.core.transformer.dot_product_attention as dot_product_attention
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.transformer.spec_utils import build_module
-        from megatron.core.transformer.transformer_config import TransformerConfig
+    tp = int(cfg.get("tp", 1))
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)  # rank 0; the fake backend answers for the others
+    from megatron.core import parallel_state
+    import megatron.core.fusions.fused_softmax as fused_softmax
+    import megatron.core.tensor_parallel as tensor_parallel
+    import megatron.core.tensor_parallel.random as tp_random
+    import megatron.core.transformer.dot_product_attention as dot_product_attention
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
-        class NoTracker:
-            def fork(self, name: str = "model-parallel-rng"):
-                return contextlib.nullcontext()
+    class NoTracker:
+        def fork(self, name: str = "model-parallel-rng"):
+            return contextlib.nullcontext()
 
-        fused_softmax.get_default_causal_mask = lambda sq: torch.triu(torch.ones(sq, sq), diagonal=1).bool()
-        tensor_parallel.get_cuda_rng_tracker = tp_random.get_cuda_rng_tracker = lambda *a, **k: NoTracker()
-        dot_product_attention.tensor_parallel.get_cuda_rng_tracker = tensor_parallel.get_cuda_rng_tracker
-        parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
-        gated = bool(cfg["gated"])
-        config = TransformerConfig(
-            num_layers=1, hidden_size=cfg["hidden"], num_attention_heads=cfg["heads"],
-            num_query_groups=cfg.get("kv_heads"), ffn_hidden_size=cfg["ffn"], bf16=True,
-            params_dtype=torch.bfloat16, use_cpu_initialization=True, add_bias_linear=bool(cfg["bias"]),
-            gated_linear_unit=gated, activation_func=F.silu if gated else F.gelu, normalization=cfg["norm"],
-            hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False, bias_dropout_fusion=False,
-            masked_softmax_fusion=False, apply_rope_fusion=False)
-        layer = build_module(get_gpt_layer_local_spec(normalization=cfg["norm"]), config=config, layer_number=1)
+    fused_softmax.get_default_causal_mask = lambda sq: torch.triu(torch.ones(sq, sq), diagonal=1).bool()
+    tensor_parallel.get_cuda_rng_tracker = tp_random.get_cuda_rng_tracker = lambda *a, **k: NoTracker()
+    dot_product_attention.tensor_parallel.get_cuda_rng_tracker = tensor_parallel.get_cuda_rng_tracker
+    parallel_state.initialize_model_parallel(tp, 1, create_gloo_process_groups=False)
+    gated = bool(cfg["gated"])
+    config = TransformerConfig(
+        num_layers=1, hidden_size=cfg["hidden"], num_attention_heads=cfg["heads"],
+        num_query_groups=cfg.get("kv_heads"), ffn_hidden_size=cfg["ffn"], bf16=True,
+        params_dtype=torch.bfloat16, use_cpu_initialization=True, add_bias_linear=bool(cfg["bias"]),
+        gated_linear_unit=gated, activation_func=F.silu if gated else F.gelu, normalization=cfg["norm"],
+        hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False, bias_dropout_fusion=False,
+        masked_softmax_fusion=False, apply_rope_fusion=False, tensor_model_parallel_size=tp,
+        gradient_accumulation_fusion=False)
+    layer = build_module(get_gpt_layer_local_spec(normalization=cfg["norm"]), config=config, layer_number=1)
 
-        class Gemms(TorchDispatchMode):
-            def __init__(self) -> None:
-                super().__init__()
-                self.ops: list[tuple[str, int]] = []
+    class Gemms(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[tuple[str, int]] = []
+            self.collectives: list[tuple[str, int]] = []
 
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                name, shapes = str(func), [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
-                if name == "aten.mm.default":
-                    (m, k), (_, n) = shapes[0], shapes[1]
-                    self.ops.append((name, 2 * m * k * n))
-                elif name in ("aten.bmm.default", "aten.baddbmm.default"):
-                    (b, m, k), (_, _, n) = shapes[-2], shapes[-1]
-                    self.ops.append((name, 2 * b * m * k * n))
-                return func(*args, **(kwargs or {}))
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name, shapes = str(func), [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+            if name.startswith("c10d."):  # the buffer in nccl-tests' size convention (see CollectiveInfo)
+                flat = [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a])
+                        if isinstance(t, torch.Tensor)]
+                kind = name.split(".")[1].strip("_").replace("_base", "").replace("allreduce", "all_reduce")
+                kind = kind.replace("allgather", "all_gather")
+                size = max(t.numel() * t.element_size() for t in flat)
+                self.collectives.append((kind, size))
+            if name == "aten.mm.default":
+                (m, k), (_, n) = shapes[0], shapes[1]
+                self.ops.append((name, 2 * m * k * n))
+            elif name in ("aten.bmm.default", "aten.baddbmm.default"):
+                (b, m, k), (_, _, n) = shapes[-2], shapes[-1]
+                self.ops.append((name, 2 * b * m * k * n))
+            return func(*args, **(kwargs or {}))
 
-        x = torch.randn(cfg["seq"], cfg["mbs"], cfg["hidden"], dtype=torch.bfloat16, requires_grad=True)
-        rec = Gemms()
-        with rec:
-            out, _ = layer(x, attention_mask=None)
-            out.float().sum().backward()
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
+    x = torch.randn(cfg["seq"], cfg["mbs"], cfg["hidden"], dtype=torch.bfloat16, requires_grad=True)
+    rec = Gemms()
+    with rec:
+        out, _ = layer(x, attention_mask=None)
+        out.float().sum().backward()
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
     return {"params": sum(p.numel() for p in layer.parameters()), "gemm_ops": len(rec.ops),
-            "gemm_flops": sum(f for _, f in rec.ops), "stand_ins": list(STAND_INS)}
+            "gemm_flops": sum(f for _, f in rec.ops), "collectives": sorted(rec.collectives),
+            "stand_ins": list(STAND_INS)}
 
 
 if __name__ == "__main__":
