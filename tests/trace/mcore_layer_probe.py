@@ -13,7 +13,10 @@ printed):
 * ``transformer.utils.get_default_causal_mask`` builds the causal mask with ``device="cuda"``: the
   same mask on the CPU;
 * ``tensor_parallel.get_cuda_rng_tracker().fork()`` switches CUDA RNG states around dropout: a
-  tracker whose fork changes nothing (dropout is 0 here).
+  tracker whose fork changes nothing (dropout is 0 here);
+* MoE: ``moe_utils`` tests ``te_general_gemm``, a name it defines only when Transformer Engine
+  imports (a NameError without it): set to None, the router's plain GEMM path. The all-to-all
+  dispatcher's constructor makes a ``torch.cuda.Stream``: not run here (the all-gather one is).
 
 Usage: python mcore_layer_probe.py '{"hidden": 1024, "heads": 16, "ffn": 4096, "seq": 512, "mbs": 2,
 "gated": true, "norm": "RMSNorm", "bias": false}'
@@ -28,7 +31,8 @@ import warnings
 
 STAND_INS = ("torch.cuda.current_device -> cpu (GlobalMemoryBuffer.get_tensor)",
              "fused_softmax.get_default_causal_mask -> the same mask on the CPU",
-             "tensor_parallel.get_cuda_rng_tracker -> a tracker whose fork() changes nothing")
+             "tensor_parallel.get_cuda_rng_tracker -> a tracker whose fork() changes nothing",
+             "moe_utils.te_general_gemm -> None (0.16's router names it only when Transformer Engine imports)")
 
 
 def main(cfg: dict) -> dict:
@@ -59,8 +63,15 @@ def main(cfg: dict) -> dict:
     fused_softmax.get_default_causal_mask = lambda sq: torch.triu(torch.ones(sq, sq), diagonal=1).bool()
     tensor_parallel.get_cuda_rng_tracker = tp_random.get_cuda_rng_tracker = lambda *a, **k: NoTracker()
     dot_product_attention.tensor_parallel.get_cuda_rng_tracker = tensor_parallel.get_cuda_rng_tracker
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    moe_utils.te_general_gemm = None
     parallel_state.initialize_model_parallel(tp, 1, create_gloo_process_groups=False)
     gated = bool(cfg["gated"])
+    experts = int(cfg.get("experts", 0))
+    moe = dict(num_moe_experts=experts, moe_router_topk=int(cfg["topk"]), moe_ffn_hidden_size=cfg["ffn"],
+               moe_token_dispatcher_type="allgather", moe_router_load_balancing_type="none",
+               moe_aux_loss_coeff=0.0) if experts else {}
     config = TransformerConfig(
         num_layers=1, hidden_size=cfg["hidden"], num_attention_heads=cfg["heads"],
         num_query_groups=cfg.get("kv_heads"), ffn_hidden_size=cfg["ffn"], bf16=True,
@@ -68,8 +79,9 @@ def main(cfg: dict) -> dict:
         gated_linear_unit=gated, activation_func=F.silu if gated else F.gelu, normalization=cfg["norm"],
         hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False, bias_dropout_fusion=False,
         masked_softmax_fusion=False, apply_rope_fusion=False, tensor_model_parallel_size=tp,
-        gradient_accumulation_fusion=False)
-    layer = build_module(get_gpt_layer_local_spec(normalization=cfg["norm"]), config=config, layer_number=1)
+        gradient_accumulation_fusion=False, **moe)
+    spec = get_gpt_layer_local_spec(num_experts=experts or None, moe_grouped_gemm=False, normalization=cfg["norm"])
+    layer = build_module(spec, config=config, layer_number=1)
 
     class Gemms(TorchDispatchMode):
         def __init__(self) -> None:

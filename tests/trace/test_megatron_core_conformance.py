@@ -1,5 +1,6 @@
 """The traced layer beside Megatron-Core's own (issue 36, a first slice): a dense GPT/Llama layer on
-tensor-parallel rank 0 of TP 1, 2 and 4 (no sequence parallelism: Megatron-Core's local spec uses torch's
+tensor-parallel rank 0 of TP 1, 2 and 4, and a Mixtral-style MoE layer (8 experts, top 2, all-gather
+dispatcher, EP 1, TP 1) (no sequence parallelism: Megatron-Core's local spec uses torch's
 norm, which refuses it), built from Megatron-Core's local spec and run on CPU under PyTorch's fake
 process group (``mcore_layer_probe.py``: three CUDA-only calls replaced, listed there), against
 ``trace_stage`` of the same shape with the same kernels (unfused attention, no dropout, no recompute).
@@ -18,6 +19,7 @@ import pytest
 from echo_plan.cost.memory import layer_params_per_rank
 from echo_plan.specs import ModelSpec, load_stack
 from echo_plan.specs.cluster import DType
+from echo_plan.specs.moe import ExpertLayout, LayerKind
 from echo_plan.specs.plan import Recompute
 from echo_plan.trace.records import OpKind, StageKind
 from echo_plan.trace.tracer import trace_stage
@@ -30,6 +32,9 @@ SHAPES = {
                        bias=False),
     "gpt-like": dict(hidden=768, heads=12, kv_heads=None, ffn=3072, seq=256, mbs=4, gated=False, norm="LayerNorm",
                      bias=True),
+    # Mixtral-style: 8 experts, top 2, SwiGLU experts one GEMM each (SequentialMLP), all-gather dispatcher
+    "moe": dict(hidden=512, heads=8, kv_heads=8, ffn=1024, seq=256, mbs=2, gated=True, norm="RMSNorm", bias=False,
+                experts=8, topk=2),
 }
 
 
@@ -38,25 +43,35 @@ def _ours(s: dict, tp: int):
                       num_kv_heads=s["kv_heads"], ffn_hidden_size=s["ffn"], vocab_size=1024, seq_length=s["seq"],
                       activation="swiglu" if s["gated"] else "gelu",
                       norm="rmsnorm" if s["norm"] == "RMSNorm" else "layernorm",
-                      position_embedding="rotary" if s["gated"] else "learned", bias=s["bias"])
-    stack = load_stack("megatron-core").replace(attention="unfused", hidden_dropout=0.0, attention_dropout=0.0)
+                      position_embedding="rotary" if s["gated"] else "learned", bias=s["bias"],
+                      moe={"num_experts": s["experts"], "top_k": s["topk"], "expert_ffn_hidden_size": s["ffn"]}
+                      if s.get("experts") else None)
+    stack = load_stack("megatron-core").replace(attention="unfused", hidden_dropout=0.0, attention_dropout=0.0,
+                                                moe_dispatcher="allgather", moe_grouped_gemm=False,
+                                                moe_permute_fusion=False)
     stack = stack.replace(tp_comm_overlap=False)
+    moe = model.moe is not None
     trace = trace_stage(model, StageKind.BLOCK, tp=tp, sequence_parallel=False, micro_batch_size=s["mbs"],
-                        dtype=DType.BF16, recompute=Recompute.NONE, stack=stack)
+                        dtype=DType.BF16, recompute=Recompute.NONE, stack=stack, kind=LayerKind(moe=moe),
+                        layout=ExpertLayout(1, tp, 1.0) if moe else None)
     collectives = sorted((op.collective.kind.value, op.collective.nbytes) for op in trace.ops if op.collective)
-    return model, [op for op in trace.ops if op.kind is OpKind.GEMM], collectives
+    return model, [op for op in trace.ops if op.kind is OpKind.GEMM], collectives, trace.param_count
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4])
-@pytest.mark.parametrize("name", sorted(SHAPES))
+CASES = [(name, tp) for name in sorted(SHAPES) for tp in ((1,) if SHAPES[name].get("experts") else (1, 2, 4))]
+
+
+@pytest.mark.parametrize("name, tp", CASES)
 def test_gemms_parameters_and_collectives_equal_megatron_cores_own_layer(name, tp):
     s = SHAPES[name]
     proc = subprocess.run([sys.executable, str(PROBE), json.dumps({**s, "tp": tp})], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
-    model, gemms, collectives = _ours(s, tp)
+    model, gemms, collectives, params = _ours(s, tp)
     assert len(gemms) == theirs["gemm_ops"]
     assert sum(op.flops for op in gemms) == theirs["gemm_flops"]  # exact: the same matrix shapes
-    assert layer_params_per_rank(model, tp) == theirs["params"]
+    assert params == theirs["params"]
+    if model.moe is None:  # the memory model's count agrees with the traced layer's
+        assert layer_params_per_rank(model, tp) == params
     assert collectives == [tuple(c) for c in theirs["collectives"]]  # TP all-reduces: kind and bytes
