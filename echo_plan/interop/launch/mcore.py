@@ -227,12 +227,7 @@ def to_mcore(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchF
     return {"model": m, "train": train, "ddp": ddp, "optimizer": opt}
 
 
-def _get(sec: Mapping[str, Any], key: str, default: Any = None) -> Any:
-    value = sec.get(key, default)
-    return default if value is None else value
-
-
-def _int(sec: Mapping[str, Any], key: str, source: str, default: int | None = None) -> int:
+def as_int(sec: Mapping[str, Any], key: str, source: str, default: int | None = None) -> int:
     value = sec.get(key)
     if value is None:
         if default is None:
@@ -244,7 +239,7 @@ def _int(sec: Mapping[str, Any], key: str, source: str, default: int | None = No
         raise CannotImport(source, key, value, "expected an integer") from None
 
 
-def _bool(value: Any) -> bool:
+def as_bool(value: Any) -> bool:
     return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes")
 
 
@@ -252,15 +247,15 @@ def model_from_mcore(m: Mapping[str, Any], source: str, base: ModelSpec | None =
     """The ModelSpec the ``model`` section describes (shape fields over ``base`` when given)."""
     fields: dict[str, Any] = dict(base.model_dump()) if base is not None else {}
     if base is None or "num_layers" in m:
-        fields.update(num_layers=_int(m, "num_layers", source), hidden_size=_int(m, "hidden_size", source),
-                      num_attention_heads=_int(m, "num_attention_heads", source),
-                      vocab_size=_int(m, "vocab_size", source, fields.get("vocab_size")))
+        fields.update(num_layers=as_int(m, "num_layers", source), hidden_size=as_int(m, "hidden_size", source),
+                      num_attention_heads=as_int(m, "num_attention_heads", source),
+                      vocab_size=as_int(m, "vocab_size", source, fields.get("vocab_size")))
         heads = fields["num_attention_heads"]
-        fields["num_kv_heads"] = _int(m, "num_query_groups", source, heads)
-        fields["ffn_hidden_size"] = _int(m, "ffn_hidden_size", source, 4 * fields["hidden_size"])
+        fields["num_kv_heads"] = as_int(m, "num_query_groups", source, heads)
+        fields["ffn_hidden_size"] = as_int(m, "ffn_hidden_size", source, 4 * fields["hidden_size"])
         if m.get("kv_channels") is not None:
-            fields["attention_head_dim"] = _int(m, "kv_channels", source)
-    fields["seq_length"] = _int(m, "seq_length", source, fields.get("seq_length"))
+            fields["attention_head_dim"] = as_int(m, "kv_channels", source)
+    fields["seq_length"] = as_int(m, "seq_length", source, fields.get("seq_length"))
     act = m.get("activation")
     if act is not None:
         names = {v: k for k, v in ACTIVATIONS.items()}
@@ -272,7 +267,7 @@ def model_from_mcore(m: Mapping[str, Any], source: str, base: ModelSpec | None =
         if norm not in ("RMSNorm", "LayerNorm"):
             raise CannotImport(source, "normalization", norm, "RMSNorm or LayerNorm")
         fields["norm"] = Norm.RMSNORM if norm == "RMSNorm" else (
-            Norm.LAYERNORM1P if _bool(m.get("layernorm_zero_centered_gamma", False)) else Norm.LAYERNORM)
+            Norm.LAYERNORM1P if as_bool(m.get("layernorm_zero_centered_gamma", False)) else Norm.LAYERNORM)
     if "position_embedding_type" in m:
         names = {v: k for k, v in POSITIONS.items()}
         pos = str(m["position_embedding_type"])
@@ -282,21 +277,21 @@ def model_from_mcore(m: Mapping[str, Any], source: str, base: ModelSpec | None =
     for key, field in (("share_embeddings_and_output_weights", "tied_embeddings"), ("add_bias_linear", "bias"),
                        ("qk_layernorm", "qk_norm")):
         if key in m:
-            fields[field] = _bool(m[key])
+            fields[field] = as_bool(m[key])
     if m.get("rotary_percent") is not None:
         fields["rotary_percent"] = float(m["rotary_percent"])
     if m.get("mtp_num_layers") is not None:
-        fields["mtp_layers"] = _int(m, "mtp_num_layers", source)
-    if _bool(m.get("multi_latent_attention", False)):
-        fields["mla"] = {"q_lora_rank": m.get("q_lora_rank"), "kv_lora_rank": _int(m, "kv_lora_rank", source),
-                         "qk_nope_head_dim": _int(m, "qk_head_dim", source),
-                         "qk_rope_head_dim": _int(m, "qk_pos_emb_head_dim", source),
-                         "v_head_dim": _int(m, "v_head_dim", source)}
+        fields["mtp_layers"] = as_int(m, "mtp_num_layers", source)
+    if as_bool(m.get("multi_latent_attention", False)):
+        fields["mla"] = {"q_lora_rank": m.get("q_lora_rank"), "kv_lora_rank": as_int(m, "kv_lora_rank", source),
+                         "qk_nope_head_dim": as_int(m, "qk_head_dim", source),
+                         "qk_rope_head_dim": as_int(m, "qk_pos_emb_head_dim", source),
+                         "v_head_dim": as_int(m, "v_head_dim", source)}
     experts = m.get("num_moe_experts")
     if experts:
         moe: dict[str, Any] = dict(fields.get("moe") or {})
-        moe.update(num_experts=int(experts), top_k=_int(m, "moe_router_topk", source, 2),
-                   expert_ffn_hidden_size=_int(m, "moe_ffn_hidden_size", source, fields["ffn_hidden_size"]))
+        moe.update(num_experts=int(experts), top_k=as_int(m, "moe_router_topk", source, 2),
+                   expert_ffn_hidden_size=as_int(m, "moe_ffn_hidden_size", source, fields["ffn_hidden_size"]))
         if "moe_layer_freq" in m:
             moe["first_dense_layers"] = parse_layer_freq(m["moe_layer_freq"], fields["num_layers"], source)
         shared = m.get("moe_shared_expert_intermediate_size")

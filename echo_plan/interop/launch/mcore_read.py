@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from echo_plan.errors import EchoPlanError
 from echo_plan.interop.launch.job import CannotImport, LaunchJob, canonical_plan
-from echo_plan.interop.launch.mcore import FP8_RECIPES, RECOMPUTE_NAMES, _bool, _int, model_from_mcore, parse_layout
+from echo_plan.interop.launch.mcore import FP8_RECIPES, RECOMPUTE_NAMES, as_bool, as_int, model_from_mcore, parse_layout
 from echo_plan.specs import ModelSpec, PlanSpec, SoftwareSpec
 from echo_plan.specs.plan import validate_experts
 from echo_plan.specs.software import AttentionKernel, AttentionLibrary
@@ -40,12 +40,12 @@ def _stack(sec: Mapping[str, Mapping[str, Any]], base: SoftwareSpec, source: str
                        ("moe_grouped_gemm", "moe_grouped_gemm"), ("moe_permute_fusion", "moe_permute_fusion"),
                        ("overlap_moe_expert_parallel_comm", "moe_a2a_overlap")):
         if m.get(key) is not None:
-            changes[field] = _bool(m[key])
-    if _bool(m.get("tp_comm_overlap", False)):
+            changes[field] = as_bool(m[key])
+    if as_bool(m.get("tp_comm_overlap", False)):
         changes["tp_comm_overlap"] = True
     dispatcher = m.get("moe_token_dispatcher_type")
     if dispatcher is not None:
-        deepep = _bool(m.get("moe_enable_deepep", False)) or m.get("moe_flex_dispatcher_backend") == "deepep"
+        deepep = as_bool(m.get("moe_enable_deepep", False)) or m.get("moe_flex_dispatcher_backend") == "deepep"
         if dispatcher == "flex" and deepep:
             changes["moe_dispatcher"] = "deepep"
         elif dispatcher in ("alltoall", "allgather"):
@@ -67,18 +67,18 @@ def _stack(sec: Mapping[str, Mapping[str, Any]], base: SoftwareSpec, source: str
             raise CannotImport(source, "fp8_recipe", recipe, "delayed, tensorwise or blockwise (MXFP8 is not "
                                                              "modelled yet)")
         changes["fp8_recipe"] = by_recipe[recipe]
-        changes["fp8_param_gather"] = _bool(m.get("fp8_param", False))
+        changes["fp8_param_gather"] = as_bool(m.get("fp8_param", False))
     if m.get("cp_comm_type") is not None:
         if m["cp_comm_type"] not in ("p2p", "all_gather"):
             raise CannotImport(source, "cp_comm_type", m["cp_comm_type"], "p2p or all_gather (a2a and a2a+p2p are "
                                                                           "not modelled)")
         changes["cp_comm"] = m["cp_comm_type"]
     if "grad_reduce_in_fp32" in ddp:
-        changes["grad_reduce_dtype"] = "fp32" if _bool(ddp["grad_reduce_in_fp32"]) else (
-            "fp16" if _bool(m.get("fp16", False)) else "bf16")
-    if _bool(ddp.get("use_distributed_optimizer", False)) and base.optimizer_sharding.value == "none":
+        changes["grad_reduce_dtype"] = "fp32" if as_bool(ddp["grad_reduce_in_fp32"]) else (
+            "fp16" if as_bool(m.get("fp16", False)) else "bf16")
+    if as_bool(ddp.get("use_distributed_optimizer", False)) and base.optimizer_sharding.value == "none":
         changes["optimizer_sharding"] = "states"
-    if _bool(opt.get("use_precision_aware_optimizer", False)):
+    if as_bool(opt.get("use_precision_aware_optimizer", False)):
         dtypes = {str(opt.get("exp_avg_dtype", "fp32")), str(opt.get("exp_avg_sq_dtype", "fp32"))}
         if dtypes != {"bf16"} and dtypes != {"torch.bfloat16"}:
             raise CannotImport(source, "exp_avg_dtype", sorted(dtypes), "bf16 moments (8 bytes per parameter) or "
@@ -89,16 +89,16 @@ def _stack(sec: Mapping[str, Mapping[str, Any]], base: SoftwareSpec, source: str
 
 def _plan(sec: Mapping[str, Mapping[str, Any]], model: ModelSpec, gpus: int, source: str) -> PlanSpec:
     m, train, ddp = sec["model"], sec.get("train", {}), sec.get("ddp", {})
-    tp = _int(m, "tensor_model_parallel_size", source, 1)
-    pp = _int(m, "pipeline_model_parallel_size", source, 1)
-    cp = _int(m, "context_parallel_size", source, 1)
+    tp = as_int(m, "tensor_model_parallel_size", source, 1)
+    pp = as_int(m, "pipeline_model_parallel_size", source, 1)
+    cp = as_int(m, "context_parallel_size", source, 1)
     if gpus % (tp * pp * cp):
         raise CannotImport(source, "GPUs", gpus, f"not a multiple of tp x pp x cp = {tp} x {pp} x {cp}")
     fields: dict[str, Any] = dict(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp),
-                                  micro_batch_size=_int(train, "micro_batch_size", source, 1),
-                                  sequence_parallel=_bool(m.get("sequence_parallel", False)))
-    fields["global_batch_size"] = _int(train, "global_batch_size", source, fields["micro_batch_size"] * fields["dp"])
-    vpp = _int(m, "virtual_pipeline_model_parallel_size", source, 1)
+                                  micro_batch_size=as_int(train, "micro_batch_size", source, 1),
+                                  sequence_parallel=as_bool(m.get("sequence_parallel", False)))
+    fields["global_batch_size"] = as_int(train, "global_batch_size", source, fields["micro_batch_size"] * fields["dp"])
+    vpp = as_int(m, "virtual_pipeline_model_parallel_size", source, 1)
     layout = m.get("pipeline_model_parallel_layout")
     if layout:
         split, mtp = parse_layout(str(layout), source)
@@ -131,7 +131,7 @@ def _plan(sec: Mapping[str, Mapping[str, Any]], model: ModelSpec, gpus: int, sou
         fields["schedule"] = "interleaved"
     granularity = m.get("recompute_granularity")
     if granularity == "full":
-        if m.get("recompute_method", "uniform") != "uniform" or _int(m, "recompute_num_layers", source, 1) != 1:
+        if m.get("recompute_method", "uniform") != "uniform" or as_int(m, "recompute_num_layers", source, 1) != 1:
             raise CannotImport(source, "recompute_num_layers", m.get("recompute_num_layers"),
                                "full recompute is modelled per layer (recompute_method uniform, 1 layer)")
         fields["recompute"] = "full"
@@ -139,14 +139,14 @@ def _plan(sec: Mapping[str, Mapping[str, Any]], model: ModelSpec, gpus: int, sou
         fields["recompute"] = "selective"
     elif granularity not in (None, "none"):
         raise CannotImport(source, "recompute_granularity", granularity, "full or selective")
-    fields["dtype"] = "fp8" if m.get("fp8") else ("fp16" if _bool(m.get("fp16", False)) else "bf16")
-    dist = _bool(ddp.get("use_distributed_optimizer", sec.get("optimizer", {}).get("use_distributed_optimizer", False)))
-    fields.update(distributed_optimizer=dist, overlap_grad_reduce=_bool(ddp.get("overlap_grad_reduce", False)),
-                  overlap_param_gather=dist and _bool(ddp.get("overlap_param_gather", False)))
+    fields["dtype"] = "fp8" if m.get("fp8") else ("fp16" if as_bool(m.get("fp16", False)) else "bf16")
+    dist = as_bool(ddp.get("use_distributed_optimizer", sec.get("optimizer", {}).get("use_distributed_optimizer", False)))
+    fields.update(distributed_optimizer=dist, overlap_grad_reduce=as_bool(ddp.get("overlap_grad_reduce", False)),
+                  overlap_param_gather=dist and as_bool(ddp.get("overlap_param_gather", False)))
     if model.moe is not None:
-        fields["ep"] = _int(m, "expert_model_parallel_size", source, 1)
-        fields["etp"] = _int(m, "expert_tensor_parallel_size", source, tp)
-    elif _int(m, "expert_model_parallel_size", source, 1) > 1:
+        fields["ep"] = as_int(m, "expert_model_parallel_size", source, 1)
+        fields["etp"] = as_int(m, "expert_tensor_parallel_size", source, tp)
+    elif as_int(m, "expert_model_parallel_size", source, 1) > 1:
         raise CannotImport(source, "expert_model_parallel_size", m["expert_model_parallel_size"],
                            "a dense model (no num_moe_experts) has no experts to spread")
     return PlanSpec.build(fields, context=source)

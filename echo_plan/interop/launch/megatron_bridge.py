@@ -17,7 +17,7 @@ from echo_plan.files import parse_yaml
 from echo_plan.interop.launch.job import CannotExpress, CannotImport, LaunchExport, LaunchFormat, LaunchJob
 from echo_plan.interop.launch.mcore import to_mcore
 from echo_plan.interop.launch.mcore_read import job_from_mcore
-from echo_plan.interop.launch.megatron_lm import command_tokens, environment, _launcher_gpus
+from echo_plan.interop.launch.megatron_lm import command_tokens, environment, launcher_gpus
 from echo_plan.interop.launch.nemo import import_nemo, is_nemo
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load_model
 
@@ -98,7 +98,7 @@ def import_megatron_bridge(text: str, source: str, base_stack: SoftwareSpec, gpu
     launch = re.search(r"^#\s*launch:\s*(.+)$", text, re.M)
     nodes = per_node = None
     if launch:
-        nodes, per_node, _ = _launcher_gpus(command_tokens(launch.group(1), source)[0], source)
+        nodes, per_node, _ = launcher_gpus(command_tokens(launch.group(1), source)[0], source)
     world = gpus if gpus is not None else (nodes * per_node if nodes and per_node else None)
     if world is None:
         raise CannotImport(source, "GPUs", None, "the file has no '# launch: torchrun --nnodes N --nproc-per-node G' "

@@ -191,7 +191,7 @@ def command_tokens(text: str, source: str) -> tuple[list[str], dict[str, str]]:
     return tokens, env
 
 
-def _launcher_gpus(tokens: list[str], source: str) -> tuple[int | None, int | None, list[str]]:
+def launcher_gpus(tokens: list[str], source: str) -> tuple[int | None, int | None, list[str]]:
     """(nodes, GPUs per node, the training script's arguments) from a torchrun/python command."""
     script = next((i for i, t in enumerate(tokens) if t.endswith(".py")), None)
     head, args = (tokens[:script], tokens[script + 1:]) if script is not None else ([], tokens)
@@ -260,7 +260,7 @@ def _flag_value(spec: Flag, values: list[str], source: str) -> Any:
 def import_megatron_lm(text: str, source: str, base_stack: SoftwareSpec, gpus: int | None = None) -> LaunchJob:
     """The job a ``pretrain_gpt.py`` command line (or script) describes; ``gpus`` when the launcher does not say."""
     tokens, env = command_tokens(text, source)
-    nodes, per_node, args = _launcher_gpus(tokens, source)
+    nodes, per_node, args = launcher_gpus(tokens, source)
     world = gpus if gpus is not None else (nodes * per_node if nodes and per_node else None)
     if world is None:
         raise CannotImport(source, "GPUs", None, "the command has no torchrun --nnodes and --nproc-per-node; give "
