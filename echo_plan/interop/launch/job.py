@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from echo_plan.errors import EchoPlanError
 from echo_plan.specs import ModelSpec, PlanSpec, SoftwareSpec, load_model, model_names
@@ -98,11 +98,16 @@ def canonical_plan(plan: PlanSpec, model: ModelSpec) -> PlanSpec:
                         overlap_param_gather=plan.overlap_param_gather and plan.distributed_optimizer)
 
 
+def preset_of_shape(model: ModelSpec, among: Iterable[str] | None = None, ignore: tuple[str, ...] = ()) -> str | None:
+    """The first model preset (of ``among``, default all) with ``model``'s shape: every field but the name,
+    the source, the sequence length and ``ignore``; None when none has it."""
+    skip = {"name", "source", "seq_length", *ignore}
+    shape = model.model_dump(exclude=skip)
+    return next((p for p in (model_names() if among is None else among)
+                 if load_model(p).model_dump(exclude=skip) == shape), None)
+
+
 def named_like_preset(model: ModelSpec, name: str) -> ModelSpec:
     """``model`` named after the model preset of the same shape (at its own sequence length), else ``name``."""
-    shape = model.model_dump(exclude={"name", "source", "seq_length"})
-    for preset in model_names():
-        spec = load_model(preset)
-        if spec.model_dump(exclude={"name", "source", "seq_length"}) == shape:
-            return spec.replace(seq_length=model.seq_length)
-    return model.replace(name=name)
+    preset = preset_of_shape(model)
+    return load_model(preset).replace(seq_length=model.seq_length) if preset else model.replace(name=name)

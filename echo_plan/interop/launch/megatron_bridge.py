@@ -14,7 +14,9 @@ import re
 from typing import Any
 
 from echo_plan.files import parse_yaml
-from echo_plan.interop.launch.job import CannotExpress, CannotImport, LaunchExport, LaunchFormat, LaunchJob
+from echo_plan.interop.launch.job import (
+    CannotExpress, CannotImport, LaunchExport, LaunchFormat, LaunchJob, preset_of_shape,
+)
 from echo_plan.interop.launch.mcore import to_mcore
 from echo_plan.interop.launch.mcore_read import job_from_mcore
 from echo_plan.interop.launch.megatron_lm import command_tokens, environment, launcher_gpus
@@ -34,7 +36,7 @@ NOT_IN_YAML = ("activation", "max_position_embeddings")
 
 def export_megatron_bridge(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec,
                            cluster: ClusterSpec) -> LaunchExport:
-    base = next((p for p, r in RECIPES.items() if _same_shape(model, p)), None)
+    base = preset_of_shape(model, among=RECIPES)
     if base is None:
         raise CannotExpress(FMT, "model", model.name, "no Megatron-Bridge recipe has this shape (its activation "
                                                       "is a Python callable no YAML override can set); recipes: "
@@ -57,12 +59,6 @@ def export_megatron_bridge(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec
             f"run_recipe.py --recipe {recipe} --config-file THIS_FILE.yaml",
             "# environment: " + " ".join(f"{k}={v}" for k, v in env.items())]
     return LaunchExport(FMT, "\n".join(head) + "\n" + _yaml(doc), env)
-
-
-def _same_shape(model: ModelSpec, preset: str) -> bool:
-    ref = load_model(preset)
-    skip = {"name", "source", "seq_length"}
-    return model.model_dump(exclude=skip) == ref.model_dump(exclude=skip)
 
 
 def _yaml(doc: dict[str, Any]) -> str:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from echo_plan.interop.launch.job import CannotImport, LaunchJob
+from echo_plan.interop.launch.job import CannotImport, LaunchJob, preset_of_shape
 from echo_plan.interop.launch.mcore import model_from_mcore
 from echo_plan.interop.launch.mcore_read import job_from_mcore
-from echo_plan.specs import SoftwareSpec, load_model, model_names
+from echo_plan.specs import SoftwareSpec, load_model
 
 SAME = ("micro_batch_size", "global_batch_size")
 SAME_MODEL = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
@@ -99,12 +99,9 @@ def _sections(doc: Mapping[str, Any], source: str) -> dict[str, dict[str, Any]]:
 
 def _vocab_from_preset(m: dict[str, Any], source: str, tokenizer: Any) -> tuple[int, str]:
     """The vocabulary of the preset whose shape the YAML's model has (vocabulary aside)."""
-    probe = dict(m, vocab_size=1)
-    shape = model_from_mcore(probe, source).model_dump(exclude={"name", "source", "seq_length", "vocab_size"})
-    for name in model_names():
-        preset = load_model(name)
-        if preset.model_dump(exclude={"name", "source", "seq_length", "vocab_size"}) == shape:
-            return preset.vocab_size, name
+    name = preset_of_shape(model_from_mcore(dict(m, vocab_size=1), source), ignore=("vocab_size",))
+    if name is not None:
+        return load_model(name).vocab_size, name
     raise CannotImport(source, "model.tokenizer", (tokenizer or {}).get("type"),
                        "a NeMo YAML names its tokenizer, not its vocabulary size, and no model preset has this "
                        "shape to take it from; write the model as a Megatron-LM command (--vocab-size) instead")

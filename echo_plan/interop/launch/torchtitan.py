@@ -14,7 +14,9 @@ import re
 import tomllib
 from typing import Any
 
-from echo_plan.interop.launch.job import CannotExpress, CannotImport, LaunchExport, LaunchFormat, LaunchJob
+from echo_plan.interop.launch.job import (
+    CannotExpress, CannotImport, LaunchExport, LaunchFormat, LaunchJob, preset_of_shape,
+)
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load_model
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import DpComm, Recompute
@@ -32,10 +34,9 @@ AUTOCAST_NOTE = ("torchtitan without FSDP keeps fp32 weights under bf16 autocast
 
 
 def _flavour(model: ModelSpec) -> tuple[str, str]:
-    skip = {"name", "source", "seq_length"}
-    for preset, flavour in FLAVOURS.items():
-        if load_model(preset).model_dump(exclude=skip) == model.model_dump(exclude=skip):
-            return flavour
+    preset = preset_of_shape(model, among=FLAVOURS)
+    if preset is not None:
+        return FLAVOURS[preset]
     raise CannotExpress(FMT, "model", model.name, "torchtitan builds models from its flavours ("
                         + ", ".join(f"{n} {f}" for n, f in FLAVOURS.values()) + "); this shape is none of them")
 
