@@ -6,9 +6,10 @@ gradients (deferrable). The trace already records them as separate ops; :func:`s
 tells them apart by data flow:
 
 * a *weight-gradient GEMM* is a backward GEMM that reads an activation of the forward pass (or of
-  its recomputation), directly or through a collective that re-gathers it (sequence parallelism
-  re-gathers a linear's input for its weight gradient); an input-gradient GEMM reads only the
-  incoming gradient and the weight;
+  its recomputation), directly or through ops that remake it from saved activations alone (the
+  re-gather of a linear's input under sequence parallelism, the FP8 transpose of a saved input, the
+  FP8 cast of a saved bf16 input); an input-gradient GEMM reads only the incoming gradient and the
+  weight (or the weight's once-per-step FP8 copy, which is no activation);
 * everything computed from a weight gradient (the fp32 main-grad accumulation without
   gradient-accumulation fusion) is W too, and so is an op all of whose consumers are W (that
   re-gather);
@@ -42,10 +43,12 @@ def split_backward(trace: LayerTrace) -> tuple[tuple[OpRecord, ...], tuple[OpRec
         hit = fwd_origin.get(i)
         if hit is None:
             op = by_index[i]
-            if op.phase is not Phase.BACKWARD:
+            if op.phase is Phase.STEP:
+                hit = False  # a weight's once-per-step FP8 copy: a weight, not an activation
+            elif op.phase is not Phase.BACKWARD:
                 hit = True
-            elif op.kind in (OpKind.COLLECTIVE, OpKind.VIEW) and op.deps:
-                hit = all(from_forward(d) for d in op.deps)
+            elif op.kind is not OpKind.GEMM and op.deps:
+                hit = all(from_forward(d) for d in op.deps)  # re-gathered, transposed or re-cast from one
             else:
                 hit = False
             fwd_origin[i] = hit

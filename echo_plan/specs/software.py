@@ -127,6 +127,12 @@ class SoftwareSpec(Spec):
                                   description="FP8 scaling recipe of the GEMMs when the plan's dtype is fp8")
     fp8_param_gather: bool = Field(
         default=False, description="weights kept and all-gathered in FP8 (no bf16 copy; Megatron --fp8-param-gather)")
+    fp8_save_original_input: bool = Field(
+        default=False, description="fp8: a linear whose bf16 input is kept anyway, or is recomputed, saves that input "
+                                   "instead of its own FP8 copy and re-casts it in backward (Megatron-Core >= 0.14 "
+                                   "with Transformer Engine >= 2.6, set_save_original_input: the attention output "
+                                   "projection and the shared experts' FC1 under non-delayed recipes, the linears "
+                                   "after a recomputed norm, the experts' FC2 under moe_act recompute)")
     cp_comm: CPComm = Field(default=CPComm.P2P, description="context-parallel attention: ring p2p or all-gather")
     sources: tuple[str, ...] = ()
 
@@ -173,7 +179,8 @@ class SoftwareSpec(Spec):
 
     def fp8_signature(self) -> str:
         """The FP8 settings that change an fp8 trace (appended to its cache key; bf16 traces ignore them)."""
-        return f"fp8={self.fp8_recipe.value},pg={self.fp8_param_gather}"
+        return (f"fp8={self.fp8_recipe.value},pg={self.fp8_param_gather}"
+                + (",orig" if self.fp8_save_original_input else ""))
 
     def short(self) -> str:
         return self.name

@@ -103,6 +103,8 @@ class Attention(nn.Module):
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         ctx = self.checkpoint_core(self.core, q, k, v) if self.checkpoint_core else self.core(q, k, v)
+        if self.fp8 is not None and not self.fp8.delayed:  # the fused core saved this output already
+            self.fp8.keep_original(ctx, counted_elsewhere=self.fused and not self.checkpoint_core)
         out = linears.row_parallel_linear(ctx, self.proj_weight, self.group, self.sp, self.accumulate_unfused,
                                            self.overlap, self.fp8)
         return out, self.proj_bias

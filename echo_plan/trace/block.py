@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from echo_plan.specs import Activation, ModelSpec, Recompute, RecomputeModule, SoftwareSpec
-from echo_plan.trace import kernels, linears
+from echo_plan.trace import kernels, linears, moe_kernels
 from echo_plan.trace.attention import Attention
 from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
 from echo_plan.trace.fake_pg import TPGroup, TraceGroups
@@ -69,8 +69,12 @@ def bias_dropout_add(x: torch.Tensor, bias: torch.Tensor | None, residual: torch
 
 class MLP(nn.Module):
     def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype,
-                 stack: SoftwareSpec, accumulate_unfused: bool, overlap: bool, ffn: int | None = None) -> None:
+                 stack: SoftwareSpec, accumulate_unfused: bool, overlap: bool, ffn: int | None = None,
+                 cache_act: Callable[[torch.Tensor], None] | None = None) -> None:
+        """``cache_act``: the activation keeps only its input, in FP8, and its output is freed after FC2 (the
+        callable drops it from the saved count) and remade in backward: DeepSeek-V3's shared experts."""
         super().__init__()
+        self.cache_act = cache_act
         tp = group.size if group else 1
         self.group, self.sp, self.overlap, self.accumulate_unfused = group, sequence_parallel, overlap, accumulate_unfused
         self.activation = model.activation
@@ -105,9 +109,16 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         h = linears.column_parallel_linear(x, self.fc1_weight, None, self.group, self.sp,
                                             self.accumulate_unfused, self.overlap, self.fp8)
-        h = self.act(h)
+        if self.cache_act is None:
+            h = self.act(h)
+        else:
+            h = moe_kernels.CachedSwiGLU.apply(h)
+            if self.fp8 is not None:
+                self.fp8.keep_original(h)  # FC2 keeps the (freed) output, not an FP8 copy
         out = linears.row_parallel_linear(h, self.fc2_weight, self.group, self.sp, self.accumulate_unfused,
                                            self.overlap, self.fp8)
+        if self.cache_act is not None:
+            self.cache_act(h)
         return out, self.fc2_bias
 
 
@@ -139,7 +150,11 @@ class TransformerBlock(nn.Module):
                                        window=kind.window, cp_group=groups.cp if groups is not None else None)
         self.mlp_norm = make_norm(model.norm, model.hidden_size, dtype)
         if kind.moe and model.moe is not None:
-            shared = (MLP(model, group, sequence_parallel, dtype, stack, unfused_acc, overlap, model.moe.shared_ffn)
+            cache = (discard if stack.moe_act_input_fp8 and RecomputeModule.MOE_ACT in selective
+                     and model.activation is Activation.SWIGLU and not model.has_bias and stack.fused_elementwise
+                     else None)  # the SwiGLU inputs of the whole MoE cached in FP8, the shared experts' too
+            shared = (MLP(model, group, sequence_parallel, dtype, stack, unfused_acc, overlap, model.moe.shared_ffn,
+                          cache_act=cache)
                       if model.moe.num_shared_experts else None)
             self.mlp: nn.Module = MoELayer(
                 model, groups or TraceGroups(group), sequence_parallel, dtype, stack, layout or ExpertLayout(), shared,
@@ -153,12 +168,18 @@ class TransformerBlock(nn.Module):
         self.discard = discard
         self.full_recompute = recompute is Recompute.FULL
         self._ckpt = ckpt
+        self.fp8 = fp8
         for module in self.modules():  # FP8 GEMMs in every linear of the layer that has them (not the router)
             if hasattr(module, "fp8"):
                 module.fp8 = fp8
 
     def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return self._ckpt(norm, x) if self.recompute_norms else norm(x)
+        if not self.recompute_norms:
+            return norm(x)
+        out = self._ckpt(norm, x)
+        if self.fp8 is not None:  # the next linears save this output itself (freed below), not FP8 copies
+            self.fp8.keep_original(out)  # (Megatron-Core transformer_layer.py: set_for_recompute_*_layernorm)
+        return out
 
     def layer(self, x: torch.Tensor) -> torch.Tensor:
         normed = self._norm(self.input_norm, x)

@@ -54,6 +54,10 @@ class SavedBytesMeter:
             self.storages[key] = storage.nbytes()
         return t
 
+    def holds(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s storage is already counted as saved."""
+        return t.untyped_storage()._cdata in self.storages
+
     def discard(self, t: torch.Tensor) -> None:
         """``t`` is freed after use and recomputed in backward: it no longer counts as saved."""
         key = t.untyped_storage()._cdata
@@ -72,14 +76,14 @@ class SavedBytesMeter:
 
 def _build(stage: StageKind, model: ModelSpec, groups: TraceGroups, sp: bool, dtype: torch.dtype,
            recompute: Recompute, stack: SoftwareSpec, recompute_context: Callable,
-           discard: Callable | None, kind: LayerKind = DENSE, layout: ExpertLayout | None = None,
+           meter: SavedBytesMeter, kind: LayerKind = DENSE, layout: ExpertLayout | None = None,
            fp8: bool = False) -> nn.Module:
     group = groups.tp
     if stage is StageKind.BLOCK:  # Megatron-Core keeps the embedding and output layer in bf16 under FP8
         state = None
         if fp8:
-            state = Fp8State(stack.fp8_recipe, stack.fp8_param_gather)
-        module: nn.Module = TransformerBlock(model, group, sp, dtype, recompute, stack, recompute_context, discard,
+            state = Fp8State(stack.fp8_recipe, stack.fp8_param_gather, stack.fp8_save_original_input, meter)
+        module: nn.Module = TransformerBlock(model, group, sp, dtype, recompute, stack, recompute_context, meter.discard,
                                              kind=kind, groups=groups, layout=layout, fp8=state)
     elif stage is StageKind.EMBEDDING:
         module = EmbeddingStage(model, group, sp, dtype, stack)
@@ -133,7 +137,7 @@ def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: b
         recorder = Recorder(tp, groups.comm)
         meter = SavedBytesMeter(set())
         module = _build(stage, model, groups, sequence_parallel, tdtype, recompute, stack, recorder.recomputing,
-                        meter.discard, kind, layout, fp8)
+                        meter, kind, layout, fp8)
         inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype, cp)
         meter.exclude |= _fixed_storages(module)
         ModuleLabeler(module, recorder)  # hooks live as long as the module
@@ -154,7 +158,7 @@ def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: b
                 continue
             other_meter = SavedBytesMeter(set())
             other = _build(stage, model, groups, sequence_parallel, tdtype, mode, stack, nullcontext,
-                           other_meter.discard, kind, layout, fp8)
+                           other_meter, kind, layout, fp8)
             other_meter.exclude |= _fixed_storages(other)
             other_inputs = _inputs(stage, model, tp, sequence_parallel, micro_batch_size, tdtype, cp)
             with other_meter.measuring():

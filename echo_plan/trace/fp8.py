@@ -24,6 +24,8 @@ Userbuffers overlap (``overlap.py``) keeps its structure: the ring exchanges car
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from echo_plan.specs.software import Fp8Recipe
@@ -35,12 +37,48 @@ from echo_plan.trace.overlap import RS_SPLITS
 Tensor = torch.Tensor
 
 
+class SavedMeter(Protocol):
+    """What FP8 linears need of the saved-activation count (``capture.SavedBytesMeter``)."""
+
+    def holds(self, t: Tensor) -> bool: ...
+
+    def discard(self, t: Tensor) -> None: ...
+
+
 class Fp8State:
     """One traced stage's FP8 recipe and the FP8 weight copies made on its first micro-batch."""
 
-    def __init__(self, recipe: Fp8Recipe, param_gather: bool) -> None:
+    def __init__(self, recipe: Fp8Recipe, param_gather: bool, save_original: bool = False,
+                 meter: SavedMeter | None = None) -> None:
         self.recipe, self.param_gather = Fp8Recipe(recipe), bool(param_gather)
         self._weights: dict[tuple, tuple[Tensor, ...]] = {}  # (storage, offset, shape) -> (weight, w8, w8 t, scale)
+        self.keeps_originals = bool(save_original)  # the stack's fp8_save_original_input
+        self._meter = meter  # the saved-activation count (capture.SavedBytesMeter)
+        self._originals: dict[int, bool] = {}  # storage -> whether its bytes are already counted elsewhere
+
+    @property
+    def delayed(self) -> bool:
+        return self.recipe is Fp8Recipe.DELAYED
+
+    def keep_original(self, t: Tensor, counted_elsewhere: bool = False) -> None:
+        """A linear that reads ``t`` saves ``t`` itself for backward, not its FP8 copy, and casts it again
+        there (Megatron-Core's ``set_save_original_input``; only with the stack's ``fp8_save_original_input``).
+        ``counted_elsewhere``: the same data is already saved by another op in the framework (the attention
+        core's output, laid out here by a copy), so the linear's saved input adds no bytes."""
+        if self.keeps_originals:
+            self._originals[t.untyped_storage()._cdata] = counted_elsewhere
+
+    def keeps_original(self, x: Tensor) -> bool:
+        return x.untyped_storage()._cdata in self._originals
+
+    def save_original(self, ctx, x: Tensor) -> None:
+        """Save ``x`` for a linear's backward; a copy of data counted elsewhere adds no bytes (the same storage
+        is counted once anyway)."""
+        copy = (self._originals.get(x.untyped_storage()._cdata, False) and self._meter is not None
+                and not self._meter.holds(x))
+        ctx.save_for_backward(x)
+        if copy:
+            self._meter.discard(x)
 
     @property
     def blockwise(self) -> bool:
@@ -113,6 +151,25 @@ def _ring(q: Tensor, group: TPGroup, gemm) -> tuple[Tensor, list[Tensor]]:
     return kernels.assemble(parts), arrived
 
 
+def _save_input(ctx, fp8: Fp8State, x: Tensor, q: Tensor, sx: Tensor) -> None:
+    """Save the FP8 input and its scales for backward, or the bf16 input itself where the stack keeps
+    the original (``Fp8State.keep_original``)."""
+    ctx.original = fp8.keeps_original(x)
+    if ctx.original:
+        fp8.save_original(ctx, x)
+    else:
+        ctx.save_for_backward(q, sx)
+
+
+def _saved_input(ctx, amax_group: TPGroup | None = None, grouped: bool = False) -> tuple[Tensor, Tensor]:
+    """(FP8 input, its scales) for the backward GEMMs: as saved, or cast again from the saved original."""
+    if not ctx.original:
+        return ctx.saved_tensors
+    (x,) = ctx.saved_tensors
+    q, _, sx, _ = ctx.fp8.cast(x if grouped else x.reshape(-1, x.shape[-1]), False, amax_group)
+    return q, sx
+
+
 def _wgrad(ctx, g_t: Tensor, g_scale: Tensor, total: Tensor, x_scale: Tensor) -> Tensor:
     """The weight gradient [N, K] from the gradient's FP8 transpose and the (gathered) FP8 input."""
     x_t = fk.fp8_transpose(total)
@@ -138,14 +195,14 @@ class _Fp8Linear(torch.autograd.Function):
             total = parallel.all_gather(q, group) if gather_input else q
             out = fp8.gemm(total, w8, sx, sw, bias, x.dtype, weight=True)
         ctx.fp8_weight = (w8t, sw)  # a per-step copy, not an activation: kept off the saved tensors
-        ctx.save_for_backward(q, sx)
+        _save_input(ctx, fp8, x, q, sx)
         return out.view(-1, *x.shape[1:-1], n)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, sx = ctx.saved_tensors
-        w8t, sw = ctx.fp8_weight
         group, fp8 = ctx.group, ctx.fp8
+        q, sx = _saved_input(ctx, group if ctx.gather_input else None)
+        w8t, sw = ctx.fp8_weight
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         gq, g_t, sg, sg_t = fp8.cast(g2, True, transpose=True)
         gathering = parallel.all_gather(q, group, wait=False) if ctx.gather_input else None
@@ -180,12 +237,12 @@ class _Fp8PipelinedReduceScatterLinear(torch.autograd.Function):
                                            .view(s // splits, *x.shape[1:-1], weight.shape[0]), group, wait=False)
                    for i in range(splits)]
         ctx.fp8_weight = (w8t, sw)
-        ctx.save_for_backward(q, sx)
+        _save_input(ctx, fp8, x, q, sx)
         return kernels.assemble([parallel.wait(p, group) for p in pending])
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, sx = ctx.saved_tensors
+        q, sx = _saved_input(ctx)
         w8t, sw = ctx.fp8_weight
         group, fp8 = ctx.group, ctx.fp8
         gq, _, sg, _ = fp8.cast(grad_out.reshape(-1, grad_out.shape[-1]), True, group)
@@ -229,12 +286,12 @@ class _Fp8GroupedLinear(torch.autograd.Function):
         q, _, sx, _ = fp8.cast(x, False)
         w_t8, w8, _ = fp8.weight(weight, grouped=True)
         ctx.fp8_weight = w8
-        ctx.save_for_backward(q, sx)
+        _save_input(ctx, fp8, x, q, sx)
         return _grouped_gemm(q, w_t8, x.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, _ = ctx.saved_tensors
+        q, _ = _saved_input(ctx, grouped=True)
         gq, g_t, _, _ = ctx.fp8.cast(grad_out.contiguous(), True, transpose=True)
         # the gradient is E5M2 (HYBRID); torch's grouped FP8 kernel takes E4M3 only, so its operands are
         # reinterpreted (a view: same bytes, no kernel) to pass torch's checks

@@ -9,7 +9,8 @@ parallel), then the up-projections are column-parallel over heads with no furthe
 communication. Rope on the rope parts, the fused core (query/key width nope + rope, value width
 v), and the row-parallel output projection. With the stack's ``mla_up_proj`` recompute module the
 up-projections run checkpointed and their outputs (the core's q, k, v) are not kept: they are
-recomputed in backward (Megatron-Core's ``recompute_modules=mla_up_proj``).
+recomputed in backward (Megatron-Core's ``recompute_modules=mla_up_proj``); the latents' norms are
+recomputed with them, as Transformer Engine's spec fuses each into its up-projection.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ class MLAttention(nn.Module):
     def _gathered(self, t: torch.Tensor) -> torch.Tensor:
         return parallel.gather_from_sp(t, self.group) if self.sp else t
 
+    def normed_up(self, q_lat: torch.Tensor, kv_lat: torch.Tensor, k_rope: torch.Tensor):
+        """The latents' norms, then :meth:`up`: Transformer Engine's spec fuses each norm into its
+        up-projection (``TELayerNormColumnParallelLinear``), so ``mla_up_proj`` recomputes them too."""
+        if self.q_norm is not None:
+            q_lat = self.q_norm(q_lat)
+        return self.up(q_lat, self.kv_norm(kv_lat), k_rope)
+
     def up(self, q_lat: torch.Tensor, kv_lat: torch.Tensor, k_rope: torch.Tensor):
         """The up-projections and rope: q, k [s, b, heads, nope + rope] and v [s, b, heads, v]."""
         m = self.m
@@ -87,20 +95,18 @@ class MLAttention(nn.Module):
         m = self.m
         if not self.sp:
             x = parallel.copy_to_tp(x, self.group)  # replicated input: its gradient is all-reduced over TP
-        if self.q_down is not None:
-            q_lat = self.q_norm(self._gathered(self._local(x, self.q_down)))
-        else:
-            q_lat = self._gathered(x)
+        q_lat = self._gathered(self._local(x, self.q_down) if self.q_down is not None else x)
         kv = self._gathered(self._local(x, self.kv_down))
         kv_lat, k_rope = torch.split(kv, [m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
-        kv_lat = self.kv_norm(kv_lat.contiguous())
         if self.recompute_up:
-            q, k, v = self.ckpt(self.up, q_lat, kv_lat, k_rope.contiguous())
+            q, k, v = self.ckpt(self.normed_up, q_lat, kv_lat.contiguous(), k_rope.contiguous())
         else:
-            q, k, v = self.up(q_lat, kv_lat, k_rope.contiguous())
+            q, k, v = self.normed_up(q_lat, kv_lat.contiguous(), k_rope.contiguous())
         ctx = self.ckpt(self.core, q, k, v) if self.recompute_core else self.core(q, k, v)
         if self.recompute_up:
             for t in (q, k, v):
                 self.discard(t)
+        if self.fp8 is not None and not self.fp8.delayed:  # the fused core saved this output already
+            self.fp8.keep_original(ctx, counted_elsewhere=not self.recompute_core)
         out = linears.row_parallel_linear(ctx, self.proj_weight, self.group, self.sp, self.acc, fp8=self.fp8)
         return out, None

@@ -150,10 +150,17 @@ class Experts(nn.Module):
             return moe_kernels.weighted_act(h, p, kind)
         return (self.act(h).float() * p).to(h.dtype)
 
+    def _fc2_keeps_original(self, a: torch.Tensor) -> None:
+        """moe_act recompute in FP8: FC2 saves the activation's output itself (freed and recomputed), not an
+        FP8 copy of it (Megatron-Core experts.py: set_save_original_input(linear_fc2))."""
+        if self.fp8 is not None:
+            self.fp8.keep_original(a)
+
     def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor, p: torch.Tensor | None = None) -> torch.Tensor:
         kind = WEIGHTED_KINDS.get(self.activation)
         if self.act_input_fp8 and self.recompute_act is not None and p is not None and kind and self.fused_act:
             a = moe_kernels.CachedWeightedAct.apply(self._bmm(x, fc1), p, kind)  # keeps its input in FP8
+            self._fc2_keeps_original(a)
             out = self._bmm(a, fc2)
             self.discard(a)  # the activation's output is freed after FC2 and recomputed in backward
             return out
@@ -161,6 +168,7 @@ class Experts(nn.Module):
         if self.recompute_act is None:
             return self._bmm(fn(self._bmm(x, fc1), *args), fc2)
         a = self.recompute_act(fn, self._bmm(x, fc1), *args)  # moe_act recompute: FC1's output is kept,
+        self._fc2_keeps_original(a)
         out = self._bmm(a, fc2)
         self.discard(a)  # the activation's output is freed after FC2 and recomputed in backward
         return out
@@ -210,6 +218,7 @@ class MoELayer(nn.Module):
         self.fused = stack.moe_permute_fusion
         self.probs_in_act = stack.moe_probs_in_activation
         self.deepep = stack.moe_dispatcher is MoEDispatcher.DEEPEP
+        self.fp8 = None  # an fp8.Fp8State when the linears run FP8 GEMMs (set by the block)
 
     def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k probabilities and expert indices of each token ([T, k] each)."""
@@ -230,6 +239,8 @@ class MoELayer(nn.Module):
         combine = self._allgather if self.allgather else self._alltoall
         out = combine(tokens, probs, idx).view(s, b, h)
         if self.shared is not None:
+            if self.fp8 is not None and not self.fp8.delayed:  # the router saved this input already
+                self.fp8.keep_original(x)  # (Megatron-Core shared_experts.py: set_save_original_input(linear_fc1))
             shared, bias = self.shared(x)
             out = out + shared if bias is None else out + shared + bias
         return out, None

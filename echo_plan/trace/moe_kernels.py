@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from echo_plan.trace.fp8_kernels import fp8_block_cast, fp8_block_dequant
-from echo_plan.trace.fused_elementwise import clamped_geglu_backward, clamped_geglu_reference, swiglu_backward
+from echo_plan.trace.fused_elementwise import (clamped_geglu_backward, clamped_geglu_reference, swiglu,
+                                               swiglu_backward)
 
 Tensor = torch.Tensor
 
@@ -162,5 +163,26 @@ class CachedWeightedAct(torch.autograd.Function):
     def backward(ctx, grad):
         q, s, probs = ctx.saved_tensors
         h = fp8_block_dequant(q, s, ctx.shape[-1]).to(ctx.dtype).reshape(ctx.shape)
+        weighted_act(h, probs, ctx.kind)  # the output again, for FC2's weight gradient (freed after forward)
         dh, dp = weighted_act_backward(grad, h, probs, ctx.kind)
         return dh, dp, None
+
+
+class CachedSwiGLU(torch.autograd.Function):
+    """SwiGLU keeping only its input, in FP8 (1 x 128 tiles with fp32 scales); backward dequantises it,
+    remakes the output (for the next linear's weight gradient) and takes the gradient: the shared experts'
+    activation under DeepSeek-V3's caching (report 3.3.3, "the SwiGLU operator in MoE")."""
+
+    @staticmethod
+    def forward(ctx, h):
+        q, s, _, _ = fp8_block_cast(h.reshape(-1, h.shape[-1]), False, False)
+        ctx.shape, ctx.dtype = h.shape, h.dtype
+        ctx.save_for_backward(q, s)
+        return swiglu(h)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, s = ctx.saved_tensors
+        h = fp8_block_dequant(q, s, ctx.shape[-1]).to(ctx.dtype).reshape(ctx.shape)
+        swiglu(h)  # the output again, for FC2's weight gradient
+        return swiglu_backward(grad, h)

@@ -44,9 +44,12 @@ def test_fp8_trace_has_casts_and_the_bf16_gemm_flops(llama_small, shared, recipe
     assert names["_scaled_mm"] == 12 if tp == 1 else names["_scaled_mm"] > 12
     assert "mm" not in names and "addmm" not in names  # no bf16 GEMM left in the layer
     casts = names["fp8_block_cast"] if recipe == "blockwise" else names["fp8_cast"] + names["fp8_cast_transpose"]
-    assert casts == 8  # every linear's input (forward) and output gradient (backward)
+    # every linear's input (forward) and output gradient (backward); under a recipe other than delayed the
+    # projection keeps its bf16 input (the attention core saves it anyway) and casts it again in backward
+    again = int(recipe != "delayed")
+    assert casts == 8 + again
     assert names["fp8_transpose"] >= 4  # the saved FP8 inputs, transposed for the wgrad GEMMs
-    assert (names["fp8_amax"] == 8) == (recipe == "current")  # current scaling's amax pass
+    assert (names["fp8_amax"] == 8 + again) == (recipe == "current")  # current scaling's amax pass
     assert names["flash_attention"] == 1 and names["rms_norm"] == 2  # attention and norms stay bf16
     scaled = [op for op in fp8.ops if "_scaled_mm" in op.name]
     fwd = {op.inputs[0].dtype for op in scaled if op.phase is Phase.FORWARD}
