@@ -33,3 +33,20 @@ def test_deepseeks_stack_runs_the_exchange_as_deepep(tmp_path):
     (note,) = [n for n in deepep.notes if n.startswith("DeepEP exchange")]
     assert "at most 4 of 8 servers" in note and "crosses the network 3.50 times" in note
     assert not any(n.startswith("DeepEP exchange") for n in nccl.notes)
+
+
+@pytest.mark.slow
+def test_deepseeks_own_recipe_fits_the_80_gb_cards_it_ran_on(tmp_path):
+    """2,048 H800, PP 16 with DualPipe, EP 64, ZeRO-1, FP8, the deepseek-v3 stack's recompute and caching:
+    DeepSeek trained this on 80 GB cards, so the memory model must say it fits (with the default headroom),
+    and without the stack's memory choices (plain Megatron-Core FP8, no recompute) it must not."""
+    model, cluster = load_model("deepseek-v3"), load_cluster("h800").resized(gpus=2048)
+    recipe = {"tp": 1, "pp": 16, "dp": 128, "ep": 64, "micro_batch_size": 1, "global_batch_size": 15360,
+              "distributed_optimizer": True, "dtype": "fp8", "schedule": "dualpipe", "recompute": "selective",
+              "layer_split": balanced_split(model.num_layers, 16)}
+    cache, memo = TraceCache(tmp_path), SimulationMemo()
+    ours = simulate(model, cluster, PlanSpec.build(recipe), stack=load_stack("deepseek-v3"), cache=cache, memo=memo)
+    assert ours.fits, f"peak {max(s.total_bytes for s in ours.memory) / 2**30:.1f} GiB"
+    plain = simulate(model, cluster, PlanSpec.build({**recipe, "recompute": "none"}),
+                     stack=load_stack("megatron-core", {"fp8_recipe": "blockwise"}), cache=cache, memo=memo)
+    assert not plain.fits
