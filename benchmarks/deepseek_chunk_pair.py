@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from echo_plan.cost.base import with_stack_kernels  # noqa: E402
 from echo_plan.cost.expert_exchange import deepep_collectives  # noqa: E402
 from echo_plan.replay.interference import load_interference  # noqa: E402
+from echo_plan.replay.kinds import TaskKind  # noqa: E402
 from echo_plan.replay.layer import replay_layer  # noqa: E402
 from echo_plan.replay.split import pair_saving  # noqa: E402
 from echo_plan.simulate import SimulationMemo  # noqa: E402
@@ -75,7 +76,8 @@ def predicted() -> tuple[dict[str, float], float]:
     trace = next(t for kind, t in traces.blocks if kind.moe)
     compute = with_stack_kernels(memo.default_compute(cluster), stack)
     comm = deepep_collectives(memo.default_comm(cluster), model)
-    interference = load_interference(None)
+    interference = load_interference(None).with_sm_share(TaskKind.ALL_TO_ALL, cluster.gpu.sm_count,
+                                                         stack.moe_comm_sms)  # as simulate runs the stack
     by: dict[str, float] = defaultdict(float)
     for op in trace.ops:
         if op.kind is OpKind.VIEW or op.phase is Phase.STEP:

@@ -38,6 +38,7 @@ from echo_plan.replay.timeline import timeline_events
 from echo_plan.replay.faults import fault_summary
 from echo_plan.specs.presets import load_stack
 from echo_plan.replay.interference import load_interference
+from echo_plan.replay.kinds import TaskKind
 from echo_plan.cost.kernel_db import compute_model_for
 from echo_plan.cost.compute import load_compute_constants
 from echo_plan.cost.ranges import prediction_range
@@ -81,6 +82,14 @@ class SimulationMemo:
         if "interference" not in self._defaults:
             self._defaults["interference"] = load_interference(None)
         return self._defaults["interference"]
+
+    def sm_share(self, interference: "InterferenceModel", total_sms: int, comm_sms: int) -> "InterferenceModel":
+        """``interference`` with the expert exchange holding ``comm_sms`` SMs, one object per model and share
+        (the layer timings are memoised by the interference model's identity)."""
+        key = ("sm_share", interference, total_sms, comm_sms)
+        if key not in self._defaults:
+            self._defaults[key] = interference.with_sm_share(TaskKind.ALL_TO_ALL, total_sms, comm_sms)
+        return self._defaults[key]
 
     def default_compute(self, cluster: ClusterSpec, cluster_key: str | None = None) -> "ComputeModel":
         """``cluster_key``: the cluster's ``model_dump_json()`` where the caller has it already."""
@@ -196,6 +205,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         comm = deepep_collectives(comm, model)  # the expert-parallel all-to-alls as DeepEP's exchange
     if interference is None:
         interference = memo.default_interference()
+    if model.is_moe and stack.moe_dispatcher is MoEDispatcher.DEEPEP and stack.moe_comm_sms and plan.ep > 1:
+        interference = memo.sm_share(interference, cluster.gpu.sm_count, stack.moe_comm_sms)
 
     traces = memo.traces(model, plan, cache, stack)
     timing = memo.timings(traces, compute, comm, cluster, cluster_key, plan, interference)

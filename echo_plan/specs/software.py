@@ -119,6 +119,16 @@ class SoftwareSpec(Spec):
         default=False, description="MoE with the moe_act recompute: the experts' activation keeps its input in FP8 "
                                    "(1x128 tiles with their scales) instead of bf16, and its backward reads that "
                                    "(DeepSeek-V3 report 3.3.3: the SwiGLU inputs cached in FP8)")
+    moe_dispatch_fp8: bool = Field(
+        default=False, description="MoE with FP8 GEMMs and expert parallelism: the tokens are cast to FP8 (1x128 "
+                                   "tiles) before the dispatch, which moves FP8 rows with their scales to experts "
+                                   "that take them as they are, and the gradients before the experts' FC2 are "
+                                   "dispatched in FP8 too; the combines stay bf16 (DeepSeek-V3 report 3.3.3, DeepEP)")
+    moe_comm_sms: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="MoE with the deepep dispatcher: streaming multiprocessors the exchange's kernels hold while "
+                    "they run (DeepSeek-V3: 20 of the H800's 132), which GEMMs and attention beside them lose; "
+                    "None: the interference model's own all-to-all factors")
     moe_a2a_overlap: bool = Field(
         default=False, description="MoE: in the steady state each forward runs paired with the next backward, one "
                                    "micro-batch's all-to-all under the other's compute (Megatron-Core "
@@ -175,6 +185,7 @@ class SoftwareSpec(Spec):
                 f"{self.moe_grouped_gemm},{self.moe_permute_fusion}"
                 + ("" if self.moe_probs_in_activation else ",probs-at-unpermute")
                 + (",act-in-fp8" if self.moe_act_input_fp8 else "")
+                + (",fp8-dispatch" if self.moe_dispatch_fp8 else "")
                 + ("" if self.cp_comm is CPComm.P2P else f";cp={self.cp_comm.value}"))
 
     def fp8_signature(self) -> str:

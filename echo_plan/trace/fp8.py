@@ -55,6 +55,7 @@ class Fp8State:
         self.keeps_originals = bool(save_original)  # the stack's fp8_save_original_input
         self._meter = meter  # the saved-activation count (capture.SavedBytesMeter)
         self._originals: dict[int, bool] = {}  # storage -> whether its bytes are already counted elsewhere
+        self._quantized: set[int] = set()  # storages standing for rows that arrived in FP8
 
     @property
     def delayed(self) -> bool:
@@ -67,6 +68,19 @@ class Fp8State:
         core's output, laid out here by a copy), so the linear's saved input adds no bytes."""
         if self.keeps_originals:
             self._originals[t.untyped_storage()._cdata] = counted_elsewhere
+
+    def arrived_quantized(self, x: Tensor) -> None:
+        """``x`` stands for rows that arrived in FP8 with their scales (an FP8 dispatch): a linear reading it
+        takes them as they are, with no cast of its own."""
+        self._quantized.add(x.untyped_storage()._cdata)
+
+    def input_cast(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(FP8 input, its scales) of a linear's forward: cast now, or as it arrived (``arrived_quantized``)."""
+        if x.untyped_storage()._cdata not in self._quantized:
+            q, _, sx, _ = self.cast(x, False)
+            return q, sx
+        tiles = (*x.shape[:-1], -(-x.shape[-1] // fk.BLOCK)) if self.blockwise else ()
+        return x.new_empty(x.shape, dtype=fk.E4M3), x.new_empty(tiles, dtype=torch.float32)
 
     def keeps_original(self, x: Tensor) -> bool:
         return x.untyped_storage()._cdata in self._originals
@@ -283,7 +297,7 @@ class _Fp8GroupedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, fp8):
         ctx.fp8, ctx.wdtype = fp8, weight.dtype
-        q, _, sx, _ = fp8.cast(x, False)
+        q, sx = fp8.input_cast(x)
         w_t8, w8, _ = fp8.weight(weight, grouped=True)
         ctx.fp8_weight = w8
         _save_input(ctx, fp8, x, q, sx)

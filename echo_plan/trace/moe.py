@@ -99,6 +99,41 @@ class _Riding(torch.autograd.Function):
         return grad.new_empty((ctx.send, *grad.shape[1:])), None, None
 
 
+class _Fp8Dispatch(torch.autograd.Function):
+    """An exchange that moves FP8 rows with their scales where the bf16 one moves bf16 rows (DeepEP's FP8
+    dispatch, and its gradient dispatch before the experts' FC2); ``order``: the arrived rows sorted by local
+    expert, still in FP8. Its other direction stays bf16, as DeepSeek-V3 keeps the combines."""
+
+    @staticmethod
+    def forward(ctx, x, group: TPGroup, send: int, recv: int, order):
+        ctx.group, ctx.send, ctx.recv, ctx.order = group, send, recv, order
+        got = all_to_all(moe_kernels.fp8_payload(x), group, send, recv)
+        if order is not None:
+            got = moe_kernels.moe_permute(got, order)
+        return moe_kernels.fp8_arrived(got, x.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.order is not None:
+            grad = moe_kernels.moe_permute(grad, ctx.order)
+        return all_to_all(grad, ctx.group, ctx.recv, ctx.send), None, None, None, None
+
+
+class _CombineFp8Grad(torch.autograd.Function):
+    """A bf16 combine whose backward dispatches the gradients in FP8 (cast, then FP8 rows with scales)."""
+
+    @staticmethod
+    def forward(ctx, y, group: TPGroup, send: int, recv: int, fp8):
+        ctx.group, ctx.send, ctx.recv, ctx.fp8 = group, send, recv, fp8
+        return all_to_all(y, group, send, recv)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.fp8.cast(grad.contiguous(), True)  # the gradients before the experts' FC2, cast once
+        got = all_to_all(moe_kernels.fp8_payload(grad), ctx.group, ctx.recv, ctx.send)
+        return moe_kernels.fp8_arrived(got, grad.shape[-1]), None, None, None, None
+
+
 def dispatch(x: torch.Tensor, group: TPGroup | None, send: int, recv: int) -> torch.Tensor:
     """Send ``send`` rows, receive ``recv``. Without expert parallelism the rows stay here (a
     permutation copy when the per-expert counts do not add up to the rows exactly)."""
@@ -218,6 +253,7 @@ class MoELayer(nn.Module):
         self.fused = stack.moe_permute_fusion
         self.probs_in_act = stack.moe_probs_in_activation
         self.deepep = stack.moe_dispatcher is MoEDispatcher.DEEPEP
+        self.dispatch_fp8 = stack.moe_dispatch_fp8
         self.fp8 = None  # an fp8.Fp8State when the linears run FP8 GEMMs (set by the block)
 
     def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,8 +294,16 @@ class MoELayer(nn.Module):
         sent, hot, each = routed_token_counts(n_tok, self.model, self.layout)
         recv = hot + (self.experts.local - 1) * each
         order = self._copies(idx, sent)
+        fp8_exchange = self.dispatch_fp8 and self.fp8 is not None and g.ep is not None and g.etp is None
+        if fp8_exchange:  # the tokens cast to FP8 once, then their copies sent as FP8 rows with scales
+            self.fp8.cast(tokens.detach(), False)
         permuted = self._permute(tokens, order)  # one row per (token, expert) copy, sorted by expert
-        got = dispatch(permuted, g.ep, sent, recv)
+        sort = g.ep is not None and self.experts.local > 1  # the received chunks re-sorted by local expert
+        if fp8_exchange:
+            got = _Fp8Dispatch.apply(permuted, g.ep, sent, recv, self._copies(idx, recv) if sort else None)
+            self.fp8.arrived_quantized(got)
+        else:
+            got = dispatch(permuted, g.ep, sent, recv)
         got = parallel.gather_from_sp(got, g.etp)  # expert TP: every expert-TP rank sees the tokens
         weights = None
         if self.probs_in_act:  # each copy's probability travels with it (fp32, one value per copy)
@@ -268,15 +312,16 @@ class MoELayer(nn.Module):
                 weights = parallel.gather_from_sp(_Riding.apply(weights, got, recv), g.etp)
             else:  # Megatron-Core: an all-to-all of their own
                 weights = parallel.gather_from_sp(dispatch(weights, g.ep, sent, recv), g.etp)
-        if g.ep is not None and self.experts.local > 1:
-            got = self._permute(got, self._copies(got, got.shape[0]))  # sort the received chunks by expert
+        if sort:
+            if not fp8_exchange:
+                got = self._permute(got, self._copies(got, got.shape[0]))  # sort the received chunks by expert
             if weights is not None:
                 weights = self._permute(weights, self._copies(weights, weights.shape[0]))
         y = self._experts_over_etp(got, hot, each, weights)
         if g.ep is not None and self.experts.local > 1:
             y = self._permute(y, self._copies(y, y.shape[0]))  # back to source-rank order
         y = parallel.reduce_scatter_to_sp(y, g.etp)
-        back = dispatch(y, g.ep, recv, sent)
+        back = _CombineFp8Grad.apply(y, g.ep, recv, sent, self.fp8) if fp8_exchange else dispatch(y, g.ep, recv, sent)
         if self.probs_in_act:
             return self._sum_copies(back, order, tokens.shape[0])
         return self._unpermute(back, probs, order, tokens.shape[0])

@@ -186,3 +186,29 @@ class CachedSwiGLU(torch.autograd.Function):
         h = fp8_block_dequant(q, s, ctx.shape[-1]).to(ctx.dtype).reshape(ctx.shape)
         swiglu(h)  # the output again, for FC2's weight gradient
         return swiglu_backward(grad, h)
+
+
+# -- FP8 dispatch (DeepEP): the rows an exchange moves in FP8, and what the receiver hands on ---------------
+
+def _payload_width(h: int) -> int:
+    return h + 4 * -(-h // 128)  # FP8 row and one fp32 scale per 1 x 128 tile
+
+
+@torch.library.custom_op("echo_plan::fp8_payload", mutates_args=())
+def fp8_payload(x: Tensor) -> Tensor:
+    """The bytes an FP8 dispatch sends for the rows of ``x``: each row in FP8 with its tile scales (the cast ran
+    before, once per token); no kernel of its own."""
+    return x.new_zeros((x.shape[0], _payload_width(x.shape[-1])), dtype=torch.uint8)
+
+
+fp8_payload.register_fake(lambda x: x.new_empty((x.shape[0], _payload_width(x.shape[-1])), dtype=torch.uint8))
+
+
+@torch.library.custom_op("echo_plan::fp8_arrived", mutates_args=())
+def fp8_arrived(payload: Tensor, width: int) -> Tensor:
+    """The rows an FP8 dispatch brought, as the bf16 tensor the layer's code follows (the experts read the FP8
+    rows themselves); no kernel of its own."""
+    return payload.new_zeros((payload.shape[0], width), dtype=torch.bfloat16)
+
+
+fp8_arrived.register_fake(lambda payload, width: payload.new_empty((payload.shape[0], width), dtype=torch.bfloat16))

@@ -115,3 +115,17 @@ def test_malformed_files_name_the_line(tmp_path, body, line, words):
 def test_missing_file(tmp_path):
     with pytest.raises(FileFormatError, match="no such file"):
         load_interference(str(tmp_path / "nope.yaml"))
+
+
+def test_an_exchange_holding_sms_slows_tensor_core_kernels_at_least_by_the_sms_it_takes():
+    base = load_interference(None)
+    shared = base.with_sm_share(TaskKind.ALL_TO_ALL, 132, 20)
+    for k in (TaskKind.GEMM, TaskKind.ATTENTION):
+        f = shared.compute_factor(k, [TaskKind.ALL_TO_ALL])
+        assert f >= 132 / 112 and f >= base.compute_factor(k, [TaskKind.ALL_TO_ALL])
+    assert shared.compute_factor(TaskKind.MEMORY, [TaskKind.ALL_TO_ALL]) == \
+        base.compute_factor(TaskKind.MEMORY, [TaskKind.ALL_TO_ALL])
+    assert shared.compute_factor(TaskKind.GEMM, [TaskKind.ALL_REDUCE]) == \
+        base.compute_factor(TaskKind.GEMM, [TaskKind.ALL_REDUCE])  # other collectives keep their factors
+    with pytest.raises(ValueError, match="comm_sms 132"):
+        base.with_sm_share(TaskKind.ALL_TO_ALL, 132, 132)
