@@ -209,9 +209,6 @@ def compare_dtypes(base, sizes, dtypes, run, csv, report, as_json) -> None:
 
 def compare_clusters(configs, sizes, prices, cache_dir, progress, csv, report, as_json, fm, dtype) -> None:
     """``compare --cluster a,b,c``: each cluster searched at every size, the best plans side by side."""
-    if report:
-        raise SpecError("--report", report, "not with several clusters yet (the comparison prints, gives JSON with "
-                                            "--json or CSV with --csv); run compare per cluster for its report")
     if dtype is not None and "," in dtype:
         raise SpecError("--dtype", dtype, "one precision when comparing clusters")
 
@@ -241,14 +238,19 @@ def compare_clusters(configs, sizes, prices, cache_dir, progress, csv, report, a
         write_atomic(csv, buf.getvalue())
     if as_json:
         print_json(result.as_json())
-        return
-    first = configs[0]
-    typer.echo(f"{first.model.name}, gbs {first.global_batch_size}, {first.tokens_budget or 0:,.0f} tokens: "
-               + " vs ".join(c.cluster.name for c in configs))
-    for line in format_cluster_compare(result):
-        typer.echo(line)
-    if csv:
-        typer.echo(f"wrote {csv}")
+    else:
+        first = configs[0]
+        typer.echo(f"{first.model.name}, gbs {first.global_batch_size}, {first.tokens_budget or 0:,.0f} tokens: "
+                   + " vs ".join(c.cluster.name for c in configs))
+        for line in format_cluster_compare(result):
+            typer.echo(line)
+        if csv:
+            typer.echo(f"wrote {csv}")
+    if report:
+        from echo_plan.report.cluster_compare_page import write_cluster_compare_report  # heavy: Jinja2, Plotly
+
+        written = write_cluster_compare_report(result, report)
+        typer.echo(f"report written: {written} ({written.stat().st_size / 1e6:.1f} MB)", err=as_json)
 
 
 def _dtype_knob():

@@ -14,6 +14,7 @@ from report_synthetic import compare_outcome, search_outcome
 
 from echo_plan.cli import main
 from echo_plan.report import browser
+from echo_plan.report.cluster_compare_page import write_cluster_compare_report
 from echo_plan.report.render import write_report
 
 CHROMIUM = browser.find_chromium()
@@ -102,6 +103,17 @@ def _cli_report(tmp, name, argv):
     return out
 
 
+def synthetic_cluster_comparison():
+    """Four kinds of cluster compared at two sizes, 48 and 96 GPUs (synthetic compares stand in for their searches)."""
+    from echo_plan.search.compare_cluster import ClusterComparison
+
+    kinds = (("h800", 700, 2.0, "calibrated"), ("h200", 700, 3.0, "calibrated"),
+             ("b200", 1000, 4.5, "calibration inherited from dgx-h100 (another GPU generation)"),
+             ("gb200-nvl72", 1200, 5.5, "calibration inherited from dgx-h100 (another GPU generation)"))
+    return ClusterComparison(tuple((name, compare_outcome(nodes=(6, 12), n_trials=20 + k), price, watts, status)
+                                   for k, (name, watts, price, status) in enumerate(kinds)))
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     """One report of each kind, made as a user makes them (the synthetic search and compare outcomes
@@ -114,6 +126,7 @@ def reports(tmp_path_factory):
         "search": write_report(search_outcome(120, seed=5), tmp / "search.html"),
         "search-faults": write_report(outcome, tmp / "faults.html", sensitivity=synthetic_sensitivity(outcome)),
         "compare": write_report(compare_outcome(n_trials=30), tmp / "compare.html"),
+        "clusters": write_cluster_compare_report(synthetic_cluster_comparison(), tmp / "clusters.html"),
         "sparsify": _cli_report(tmp, "sparsify", ["sparsify", "--model", "llama3-8b", "--gpus", "16", "--tp", "2"]),
         "whatif": _cli_report(tmp, "whatif", ["whatif", "sensitivity", "--model", "llama3-8b", "--gpus", "16",
                                               "--tp", "2", "--pp", "2"]),
@@ -122,11 +135,16 @@ def reports(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("kind", ["search", "search-faults", "compare", "sparsify", "whatif", "moe-faults"])
+@pytest.mark.parametrize("kind", ["search", "search-faults", "compare", "clusters", "sparsify", "whatif",
+                                  "moe-faults"])
 def test_every_report_kind_is_laid_out_right(reports, kind, tmp_path):
     check = browser.check_layout(reports[kind], CHROMIUM, profile_root=tmp_path)
     assert check.all_problems() == []
     assert check.facts["charts_ready"] == check.facts["charts_expected"] > 0
+    if kind == "clusters":  # four kinds of cluster in one report: the table, both charts, each cluster named
+        text = reports[kind].read_text(encoding="utf-8")
+        assert check.facts["charts_expected"] == 2 and 'href="#clusters"' in text
+        assert all(name in text for name in ("h800", "h200", "b200", "gb200-nvl72"))
     if kind in ("search-faults", "moe-faults", "whatif"):
         assert 'href="#fault-sensitivity"' in reports[kind].read_text(encoding="utf-8")
 

@@ -23,12 +23,15 @@ def test_prices_are_one_for_all_or_one_per_cluster():
 
 @pytest.fixture()
 def compared(tmp_path, capsys):
+    report = tmp_path / "clusters.html"
     args = ["compare", "--model", "gpt-13b", "--cluster", "h800,gb200-nvl72", "--gpus", "16,32", "--gbs", "64",
             "--trials", "4", "--tokens", "10B", "--price-per-gpu-hour", "2,5", "--processes", "1", "--json",
             "--no-progress", "--storage", f"sqlite:///{tmp_path / 's.db'}",
-            "--cache-dir", str(tmp_path / "cache")]
+            "--cache-dir", str(tmp_path / "cache"), "--report", str(report)]
     assert main(args) == 0
-    return json.loads(capsys.readouterr().out)
+    out = capsys.readouterr()
+    assert f"report written: {report}" in out.err  # stdout carries the JSON alone
+    return {**json.loads(out.out), "report": report.read_text(encoding="utf-8")}
 
 
 def test_every_cluster_and_size_gets_its_best_plan_cost_and_energy(compared):
@@ -46,10 +49,19 @@ def test_every_cluster_and_size_gets_its_best_plan_cost_and_energy(compared):
     assert "estimate" in compared["energy_note"]
 
 
-def test_several_clusters_refuse_a_report_in_one_line(capsys, tmp_path):
-    assert main(["compare", "--cluster", "h800,b200", "--gpus", "16", "--report", str(tmp_path / "r.html")]) == 2
+def test_one_report_holds_every_cluster_and_size_with_its_cost(compared):
+    html = compared["report"]
+    assert "Which cluster for gpt-13b: h800, gb200-nvl72" in html
+    assert 'id="clusters"' in html and "chart-cluster-throughput" in html and "chart-cluster-cost" in html
+    for r in compared["rows"]:
+        assert f"{r['cost']:,.0f}" in html  # each cluster and size's cost, as the table shows it
+    assert "another GPU generation" in html and "from dgx-h100 (prior)" in html  # said plainly, and in its cell
+
+
+def test_a_bad_report_path_or_price_list_is_refused_in_one_line(capsys, tmp_path):
+    assert main(["compare", "--cluster", "h800,b200", "--gpus", "16", "--report", str(tmp_path / "r.txt")]) == 2
     err = capsys.readouterr().err
-    assert "--report" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
+    assert "--report" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "r.txt").exists()
     assert main(["compare", "--cluster", "h800,b200", "--gpus", "16", "--price-per-gpu-hour", "1,2,3"]) == 2
     assert "one per cluster" in capsys.readouterr().err
 
