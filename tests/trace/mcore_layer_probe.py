@@ -30,6 +30,8 @@ import sys
 import warnings
 
 STAND_INS = ("torch.cuda.current_device -> cpu (GlobalMemoryBuffer.get_tensor)",
+             "random._get_cuda_rng_state -> the CPU's, random._set_cuda_rng_state -> nothing (recompute's checkpoint)",
+             "random.FP8GlobalStateManager -> FP8 off (CheckpointWithoutOutput tests `fp8 is not None`, true for False)",
              "fused_softmax.get_default_causal_mask -> the same mask on the CPU",
              "tensor_parallel.get_cuda_rng_tracker -> a tracker whose fork() changes nothing",
              "moe_utils.te_general_gemm -> None (0.16's router names it only when Transformer Engine imports)")
@@ -60,6 +62,24 @@ def main(cfg: dict) -> dict:
         def fork(self, name: str = "model-parallel-rng"):
             return contextlib.nullcontext()
 
+        def get_states(self):
+            return {}
+
+        def set_states(self, states):
+            pass
+
+    # Megatron-Core's checkpoint saves and restores the CUDA RNG state around the recomputed region
+    class NoFp8:  # what Transformer Engine's FP8 state says when FP8 is off
+        is_fp8_enabled = staticmethod(lambda: False)
+        get_fp8_recipe = staticmethod(lambda: None)
+
+    tp_random.FP8GlobalStateManager = NoFp8  # CheckpointWithoutOutput asks it even in bf16 (`fp8 is not None`)
+    for name in ("activation_recompute_forward", "fp8_autocast"):  # Transformer Engine's, FP8 off: no context
+        if not hasattr(tp_random, name):
+            setattr(tp_random, name, lambda **k: contextlib.nullcontext())
+    tp_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    tp_random._set_cuda_rng_state = lambda *a, **k: None
+
     fused_softmax.get_default_causal_mask = lambda sq: torch.triu(torch.ones(sq, sq), diagonal=1).bool()
     tensor_parallel.get_cuda_rng_tracker = tp_random.get_cuda_rng_tracker = lambda *a, **k: NoTracker()
     dot_product_attention.tensor_parallel.get_cuda_rng_tracker = tensor_parallel.get_cuda_rng_tracker
@@ -68,6 +88,8 @@ def main(cfg: dict) -> dict:
     moe_utils.te_general_gemm = None
     parallel_state.initialize_model_parallel(tp, 1, create_gloo_process_groups=False)
     gated = bool(cfg["gated"])
+    modules = cfg.get("recompute_modules")
+    recompute = dict(recompute_granularity="selective", recompute_modules=list(modules)) if modules else {}
     experts = int(cfg.get("experts", 0))
     moe = dict(num_moe_experts=experts, moe_router_topk=int(cfg["topk"]), moe_ffn_hidden_size=cfg["ffn"],
                moe_token_dispatcher_type="allgather", moe_router_load_balancing_type="none",
@@ -79,7 +101,7 @@ def main(cfg: dict) -> dict:
         gated_linear_unit=gated, activation_func=F.silu if gated else F.gelu, normalization=cfg["norm"],
         hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False, bias_dropout_fusion=False,
         masked_softmax_fusion=False, apply_rope_fusion=False, tensor_model_parallel_size=tp,
-        gradient_accumulation_fusion=False, **moe)
+        gradient_accumulation_fusion=False, **moe, **recompute)
     spec = get_gpt_layer_local_spec(num_experts=experts or None, moe_grouped_gemm=False, normalization=cfg["norm"])
     layer = build_module(spec, config=config, layer_number=1)
 
