@@ -19,6 +19,7 @@ from echo_plan.trace.records import StageKind
 from echo_plan.commands.common import check_cache_dir
 from echo_plan.specs.moe import ExpertLayout
 from echo_plan.trace.keys import check_layout
+from echo_plan.errors import SpecError
 
 
 class StageChoice(str, Enum):
@@ -32,6 +33,11 @@ class RecomputeChoice(str, Enum):
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+
+
+class SourceChoice(str, Enum):
+    ECHO_PLAN = "echo-plan"  # the built-in tracer (what simulate and search use)
+    MEGATRON_CORE = "megatron-core"  # Megatron-Core's own layer, beside the built-in one (docs/conformance.md)
 
 
 class DTypeChoice(str, Enum):
@@ -116,6 +122,50 @@ def _print_stage(s: dict, with_ops: bool) -> None:
                        f"{shapes} -> {op['deps']} {op['module']}")
 
 
+def conformance(spec, tp: int, mbs: int, sequence_parallel: bool, recompute: Recompute, dtype: DType, stack, ep: int,
+                cache: TraceCache, with_ops: bool, as_json: bool) -> None:
+    """``trace --source megatron-core``: each kind of layer through Megatron-Core, beside the built-in trace
+    of the same shape run with the kernels Megatron-Core's local spec runs."""
+    from echo_plan.interop.megatron_core_layer import (  # noqa: I001 - heavy only when asked for
+        STAND_INS, compare_traces, conformance_stack, megatron_core_version, trace_with_megatron_core)
+
+    ours_stack = conformance_stack(stack)
+    layers = []
+    for kind in spec.distinct_kinds():
+        theirs = trace_with_megatron_core(spec, tp=tp, micro_batch_size=mbs, recompute=recompute, stack=stack,
+                                          kind=kind, cache=cache, sequence_parallel=sequence_parallel, dtype=dtype,
+                                          ep=ep)
+        ours = trace_stage(spec, StageKind.BLOCK, tp=tp, sequence_parallel=False, micro_batch_size=mbs,
+                           dtype=DType.BF16, recompute=recompute, cache=cache, stack=ours_stack, kind=kind,
+                           layout=ExpertLayout(1, tp, 1.0) if kind.moe else None)
+        layers.append((kind, stage_summary(theirs, with_ops), stage_summary(ours, False), compare_traces(theirs, ours)))
+    version = megatron_core_version()
+    if as_json:
+        print_json({"model": spec.name, "tp": tp, "micro_batch_size": mbs, "recompute": recompute.value,
+                    "megatron_core": version, "stand_ins": list(STAND_INS),
+                    "layers": [{"layer_kind": k.label(), "megatron_core": t, "echo_plan": o, "comparison": c}
+                               for k, t, o, c in layers]})
+        return
+    typer.echo(f"{spec.name}: tp {tp}, micro-batch {mbs}, seq {spec.seq_length}, bf16, recompute {recompute.value}; "
+               f"Megatron-Core {version}'s own layer (local spec, CPU, fake tensors and process group) beside "
+               "echo-plan's (unfused attention, as the local spec runs)")
+    for kind, theirs_s, _, rows in layers:
+        typer.echo(f"\n{kind.label()} layer through Megatron-Core:")
+        _print_stage(theirs_s, with_ops)
+        typer.echo(f"  {'compared':<38} {'Megatron-Core':>16} {'echo-plan':>16}  agreement")
+        for r in rows:
+            a, b = r["megatron_core"], r["echo_plan"]
+            if isinstance(a, list):
+                a, b = f"{len(a)} ops", f"{len(b)} ops"
+            elif isinstance(a, float) or isinstance(b, float) or a > 10**6:
+                a, b = _si(a, ""), _si(b, "")
+            verdict = ("equal" if r["equal"] else "differs" if r["relative_difference"] is None
+                       else f"{r['relative_difference']:+.1%}")
+            typer.echo(f"  {r['figure']:<38} {a!s:>16} {b!s:>16}  {verdict}")
+    typer.echo("stand-ins for Megatron-Core's CUDA-only calls: " + "; ".join(STAND_INS))
+    typer.echo("what differs and why: docs/conformance.md")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("trace")
     def trace(
@@ -130,6 +180,9 @@ def register(app: typer.Typer) -> None:
         ep: int = EpOpt,
         etp: Optional[int] = EtpOpt,
         expert_imbalance: float = ImbalanceOpt,
+        source: SourceChoice = typer.Option(SourceChoice.ECHO_PLAN, "--source", help="echo-plan: the built-in "
+                                            "tracer; megatron-core: trace the transformer layer through Megatron-Core's "
+                                            "own code (the frameworks extra) and compare it with the built-in one"),
         ops: bool = typer.Option(False, "--ops", help="list every op (index, phase, name, kind, shapes, flops, bytes, deps)"),
         as_json: bool = JsonOpt,
         cache_dir: Optional[Path] = CacheDirOpt,
@@ -144,6 +197,12 @@ def register(app: typer.Typer) -> None:
             check_layout(spec, layout)  # names the rule: expert options need an MoE model
         stack_spec = resolve_stack(stack)
         cache = TraceCache(cache_dir)
+        if source is SourceChoice.MEGATRON_CORE:
+            if stage not in (StageChoice.BLOCK, StageChoice.ALL):
+                raise SpecError("--stage", stage.value, "with --source megatron-core: block (the transformer layer)")
+            conformance(spec, tp, mbs, sequence_parallel, Recompute(recompute.value), DType(dtype.value), stack_spec,
+                        ep, cache, ops, as_json)
+            return
         stages = list(StageKind) if stage is StageChoice.ALL else [StageKind(stage.value)]
         summaries = []
         with warnings.catch_warnings(record=True) as caught:

@@ -55,6 +55,9 @@ _COLLECTIVES = {
     "all_gather_into_tensor": CollectiveKind.ALL_GATHER, "all_gather_into_tensor_out": CollectiveKind.ALL_GATHER,
     "reduce_scatter_tensor": CollectiveKind.REDUCE_SCATTER, "all_to_all_single": CollectiveKind.ALL_TO_ALL,
     "broadcast": CollectiveKind.BROADCAST, "broadcast_": CollectiveKind.BROADCAST,
+    # torch.distributed's in-place forms (c10d), as Megatron-Core's own layers call them
+    "allreduce_": CollectiveKind.ALL_REDUCE, "_allgather_base_": CollectiveKind.ALL_GATHER,
+    "_reduce_scatter_base_": CollectiveKind.REDUCE_SCATTER, "alltoall_base_": CollectiveKind.ALL_TO_ALL,
 }
 
 

@@ -76,6 +76,8 @@ class Recorder(TorchDispatchMode):
             stream = Stream.TP_COMM
             source = outputs if ckind is CollectiveKind.ALL_GATHER else inputs[:1]
             nbytes = sum(t.numel() * t.element_size() for t in source)
+            if ckind is CollectiveKind.REDUCE_SCATTER:  # the input, all ranks' parts (the in-place form's 2nd arg)
+                nbytes = max(t.numel() * t.element_size() for t in inputs)
             if ckind is CollectiveKind.ALL_TO_ALL:  # a rank that receives more than it sends waits for that
                 nbytes = max(nbytes, sum(t.numel() * t.element_size() for t in outputs))
             name = next((a for a in reversed(args) if isinstance(a, str)), "")
