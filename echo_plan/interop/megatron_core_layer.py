@@ -12,8 +12,8 @@ Megatron-Core 0.16 assumes CUDA in a few calls; each is answered on the CPU with
 GPU (``STAND_INS``; docs/conformance.md). What cannot be traced this way is refused in one line (``why_not``):
 sequence parallelism (the local spec's torch norm refuses it), multi-head latent attention (0.16's local
 spec passes ``k_channels`` to a core attention that does not take it), expert parallelism above 1 and the
-all-to-all dispatcher (a CUDA stream in its constructor), sliding windows, full recompute (Megatron-Core's
-``TransformerBlock``'s, not a layer's), and FP8 (Transformer Engine's).
+all-to-all dispatcher (a CUDA stream in its constructor), sliding windows, and FP8 (Transformer Engine's).
+Full recompute is Megatron-Core's ``TransformerBlock``'s: the layer runs inside a one-layer block.
 
 Megatron-Core is an optional extra (``pip install -e '.[frameworks]'``).
 """
@@ -70,8 +70,6 @@ def why_not(model: ModelSpec, kind: LayerKind, *, sequence_parallel: bool, recom
         return "sequence parallelism: the local spec's torch norm refuses it (Apex's needs CUDA)"
     if kind.window:
         return "sliding-window layers: the local spec's core attention has no window"
-    if recompute is Recompute.FULL:
-        return "full recompute is Megatron-Core's TransformerBlock's, not one layer's: use none or selective"
     if DType(dtype) is not DType.BF16:
         return f"{DType(dtype).value}: FP8 and fp16 run through Transformer Engine here, which needs CUDA; use bf16"
     if model.activation not in ACTIVATIONS:
@@ -97,13 +95,14 @@ def _moe_layer_flops(model: ModelSpec, mbs: int = 1) -> float:
     return 6.0 * tokens * weights + 12.0 * tokens * model.seq_length * h
 
 
-def _request(model: ModelSpec, kind: LayerKind, tp: int, mbs: int, modules: tuple[str, ...]) -> dict[str, Any]:
+def _request(model: ModelSpec, kind: LayerKind, tp: int, mbs: int, recompute: Recompute,
+             modules: tuple[str, ...]) -> dict[str, Any]:
     gated, act = ACTIVATIONS[model.activation]
     req = {"hidden": model.hidden_size, "heads": model.num_attention_heads, "kv_heads": model.kv_heads,
            "ffn": model.ffn_size, "seq": model.seq_length, "mbs": mbs, "gated": gated, "activation": act,
            "norm": "RMSNorm" if model.norm is Norm.RMSNORM else "LayerNorm", "bias": model.has_bias,
            "rotary": model.position_embedding is PositionEmbedding.ROTARY, "tp": tp,
-           "recompute_modules": list(modules)}
+           "recompute": recompute.value, "recompute_modules": list(modules)}
     if kind.moe and model.moe is not None:
         req.update(experts=model.moe.num_experts, topk=model.moe.top_k, moe_ffn=model.moe.expert_ffn_hidden_size,
                    real=True)
@@ -126,7 +125,7 @@ def trace_with_megatron_core(model: ModelSpec, *, tp: int, micro_batch_size: int
         hit = cache.get(key)
         if hit is not None:
             return hit
-    req = _request(model, kind, tp, micro_batch_size, modules)
+    req = _request(model, kind, tp, micro_batch_size, recompute, modules)
     try:
         proc = subprocess.run([sys.executable, "-m", "echo_plan.interop.megatron_core_layer", json.dumps(req)],
                               capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -220,8 +219,10 @@ def _stand_ins(torch: Any) -> None:
     moe_utils.te_general_gemm = None
 
 
-def build_layer(req: dict[str, Any], modules: list[str] | None = None):  # noqa: ANN201
-    """Megatron-Core's layer for ``req`` (the process group and parallel state already set up)."""
+def build_layer(req: dict[str, Any], modules: list[str] | None = None, full: bool = False):  # noqa: ANN201
+    """Megatron-Core's layer for ``req`` (the process group and parallel state already set up); ``full``: the
+    layer inside a one-layer ``TransformerBlock`` that recomputes it whole (where Megatron-Core's full
+    recompute lives), without the block's final norm."""
     import torch
     import torch.nn.functional as F
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -234,6 +235,8 @@ def build_layer(req: dict[str, Any], modules: list[str] | None = None):  # noqa:
                moe_token_dispatcher_type="allgather", moe_router_load_balancing_type="none",
                moe_aux_loss_coeff=0.0) if experts else {}
     recompute = dict(recompute_granularity="selective", recompute_modules=list(modules)) if modules else {}
+    if full:
+        recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     config = TransformerConfig(
         num_layers=1, hidden_size=req["hidden"], num_attention_heads=req["heads"], num_query_groups=req["kv_heads"],
         ffn_hidden_size=req["ffn"], bf16=True, params_dtype=torch.bfloat16, use_cpu_initialization=True,
@@ -243,6 +246,10 @@ def build_layer(req: dict[str, Any], modules: list[str] | None = None):  # noqa:
         masked_softmax_fusion=False, apply_rope_fusion=False, tensor_model_parallel_size=int(req["tp"]),
         gradient_accumulation_fusion=False, **moe, **recompute)
     spec = get_gpt_layer_local_spec(num_experts=experts or None, moe_grouped_gemm=False, normalization=req["norm"])
+    if full:
+        from megatron.core.transformer.transformer_block import TransformerBlock  # beside the imports above
+
+        return TransformerBlock(config, spec, post_layer_norm=False)
     return build_module(spec, config=config, layer_number=1)
 
 
@@ -278,24 +285,23 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     saved: dict[str, int] = {}
     real = bool(req.get("real"))
     with contextlib.nullcontext() if real else FakeTensorMode():
-        for mode, modules in (("none", []), ("selective", req["recompute_modules"])):
-            if mode == "selective" and not modules:
-                continue
-            layer = build_layer(req, modules)
+        target = req["recompute"]  # none, selective or full: the mode recorded; "none" is measured beside it
+        for mode in dict.fromkeys(("none", target)):
+            layer = build_layer(req, req["recompute_modules"] if mode == "selective" else [], full=mode == "full")
             fixed = {t.untyped_storage()._cdata for t in list(layer.parameters()) + list(layer.buffers())}
             meter = SavedBytesMeter(fixed)
             shape = (req["seq"], req["mbs"], req["hidden"])
             x = (torch.randn(shape, dtype=torch.bfloat16) if real else torch.empty(shape, dtype=torch.bfloat16))
             x.requires_grad_(True)
-            last = mode == ("selective" if req["recompute_modules"] else "none")
-            if not last:  # the other mode's saved bytes: forward only, unrecorded
+            if mode != target:  # the other mode's saved bytes: forward only, unrecorded
                 with meter.measuring():
                     layer(x, attention_mask=None)
                 saved[mode] = meter.total
                 continue
             recorder.phase = Phase.FORWARD
             with meter.measuring(), recorder:
-                out, _ = layer(x, attention_mask=None)
+                out = layer(x, attention_mask=None)
+            out = out[0] if isinstance(out, tuple) else out  # a layer returns (hidden, context), a block hidden
             saved[mode] = meter.total
             recorder.phase = Phase.BACKWARD
             with recorder:
@@ -303,8 +309,7 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
             params = sum(p.numel() for p in layer.parameters())
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
-    mode = "selective" if req["recompute_modules"] else "none"
-    trace = LayerTrace(key=_placeholder_key(), ops=tuple(recorder.ops), saved_bytes=saved[mode],
+    trace = LayerTrace(key=_placeholder_key(), ops=tuple(recorder.ops), saved_bytes=saved[target],
                        saved_bytes_by_mode=saved, param_count=params)
     return trace_to_dict(trace)
 

@@ -43,7 +43,6 @@ def test_a_trace_is_made_once_then_read_from_the_cache(tmp_path, monkeypatch):
 @pytest.mark.parametrize("model, options, reason", [
     ("deepseek-v3", {}, "multi-head latent attention"),
     ("llama3-8b", {"sequence_parallel": True}, "sequence parallelism"),
-    ("llama3-8b", {"recompute": Recompute.FULL}, "full recompute"),
     ("llama3-8b", {"dtype": DType.FP8}, "fp8"),
     ("mixtral-8x7b", {"kind": LayerKind(moe=True)}, "runs for real"),
     ("mixtral-8x7b", {"kind": LayerKind(moe=True), "ep": 8}, "expert parallelism"),

@@ -44,8 +44,9 @@ def model_of(s: dict) -> ModelSpec:
 
 def traced_both(s: dict, tp: int, modules: tuple[str, ...], cache: TraceCache):
     model = model_of(s)
-    stack = load_stack("megatron-core").replace(recompute_modules=modules or ("core_attn",))
-    recompute = Recompute.SELECTIVE if modules else Recompute.NONE
+    full = modules == ("full",)
+    stack = load_stack("megatron-core").replace(recompute_modules=("core_attn",) if full or not modules else modules)
+    recompute = Recompute.FULL if full else Recompute.SELECTIVE if modules else Recompute.NONE
     kind = LayerKind(moe=model.moe is not None)
     theirs = trace_with_megatron_core(model, tp=tp, micro_batch_size=s["mbs"], recompute=recompute, stack=stack,
                                       kind=kind, cache=cache)
@@ -55,12 +56,18 @@ def traced_both(s: dict, tp: int, modules: tuple[str, ...], cache: TraceCache):
     return model, theirs, ours
 
 
+def s_input_bytes(s: dict, tp: int) -> int:
+    return s["seq"] * s["mbs"] * s["hidden"] * 2  # the layer's bf16 input (no sequence parallelism)
+
+
 CASES = [(name, tp, ()) for name in sorted(SHAPES) for tp in ((1,) if SHAPES[name].get("experts") else (1, 2, 4))]
 # selective recompute (Megatron-Core's --recompute-modules): the recomputed GEMMs and collectives run again in
 # backward in both. The GPT-like layer's mlp recompute is left out: on the local spec with biases, Megatron-Core
 # 0.16's checkpoint returns the bias parameter and its backward recurses without end (docs/conformance.md).
 CASES += [("llama-like", 2, m) for m in (("core_attn",), ("mlp",), ("layernorm",), ("core_attn", "mlp", "layernorm"))]
 CASES += [("gpt-like", 2, m) for m in (("core_attn",), ("layernorm",))]
+# full recompute: Megatron-Core's TransformerBlock re-runs the whole layer; ("full",) stands for it here
+CASES += [(name, 2, ("full",)) for name in ("llama-like", "gpt-like")]
 
 
 @pytest.mark.parametrize("name, tp, modules", CASES)
@@ -72,5 +79,7 @@ def test_gemms_parameters_and_collectives_equal_megatron_cores_own_layer(name, t
     assert rows["GEMMs"]["megatron_core"] > 0
     if modules:  # what is recomputed runs again in backward in both traces
         assert any(op.phase.value == "recompute" for op in theirs.ops)
+    if modules == ("full",):  # a fully recomputed layer keeps its input alone: the same bytes in both
+        assert theirs.saved_bytes == ours.saved_bytes == s_input_bytes(SHAPES[name], tp)
     if model.moe is None:  # the memory model's count agrees with the traced layer's
         assert layer_params_per_rank(model, tp) == ours.param_count
