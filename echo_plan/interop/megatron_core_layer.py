@@ -105,7 +105,7 @@ def _request(model: ModelSpec, kind: LayerKind, tp: int, mbs: int, recompute: Re
            "recompute": recompute.value, "recompute_modules": list(modules)}
     if kind.moe and model.moe is not None:
         req.update(experts=model.moe.num_experts, topk=model.moe.top_k, moe_ffn=model.moe.expert_ffn_hidden_size,
-                   real=True)
+                   shared_ffn=model.moe.shared_ffn if model.moe.num_shared_experts else None, real=True)
     return req
 
 
@@ -233,7 +233,7 @@ def build_layer(req: dict[str, Any], modules: list[str] | None = None, full: boo
     experts = int(req.get("experts", 0))
     moe = dict(num_moe_experts=experts, moe_router_topk=int(req["topk"]), moe_ffn_hidden_size=req["moe_ffn"],
                moe_token_dispatcher_type="allgather", moe_router_load_balancing_type="none",
-               moe_aux_loss_coeff=0.0) if experts else {}
+               moe_aux_loss_coeff=0.0, moe_shared_expert_intermediate_size=req.get("shared_ffn")) if experts else {}
     recompute = dict(recompute_granularity="selective", recompute_modules=list(modules)) if modules else {}
     if full:
         recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)

@@ -30,6 +30,11 @@ SHAPES = {
     # Mixtral-style: 8 experts, top 2, SwiGLU experts one GEMM each (SequentialMLP), all-gather dispatcher
     "moe": dict(hidden=512, heads=8, kv_heads=8, ffn=1024, seq=256, mbs=2, gated=True, norm="rmsnorm", bias=False,
                 experts=8, topk=2),
+    # DeepSeek-style experts beside a shared expert (the shared MLP runs on every token)
+    "moe-shared": dict(hidden=512, heads=8, kv_heads=8, ffn=512, seq=256, mbs=2, gated=True, norm="rmsnorm",
+                       bias=False, experts=8, topk=2, shared=1),
+    "llama-tp8": dict(hidden=1024, heads=16, kv_heads=8, ffn=2816, seq=256, mbs=1, gated=True, norm="rmsnorm",
+                      bias=False),
 }
 
 
@@ -38,7 +43,8 @@ def model_of(s: dict) -> ModelSpec:
                      num_kv_heads=s["kv_heads"], ffn_hidden_size=s["ffn"], vocab_size=1024, seq_length=s["seq"],
                      activation="swiglu" if s["gated"] else "gelu", norm=s["norm"],
                      position_embedding="rotary" if s["gated"] else "learned", bias=s["bias"],
-                     moe={"num_experts": s["experts"], "top_k": s["topk"], "expert_ffn_hidden_size": s["ffn"]}
+                     moe={"num_experts": s["experts"], "top_k": s["topk"], "expert_ffn_hidden_size": s["ffn"],
+                          "num_shared_experts": s.get("shared", 0)}
                      if s.get("experts") else None)
 
 
@@ -60,7 +66,9 @@ def s_input_bytes(s: dict, tp: int) -> int:
     return s["seq"] * s["mbs"] * s["hidden"] * 2  # the layer's bf16 input (no sequence parallelism)
 
 
-CASES = [(name, tp, ()) for name in sorted(SHAPES) for tp in ((1,) if SHAPES[name].get("experts") else (1, 2, 4))]
+CASES = [(name, tp, ()) for name in sorted(SHAPES) if name != "llama-tp8"
+         for tp in ((1,) if SHAPES[name].get("experts") else (1, 2, 4))]
+CASES += [("llama-tp8", 8, ()), ("llama-tp8", 8, ("full",))]
 # selective recompute (Megatron-Core's --recompute-modules): the recomputed GEMMs and collectives run again in
 # backward in both. The GPT-like layer's mlp recompute is left out: on the local spec with biases, Megatron-Core
 # 0.16's checkpoint returns the bias parameter and its backward recurses without end (docs/conformance.md).
