@@ -32,7 +32,7 @@ from echo_plan.specs import Activation, DType, ModelSpec, Norm, PositionEmbeddin
 from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.trace.cache import TraceCache
 from echo_plan.trace.keys import code_version, make_key
-from echo_plan.trace.records import LayerTrace, Phase, StageKind, TraceKey
+from echo_plan.trace.records import LayerTrace, OpKind, Phase, StageKind, TraceKey
 from echo_plan.trace.serialize import key_to_dict, trace_from_dict, trace_to_dict
 
 STAND_INS = (
@@ -152,7 +152,7 @@ def conformance_stack(stack: SoftwareSpec) -> SoftwareSpec:
 
 
 def _gemms(trace: LayerTrace) -> tuple[int, float]:
-    gemms = [op for op in trace.ops if op.kind.value == "gemm"]
+    gemms = [op for op in trace.ops if op.kind is OpKind.GEMM]
     return len(gemms), sum(op.flops for op in gemms)
 
 
