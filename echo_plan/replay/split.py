@@ -27,7 +27,8 @@ from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.layer import PhaseTiming, _phase, phase_tasks
 from echo_plan.trace.records import LayerTrace, Phase
 
-__all__ = ["SplitTiming", "replay_split", "split_timings", "pair_saving", "pair_saving_of", "zb_v_times"]
+__all__ = ["SplitTiming", "replay_split", "split_timings", "pair_saving", "pair_replay", "pair_saving_of",
+           "zb_v_times"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +60,23 @@ def pair_saving(trace: LayerTrace, compute, comm, cluster, dtype, interference: 
     """How much shorter one micro-batch's forward and another's backward of this stage run as an
     overlapped pair (segment by segment between collectives: issued alternately, forward first, or in
     a list scheduler's order, whichever finishes first) than apart."""
+    together = pair_replay(trace, compute, comm, cluster, dtype, interference)
+    return 0.0 if together is None else max(0.0, apart_s - together.makespan_s)
+
+
+def pair_replay(trace: LayerTrace, compute, comm, cluster, dtype, interference: InterferenceModel):
+    """The replay of one micro-batch's forward beside another's backward of this stage (whichever order of
+    issue finishes first; each task's start and end as it ran, interference included), or None when there is
+    no communication to hide and the pair is the two passes back to back. Task ids are the trace's op
+    indices."""
     fwd = phase_tasks([op for op in trace.ops if op.phase is Phase.FORWARD], compute, comm, cluster, dtype)
     bwd = phase_tasks([op for op in trace.ops if op.phase is not Phase.FORWARD], compute, comm, cluster, dtype)
     if not any(t.kind.is_comm for t in fwd + bwd):
-        return 0.0  # nothing to hide: the pair is the two passes back to back
+        return None
     fwd, bwd = _own_exchange_stream(fwd), _own_exchange_stream(bwd)
     fs, bs = _segments(fwd), _segments(bwd)
-    together = min(replay(order, interference).makespan_s  # whichever order of issue finishes first
-                   for order in (_alternate(fs, bs), _greedy(fs, bs)))
-    return max(0.0, apart_s - together)
+    return min((replay(order, interference) for order in (_alternate(fs, bs), _greedy(fs, bs))),
+               key=lambda r: r.makespan_s)
 
 
 def _own_exchange_stream(tasks: list) -> list:
