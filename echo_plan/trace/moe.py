@@ -297,7 +297,13 @@ class MoELayer(nn.Module):
         fp8_exchange = self.dispatch_fp8 and self.fp8 is not None and g.ep is not None and g.etp is None
         if fp8_exchange:  # the tokens cast to FP8 once, then their copies sent as FP8 rows with scales
             self.fp8.cast(tokens.detach(), False)
-        permuted = self._permute(tokens, order)  # one row per (token, expert) copy, sorted by expert
+        deepep = self.deepep and g.ep is not None and self.probs_in_act  # permutation inside DeepEP's kernels
+        k = self.model.moe.top_k
+        if deepep and sent == n_tok * k:
+            permuted = moe_kernels.deepep_token_rows(tokens, k)  # read in place by the dispatch
+        else:
+            deepep = False
+            permuted = self._permute(tokens, order)  # one row per (token, expert) copy, sorted by expert
         sort = g.ep is not None and self.experts.local > 1  # the received chunks re-sorted by local expert
         if fp8_exchange:
             got = _Fp8Dispatch.apply(permuted, g.ep, sent, recv, self._copies(idx, recv) if sort else None)
@@ -307,7 +313,8 @@ class MoELayer(nn.Module):
         got = parallel.gather_from_sp(got, g.etp)  # expert TP: every expert-TP rank sees the tokens
         weights = None
         if self.probs_in_act:  # each copy's probability travels with it (fp32, one value per copy)
-            weights = self._permute(probs.float().reshape(-1, 1), order)
+            weights = (probs.float().reshape(-1, 1) if deepep  # DeepEP takes the [tokens, k] weights as they are
+                       else self._permute(probs.float().reshape(-1, 1), order))
             if self.deepep and g.ep is not None:  # inside the token exchange (recv_topk_weights)
                 weights = parallel.gather_from_sp(_Riding.apply(weights, got, recv), g.etp)
             else:  # Megatron-Core: an all-to-all of their own
@@ -322,6 +329,8 @@ class MoELayer(nn.Module):
             y = self._permute(y, self._copies(y, y.shape[0]))  # back to source-rank order
         y = parallel.reduce_scatter_to_sp(y, g.etp)
         back = _CombineFp8Grad.apply(y, g.ep, recv, sent, self.fp8) if fp8_exchange else dispatch(y, g.ep, recv, sent)
+        if deepep:
+            return moe_kernels.deepep_combined(back, k)  # summed into the tokens by the combine kernel
         if self.probs_in_act:
             return self._sum_copies(back, order, tokens.shape[0])
         return self._unpermute(back, probs, order, tokens.shape[0])

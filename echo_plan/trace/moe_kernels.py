@@ -212,3 +212,54 @@ def fp8_arrived(payload: Tensor, width: int) -> Tensor:
 
 
 fp8_arrived.register_fake(lambda payload, width: payload.new_empty((payload.shape[0], width), dtype=torch.bfloat16))
+
+
+# -- DeepEP: permutation inside the exchange kernels --------------------------------------------------
+# DeepEP's dispatch reads each token once from the token buffer and writes it to every rank its experts
+# are on, and its combine sums a token's returning copies into the token buffer: no permute kernel before
+# the dispatch and no un-permute kernel after the combine (DeepEP README: dispatch(x, topk_idx, ...) takes
+# [num_tokens, hidden]; combine returns [num_tokens, hidden]). These ops stand for the rows the exchange
+# reads and writes: views, no kernel of their own (their work is the exchange's).
+
+@torch.library.custom_op("echo_plan::deepep_token_rows", mutates_args=())
+def deepep_token_rows(tokens: Tensor, copies: int) -> Tensor:
+    """The ``copies`` rows of each token that DeepEP's dispatch sends, read in place from ``tokens``."""
+    return tokens.repeat_interleave(copies, dim=0)
+
+
+deepep_token_rows.register_fake(lambda tokens, copies: tokens.new_empty((tokens.shape[0] * copies, tokens.shape[1])))
+
+
+@torch.library.custom_op("echo_plan::deepep_token_rows_backward", mutates_args=())
+def deepep_token_rows_backward(grad: Tensor, copies: int) -> Tensor:
+    """A token's gradient: its copies' gradients, summed inside DeepEP's backward combine."""
+    return grad.reshape(-1, copies, grad.shape[1]).sum(1)
+
+
+deepep_token_rows_backward.register_fake(
+    lambda grad, copies: grad.new_empty((grad.shape[0] // copies, grad.shape[1])))
+deepep_token_rows.register_autograd(
+    lambda ctx, grad: (deepep_token_rows_backward(grad, ctx.copies), None),
+    setup_context=lambda ctx, inputs, output: setattr(ctx, "copies", inputs[1]))
+
+
+@torch.library.custom_op("echo_plan::deepep_combined", mutates_args=())
+def deepep_combined(rows: Tensor, copies: int) -> Tensor:
+    """Each token's returning copies summed into it by DeepEP's combine (weighted in the experts already)."""
+    return rows.reshape(-1, copies, rows.shape[1]).sum(1)
+
+
+deepep_combined.register_fake(lambda rows, copies: rows.new_empty((rows.shape[0] // copies, rows.shape[1])))
+
+
+@torch.library.custom_op("echo_plan::deepep_combined_backward", mutates_args=())
+def deepep_combined_backward(grad: Tensor, copies: int) -> Tensor:
+    """Each copy's gradient is its token's, written by DeepEP's backward dispatch."""
+    return grad.repeat_interleave(copies, dim=0)
+
+
+deepep_combined_backward.register_fake(
+    lambda grad, copies: grad.new_empty((grad.shape[0] * copies, grad.shape[1])))
+deepep_combined.register_autograd(
+    lambda ctx, grad: (deepep_combined_backward(grad, ctx.copies), None),
+    setup_context=lambda ctx, inputs, output: setattr(ctx, "copies", inputs[1]))

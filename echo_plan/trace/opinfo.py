@@ -37,7 +37,8 @@ _COPY = {"copy_", "clone", "_to_copy", "cat", "stack", "contiguous", "_copy_from
          "slice_backward", "select_backward", "narrow_copy", "as_strided_scatter", "slice_scatter"}
 _VIEW_NAMES = {"_unsafe_view", "detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided",
                "new_empty", "new_empty_strided", "_local_scalar_dense", "set_", "resize_", "wait_tensor",
-               "assemble", "fp8_payload", "fp8_arrived"}
+               "assemble", "fp8_payload", "fp8_arrived", "deepep_token_rows", "deepep_token_rows_backward",
+               "deepep_combined", "deepep_combined_backward"}
 _FILL = {"zeros_like", "ones_like", "full_like", "zeros", "ones", "full", "fill_", "zero_", "new_zeros",
          "new_ones", "new_full", "arange", "scalar_tensor"}
 _GATHERS = {"index", "gather", "index_select"}

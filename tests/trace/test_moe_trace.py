@@ -81,7 +81,15 @@ def test_probabilities_at_unpermute_or_in_the_activation_follow_the_stack(tmp_pa
     deepep = tmp_path / "deepep.yaml"  # DeepEP's dispatch carries the gate weights inside the token exchange
     deepep.write_text("base: megatron-core\nmoe_dispatcher: deepep\n")
     dp_trace, dp_a2a = _a2a_and_saved(str(deepep))
-    assert len(dp_a2a) == 4 and dp_trace.saved_bytes == new_trace.saved_bytes
+    assert len(dp_a2a) == 4
+    # DeepEP's kernels read and sum each token's copies in place: no permute before the dispatch, no
+    # un-permute after the combine, and none of the row map (8 bytes per copy) Megatron-Core's keeps
+    assert new_trace.saved_bytes - dp_trace.saved_bytes == 8 * model.seq_length * model.moe.top_k
+    def kernels(trace, name):
+        return sum(1 for op in trace.ops if op.name.endswith(f"{name}.default") and op.phase.value == "forward")
+    assert kernels(dp_trace, "moe_unpermute_sum") == 0 < kernels(new_trace, "moe_unpermute_sum")
+    assert kernels(dp_trace, "moe_permute") < kernels(new_trace, "moe_permute")
+    assert {op.collective.nbytes for op in dp_a2a} <= {op.collective.nbytes for op in new_a2a}  # the same rows
 
 
 def test_imbalance_never_lightens_the_busiest_rank():
