@@ -206,6 +206,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     if interference is None:
         interference = memo.default_interference()
     if model.is_moe and stack.moe_dispatcher is MoEDispatcher.DEEPEP and stack.moe_comm_sms and plan.ep > 1:
+        if stack.moe_comm_sms >= cluster.gpu.sm_count:
+            raise SpecError("moe_comm_sms", stack.moe_comm_sms, f"stack {stack.name}: the exchange can hold at most "
+                            f"{cluster.gpu.sm_count - 1} of the {cluster.gpu.name}'s {cluster.gpu.sm_count} SMs")
         interference = memo.sm_share(interference, cluster.gpu.sm_count, stack.moe_comm_sms)
 
     traces = memo.traces(model, plan, cache, stack)

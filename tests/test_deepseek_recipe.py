@@ -7,6 +7,7 @@ import pytest
 
 from echo_plan.simulate import SimulationMemo, simulate
 from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
+from echo_plan.errors import SpecError
 from echo_plan.specs.plan import balanced_split
 from echo_plan.trace.cache import TraceCache
 
@@ -54,3 +55,12 @@ def test_deepseeks_own_recipe_fits_the_80_gb_cards_it_ran_on(tmp_path):
     plain = simulate(model, cluster, PlanSpec.build({**recipe, "recompute": "none"}),
                      stack=load_stack("megatron-core", {"fp8_recipe": "blockwise"}), cache=cache, memo=memo)
     assert not plain.fits
+
+
+def test_an_exchange_holding_all_the_sms_is_a_one_line_error(small_moe):
+    cluster = load_cluster("h800").resized(gpus=16)
+    plan = PlanSpec.build({"tp": 1, "pp": 1, "dp": 16, "ep": 4, "micro_batch_size": 1, "global_batch_size": 32})
+    stack = load_stack("megatron-core", {"moe_dispatcher": "deepep", "moe_comm_sms": 132})
+    with pytest.raises(SpecError, match="moe_comm_sms.*at most 131") as err:
+        simulate(small_moe, cluster, plan, stack=stack)
+    assert "\n" not in str(err.value)

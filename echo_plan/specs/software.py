@@ -160,6 +160,14 @@ class SoftwareSpec(Spec):
                              f"(this stack's attention is {self.attention.value})")
         return self
 
+    @model_validator(mode="after")
+    def _deepep_only(self) -> "SoftwareSpec":
+        for name in ("moe_dispatch_fp8", "moe_comm_sms"):
+            if getattr(self, name) and self.moe_dispatcher is not MoEDispatcher.DEEPEP:
+                raise ValueError(f"{name} is DeepEP's (moe_dispatcher: deepep); this stack's dispatcher is "
+                                 f"{self.moe_dispatcher.value}")
+        return self
+
     @field_validator("recompute_modules")
     @classmethod
     def _modules(cls, value: tuple[RecomputeModule, ...]) -> tuple[RecomputeModule, ...]:

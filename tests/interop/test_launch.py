@@ -41,20 +41,23 @@ def test_every_plan_of_a_search_round_trips_or_is_refused_in_one_line(name, fmt)
 @pytest.mark.parametrize("fmt", [LaunchFormat.MEGATRON_LM, LaunchFormat.MEGATRON_BRIDGE])
 def test_deepseek_stack_and_uneven_split_round_trip(fmt):
     model = load_model("deepseek-v3")
-    stack = load_stack("deepseek-v3").replace(moe_act_input_fp8=False)
+    stack = load_stack("deepseek-v3").replace(moe_act_input_fp8=False, moe_dispatch_fp8=False)
     plan = PlanSpec(pp=16, dp=128, ep=64, global_batch_size=15360, distributed_optimizer=True, recompute="selective",
                     layer_split=(3,) + (4,) * 14 + (2,), dtype="fp8")
     cluster = load_cluster("h800", gpus=2048)
     job = import_launch(export_launch(fmt, model, plan, stack, cluster).text, f"x{fmt.suffix}", load_stack(None))
     assert job.plan == canonical_plan(plan, model)
-    for field in ("moe_dispatcher", "fp8_recipe", "recompute_modules", "optimizer_state_bytes", "attention_library"):
+    for field in ("moe_dispatcher", "moe_comm_sms", "fp8_recipe", "recompute_modules", "optimizer_state_bytes",
+                  "attention_library"):
         assert getattr(job.stack, field) == getattr(stack, field), field
 
 
-def test_deepseeks_fp8_activation_caching_is_refused_by_megatron():
-    model, stack = load_model("deepseek-v3"), load_stack("deepseek-v3")
+@pytest.mark.parametrize("keep", ["moe_act_input_fp8", "moe_dispatch_fp8"])
+def test_deepseeks_fp8_caching_and_fp8_dispatch_are_refused_by_megatron(keep):
+    model = load_model("deepseek-v3")
+    stack = load_stack("deepseek-v3").replace(**{k: k == keep for k in ("moe_act_input_fp8", "moe_dispatch_fp8")})
     plan = PlanSpec(pp=16, dp=128, ep=64, global_batch_size=15360, distributed_optimizer=True, dtype="fp8")
-    with pytest.raises(CannotExpress, match="moe_act_input_fp8"):
+    with pytest.raises(CannotExpress, match=keep):
         export_launch(LaunchFormat.MEGATRON_LM, model, plan, stack, load_cluster("h800", gpus=2048))
 
 

@@ -76,3 +76,10 @@ def test_the_attention_library_is_a_stack_setting_for_fused_attention_only():
         with pytest.raises(SpecError) as err:
             load_stack("megatron-core", bad)
         assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("field, value", [("moe_dispatch_fp8", True), ("moe_comm_sms", 20)])
+def test_deepeps_own_settings_need_its_dispatcher(field, value):
+    with pytest.raises(Exception, match=f"{field} is DeepEP's"):
+        load_stack("megatron-core", {field: value})
+    assert getattr(load_stack("megatron-core", {"moe_dispatcher": "deepep", field: value}), field) == value

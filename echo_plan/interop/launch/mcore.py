@@ -172,6 +172,10 @@ def _refuse_plan(plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchFormat) -> None
         raise CannotExpress(fmt, "moe_act_input_fp8", True, "Megatron-Core keeps the experts' activation input in "
                                                             "bf16 (DeepSeek's FP8 caching has no flag); simulate "
                                                             "with a stack that sets it false")
+    if stack.moe_dispatch_fp8 and plan.dtype is DType.FP8 and plan.ep > 1:
+        raise CannotExpress(fmt, "moe_dispatch_fp8", True, "Megatron-Core's DeepEP dispatcher moves bf16 tokens "
+                                                           "(DeepSeek's FP8 dispatch has no flag); simulate with a "
+                                                           "stack that sets it false")
     if stack.optimizer_state_bytes not in (None, 12.0, 8.0):
         raise CannotExpress(fmt, "optimizer_state_bytes", stack.optimizer_state_bytes,
                             "Megatron-Core keeps 12 (fp32 master and moments) or 8 (bf16 moments, the "
@@ -195,6 +199,8 @@ def to_mcore(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchF
                  moe_grouped_gemm=stack.moe_grouped_gemm, moe_permute_fusion=stack.moe_permute_fusion)
         if stack.moe_dispatcher is MoEDispatcher.DEEPEP:
             m.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="deepep")
+            if stack.moe_comm_sms:
+                m["moe_deepep_num_sms"] = stack.moe_comm_sms
         else:
             m["moe_token_dispatcher_type"] = stack.moe_dispatcher.value
         if stack.moe_a2a_overlap:

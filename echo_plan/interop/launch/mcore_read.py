@@ -48,6 +48,8 @@ def _stack(sec: Mapping[str, Mapping[str, Any]], base: SoftwareSpec, source: str
         deepep = as_bool(m.get("moe_enable_deepep", False)) or m.get("moe_flex_dispatcher_backend") == "deepep"
         if dispatcher == "flex" and deepep:
             changes["moe_dispatcher"] = "deepep"
+            if m.get("moe_deepep_num_sms") is not None:
+                changes["moe_comm_sms"] = as_int(m, "moe_deepep_num_sms", source)
         elif dispatcher in ("alltoall", "allgather"):
             changes["moe_dispatcher"] = dispatcher
         else:
