@@ -201,15 +201,15 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     cluster_key = cluster.model_dump_json()  # once: it keys the compute and comm models and every memo below
     compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster, cluster_key), stack)
     comm = comm if comm is not None else memo.default_comm(cluster, cluster_key)
-    if model.is_moe and stack.moe_dispatcher is MoEDispatcher.DEEPEP:
-        comm = deepep_collectives(comm, model)  # the expert-parallel all-to-alls as DeepEP's exchange
     if interference is None:
         interference = memo.default_interference()
-    if model.is_moe and stack.moe_dispatcher is MoEDispatcher.DEEPEP and stack.moe_comm_sms and plan.ep > 1:
-        if stack.moe_comm_sms >= cluster.gpu.sm_count:
-            raise SpecError("moe_comm_sms", stack.moe_comm_sms, f"stack {stack.name}: the exchange can hold at most "
-                            f"{cluster.gpu.sm_count - 1} of the {cluster.gpu.name}'s {cluster.gpu.sm_count} SMs")
-        interference = memo.sm_share(interference, cluster.gpu.sm_count, stack.moe_comm_sms)
+    if model.is_moe and stack.moe_dispatcher is MoEDispatcher.DEEPEP:
+        comm = deepep_collectives(comm, model)  # the expert-parallel all-to-alls as DeepEP's exchange
+        if stack.moe_comm_sms and plan.ep > 1:  # the SMs its kernels hold, lost to what runs beside them
+            if stack.moe_comm_sms >= cluster.gpu.sm_count:
+                raise SpecError("moe_comm_sms", stack.moe_comm_sms, f"stack {stack.name}: the exchange can hold at "
+                                f"most {cluster.gpu.sm_count - 1} of the {cluster.gpu.name}'s {cluster.gpu.sm_count} SMs")
+            interference = memo.sm_share(interference, cluster.gpu.sm_count, stack.moe_comm_sms)
 
     traces = memo.traces(model, plan, cache, stack)
     timing = memo.timings(traces, compute, comm, cluster, cluster_key, plan, interference)
