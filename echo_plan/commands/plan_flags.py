@@ -48,6 +48,17 @@ PLAN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("sequence_parallel", bool, typer.Option(False, "--sequence-parallel", help="Megatron-LM sequence parallelism")),
     ("distributed_optimizer", bool, typer.Option(False, "--distributed-optimizer",
                                                  help="shard optimizer states over DP (reduce-scatter + all-gather)")),
+    ("sharding", Optional[str], typer.Option(
+        None, "--sharding", help="none | optimizer | gradients | parameters: what data parallelism shards (ZeRO "
+                                 "0-3; parameters = FSDP full shard; default: none, or the stack's level with "
+                                 "--distributed-optimizer)")),
+    ("shard_degree", Optional[int], typer.Option(
+        None, "--shard-degree", help="HSDP: shard within groups of N ranks, replicate across dp x cp / N "
+                                     "(default: the whole data-parallel group)")),
+    ("reshard_after_forward", Optional[bool], typer.Option(
+        None, "--reshard-after-forward/--keep-after-forward",
+        help="--sharding parameters: gather each block again for its backward (default: yes without a pipeline, "
+             "no with one, as torchtitan)")),
     ("dtype", str, typer.Option("bf16", "--dtype", help=DTypeHelp)),
     ("fp8_recipe", Optional[str], Fp8RecipeOpt),
     ("fp8_param_gather", Optional[bool], Fp8ParamGatherOpt),
@@ -87,6 +98,9 @@ class PlanFlags:
     recompute: str
     sequence_parallel: bool
     distributed_optimizer: bool
+    sharding: Optional[str]
+    shard_degree: Optional[int]
+    reshard_after_forward: Optional[bool]
     dtype: str
     fp8_recipe: Optional[str]
     fp8_param_gather: Optional[bool]
@@ -157,6 +171,7 @@ def build_plan(flags: PlanFlags, *, refuse: Mapping[str, str] = MappingProxyType
         distributed_optimizer=flags.distributed_optimizer, dtype=flags.dtype,
         overlap_grad_reduce=not flags.no_overlap_grad_reduce, overlap_param_gather=not flags.no_overlap_param_gather,
     )
+    plan_fields.update(sharding_fields(flags))
     if flags.schedule is not None:
         plan_fields["schedule"] = flags.schedule
     elif flags.vpp > 1:
@@ -167,6 +182,34 @@ def build_plan(flags: PlanFlags, *, refuse: Mapping[str, str] = MappingProxyType
     plan_fields.update(expert_fields(flags.ep, flags.etp, flags.expert_imbalance))
     plan_fields.update(dp_comm_fields(flags.dp_comm, flags.density))
     return PlanInputs(model, cluster, stack, PlanSpec.build(plan_fields, context="plan"))
+
+
+SHARDING_CHOICES = ("none", "optimizer", "gradients", "parameters")
+
+
+def sharding_fields(flags: PlanFlags) -> dict[str, Any]:
+    """The plan's sharding fields from --sharding, --shard-degree and --reshard-after-forward (one-line
+    errors for a value that is not one, or a combination that contradicts itself)."""
+    out: dict[str, Any] = {}
+    if flags.sharding is not None:
+        if flags.sharding not in SHARDING_CHOICES:
+            raise SpecError("--sharding", flags.sharding, f"one of {', '.join(SHARDING_CHOICES)}")
+        if flags.sharding == "none" and flags.distributed_optimizer:
+            raise SpecError("--sharding", "none", "contradicts --distributed-optimizer (the name of --sharding "
+                            "optimizer): give one of them")
+        out["sharding"] = flags.sharding
+    sharded = flags.distributed_optimizer or flags.sharding not in (None, "none")
+    if flags.shard_degree is not None:
+        if not sharded:
+            raise SpecError("--shard-degree", flags.shard_degree, "needs --sharding optimizer, gradients or "
+                            "parameters (or --distributed-optimizer)")
+        out["shard_degree"] = flags.shard_degree
+    if flags.reshard_after_forward is not None:
+        if flags.sharding != "parameters":
+            raise SpecError("--reshard-after-forward" if flags.reshard_after_forward else "--keep-after-forward",
+                            True, "applies to --sharding parameters only")
+        out["reshard_after_forward"] = flags.reshard_after_forward
+    return out
 
 
 def layer_split(flags: PlanFlags, model: ModelSpec) -> tuple[int, ...] | None:

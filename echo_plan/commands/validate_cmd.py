@@ -201,6 +201,8 @@ def _print_suite(r) -> None:
         if wo is not None and abs(wo - row.error) > 5e-4:  # predicted otherwise by the calibration made without it
             rng += f"  (w/o suite {wo * 100:+.1f}%)"
         memory = row.memory.words() if row.memory is not None else "-"
+        if row.peak_error is not None:
+            memory += f" (published {row.published_peak_gib:g}, {row.peak_error:+.0%})"
         typer.echo(f"   {row.label:<40} {row.measured:>10.4g} {row.predicted:>10.4g} {row.error * 100:>+7.1f}%  "
                    f"{memory:<22}{row.detail}{role}{rng}")
     typer.echo(f"   mean |error| {r.mean_abs_error * 100:.1f}%, max {r.max_abs_error * 100:.1f}%, held-out mean "

@@ -52,6 +52,7 @@ import yaml
 
 from echo_plan.errors import FileFormatError
 from echo_plan.cost.stage_memory import StageMemory
+from echo_plan.cost.fsdp_memory import fsdp_states
 from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
 from echo_plan.specs.moe import DENSE, LayerKind
@@ -309,6 +310,9 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
         params = dense + experts
         optimizer = dense * o_b / shard + experts * o_b / eshard
         grads = dense * g_b / gshard + experts * g_b / egshard
+        weights = params * w_b + fp8_weight_bytes(model, plan, stack, i, w_b)
+        if sharding.parameters:
+            weights, grads, optimizer = fsdp_states(model, plan, stack, sharding, counts, dense, experts, w_b, g_b, o_b)
         if sched is not None:
             act = walk_stage(model, plan, sched, profile[i], i, saved, first, retained, embed_saved, output_saved,
                              walk_cache)
@@ -330,7 +334,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
                    + c.fragmentation_fraction * act + transient)
         out.append(StageMemory(
             stage=i,
-            weights_bytes=int(params * w_b + fp8_weight_bytes(model, plan, stack, i, w_b)),
+            weights_bytes=int(weights),
             gradients_bytes=int(grads),
             optimizer_bytes=int(optimizer),
             activations_bytes=int(act),

@@ -2,45 +2,61 @@
 the software stack, and read by every stage (memory, the data-parallel collectives and the optimizer
 step in the replay, the Chakra export, the checkpoint size of the goodput model).
 
-The plan says whether the optimizer is sharded (``distributed_optimizer``, Megatron-LM's name for
-ZeRO-1); the stack says what its sharded optimizer shards (``optimizer_sharding``: the states, or the
-states and the gradient buffer as Apex's DistributedFusedAdam and ZeRO-2 do). A sharded level reduces
-gradients with a reduce-scatter to their shard's owner and gathers the updated parameters with an
-all-gather; an unsharded one all-reduces them. States are sharded over the gradient-reducing group:
-the data-and-context-parallel ranks for dense parameters (context-parallel ranks hold the same
-weights), the expert-data-parallel ranks for experts. Sharding the parameters themselves (ZeRO-3,
-FSDP, HSDP with a shard degree) is issue 34's and adds its level here.
+The plan says how far the state is sharded (``sharding``: none, optimizer, gradients, parameters:
+ZeRO's stages 0-3; ``distributed_optimizer``, Megatron-LM's name for ZeRO-1, stands for the stack's
+own sharded level when ``sharding`` is not given: the stack's ``optimizer_sharding``). A sharded
+level reduces gradients with a reduce-scatter to their shard's owner and gathers the updated
+parameters with an all-gather; an unsharded one all-reduces them. States are sharded over the
+gradient-reducing group: the data-and-context-parallel ranks for dense parameters (context-parallel
+ranks hold the same weights), the expert-data-parallel ranks for experts; or, with a ``shard_degree``
+(HSDP, Megatron's partial distributed optimizer), over groups of that many ranks, the groups
+replicas of each other whose gradient shards are all-reduced across them. Sharding the parameters
+(FSDP) gathers each block's parameters before its forward and (with ``reshard_after_forward``) again
+before its backward, and reduce-scatters its gradients after its backward (replay/fsdp.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
-from echo_plan.specs.plan import PlanSpec
+from echo_plan.specs.plan import PlanSpec, Sharding
 from echo_plan.specs.software import OptimizerSharding, SoftwareSpec
 
+ShardLevel = Sharding  # the plan's enum: none, optimizer, gradients, parameters
 
-class ShardLevel(str, Enum):
-    NONE = "none"  # every data-parallel rank holds all its gradients and optimizer states (DDP)
-    OPTIMIZER = "optimizer"  # fp32 master weights and Adam moments sharded (ZeRO-1, distributed optimizer)
-    GRADIENTS = "gradients"  # the gradient buffer too (ZeRO-2)
+_STACK_LEVEL = {OptimizerSharding.STATES: Sharding.OPTIMIZER, OptimizerSharding.STATES_AND_GRADS: Sharding.GRADIENTS,
+                OptimizerSharding.PARAMS: Sharding.PARAMETERS}
 
 
 @dataclass(frozen=True, slots=True)
 class DataParallelSharding:
     level: ShardLevel
-    degree: int  # dense parameters' sharded state is split over this many ranks (dp x cp)
-    expert_degree: int  # expert parameters' over the expert-data-parallel ranks
+    degree: int  # dense parameters' sharded state is split over this many ranks (dp x cp, or the shard degree)
+    expert_degree: int  # expert parameters' over the expert-data-parallel ranks (or a shard group of them)
+    replicas: int = 1  # copies of each dense shard (HSDP: dp x cp / shard degree), all-reduced across
+    expert_replicas: int = 1
 
     @classmethod
     def of(cls, plan: PlanSpec, stack: SoftwareSpec | None) -> "DataParallelSharding":
         """The plan's sharding under ``stack`` (None: what any stack with a sharded optimizer shards,
-        the optimizer states: enough where only their count matters)."""
+        the optimizer states, unless the plan names its level: enough where only their count matters)."""
         if not plan.distributed_optimizer:
             return cls(ShardLevel.NONE, 1, 1)
-        grads = stack is not None and stack.optimizer_sharding is OptimizerSharding.STATES_AND_GRADS
-        return cls(ShardLevel.GRADIENTS if grads else ShardLevel.OPTIMIZER, plan.grad_dp, plan.edp)
+        if plan.sharding is not None:
+            level = plan.sharding
+        else:
+            level = _STACK_LEVEL.get(stack.optimizer_sharding, Sharding.OPTIMIZER) if stack is not None \
+                else Sharding.OPTIMIZER
+        degree = plan.shard_group_size
+        expert_degree = math.gcd(plan.edp, degree)
+        return cls(level, degree, expert_degree, plan.grad_dp // degree, plan.edp // expert_degree)
+
+    @property
+    def parameters(self) -> bool:
+        """The parameters themselves are sharded and gathered block by block when used (ZeRO-3, FSDP)."""
+        return self.level is ShardLevel.PARAMETERS
 
     @property
     def sharded(self) -> bool:
@@ -55,6 +71,12 @@ class DataParallelSharding:
 
     def gradient_shards(self, expert: bool = False) -> int:
         """How many ways the gradient buffer of dense (or expert) parameters is split."""
-        if self.level is not ShardLevel.GRADIENTS:
+        if self.level not in (ShardLevel.GRADIENTS, ShardLevel.PARAMETERS):
+            return 1
+        return self.expert_degree if expert else self.degree
+
+    def parameter_shards(self, expert: bool = False) -> int:
+        """How many ways the parameters themselves are split (1 unless sharded at the parameters level)."""
+        if not self.parameters:
             return 1
         return self.expert_degree if expert else self.degree

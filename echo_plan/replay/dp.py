@@ -66,18 +66,63 @@ def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, ove
         ex = exchange(plan.dp_comm, params, group, plan.density, comm_time, op_time)
         return (DpBucket(params, ex.total_s, TaskKind.ALL_GATHER, expert=expert, sparse=ex),)
     made: dict[int, DpBucket] = {}  # buckets of one size are the same (immutable) bucket
+    shard, replica = shard_groups(group, sharding)
     for n in bucket_sizes(params, group.size, overlap):
         b = made.get(n)
         if b is None:
             if sharding.sharded:
-                b = DpBucket(n, comm_time(CollectiveKind.REDUCE_SCATTER, n * gb, group), TaskKind.REDUCE_SCATTER,
-                             comm_time(CollectiveKind.ALL_GATHER, int(n * param_bytes), group), expert=expert)
+                b = DpBucket(n, sharded_reduce_s(n, gb, shard, replica, comm_time), TaskKind.REDUCE_SCATTER,
+                             comm_time(CollectiveKind.ALL_GATHER, int(n * param_bytes), shard), expert=expert)
             else:
                 b = DpBucket(n, comm_time(CollectiveKind.ALL_REDUCE, n * gb, group), TaskKind.ALL_REDUCE,
                              expert=expert)
             made[n] = b
         out.append(b)
     return tuple(out)
+
+
+def shard_groups(group: CommGroup, sharding: DataParallelSharding) -> tuple[CommGroup, CommGroup]:
+    """The ranks one shard spans within the gradient-reducing ``group`` (its first ``degree`` ranks, the
+    innermost: torchtitan's mesh puts dp_shard inside dp_replicate), and the replicas of a shard."""
+    degree = sharding.expert_degree if group.kind is GroupKind.EDP else sharding.degree
+    degree = max(1, min(degree, group.size)) if sharding.sharded else group.size
+    shard = CommGroup(group.kind, size=degree, stride=group.stride, start=group.start)
+    replica = CommGroup(group.kind, size=group.size // degree, stride=group.stride * degree, start=group.start)
+    return shard, replica
+
+
+def sharded_reduce_s(params: int, gb: int, shard: CommGroup, replica: CommGroup, comm_time: CommTime) -> float:
+    """Reduce-scatter of ``params`` gradients (``gb`` bytes each) over the shard group, then (HSDP, a
+    partial distributed optimizer) the all-reduce of the shard over its replicas."""
+    t = comm_time(CollectiveKind.REDUCE_SCATTER, params * gb, shard) if shard.size > 1 else 0.0
+    if replica.size > 1:
+        t += comm_time(CollectiveKind.ALL_REDUCE, -(-params * gb // shard.size), replica)
+    return t
+
+
+def fsdp_units(units: list[tuple[int, int, float, float, bool, float]], gb: int, comm_time: CommTime,
+               group: CommGroup, expert_group: CommGroup, sharding: DataParallelSharding) -> tuple[DpBucket, ...]:
+    """A chunk's FSDP units in backward order (replay/fsdp.py) from ``units`` in forward order, each (dense
+    parameters, expert parameters, forward seconds, backward seconds, kept for backward, bytes per parameter
+    its all-gather moves). A unit's reduce-scatter moves ``gb`` bytes per gradient, plus the replicas'
+    all-reduce in HSDP."""
+    shard, replica = shard_groups(group, sharding)
+    eshard, ereplica = shard_groups(expert_group, sharding)
+    made: dict[tuple, DpBucket] = {}
+    out = []
+    for key in units:
+        b = made.get(key)
+        if b is None:
+            dense, experts, fwd, bwd, kept, pb = key
+            gather = comm_time(CollectiveKind.ALL_GATHER, int(dense * pb), shard) if shard.size > 1 else 0.0
+            reduce = sharded_reduce_s(dense, gb, shard, replica, comm_time)
+            if experts:
+                gather += comm_time(CollectiveKind.ALL_GATHER, int(experts * pb), eshard) if eshard.size > 1 else 0.0
+                reduce += sharded_reduce_s(experts, gb, eshard, ereplica, comm_time)
+            b = made[key] = DpBucket(dense + experts, reduce, TaskKind.REDUCE_SCATTER, gather, fwd_share=fwd,
+                                     bwd_share=bwd, kept=kept)
+        out.append(b)
+    return tuple(reversed(out))
 
 
 def optimizer_op(params: int, sharding: DataParallelSharding, expert_params: int = 0) -> OpRecord:

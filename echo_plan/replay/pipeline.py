@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from echo_plan.replay.engine import ReplayResult, Task, replay_columns
+from echo_plan.replay.fsdp import NO_PIECES, FsdpPass, FsdpSteps, fsdp_pass
 from echo_plan.replay.interference import InterferenceModel, Mix
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.layout.schedules import Pass, PipelineSchedule
@@ -76,6 +77,9 @@ class DpBucket:
     gather_s: float = 0.0  # parameter all-gather (distributed optimizer), else 0
     expert: bool = False  # routed-expert parameters, reduced over the expert data-parallel group
     sparse: Any = None  # cost.dp_comm.Exchange of a sparse method (reduce_s is its total), else None
+    fwd_share: float = 0.0  # FSDP units: the unit's share of the chunk's forward (and backward) compute
+    bwd_share: float = 0.0
+    kept: bool = False  # FSDP units not gathered again for backward (the root unit, the chunk's last block)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,7 @@ class StepCosts:
     work_scale: tuple[float, ...] | None = None  # per pipeline rank compute multiplier (what-if)
     p2p_recv_s: float = 0.0  # on the receiving stage: the TP all-gather of what arrived (no SP), before use
     p2p_by_stage: tuple[float, ...] | None = None  # per sending rank, when faults make transfers differ
+    fsdp: FsdpSteps | None = None  # parameters sharded: the buckets are FSDP units (replay/fsdp.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +182,9 @@ def build_tasks(costs: StepCosts) -> StepTasks:
     # first pass: where every send lands, and how many tasks each rank's DP stream gets
     send_at = [0] * (pp * v * 2 * m)  # ((rank * v + chunk) * 2 + forward) * m + microbatch -> position
     firsts, lasts, overlapped, ndp = [], [], [], []
+    fs = costs.fsdp
+    kept_of = [[tuple(b.kept for b in bs) for bs in st.buckets] for st in costs.stages]
+    fsdp_passes: list[list[FsdpPass]] = []  # per rank, per action (FSDP only)
     pos = 0
     for r in range(pp):
         st = costs.stages[r]
@@ -188,23 +196,34 @@ def build_tasks(costs: StepCosts) -> StepTasks:
                 first_f.setdefault(a.chunk, k)
             elif a.kind.grads_ready:
                 last_b[a.chunk] = k
-        go = overlap_gather and any(b.gather_s > 0 for bs in st.buckets for b in bs)
+        go = fs is None and overlap_gather and any(b.gather_s > 0 for bs in st.buckets for b in bs)
         firsts.append(first_f)
         lasts.append(last_b)
         overlapped.append(go)
         nb = [len(bs) for bs in st.buckets]
+        passes: list[FsdpPass] = []
+        fsdp_dp = 0
         for k, a in enumerate(acts):
             fwd = a.kind is FWD
             c, mb = a.chunk, a.microbatch
             if a.kind is not WGT and recv_s > 0 and (prev_of if fwd else next_of)[r][c] is not None:
                 pos += 1  # the TP all-gather of the received message
-            if fwd:
+            if fs is not None:
+                fp = fsdp_pass(fs, kept_of[r][c], fwd, first_f.get(c) == k, last_b.get(c) == k)
+                passes.append(fp)
+                pos += nb[c] if fp.pieces else 1
+                fsdp_dp += fp.tasks(nb[c])
+            elif fwd:
                 pos += nb[c] if go and first_f[c] == k else 1
             else:
                 pos += nb[c] if overlap_grad and nb[c] and last_b.get(c) == k else 1
             if a.kind is not WGT and (next_of if fwd else prev_of)[r][c] is not None:
                 send_at[((r * v + c) * 2 + fwd) * m + mb] = pos
                 pos += 1
+        fsdp_passes.append(passes)
+        if fs is not None:
+            ndp.append(fsdp_dp + (1 if tied_on and r == pp - 1 else 0))
+            continue
         ndp.append((sum(nb[c] for c in first_f) if go else 0) + sum(nb[c] for c in last_b)
                    + (1 if tied_on and r == pp - 1 else 0)
                    + (0 if overlap_gather else sum(1 for bs in st.buckets for b in bs if b.gather_s > 0)))
@@ -228,7 +247,7 @@ def build_tasks(costs: StepCosts) -> StepTasks:
         names.append, info.append)
     dp_rows: list[list[tuple]] = [[] for _ in range(pp)]  # per rank: its DP stream, in order
     reduce_ids: list[list[int]] = [[] for _ in range(pp)]
-    last_compute: list[int] = [0] * pp
+    last_compute: list[int] = [-1] * pp  # each rank's latest compute task (-1: none yet)
 
     def dp_task(r: int, work: float, kind: TaskKind, deps: tuple[int, ...], name: str) -> int:
         rows = dp_rows[r]
@@ -244,6 +263,39 @@ def build_tasks(costs: StepCosts) -> StepTasks:
 
     def gather_task(r: int, c: int, b_i: int, b: DpBucket, deps: tuple[int, ...] = ()) -> int:
         return dp_task(r, b.gather_s, TaskKind.ALL_GATHER, deps, f"DP param all-gather chunk{c} bucket {b_i}")
+
+    def fsdp_pieces(r: int, fp: FsdpPass, buckets, fwd: bool, deps: tuple[int, ...], ctx) -> int:
+        """One compute piece per FSDP unit of the pass, with its all-gathers (one unit ahead) and
+        reduce-scatters on the DP stream (replay/fsdp.py); returns the last piece's id."""
+        work, kind, mix, cat, cat_value, kv, mb, c, label, phase, scale = ctx
+        order = list(reversed(range(len(buckets)))) if fwd else list(range(len(buckets)))
+        shares = [(buckets[i].fwd_share if fwd else buckets[i].bwd_share) for i in order]
+        tot = sum(shares)
+        if tot <= 0:
+            shares, tot = [float(buckets[i].params) for i in order], float(sum(buckets[i].params for i in order) or 1)
+        pre = (last_compute[r],) if last_compute[r] >= 0 else ()
+        gather_ids: dict[int, int] = {}
+
+        def gather(j: int, after: tuple[int, ...]) -> None:
+            if j < len(order) and j in fp.gathered and j not in gather_ids:
+                i = order[j]
+                gather_ids[j] = dp_task(r, buckets[i].gather_s, TaskKind.ALL_GATHER, after,
+                                        f"FSDP all-gather chunk{c} unit {i} ({'fwd' if fwd else 'bwd'} mb{mb})")
+        ids: list[int] = []
+        for j, i in enumerate(order):
+            gather(j, pre if j < 2 else (ids[j - 2],))
+            gather(j + 1, (ids[j - 1],) if j >= 1 else pre)
+            share = shares[j] / tot
+            piece = len(work_l)
+            extra = (gather_ids[j],) if j in gather_ids else ()
+            add_dev(r), add_stream(COMPUTE), add_work(work * share), add_kind(kind), add_mix(mix)
+            add_deps(deps + extra), add_cat(cat_value), add_name((kv, mb, c, label, j + 1, len(order)))
+            add_info(TaskInfo(cat, r, phase, share * scale))
+            deps = (piece,)
+            ids.append(piece)
+            if fp.reduces:
+                reduce_task(r, c, i, buckets[i], (piece,))
+        return ids[-1]
 
     for r in range(pp):
         p2p_s = costs.p2p_by_stage[r] if costs.p2p_by_stage else costs.p2p_s
@@ -305,13 +357,20 @@ def build_tasks(costs: StepCosts) -> StepTasks:
                     got = g
                 deps = (*deps, got)
             buckets = st.buckets[c]
-            if fwd and go and first_f[c] == k_a:
+            fp = fsdp_passes[r][k_a] if fs is not None else NO_PIECES
+            if fp.pieces:
+                pieces = None
+                last = fsdp_pieces(r, fp, buckets, fwd, deps, (work, kind, mix, cat, cat_value, kv, mb, c, label,
+                                                                phase, scale))
+            elif fwd and go and first_f[c] == k_a:
                 pieces = [(b.params, (gather_at[(c, b_i)],)) for b_i, b in reversed(list(enumerate(buckets)))]
-            elif not fwd and overlap_grad and buckets and last_b.get(c) == k_a:
+            elif not fwd and fs is None and overlap_grad and buckets and last_b.get(c) == k_a:
                 pieces = [(b.params, ()) for b in buckets]
             else:
                 pieces = None
-            if pieces is None:  # the common case: one task for the whole action
+            if fp.pieces:
+                pass
+            elif pieces is None:  # the common case: one task for the whole action
                 last = len(work_l)
                 add_dev(r), add_stream(COMPUTE), add_work(work), add_kind(kind), add_mix(mix), add_deps(deps)
                 add_cat(cat_value), add_name((kv, mb, c, label, 0, 0)), add_info(whole_info)
@@ -338,7 +397,7 @@ def build_tasks(costs: StepCosts) -> StepTasks:
                 prev_sends = (i,)
             else:
                 prev_sends = ()
-        if not overlap_grad:
+        if not overlap_grad and fs is None:
             for c in sorted(last_b, key=last_b.__getitem__):
                 for b_i, b in enumerate(st.buckets[c]):
                     reduce_task(r, c, b_i, b, (last_compute[r],))
@@ -354,7 +413,7 @@ def build_tasks(costs: StepCosts) -> StepTasks:
         st = costs.stages[r]
         scale = costs.work_scale[r] if costs.work_scale else 1.0
         i = dp_base[r]
-        if not overlap_gather:
+        if not overlap_gather and fs is None:
             for c, bs in enumerate(st.buckets):
                 for b_i, b in enumerate(bs):
                     if b.gather_s > 0:

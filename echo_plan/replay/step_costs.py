@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.layout.sharding import DataParallelSharding
-from echo_plan.replay.dp import chunk_buckets, optimizer_op
+from echo_plan.replay.dp import chunk_buckets, fsdp_units, optimizer_op
+from echo_plan.replay.fsdp import FsdpSteps
 from echo_plan.layout.layer_mix import layer_params_per_rank
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts
 from echo_plan.layout.schedules import build_schedule
@@ -201,10 +202,16 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
                 wgt.append(_phase(w_parts))
             labels.append(label)
             pb, epb = gather_bytes(plan, stack, params, layer_params)
-            buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, sharding, group=dual_group,
+            if sharding.parameters:
+                buckets.append(_fsdp_chunk(kinds, by_kind, blk, emb if vs == 0 else None,
+                                           out if vs == nvs - 1 else None, emb_params if vs == 0 else 0,
+                                           params - layer_params - (emb_params if vs == 0 else 0),
+                                           model, plan, ct, gbytes, epb, lay, sharding))
+            else:
+                buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, sharding, group=dual_group,
                                          op_time=op_time, param_bytes=pb)
-                           + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, sharding, group=edp, op_time=op_time,
-                                           param_bytes=epb))
+                               + chunk_buckets(experts, plan, ct, gbytes, overlap_grad, sharding, group=edp,
+                                               op_time=op_time, param_bytes=epb))
             rank_params += params
             rank_experts += experts
         opt = compute.op_time(optimizer_op(rank_params, sharding, rank_experts), cluster.gpu, plan.param_dtype)
@@ -231,5 +238,26 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
         tied_allreduce_s=_tied_time(model, plan, comm_time, gbytes), overlap_grad_reduce=overlap_grad,
         overlap_param_gather=plan.overlap_param_gather and stack.overlap_param_gather, work_scale=work_scale,
         sync_p2p=not (stack.overlap_p2p and v > 1),  # Megatron-Core overlaps p2p only with interleaving
+        fsdp=FsdpSteps.of(pp, plan.reshards_after_forward) if sharding.parameters else None,
     )
 
+
+def _fsdp_chunk(kinds, by_kind, blk, emb, out, emb_params: int, out_params: int, model: ModelSpec, plan: PlanSpec,
+                comm_time, gbytes: int, layer_bytes: float, lay: PlanLayout, sharding) -> tuple:
+    """A chunk's FSDP units as torchtitan wraps them (replay/dp.py ``fsdp_units``): the token embedding
+    (first stage), one unit per block with its own level-1 forward and backward time, and the final norm
+    with the output layer (last stage; never resharded after forward, as torchtitan sets it) with the
+    last block (torchtitan's older releases did not reshard it either: counted as kept)."""
+    units: list[tuple] = []
+    if emb is not None:
+        units.append((emb_params, 0, emb.forward.duration_s, emb.backward.duration_s, False, 2.0))
+    for kind, count in kinds:
+        t = by_kind.get(kind, blk)
+        dense_p, expert_p = layer_params_per_rank(model, plan, kind)
+        units += [(dense_p, expert_p, t.forward.duration_s, t.backward.duration_s, False, layer_bytes)] * count
+    last = units[-1]
+    units[-1] = last[:4] + (True,) + last[5:]
+    if out is not None:
+        n = 1 + model.mtp_layers
+        units.append((out_params, 0, out.forward.duration_s * n, out.backward.duration_s * n, True, 2.0))
+    return fsdp_units(units, gbytes, comm_time, lay.dp_group, lay.edp_group, sharding)

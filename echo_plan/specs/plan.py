@@ -74,6 +74,15 @@ class DpComm(str, Enum):
         return self is not DpComm.DENSE
 
 
+class Sharding(str, Enum):
+    """How the data-parallel group shards a rank's training state (ZeRO's stages; layout/sharding.py)."""
+
+    NONE = "none"  # every data-parallel rank holds all its state (DDP)
+    OPTIMIZER = "optimizer"  # master weights and Adam moments (ZeRO-1, Megatron's distributed optimizer)
+    GRADIENTS = "gradients"  # the gradient buffer too (ZeRO-2)
+    PARAMETERS = "parameters"  # the parameters too, gathered block by block when used (ZeRO-3, FSDP full shard)
+
+
 TRAINING_DTYPES = (DType.BF16, DType.FP16, DType.FP8)
 FP8_MIN_SM_ARCH = 89  # FP8 tensor cores: Ada (sm89) and Hopper (sm90) onwards (NVIDIA Transformer Engine docs)
 
@@ -106,6 +115,17 @@ class PlanSpec(Spec):
     dp_comm: DpComm = DpComm.DENSE
     density: float = Field(default=1.0, gt=0.0, le=1.0,
                            description="share of gradient elements a sparse dp_comm exchanges, in (0, 1]")
+    sharding: Sharding | None = Field(
+        default=None, description="data-parallel sharding; None: from distributed_optimizer and the stack's "
+                                  "optimizer_sharding (distributed_optimizer is the name of 'optimizer' and up)")
+    shard_degree: int | None = Field(
+        default=None, gt=0, le=L.MAX_GPUS,
+        description="ranks a shard group spans (HSDP: shard within groups of N, replicate across dp x cp / N); "
+                    "None: the whole data-parallel group")
+    reshard_after_forward: bool | None = Field(
+        default=None, description="parameters sharding: free a block's gathered parameters after its forward and "
+                                  "gather them again for its backward (FSDP's reshard_after_forward); None: "
+                                  "torchtitan's default policy, true without a pipeline and false with one")
 
     @model_validator(mode="after")
     def _rules(self) -> "PlanSpec":
@@ -134,6 +154,7 @@ class PlanSpec(Spec):
             object.__setattr__(self, "etp", self.tp)
         if self.dp_comm is DpComm.DENSE and self.density != 1.0:
             raise ValueError(f"density {self.density} needs a sparse dp_comm (topk, cltk, hard-threshold or exdyna)")
+        self._sharding_rules()
         if self.dp_comm.sparse and self.distributed_optimizer:
             raise ValueError(f"dp_comm {self.dp_comm.value} exchanges sparse whole-gradient values, which the "
                              "distributed optimizer's reduce-scatter into dense shards cannot take: use dp_comm "
@@ -145,6 +166,34 @@ class PlanSpec(Spec):
         if self.world_size > L.MAX_GPUS:
             raise ValueError(f"tp x cp x pp x dp = {self.world_size:,} GPUs; at most {L.MAX_GPUS:,}")
         return self
+
+    def _sharding_rules(self) -> None:
+        if self.sharding is not None:
+            if self.sharding is Sharding.NONE and self.distributed_optimizer:
+                raise ValueError("sharding none contradicts distributed_optimizer (the name of sharding optimizer): "
+                                 "give one of them")
+            object.__setattr__(self, "distributed_optimizer", self.sharding is not Sharding.NONE)
+        if self.shard_degree is not None:
+            if not self.distributed_optimizer:
+                raise ValueError(f"shard_degree {self.shard_degree} needs sharding optimizer, gradients or parameters")
+            if self.grad_dp % self.shard_degree:
+                valid = [d for d in range(1, self.grad_dp + 1) if self.grad_dp % d == 0]
+                raise ValueError(f"shard_degree {self.shard_degree} must divide dp x cp = {self.grad_dp}; valid: "
+                                 f"{', '.join(map(str, valid))}")
+        if self.sharding is Sharding.PARAMETERS and self.schedule.split_backward:
+            raise ValueError(f"sharding parameters gathers each block for its backward, which the {self.schedule.value} "
+                             "schedule splits into passes run apart: use gpipe, 1f1b or interleaved")
+
+    @property
+    def reshards_after_forward(self) -> bool:
+        """Whether parameters sharding gathers a block again for its backward (torchtitan's default policy:
+        yes without a pipeline; with one the stage keeps its gathered parameters for all micro-batches)."""
+        return self.pp == 1 if self.reshard_after_forward is None else self.reshard_after_forward
+
+    @property
+    def shard_group_size(self) -> int:
+        """Ranks one shard of the data-parallel state spans (the whole dp x cp group unless HSDP)."""
+        return self.shard_degree or self.grad_dp
 
     @property
     def world_size(self) -> int:
@@ -225,8 +274,15 @@ class PlanSpec(Spec):
             parts.append("fp8")
         if self.sequence_parallel:
             parts.append("sp")
-        if self.distributed_optimizer:
+        if self.sharding in (Sharding.GRADIENTS, Sharding.PARAMETERS):
+            parts.append({Sharding.GRADIENTS: "zero2", Sharding.PARAMETERS: "fsdp"}[self.sharding])
+        elif self.distributed_optimizer:
             parts.append("dist-opt")
+        if self.shard_degree is not None and self.shard_degree != self.grad_dp:
+            parts.append(f"shard{self.shard_degree}")
+        if self.sharding is Sharding.PARAMETERS and self.reshard_after_forward is not None \
+                and self.reshard_after_forward != (self.pp == 1):
+            parts.append("reshard" if self.reshard_after_forward else "keep-fwd")
         return " ".join(parts)
 
 

@@ -58,6 +58,7 @@ class OptimizerSharding(str, Enum):
     NONE = "none"  # the stack has no sharded optimizer
     STATES = "states"  # fp32 master weights and Adam moments (Megatron-LM's distributed optimizer, ZeRO-1)
     STATES_AND_GRADS = "states_and_grads"  # the gradient buffer too (ZeRO-2, Apex DistributedFusedAdam)
+    PARAMS = "params"  # the parameters too (ZeRO-3, FSDP full shard: torchtitan, DeepSpeed ZeRO-3)
 
 
 class Fp8Recipe(str, Enum):
@@ -91,6 +92,10 @@ class SoftwareSpec(Spec):
     attention_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout on attention probabilities")
     fused_elementwise: bool = Field(
         default=True, description="bias+activation and bias+dropout+residual-add as one kernel each")
+    torch_compile: bool | None = Field(
+        default=None, description="PyTorch-native stacks: torch.compile on (true) or eager (false); what it fuses here "
+                                  "is the elementwise chains (norms, SwiGLU, RoPE, residual adds), so it sets "
+                                  "fused_elementwise; None: fused_elementwise as given")
     gradient_accumulation_fusion: bool = Field(
         default=True, description="weight-gradient GEMMs accumulate into the fp32 main-grad buffer themselves")
     tp_comm_overlap: bool = Field(
@@ -105,6 +110,11 @@ class SoftwareSpec(Spec):
         default=None, gt=0, le=64,
         description="bytes per parameter of master weights + Adam moments before sharding; None: memory.yaml's "
                     "(12 for bf16: three fp32 tensors)")
+    sharded_param_bytes: float = Field(
+        default=2.0, ge=0, le=16,
+        description="parameters sharding: bytes per parameter the sharded parameters hold beside the optimizer "
+                    "states (0: the shards are the fp32 master weights themselves, as FSDP2 with mixed precision "
+                    "keeps them; 2: bf16 shards beside fp32 masters, as DeepSpeed ZeRO-3)")
     sequence_parallel: bool = Field(default=True, description="the framework has sequence parallelism")
     recompute_modules: tuple[RecomputeModule, ...] = (RecomputeModule.CORE_ATTN,)
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
@@ -158,6 +168,12 @@ class SoftwareSpec(Spec):
         if self.attention is not AttentionKernel.FUSED and self.attention_library is not AttentionLibrary.CUDNN:
             raise ValueError(f"attention_library {self.attention_library.value} needs attention: fused "
                              f"(this stack's attention is {self.attention.value})")
+        return self
+
+    @model_validator(mode="after")
+    def _compile_fuses(self) -> "SoftwareSpec":
+        if self.torch_compile is not None and self.fused_elementwise != self.torch_compile:
+            object.__setattr__(self, "fused_elementwise", self.torch_compile)
         return self
 
     @model_validator(mode="after")

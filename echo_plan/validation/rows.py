@@ -44,6 +44,7 @@ class TrainingRow:
     stack_overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     flops_per_step: float = 0.0  # the FLOPs the TFLOP/s figure counts per step (tflops-table rows)
     detail: str = ""  # choices made for what the suite leaves open
+    measured_peak_gib: float | None = None  # the run's published peak memory per GPU, where the source gives it
 
     @property
     def measured_step_s(self) -> float:
@@ -114,6 +115,8 @@ def _why_not(rec: dict[str, str], suite_reason: str) -> str:
     reasons = [suite_reason] if suite_reason else []
     if rec.get("kind", "step") not in ("step", "tflops"):
         reasons.append(f"a row of kind {rec.get('kind')!r} (step or tflops are known)")
+    if rec.get("not_modelled"):
+        reasons.append(rec["not_modelled"])
     return "; ".join(dict.fromkeys(reasons))
 
 
@@ -200,7 +203,8 @@ def read_step_times(path: Path, not_modelled: str = "",
             rows.append(TrainingRow(label, measured, unit, model=preset, gpus=_num(rec, "gpus", path, line),
                                     plan=MappingProxyType(_plan_fields(rec, path, line, preset)),
                                     stack_overrides=MappingProxyType(_stack_fields(rec, path, line)),
-                                    flops_per_step=flops, detail=corrected.get(line, "")))
+                                    flops_per_step=flops, detail=corrected.get(line, ""),
+                                    measured_peak_gib=_peak(rec, path, line)))
             continue
         if absent:
             raise FileFormatError(str(path), f"row {label!r} cannot be simulated: no {', '.join(absent)}", line)
@@ -223,8 +227,14 @@ def read_step_times(path: Path, not_modelled: str = "",
         rows.append(TrainingRow(label, measured, unit, model=model, gpus=_num(rec, "gpus", path, line),
                                 plan=MappingProxyType(_plan_fields(rec, path, line)),
                                 stack_overrides=MappingProxyType(_stack_fields(rec, path, line)),
-                                flops_per_step=flops, detail=corrected.get(line, "")))
+                                flops_per_step=flops, detail=corrected.get(line, ""),
+                                measured_peak_gib=_peak(rec, path, line)))
     return tuple(rows)
+
+
+def _peak(rec: dict[str, str], path: Path, line: int) -> float | None:
+    """The row's published peak memory per GPU (GiB, column peak_mem_GiB), or None."""
+    return _num(rec, "peak_mem_GiB", path, line, float) if rec.get("peak_mem_GiB") else None
 
 
 def _with_columns(model: Any, rec: dict[str, str], path: Path, line: int) -> Any:
@@ -283,9 +293,18 @@ def _plan_fields(rec: dict[str, str], path: Path, line: int, model: Any = None) 
         elif vpp > 1 and model.num_layers % (pp * vpp):  # ASSUMPTION: per virtual stage, as even as possible
             fields["layer_split"] = balanced_split(model.num_layers, pp * vpp)
     for col, key in (("sequence_parallel", "sequence_parallel"), ("distributed_optimizer", "distributed_optimizer"),
-                     ("overlap_grad_sync", "overlap_grad_reduce"), ("overlap_param_sync", "overlap_param_gather")):
+                     ("overlap_grad_sync", "overlap_grad_reduce"), ("overlap_param_sync", "overlap_param_gather"),
+                     ("reshard_after_forward", "reshard_after_forward")):
         if rec.get(col):
             fields[key] = _bool(rec[col], col, path, line)
+    if rec.get("layer_split") == "auto" and model is not None:  # as even as possible, fewer on the ends
+        fields["layer_split"] = balanced_split(model.num_layers, pp * vpp)
+    elif rec.get("layer_split"):
+        raise FileFormatError(str(path), f"column layer_split: {rec['layer_split']!r} (auto is known)", line)
+    if rec.get("sharding"):
+        fields["sharding"] = rec["sharding"]
+    if rec.get("shard_degree"):
+        fields["shard_degree"] = _num(rec, "shard_degree", path, line)
     return fields
 
 
@@ -295,8 +314,9 @@ def _stack_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
     if rec.get("dropout"):
         p = _num(rec, "dropout", path, line, float)
         out.update(hidden_dropout=p, attention_dropout=p)
-    if rec.get("tp_comm_overlap"):
-        out["tp_comm_overlap"] = _bool(rec["tp_comm_overlap"], "tp_comm_overlap", path, line)
+    for col in ("tp_comm_overlap", "torch_compile", "fp8_param_gather"):
+        if rec.get(col):
+            out[col] = _bool(rec[col], col, path, line)
     grad = (rec.get("grad_sync_dtype") or "").lower()
     if grad in ("bf16", "fp32", "fp16"):
         out["grad_reduce_dtype"] = grad

@@ -30,6 +30,7 @@ from echo_plan.specs import load_cluster
 from echo_plan.cost.expert_exchange import load_exchange_efficiency
 from echo_plan.validation.exchange import CLUSTER as EXCHANGE_CLUSTER, DEEPEP_FILE, predict, read_deepep
 
+PEAK_TOLERANCE = 0.10  # issue 34: predicted peak memory within 10% of a published figure
 NCCL_MIN_SIZE = 1 << 20  # held-out collective rows: 1 MiB and up (below, latency jitter dominates)
 
 
@@ -44,6 +45,14 @@ class RowResult:
     not_modelled: str = ""
     precision: str = ""  # the row's tolerance group: its training dtype, or "<dtype> TFLOP/s" (``row_group``)
     memory: Any = None  # validation.predict.RowMemory of a simulated training row: peak, usable, capacity (GiB)
+    published_peak_gib: float | None = None  # the run's peak memory as its source publishes it
+
+    @property
+    def peak_error(self) -> float | None:
+        """(predicted - published) / published peak memory, where both are known."""
+        if self.memory is None or not self.published_peak_gib:
+            return None
+        return (self.memory.peak_gib - self.published_peak_gib) / self.published_peak_gib
 
     @property
     def fits(self) -> bool | None:
@@ -96,6 +105,12 @@ class SuiteResult:
     @property
     def modelled(self) -> int:
         return sum(1 for r in self.rows if r.error is not None)
+
+    @property
+    def peak_memory(self) -> tuple[int, int, float] | None:
+        """(rows whose predicted peak is within 10% of the published one, rows with both, mean |error|)."""
+        e = [abs(r.peak_error) for r in self.rows if r.peak_error is not None]
+        return (sum(1 for x in e if x <= PEAK_TOLERANCE), len(e), sum(e) / len(e)) if e else None
 
     @property
     def rows_fit(self) -> tuple[int, int] | None:
@@ -172,6 +187,7 @@ class SuiteResult:
                       "held_out": r.held_out, "in_range": r.in_range, "detail": r.detail,
                       "not_modelled": r.not_modelled or None, "precision": r.precision or None, "fits": r.fits,
                       "memory_peak_gib": r.memory.peak_gib if r.memory else None,
+                      "published_peak_gib": r.published_peak_gib, "peak_error": r.peak_error,
                       "memory_usable_gib": r.memory.usable_gib if r.memory else None,
                       "memory_capacity_gib": r.memory.capacity_gib if r.memory else None} for r in self.rows],
             "rows_fit": self.rows_fit,
@@ -246,7 +262,8 @@ def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int,
     results = tuple(
         RowResult(p.row.label, p.figure, p.row.measured, p.row.label not in fit,
                   "; ".join(x for x in (p.row.detail, "" if p.fits else "does not fit", p.problem) if x),
-                  p.in_range, p.row.not_modelled, row_group(p.row, suite.by_precision), p.memory)
+                  p.in_range, p.row.not_modelled, row_group(p.row, suite.by_precision), p.memory,
+                  p.row.measured_peak_gib)
         for p in preds)
     held = [p.log_residual for p in preds if p.log_residual is not None and p.row.label not in fit]
     unit = rows[0].unit if rows else ""
@@ -255,6 +272,11 @@ def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int,
     own = {m: ms["stack"] for m, ms in sorted((suite.model_settings or {}).items()) if ms.get("stack")}
     if own:  # a model whose runs used another stack preset (model_settings ``stack:``)
         notes.append("; ".join(f"{m} rows with stack {name}" for m, name in own.items()))
+    peaks = [(r.label, r.peak_error) for r in results if r.peak_error is not None]
+    if peaks:
+        within = sum(1 for _, e in peaks if abs(e) <= PEAK_TOLERANCE)
+        notes.append(f"peak memory against the published figure: {within} of {len(peaks)} rows within "
+                     f"{PEAK_TOLERANCE:.0%} (mean |error| {sum(abs(e) for _, e in peaks) / len(peaks):.1%})")
     waiting = sorted({r.not_modelled for r in rows if r.not_modelled})
     if waiting:
         notes.append(f"{sum(1 for r in rows if r.not_modelled)} rows not modelled yet: " + "; ".join(waiting))
