@@ -115,7 +115,7 @@ class SimulationMemo:
     def traces(self, model: ModelSpec, plan: PlanSpec, cache: "TraceCache | None", stack: SoftwareSpec | None = None):
         stack = stack if stack is not None else self.default_stack()
         key = (model.model_dump_json(), plan.tp, plan.sequence_parallel, plan.micro_batch_size,
-               plan.dtype, plan.recompute, stack.trace_signature(), stack.fp8_signature(), None if cache is None else str(cache.root),
+               plan.dtype, plan.recompute, plan.recompute_layers, stack.trace_signature(), stack.fp8_signature(), None if cache is None else str(cache.root),
                plan.ep, plan.expert_tp, plan.expert_imbalance, plan.cp)
         hit = self._traces.get(key)
         if hit is None:

@@ -45,6 +45,9 @@ PLAN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("schedule", Optional[str], typer.Option(None, "--schedule", help="gpipe | 1f1b | interleaved | zb-h1 | zb-v | "
                                                                        "dualpipe (docs/schedules.md)")),
     ("recompute", str, typer.Option("none", "--recompute", help="none | selective | full")),
+    ("recompute_layers", int, typer.Option(
+        0, "--recompute-layers", help="full recompute of the first N layers of each model chunk, the others as "
+                                      "--recompute says (Megatron's --recompute-num-layers N, block method)")),
     ("sequence_parallel", bool, typer.Option(False, "--sequence-parallel", help="Megatron-LM sequence parallelism")),
     ("distributed_optimizer", bool, typer.Option(False, "--distributed-optimizer",
                                                  help="shard optimizer states over DP (reduce-scatter + all-gather)")),
@@ -96,6 +99,7 @@ class PlanFlags:
     vpp: int
     schedule: Optional[str]
     recompute: str
+    recompute_layers: int
     sequence_parallel: bool
     distributed_optimizer: bool
     sharding: Optional[str]
@@ -167,7 +171,8 @@ def build_plan(flags: PlanFlags, *, refuse: Mapping[str, str] = MappingProxyType
     plan_fields: dict[str, Any] = dict(
         tp=flags.tp, cp=flags.cp, pp=flags.pp, dp=dp, micro_batch_size=flags.mbs,
         global_batch_size=flags.gbs if flags.gbs is not None else flags.mbs * dp,
-        virtual_stages=flags.vpp, recompute=flags.recompute, sequence_parallel=flags.sequence_parallel,
+        virtual_stages=flags.vpp, recompute=flags.recompute, recompute_layers=flags.recompute_layers,
+        sequence_parallel=flags.sequence_parallel,
         distributed_optimizer=flags.distributed_optimizer, dtype=flags.dtype,
         overlap_grad_reduce=not flags.no_overlap_grad_reduce, overlap_param_gather=not flags.no_overlap_param_gather,
     )

@@ -99,7 +99,8 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
     else:
         m, c = resolve_specs(model, cluster, nodes, gpus, seq_length=seq_length, routing=routing,
                              flows_per_connection=flows_per_connection)
-    space_spec = load_space(space if space is not None else default_space_path_for(m))
+    space_spec = load_space(space if space is not None else default_space_path_for(
+        m, job.stack if job is not None else resolve_stack(stack)))
     if cp is not None:  # --cp fixes the cp knob
         L.check_int("--cp", cp, 1, L.MAX_GPUS, "the context-parallel degree")
         space_spec = space_spec.with_values({"cp": (cp,)})

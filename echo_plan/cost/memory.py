@@ -62,7 +62,8 @@ from echo_plan.cost.activation_memory import (embedding_activation_bytes, layer_
                                                output_activation_bytes)
 from echo_plan.trace.records import LayerTrace
 from echo_plan.layout.backward_split import retained_bytes, split_backward
-from echo_plan.layout.layer_mix import all_stage_kind_counts, layer_params_per_rank as mixed, stage_kind_counts
+from echo_plan.layout.layer_mix import (all_stage_kind_counts, layer_params_per_rank as mixed, plan_kinds,
+                                        stage_kind_counts)
 from echo_plan.layout.schedules_zb import split_layout
 from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.layout.sharding import DataParallelSharding
@@ -232,9 +233,10 @@ def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces:
 def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec,
                     headroom_bytes: int | None = None, consts: MemoryConstants | None = None) -> tuple[StageMemory, ...]:
     """Per-stage peak memory without a trace (closed-form activations), for fast pruning."""
-    saved = {kind: (layer_activation_bytes(model, plan, plan.recompute, stack, kind),
-                    layer_activation_bytes(model, plan, Recompute.NONE, stack, kind))
-             for kind in model.distinct_kinds()}
+    saved = {kind: (layer_activation_bytes(model, plan, Recompute.FULL if kind.recomputed else plan.recompute, stack,
+                                           kind.traced),
+                    layer_activation_bytes(model, plan, Recompute.NONE, stack, kind.traced))
+             for kind in plan_kinds(model, plan)}
     retained = None
     if plan.schedule.split_backward:
         # Judgement for the estimate: W reads every linear's input and its output's gradient, about
@@ -319,7 +321,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
         else:
             chunks_held = inflight_chunk_passes(plan, i)
             act = sum(saved.get(k, first)[0] * n for k, n in counts.items()) / v * chunks_held
-        if plan.recompute is not Recompute.NONE:  # one layer's recomputed part, live during its backward
+        if plan.recompute is not Recompute.NONE or plan.recompute_layers:  # a layer's recomputed part, live in its backward
             act += max(max(0, full - part) for part, full in saved.values())
         if i == 0 and sched is None:
             act += embed_saved * inflight_on_chunk(plan, i, 0)

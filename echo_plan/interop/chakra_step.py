@@ -229,8 +229,14 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
         raise SpecError("schedule", plan.schedule.value, "the Chakra export writes whole backward passes: "
                         "export a plan with gpipe, 1f1b or interleaved (zero-bubble and DualPipe graphs are not "
                         "written yet)")
+    if plan.recompute_layers:
+        raise SpecError("recompute_layers", plan.recompute_layers, "the Chakra export writes one layer template per "
+                        "kind under the plan's recompute mode: export with recompute_layers 0 (none, selective or full)")
     memo = SimulationMemo()
     stack = stack if stack is not None else memo.default_stack()
+    if DataParallelSharding.of(plan, stack).parameters:
+        raise SpecError("sharding", "parameters", "the Chakra export writes Megatron-style gradient buckets, not "
+                        "FSDP's per-block all-gathers yet: export a plan with sharding none or optimizer")
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)

@@ -18,13 +18,24 @@ from echo_plan.specs.plan import PlanSpec
 from echo_plan.trace.records import CollectiveKind
 
 
-def kind_counts(model: ModelSpec, first: int, n: int) -> tuple[tuple[LayerKind, int], ...]:
-    """(kind, layers) of layers ``first`` .. ``first + n - 1``, in order of first appearance."""
-    if model.moe is None and model.sliding_window is None:  # every layer dense (ModelSpec.layer_kinds)
+def kind_counts(model: ModelSpec, first: int, n: int, recomputed: int = 0) -> tuple[tuple[LayerKind, int], ...]:
+    """(kind, layers) of layers ``first`` .. ``first + n - 1``, in order of first appearance; the first
+    ``recomputed`` of them (the plan's recompute_layers, per model chunk) as their recomputed kinds."""
+    if model.moe is None and model.sliding_window is None and not recomputed:  # every layer dense
         n = min(first + n, model.num_layers) - max(first, 0) if first < model.num_layers else 0
         return ((DENSE, n),) if n > 0 else ()
-    kinds = model.layer_kinds()[first:first + n]
+    kinds = list(model.layer_kinds()[first:first + n])
+    for i in range(min(recomputed, len(kinds))):
+        kinds[i] = kinds[i]._replace(recomputed=True)
     return tuple(Counter(kinds).items())
+
+
+def plan_kinds(model: ModelSpec, plan: PlanSpec) -> tuple[LayerKind, ...]:
+    """The layer kinds a plan runs: the model's, and with recompute_layers each also recomputed."""
+    kinds = model.distinct_kinds()
+    if plan.recompute_layers:
+        kinds += tuple(k._replace(recomputed=True) for k in kinds)
+    return kinds
 
 
 def stage_kind_counts(model: ModelSpec, plan: PlanSpec, stage: int) -> dict[LayerKind, int]:
@@ -39,16 +50,21 @@ def all_stage_kind_counts(model: ModelSpec, plan: PlanSpec) -> tuple[dict[LayerK
     per_chunk = plan.virtual_layers(model.num_layers)
     kinds = model.layer_kinds()
     single = len(set(kinds)) == 1
+    k = plan.recompute_layers
     out: list[Counter] = [Counter() for _ in range(pp)]
     first = 0
     for vs, n in enumerate(per_chunk):  # virtual stage vs is chunk vs // pp of rank vs % pp
         counts = out[vs % pp]
         if single:
             if n:
-                counts[kinds[0]] += n
+                r = min(k, n)
+                if r:
+                    counts[kinds[0]._replace(recomputed=True)] += r
+                if n - r:
+                    counts[kinds[0]] += n - r
         else:
-            for kind in kinds[first:first + n]:
-                counts[kind] += 1
+            for j, kind in enumerate(kinds[first:first + n]):
+                counts[kind._replace(recomputed=True) if j < k else kind] += 1
         first += n
     return tuple(dict(c) for c in out)
 

@@ -62,6 +62,6 @@ class PlanLayout:
                                                    f"layers")
         first = tuple(sum(layers[:vs]) for vs in range(len(layers)))
         return cls(step_schedule(plan), layers, first,
-                   tuple(kind_counts(model, f, n) for f, n in zip(first, layers)),
+                   tuple(kind_counts(model, f, n, plan.recompute_layers) for f, n in zip(first, layers)),
                    all_stage_kind_counts(model, plan), dp_group(plan), edp_group(plan),
                    DataParallelSharding.of(plan, stack))

@@ -68,10 +68,13 @@ def model_flops_per_iteration(model: ModelSpec, global_batch: int) -> float:
     return 3.0 * (layers + attn + logits) * global_batch * model.seq_length
 
 
-def hardware_flops_per_iteration(model: ModelSpec, global_batch: int, recompute: Recompute) -> float:
-    """FLOPs the GPUs actually execute, recomputation included."""
+def hardware_flops_per_iteration(model: ModelSpec, global_batch: int, recompute: Recompute,
+                                 recomputed_share: float = 0.0) -> float:
+    """FLOPs the GPUs actually execute, recomputation included; ``recomputed_share`` of the layers re-run
+    whole (recompute_layers), the others as ``recompute`` says."""
     layers, attn, logits = forward_flops_per_token(model)
     extra = {Recompute.NONE: 0.0, Recompute.SELECTIVE: attn, Recompute.FULL: layers + attn}[recompute]
+    extra += recomputed_share * (layers + attn - extra)
     return (3.0 * (layers + attn + logits) + extra) * global_batch * model.seq_length
 
 
@@ -95,7 +98,8 @@ def throughput(model: ModelSpec, plan: PlanSpec, num_gpus: int, peak_tflops: flo
     """Figures of a step that took ``step_time_s`` on ``num_gpus`` GPUs of ``peak_tflops`` (plan dtype)."""
     gbs = plan.global_batch_size
     mf = model_flops_per_iteration(model, gbs)
-    hf = hardware_flops_per_iteration(model, gbs, plan.recompute)
+    share = min(1.0, plan.recompute_layers * plan.pp * plan.virtual_stages / model.num_layers)
+    hf = hardware_flops_per_iteration(model, gbs, plan.recompute, share)
     denom = step_time_s * num_gpus
     model_tflops = mf / denom / 1e12
     return Throughput(

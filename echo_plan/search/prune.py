@@ -15,7 +15,8 @@ from echo_plan.errors import EchoPlanError, SpecError
 from echo_plan.cost.stage_memory import StageMemory
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
-from echo_plan.specs.plan import balanced_split, PlanSpec, Recompute, Schedule, schedule_rule, validate_plan
+from echo_plan.specs.plan import (balanced_split, PlanSpec, Recompute, Schedule, Sharding, schedule_rule,
+                                  validate_plan)
 from echo_plan.specs.software import SoftwareSpec, check_stack_supports
 from echo_plan.search.space import Knob, SearchSpace
 from echo_plan.cost.memory import estimate_memory, load_memory_constants
@@ -83,9 +84,16 @@ def canonical(combo: dict[str, Any], dp: int | None = None) -> dict[str, Any]:
     overlap switches change nothing, so they take their plain values (off, off, and the default on).
     """
     c = dict(combo)
+    if c.get("sharding") is not None:  # the level named: distributed_optimizer is its name for optimizer and up
+        c["distributed_optimizer"] = c["sharding"] != Sharding.NONE.value
     if dp == 1:
         c["distributed_optimizer"] = False
         c["overlap_grad_reduce"] = True
+        c["sharding"] = None if c.get("sharding") is None else Sharding.NONE.value
+    if not c["distributed_optimizer"]:
+        c["shard_degree"] = 0  # nothing sharded
+    if c.get("recompute") == Recompute.FULL.value:
+        c["recompute_layers"] = 0  # every layer recomputed already
     if c["tp"] == 1:
         c["sequence_parallel"] = False
     if not c["distributed_optimizer"]:
@@ -138,6 +146,8 @@ class Pruner:
         dp = gpus // (tp * cp * pp)
         if dp * cp == 1:
             c = canonical(combo, dp)
+        if c.get("shard_degree", 0) >= dp * cp:
+            c["shard_degree"] = 0  # one shard group: the whole data-parallel group
         if self.gbs % (dp * mbs):
             return Verdict(combo, None, PruneReason.BATCH,
                            f"global batch {self.gbs} is not a multiple of dp x mbs = {dp} x {mbs}")
@@ -159,6 +169,10 @@ class Pruner:
         if not self.model.is_moe:  # expert knobs mean nothing for a dense model
             for k in ("ep", "etp"):
                 fields.pop(k, None)
+        if not fields.get("shard_degree"):
+            fields.pop("shard_degree", None)  # 0: the whole data-parallel group
+        if fields.get("sharding") is None:
+            fields.pop("sharding", None)
         if fields.get("dp_comm", "dense") == "dense":
             fields["density"] = 1.0  # a dense exchange has no density
         nvs, layers = pp * vpp, self.model.num_layers

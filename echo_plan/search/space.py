@@ -19,7 +19,7 @@ from typing import Any, Iterator
 from echo_plan.errors import FileFormatError, SpecError
 from echo_plan.limits import MAX_GLOBAL_BATCH, MAX_SPACE_CANDIDATES
 from echo_plan.specs.cluster import DType
-from echo_plan.specs.plan import DpComm, Recompute, Schedule
+from echo_plan.specs.plan import DpComm, Recompute, Schedule, Sharding
 from echo_plan.specs.loaders import read_mapping
 
 
@@ -42,6 +42,9 @@ class Knob(str, Enum):
     DENSITY = "density"  # a sparse dp_comm's density (dense exchanges ignore it)
     DTYPE = "dtype"  # training precision: bf16, fp16, or fp8 (FP8 GEMMs; needs FP8 tensor cores)
     CP = "cp"  # context parallel: the sequence in 2 x cp chunks, two per rank (docs/long-context.md)
+    SHARDING = "sharding"  # none | optimizer | gradients | parameters (ZeRO 0-3); unset: distributed_optimizer says
+    SHARD_DEGREE = "shard_degree"  # HSDP: shard within groups of N ranks; 0: the whole data-parallel group
+    RECOMPUTE_LAYERS = "recompute_layers"  # full recompute of the first N layers of each chunk; 0: none
 
 
 class Constraint(str, Enum):
@@ -49,10 +52,12 @@ class Constraint(str, Enum):
 
 
 INT_KNOBS = (Knob.TP, Knob.PP, Knob.MICRO_BATCH_SIZE, Knob.VIRTUAL_STAGES, Knob.EP, Knob.ETP, Knob.CP)
+COUNT_KNOBS = (Knob.SHARD_DEGREE, Knob.RECOMPUTE_LAYERS)  # 0 allowed: "the whole group" / "no layers"
 EXPERT_KNOBS = (Knob.EP, Knob.ETP)
 BOOL_KNOBS = (Knob.SEQUENCE_PARALLEL, Knob.DISTRIBUTED_OPTIMIZER, Knob.OVERLAP_GRAD_REDUCE,
               Knob.OVERLAP_PARAM_GATHER)
-ENUM_KNOBS: dict[Knob, type[Enum]] = {Knob.SCHEDULE: Schedule, Knob.RECOMPUTE: Recompute, Knob.DP_COMM: DpComm}
+ENUM_KNOBS: dict[Knob, type[Enum]] = {Knob.SCHEDULE: Schedule, Knob.RECOMPUTE: Recompute, Knob.DP_COMM: DpComm,
+                                      Knob.SHARDING: Sharding}
 FLOAT_KNOBS = (Knob.DENSITY,)
 
 # What a knob is when a space says nothing about it (PlanSpec's defaults, Megatron-LM's usual).
@@ -62,7 +67,10 @@ KNOB_DEFAULTS: dict[Knob, Any] = {
     Knob.SEQUENCE_PARALLEL: False, Knob.DISTRIBUTED_OPTIMIZER: False,
     Knob.OVERLAP_GRAD_REDUCE: True, Knob.OVERLAP_PARAM_GATHER: True, Knob.EP: 1, Knob.ETP: 1,
     Knob.DP_COMM: DpComm.DENSE.value, Knob.DENSITY: 1.0, Knob.DTYPE: DType.BF16.value, Knob.CP: 1,
+    Knob.SHARDING: None, Knob.SHARD_DEGREE: 0, Knob.RECOMPUTE_LAYERS: 0,
 }
+# Knobs whose default the digest leaves out, so spaces written before them keep their digests.
+NEW_KNOB_DEFAULTS = {Knob.CP: 1, Knob.SHARDING: None, Knob.SHARD_DEGREE: 0, Knob.RECOMPUTE_LAYERS: 0}
 TRAINING_DTYPES = (DType.BF16.value, DType.FP16.value, DType.FP8.value)
 # Settings that may only be fixed (one value for the whole search).
 FIXED_ONLY: set[str] = set()
@@ -134,8 +142,9 @@ class SearchSpace:
         """A short content hash: equal for spaces that would enumerate the same candidates."""
         body = self.as_json()
         body.pop("file"), body.pop("name"), body.pop("description")
-        if body["knobs"].get(Knob.CP.value) == [1]:  # no context parallelism: the digest spaces had before cp
-            del body["knobs"][Knob.CP.value]
+        for knob, default in NEW_KNOB_DEFAULTS.items():  # the digest spaces had before these knobs existed
+            if body["knobs"].get(knob.value) == [default]:
+                del body["knobs"][knob.value]
         text = json.dumps(body, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:10]
 
@@ -157,14 +166,17 @@ def default_space_path() -> Path:
 LONG_CONTEXT_SEQ = 16384  # above this sequence length a dense model's default space varies cp
 
 
-def default_space_path_for(model: Any) -> Path:
+def default_space_path_for(model: Any, stack: Any = None) -> Path:
     """The default space for ``model``: ``moe.yaml`` for a mixture of experts, ``long-context.yaml``
-    for a dense model whose sequence is longer than 16K tokens (context parallelism as a knob), else
-    ``default.yaml``."""
+    for a dense model whose sequence is longer than 16K tokens (context parallelism as a knob),
+    ``fsdp.yaml`` for a dense model on a stack whose data parallelism shards parameters (torchtitan,
+    DeepSpeed ZeRO-3), else ``default.yaml``."""
     if getattr(model, "is_moe", False):
         return spaces_dir() / "moe.yaml"
     if getattr(model, "seq_length", 0) > LONG_CONTEXT_SEQ:
         return spaces_dir() / "long-context.yaml"
+    if getattr(getattr(stack, "optimizer_sharding", None), "value", None) == "params":
+        return spaces_dir() / "fsdp.yaml"
     return spaces_dir() / "default.yaml"
 
 
@@ -261,6 +273,11 @@ def _knob_value(knob: Knob, raw: Any, field: str, where: str) -> Any:
     if knob in INT_KNOBS:
         if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= MAX_GLOBAL_BATCH:
             raise SpecError(field, raw, f"positive integers up to {MAX_GLOBAL_BATCH:,} (e.g. [1, 2, 4, 8])", where)
+        return raw
+    if knob in COUNT_KNOBS:
+        if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_GLOBAL_BATCH:
+            what = "0 (the whole data-parallel group)" if knob is Knob.SHARD_DEGREE else "0 (none)"
+            raise SpecError(field, raw, f"integers from {what} up to {MAX_GLOBAL_BATCH:,}", where)
         return raw
     if knob in BOOL_KNOBS:
         if not isinstance(raw, bool):

@@ -11,7 +11,8 @@ from echo_plan.search.results import CompareOutcome, SearchOutcome
 from echo_plan.specs.plan import PlanSpec
 
 RANK_COLUMNS = ["rank", "plan", "tp", "cp", "pp", "dp", "micro_batch_size", "virtual_stages", "schedule", "recompute",
-                "sequence_parallel", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
+                "recompute_layers", "sequence_parallel", "distributed_optimizer", "sharding", "shard_degree",
+                "overlap_grad_reduce", "overlap_param_gather",
                 "step_time_s", "tokens_per_s", "mfu", "memory_peak_gib", "margin_to_next",
                 "step_time_low_s", "step_time_high_s", "memory_free_gib", "goodput_tokens_per_s", "ettr"]
 
@@ -36,7 +37,7 @@ def ranked_rows(ranked: tuple[StepResult, ...], top: int | None = None) -> list[
         nxt = ranked[i + 1] if i + 1 < len(ranked) else None
         margin = (nxt.step_time_s / r.step_time_s - 1.0) if nxt is not None and r.step_time_s > 0 else None
         row = {"rank": i + 1, "plan": plan_label(r.plan)}
-        row.update({k: r.plan.get(k) for k in RANK_COLUMNS[2:14]})
+        row.update({k: r.plan.get(k) for k in RANK_COLUMNS[2:RANK_COLUMNS.index("step_time_s")]})
         row["cp"] = row["cp"] or 1  # plans stored before context parallelism
         rng = r.step_time_range_s
         free = min((m.free_bytes for m in r.memory), default=None)

@@ -102,10 +102,17 @@ class LayerKind(NamedTuple):
 
     moe: bool = False
     window: int = 0  # sliding-window attention span in tokens; 0: full causal attention
+    recomputed: bool = False  # re-runs its whole forward in backward (the plan's recompute_layers), whatever its mode
 
     def label(self) -> str:
         mlp = "moe" if self.moe else "dense"
-        return f"{mlp}+window{self.window}" if self.window else mlp
+        base = f"{mlp}+window{self.window}" if self.window else mlp
+        return base + "+recomputed" if self.recomputed else base
+
+    @property
+    def traced(self) -> "LayerKind":
+        """The kind the tracer sees (what the layer computes; how it is recomputed is the trace's mode)."""
+        return self._replace(recomputed=False) if self.recomputed else self
 
 
 DENSE = LayerKind()

@@ -99,6 +99,11 @@ class PlanSpec(Spec):
                                 description="model chunks per pipeline rank (interleaving)")
     schedule: Schedule = Schedule.ONE_F_ONE_B
     recompute: Recompute = Recompute.NONE
+    recompute_layers: int = Field(
+        default=0, ge=0, le=L.MAX_LAYERS,
+        description="full recompute of the first N layers of each model chunk, the others as `recompute` says "
+                    "(Megatron-Core's --recompute-method block --recompute-num-layers N; torchtitan's layer "
+                    "checkpointing); 0: none")
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
     overlap_grad_reduce: bool = True
@@ -155,6 +160,9 @@ class PlanSpec(Spec):
         if self.dp_comm is DpComm.DENSE and self.density != 1.0:
             raise ValueError(f"density {self.density} needs a sparse dp_comm (topk, cltk, hard-threshold or exdyna)")
         self._sharding_rules()
+        if self.recompute_layers and self.recompute is Recompute.FULL:
+            raise ValueError(f"recompute_layers {self.recompute_layers} with recompute full: full recomputes every "
+                             "layer already; use recompute none or selective for the other layers")
         if self.dp_comm.sparse and self.distributed_optimizer:
             raise ValueError(f"dp_comm {self.dp_comm.value} exchanges sparse whole-gradient values, which the "
                              "distributed optimizer's reduce-scatter into dense shards cannot take: use dp_comm "
@@ -264,6 +272,8 @@ class PlanSpec(Spec):
             parts.append(self.schedule.value)
         if self.recompute is not Recompute.NONE:
             parts.append({Recompute.SELECTIVE: "sel-recompute", Recompute.FULL: "full-recompute"}[self.recompute])
+        if self.recompute_layers:
+            parts.append(f"recompute{self.recompute_layers}L")
         if self.is_expert_parallel:
             parts.append(f"ep{self.ep}" + (f" etp{self.expert_tp}" if self.expert_tp != self.tp else ""))
         if self.expert_imbalance > 1.0:

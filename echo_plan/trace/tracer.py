@@ -93,6 +93,11 @@ def trace_model(model: ModelSpec, plan: PlanSpec, cache: TraceCache | None = Non
     blocks = tuple((kind, trace_stage(model, StageKind.BLOCK, kind=kind, layout=layout if kind.moe else None,
                                       **common))
                    for kind in model.distinct_kinds())
+    if plan.recompute_layers:  # the layers recomputed whole: the same kinds traced under full recompute
+        full = {**common, "recompute": Recompute.FULL}
+        blocks += tuple((kind._replace(recomputed=True),
+                         trace_stage(model, StageKind.BLOCK, kind=kind, layout=layout if kind.moe else None, **full))
+                        for kind in model.distinct_kinds())
     kinds = model.layer_kinds()
     main = max(blocks, key=lambda kt: kinds.count(kt[0]))[1]
     return ModelTraces(

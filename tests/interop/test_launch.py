@@ -74,13 +74,19 @@ def test_schedules_and_exchanges_megatron_lacks_are_refused(fields, knob):
 
 def test_torchtitan_refuses_what_needs_fsdp_and_runs_pure_data_parallel():
     model, cluster = load_model("llama3-8b"), load_cluster("h800", gpus=8)
-    with pytest.raises(CannotExpress, match="issue 34"):
+    with pytest.raises(CannotExpress, match="--sharding parameters"):
         export_launch(LaunchFormat.TORCHTITAN, model, PlanSpec(tp=2, dp=4, sequence_parallel=True,
                                                                global_batch_size=8), STACK, cluster)
     with pytest.raises(CannotExpress, match="flavours"):
         export_launch(LaunchFormat.TORCHTITAN, load_model("gpt-13b"), PlanSpec(dp=8, global_batch_size=8), STACK, cluster)
     out = export_launch(LaunchFormat.TORCHTITAN, model, PlanSpec(dp=8, global_batch_size=64), STACK, cluster)
     assert 'flavor = "8B"' in out.text and "data_parallel_replicate_degree = 8" in out.text
+
+
+def test_megatron_block_recompute_reads_as_recompute_layers():
+    job = import_launch(LM + "--recompute-granularity full --recompute-method block --recompute-num-layers 2", "cmd",
+                        STACK)
+    assert job.plan.recompute_layers == 2 and job.plan.recompute.value == "none"
 
 
 LM = ("torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 1024 "
@@ -91,7 +97,7 @@ LM = ("torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --h
 @pytest.mark.parametrize("extra, setting", [
     ("--foo-bar 3", "--foo-bar"),
     ("--moe-shared-expert-overlap", "--moe-shared-expert-overlap"),  # changes the step: not read past
-    ("--recompute-granularity full --recompute-method block --recompute-num-layers 2", "recompute_num_layers"),
+    ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 2", "recompute_num_layers"),
 ])
 def test_import_refuses_a_setting_it_cannot_model_naming_it(extra, setting):
     with pytest.raises(CannotImport) as exc:
@@ -145,8 +151,13 @@ def test_bridge_yaml_refuses_unknown_sections_and_reads_its_recipe():
                       load_cluster("h800", gpus=8))
 
 
-def test_torchtitan_import_refuses_fsdp():
-    text = '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = -1\n'
+def test_torchtitan_import_reads_fsdp_and_refuses_tp_without_it():
+    text = ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = -1\n'
+            '[activation_checkpoint]\nmode = "full"\n')
+    job = import_launch(text, "job.toml", STACK, gpus=8)
+    assert job.plan.sharding.value == "parameters" and job.plan.dp == 8 and job.stack.name == "torchtitan"
+    text = ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = 1\n'
+            'data_parallel_replicate_degree = 4\ntensor_parallel_degree = 2\n')
     with pytest.raises(CannotImport, match="FSDP2"):
         import_launch(text, "job.toml", STACK, gpus=8)
 

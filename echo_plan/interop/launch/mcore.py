@@ -25,7 +25,8 @@ from echo_plan.interop.launch.job import (
 from echo_plan.specs import ModelSpec, PlanSpec, SoftwareSpec
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.model import Activation, Norm, PositionEmbedding
-from echo_plan.specs.plan import DpComm, Recompute, Schedule
+from echo_plan.layout.sharding import DataParallelSharding
+from echo_plan.specs.plan import DpComm, Recompute, Schedule, Sharding
 from echo_plan.specs.software import (
     AttentionKernel, AttentionLibrary, Fp8Recipe, MoEDispatcher, OptimizerSharding, RecomputeModule,
 )
@@ -176,6 +177,16 @@ def _refuse_plan(plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchFormat) -> None
         raise CannotExpress(fmt, "moe_dispatch_fp8", True, "Megatron-Core's DeepEP dispatcher moves bf16 tokens "
                                                            "(DeepSeek's FP8 dispatch has no flag); simulate with a "
                                                            "stack that sets it false")
+    level = DataParallelSharding.of(plan, stack)
+    if level.level in (Sharding.GRADIENTS, Sharding.PARAMETERS):
+        raise CannotExpress(fmt, "sharding", level.level.value, "Megatron-Core's distributed optimizer shards "
+                            "optimizer states (ZeRO-1); its own FSDP (use_megatron_fsdp) is not exported")
+    if plan.shard_degree is not None and plan.shard_degree != plan.grad_dp:
+        raise CannotExpress(fmt, "shard_degree", plan.shard_degree, "Megatron-Core's partial distributed optimizer "
+                            "(num_distributed_optimizer_instances) is not exported")
+    if plan.recompute_layers and plan.recompute is not Recompute.NONE:
+        raise CannotExpress(fmt, "recompute_layers", plan.recompute_layers, "Megatron-Core recomputes a block of "
+                            "layers only under full granularity, not beside selective recompute")
     if stack.optimizer_state_bytes not in (None, 12.0, 8.0):
         raise CannotExpress(fmt, "optimizer_state_bytes", stack.optimizer_state_bytes,
                             "Megatron-Core keeps 12 (fp32 master and moments) or 8 (bf16 moments, the "
@@ -209,6 +220,8 @@ def to_mcore(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchF
         m.update(recompute_granularity="selective", recompute_modules=[r.value for r in stack.recompute_modules])
     elif plan.recompute is Recompute.FULL:
         m.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif plan.recompute_layers:
+        m.update(recompute_granularity="full", recompute_method="block", recompute_num_layers=plan.recompute_layers)
     m.update(bf16=plan.param_dtype is DType.BF16, fp16=plan.param_dtype is DType.FP16)
     if plan.dtype is DType.FP8:
         fmt8, recipe = FP8_RECIPES[stack.fp8_recipe]

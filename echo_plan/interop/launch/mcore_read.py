@@ -133,10 +133,15 @@ def _plan(sec: Mapping[str, Mapping[str, Any]], model: ModelSpec, gpus: int, sou
         fields["schedule"] = "interleaved"
     granularity = m.get("recompute_granularity")
     if granularity == "full":
-        if m.get("recompute_method", "uniform") != "uniform" or as_int(m, "recompute_num_layers", source, 1) != 1:
+        method, n = m.get("recompute_method", "uniform"), as_int(m, "recompute_num_layers", source, 1)
+        if method == "block":  # the first n layers of each model chunk recomputed whole
+            fields["recompute_layers"] = n
+        elif method != "uniform" or n != 1:
             raise CannotImport(source, "recompute_num_layers", m.get("recompute_num_layers"),
-                               "full recompute is modelled per layer (recompute_method uniform, 1 layer)")
-        fields["recompute"] = "full"
+                               "full recompute per layer (recompute_method uniform, 1 layer) or of the first n "
+                               "layers of each chunk (recompute_method block)")
+        else:
+            fields["recompute"] = "full"
     elif granularity == "selective":
         fields["recompute"] = "selective"
     elif granularity not in (None, "none"):

@@ -1,11 +1,14 @@
-"""torchtitan's job config (TOML, read by torchtitan 0.1-0.2 with ``--job.config_file``), both ways.
+"""torchtitan's job config (TOML, read by torchtitan 0.2 with ``--job.config_file``), both ways.
 
 torchtitan builds its models from named flavours (:data:`FLAVOURS`), so only those shapes export.
-Its data parallelism beside tensor, pipeline or context parallelism is FSDP2 (ZeRO-3), and its
-mixed precision comes with FSDP (without it, a TP or PP job trains in fp32, a pure data-parallel
-one under autocast); echo-plan does not simulate FSDP yet (issue 34), so the plans this format
-runs as simulated today are pure data-parallel ones (DDP, bf16 autocast). Every other plan is
-refused with the knob that needs FSDP, on export and on import alike.
+Its data parallelism beside tensor, pipeline or context parallelism is FSDP2, and its mixed precision
+comes with FSDP (without it, a TP or PP job trains in fp32, a pure data-parallel one under autocast).
+A plan with ``--sharding parameters`` exports as FSDP2 (HSDP with a shard degree: torchtitan's mesh is
+dp_replicate x dp_shard x cp, FSDP sharding over dp_shard x cp), with its pipeline split as explicit
+module lists, float8 (tensorwise) as torchao's converter, torch.compile and async TP from the stack;
+a pure data-parallel plan exports as DDP. What torchtitan cannot run as simulated (optimizer-only
+sharding, Megatron's selective recompute, layer counts it checkpoints differently) is refused with the
+knob, on export and on import alike.
 """
 
 from __future__ import annotations
@@ -15,22 +18,28 @@ import tomllib
 from typing import Any
 
 from echo_plan.interop.launch.job import (
-    CannotExpress, CannotImport, LaunchExport, LaunchFormat, LaunchJob, preset_of_shape,
+    CannotExpress, CannotImport, LaunchExport, LaunchFormat, LaunchJob, preset_of_shape, virtual_split,
 )
-from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load_model
+from echo_plan.layout.sharding import DataParallelSharding
+from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load_model, load_stack
 from echo_plan.specs.cluster import DType
-from echo_plan.specs.plan import DpComm, Recompute
+from echo_plan.specs.plan import DpComm, Recompute, Schedule
+from echo_plan.specs.software import Fp8Recipe, OptimizerSharding
 
 FMT = LaunchFormat.TORCHTITAN
 # echo-plan model preset -> torchtitan (model.name, model.flavor) of the same shape (torchtitan 0.2)
 FLAVOURS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
             "deepseek-v3": ("deepseek_v3", "671B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
             "qwen3-235b-a22b": ("qwen3", "235B-A22B")}
-NEEDS_FSDP = "needs torchtitan's FSDP2, which echo-plan does not simulate yet (issue 34)"
+NEEDS_FSDP = "needs torchtitan's FSDP2: simulate the plan with --sharding parameters"
 AC_MODES = {Recompute.NONE: "none", Recompute.FULL: "full"}
+SCHEDULES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.GPIPE: "GPipe"}
+FLOAT8 = "quantize.linear.float8"  # torchtitan 0.2's converter name for torchao's float8 linears
 AUTOCAST_NOTE = ("torchtitan without FSDP keeps fp32 weights under bf16 autocast: 16 bytes per parameter for weights, "
                  "gradients and Adam states where the simulation counts 18 (bf16 weights, fp32 gradients, master "
                  "weights and moments), and it casts every weight to bf16 in each micro-batch's forward")
+FSDP_NOTE = ("torchtitan's pipeline split counts the embedding and the output layer as a layer each by default; the "
+             "simulated split is written as module lists (module_fqns_per_model_part), so it runs as simulated")
 
 
 def _flavour(model: ModelSpec) -> tuple[str, str]:
@@ -41,42 +50,144 @@ def _flavour(model: ModelSpec) -> tuple[str, str]:
                         + ", ".join(f"{n} {f}" for n, f in FLAVOURS.values()) + "); this shape is none of them")
 
 
-def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> None:
-    others = plan.tp * plan.pp * plan.cp * plan.ep > 1
-    if plan.distributed_optimizer:
-        raise CannotExpress(FMT, "distributed_optimizer", True, "torchtitan shards parameters with FSDP2, not "
-                                                                "optimizer states alone (ZeRO-1); " + NEEDS_FSDP)
-    if others:
+def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> bool:
+    """Raise CannotExpress for what torchtitan cannot run as simulated; True when the plan is FSDP2."""
+    level = DataParallelSharding.of(plan, stack)
+    fsdp = level.parameters
+    if plan.distributed_optimizer and not fsdp:
+        raise CannotExpress(FMT, "sharding", level.level.value, "torchtitan shards parameters with FSDP2, not "
+                                                                "optimizer states or gradients alone; " + NEEDS_FSDP)
+    if not fsdp and plan.tp * plan.pp * plan.cp * plan.ep > 1:
         knob = next(k for k in ("tp", "pp", "cp", "ep") if getattr(plan, k) > 1)
         raise CannotExpress(FMT, knob, getattr(plan, knob), "torchtitan trains in bf16 beside tensor, pipeline, "
-                                                            "context or expert parallelism only under FSDP2; "
-                                                            + NEEDS_FSDP)
+                                                            "context or expert parallelism only under FSDP2; " + NEEDS_FSDP)
+    if plan.ep > 1 or plan.expert_tp != plan.tp:
+        raise CannotExpress(FMT, "ep", plan.ep, "torchtitan's expert parallelism is not modelled here")
+    if fsdp and plan.shard_group_size % plan.cp:
+        raise CannotExpress(FMT, "shard_degree", plan.shard_group_size, f"torchtitan shards over dp_shard x cp: a "
+                                                                       f"multiple of cp {plan.cp}")
+    if plan.tp > 1 and not plan.sequence_parallel:
+        raise CannotExpress(FMT, "sequence_parallel", False, "torchtitan's tensor parallelism always shards the "
+                                                             "norms over the sequence (add --sequence-parallel)")
     if plan.recompute not in AC_MODES:
         raise CannotExpress(FMT, "recompute", plan.recompute.value, "torchtitan's selective checkpointing saves "
                                                                      "by op policy, not Megatron's recompute modules")
-    if plan.dtype is not DType.BF16:
-        raise CannotExpress(FMT, "dtype", plan.dtype.value, "torchtitan's float8 needs FSDP2 or TP here; without "
-                                                            "them it trains under bf16 autocast only")
+    if plan.recompute_layers:
+        raise CannotExpress(FMT, "recompute_layers", plan.recompute_layers, "torchtitan checkpoints every n-th "
+                                                                             "layer, not the first n of each chunk")
+    if plan.pp > 1 and plan.schedule not in SCHEDULES:
+        raise CannotExpress(FMT, "schedule", plan.schedule.value, "exported schedules: "
+                            + ", ".join(s.value for s in SCHEDULES))
+    if plan.dtype is DType.FP16 or (plan.dtype is DType.FP8 and not fsdp and plan.tp == 1):
+        raise CannotExpress(FMT, "dtype", plan.dtype.value, "torchtitan trains in bf16, or float8 under FSDP2 or TP")
+    if plan.dtype is DType.FP8 and stack.fp8_recipe is not Fp8Recipe.CURRENT:
+        raise CannotExpress(FMT, "fp8_recipe", stack.fp8_recipe.value, "torchao's float8 linears scale per tensor "
+                                                                       "from this step's amax (fp8_recipe current)")
     if plan.dp_comm is not DpComm.DENSE:
         raise CannotExpress(FMT, "dp_comm", plan.dp_comm.value, "torchtitan exchanges dense gradients only")
     if stack.grad_bytes(plan.param_dtype) != 4:
-        raise CannotExpress(FMT, "grad_reduce_dtype", "bf16", "DDP in torchtitan reduces fp32 gradients")
+        raise CannotExpress(FMT, "grad_reduce_dtype", "bf16", "torchtitan reduces fp32 gradients")
+    if stack.tp_comm_overlap and plan.tp > 1 and not stack.fused_elementwise:
+        raise CannotExpress(FMT, "tp_comm_overlap", True, "torchtitan's async TP needs torch.compile "
+                                                          "(torch_compile: true)")
+    return fsdp
+
+
+def _parts(model: ModelSpec, plan: PlanSpec) -> list[list[str]]:
+    """The modules of each pipeline stage (virtual stages in model order), as torchtitan names them."""
+    parts, first = [], 0
+    split = virtual_split(plan, model)
+    for vs, n in enumerate(split):
+        mods = (["tok_embeddings"] if vs == 0 else []) + [f"layers.{i}" for i in range(first, first + n)]
+        parts.append(mods + (["norm", "output"] if vs == len(split) - 1 else []))
+        first += n
+    return parts
 
 
 def export_torchtitan(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, cluster: ClusterSpec) -> LaunchExport:
     name, flavour = _flavour(model)
-    _refuse(plan, stack)
+    fsdp = _refuse(plan, stack)
+    shard = plan.shard_group_size // plan.cp if fsdp else 1
+    replicate = plan.grad_dp // plan.shard_group_size if fsdp else plan.dp
+    local = plan.micro_batch_size if plan.pp == 1 else plan.global_batch_size // plan.dp
     lines = [f"# echo-plan: {model.name}, {plan.short()}, stack {stack.name}, {plan.world_size} GPUs",
              f"# launch: torchrun --nnodes {cluster.num_nodes} --nproc-per-node {cluster.gpus_per_node} "
              "-m torchtitan.train --job.config_file THIS_FILE.toml",
              "[job]", f'description = "echo-plan {plan.short()}"',
-             "[model]", f'name = "{name}"', f'flavor = "{flavour}"',
-             "[training]", f"local_batch_size = {plan.micro_batch_size}",
-             f"global_batch_size = {plan.global_batch_size}", f"seq_len = {model.seq_length}",
-             "[parallelism]", f"data_parallel_replicate_degree = {plan.dp}", "data_parallel_shard_degree = 1",
-             "tensor_parallel_degree = 1", "pipeline_parallel_degree = 1", "context_parallel_degree = 1",
-             "[activation_checkpoint]", f'mode = "{AC_MODES[plan.recompute]}"']
-    return LaunchExport(FMT, "\n".join(lines) + "\n", notes=(AUTOCAST_NOTE,))
+             "[model]", f'name = "{name}"', f'flavor = "{flavour}"']
+    if plan.dtype is DType.FP8:
+        lines.append(f'converters = ["{FLOAT8}"]')
+    lines += ["[training]", f"local_batch_size = {local}", f"global_batch_size = {plan.global_batch_size}",
+              f"seq_len = {model.seq_length}",
+              "[parallelism]", f"data_parallel_replicate_degree = {replicate}",
+              f"data_parallel_shard_degree = {shard}", f"tensor_parallel_degree = {plan.tp}",
+              f"pipeline_parallel_degree = {plan.pp}", f"context_parallel_degree = {plan.cp}"]
+    if fsdp:
+        policy = ("default" if plan.reshard_after_forward is None
+                  else "always" if plan.reshard_after_forward else "never")
+        lines.append(f'fsdp_reshard_after_forward = "{policy}"')
+    if plan.tp > 1:
+        lines.append(f"enable_async_tensor_parallel = {str(stack.tp_comm_overlap).lower()}")
+    if plan.cp > 1:
+        lines.append(f'context_parallel_rotate_method = "{"allgather" if stack.cp_comm.value == "all_gather" else "alltoall"}"')
+    if plan.pp > 1:
+        lines += [f'pipeline_parallel_schedule = "{SCHEDULES[plan.schedule]}"',
+                  f"pipeline_parallel_microbatch_size = {plan.micro_batch_size}",
+                  "module_fqns_per_model_part = [" + ", ".join(
+                      "[" + ", ".join(f'"{m}"' for m in part) + "]" for part in _parts(model, plan)) + "]"]
+    lines += ["[activation_checkpoint]", f'mode = "{AC_MODES[plan.recompute]}"',
+              "[compile]", f"enable = {str(stack.fused_elementwise).lower()}", 'components = ["model", "loss"]']
+    if plan.dtype is DType.FP8:
+        gather = str(bool(stack.fp8_param_gather) and fsdp).lower()
+        lines += ["[quantize.linear.float8]", 'recipe_name = "tensorwise"',
+                  f"enable_fsdp_float8_all_gather = {gather}", f"precompute_float8_dynamic_scale_for_fsdp = {gather}"]
+    notes = (FSDP_NOTE,) if fsdp and plan.pp > 1 else () if fsdp else (AUTOCAST_NOTE,)
+    return LaunchExport(FMT, "\n".join(lines) + "\n", notes=notes)
+
+
+def _degree(par: dict, knob: str, source: str, default: int = 1) -> int:
+    try:
+        value = int(par.get(knob, default))
+    except (TypeError, ValueError):
+        raise CannotImport(source, f"parallelism.{knob}", par.get(knob), "an integer") from None
+    if value < 1 and not (knob == "data_parallel_shard_degree" and value == -1):
+        raise CannotImport(source, f"parallelism.{knob}", value, "a positive integer (-1: the GPUs left over)")
+    return value
+
+
+def _imported_stack(doc: dict, base_stack: SoftwareSpec, source: str) -> tuple[SoftwareSpec, DType]:
+    """The stack the file runs (the torchtitan preset unless the user's own shards parameters too) and its dtype."""
+    stack = base_stack if base_stack.optimizer_sharding is OptimizerSharding.PARAMS else load_stack("torchtitan")
+    changes: dict[str, Any] = {"torch_compile": bool(doc.get("compile", {}).get("enable", False)),
+                               "tp_comm_overlap": bool(doc.get("parallelism", {}).get("enable_async_tensor_parallel",
+                                                                                      False))}
+    converters = [str(c) for c in doc.get("model", {}).get("converters", [])]
+    dtype = DType.BF16
+    for conv in converters:
+        if conv not in (FLOAT8, "float8"):
+            raise CannotImport(source, "model.converters", conv, f"{FLOAT8} (tensorwise float8) is modelled")
+        f8 = doc.get("quantize", {}).get("linear", {}).get("float8", {}) or doc.get("float8", {})
+        recipe = f8.get("recipe_name") or "tensorwise"
+        if recipe != "tensorwise":
+            raise CannotImport(source, "quantize.linear.float8.recipe_name", recipe, "tensorwise (fp8 current "
+                                                                                     "scaling) is modelled")
+        changes.update(fp8_recipe=Fp8Recipe.CURRENT, fp8_param_gather=bool(f8.get("enable_fsdp_float8_all_gather")))
+        dtype = DType.FP8
+    return stack.replace(**changes), dtype
+
+
+def _split(par: dict, pp: int, source: str) -> tuple[int, tuple[int, ...] | None]:
+    """(virtual stages per rank, layers per virtual stage or None) from module_fqns_per_model_part."""
+    parts = par.get("module_fqns_per_model_part")
+    if not parts:
+        if par.get("pipeline_parallel_schedule", "1F1B") not in ("1F1B", "GPipe"):
+            raise CannotImport(source, "parallelism.module_fqns_per_model_part", None, "a looped schedule's stages "
+                               "per rank: give the module lists")
+        return 1, None
+    if len(parts) % pp:
+        raise CannotImport(source, "parallelism.module_fqns_per_model_part", len(parts), f"a multiple of pp {pp} parts")
+    counts = tuple(sum(1 for m in part if re.fullmatch(r"layers\.\d+", str(m))) for part in parts)
+    return len(parts) // pp, counts
 
 
 def import_torchtitan(text: str, source: str, base_stack: SoftwareSpec, gpus: int | None = None) -> LaunchJob:
@@ -90,35 +201,59 @@ def import_torchtitan(text: str, source: str, base_stack: SoftwareSpec, gpus: in
     if key not in presets:
         raise CannotImport(source, "model.flavor", " ".join(key), "flavours with an echo-plan model: "
                            + ", ".join(f"{n} {f}" for n, f in FLAVOURS.values()))
-    for knob in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
-                 "expert_parallel_degree"):
-        if int(par.get(knob, 1)) > 1:
-            raise CannotImport(source, f"parallelism.{knob}", par[knob], NEEDS_FSDP)
-    shard = int(par.get("data_parallel_shard_degree", -1))
-    if shard != 1:
-        raise CannotImport(source, "parallelism.data_parallel_shard_degree", shard, "FSDP2 " + NEEDS_FSDP)
-    if model_sec.get("converters"):
-        raise CannotImport(source, "model.converters", model_sec["converters"], "float8/MX training in "
-                                                                                "torchtitan needs FSDP2 or TP here")
+    if _degree(par, "expert_parallel_degree", source) > 1:
+        raise CannotImport(source, "parallelism.expert_parallel_degree", par["expert_parallel_degree"],
+                           "torchtitan's expert parallelism is not modelled here")
+    tp, pp, cp = (_degree(par, k, source) for k in ("tensor_parallel_degree", "pipeline_parallel_degree",
+                                                     "context_parallel_degree"))
+    replicate = _degree(par, "data_parallel_replicate_degree", source)
+    shard = _degree(par, "data_parallel_shard_degree", source, -1)
+    launch = re.search(r"--nnodes[ =](\d+).*--nproc[-_]per[-_]node[ =](\d+)", text)
+    world = gpus if gpus is not None else (int(launch.group(1)) * int(launch.group(2)) if launch else None)
+    if shard == -1:
+        if world is None:
+            raise CannotImport(source, "parallelism.data_parallel_shard_degree", -1, "the GPUs left over: give "
+                               "the job's GPUs (--gpus) or a torchrun line")
+        shard = world // (replicate * tp * pp * cp)
+    dp = replicate * shard
+    world = world if world is not None else dp * tp * pp * cp
+    if dp * tp * pp * cp != world:
+        raise CannotImport(source, "parallelism", f"{replicate} x {shard} x {tp} x {pp} x {cp}",
+                           f"dp_replicate x dp_shard x tp x pp x cp must be the job's {world} GPUs")
+    fsdp = shard * cp > 1
+    if not fsdp and tp * pp > 1:
+        raise CannotImport(source, "parallelism.data_parallel_shard_degree", shard, "tensor or pipeline "
+                           "parallelism without FSDP2 trains in fp32 in torchtitan, which is not modelled")
     mode = str(doc.get("activation_checkpoint", {}).get("mode", "selective"))
     if mode not in ("none", "full"):
         raise CannotImport(source, "activation_checkpoint.mode", mode, "none or full (torchtitan's selective and "
                                                                       "memory-budget modes are not modelled)")
-    launch = re.search(r"--nnodes[ =](\d+).*--nproc[-_]per[-_]node[ =](\d+)", text)
-    world = gpus if gpus is not None else (int(launch.group(1)) * int(launch.group(2)) if launch else None)
-    dp = int(par.get("data_parallel_replicate_degree", 1))
-    if world is None:
-        world = dp
-    if dp != world:
-        raise CannotImport(source, "parallelism.data_parallel_replicate_degree", dp,
-                           f"the job's {world} GPUs are all data-parallel replicas here")
+    stack, dtype = _imported_stack(doc, base_stack, source)
     model = load_model(presets[key]).replace(seq_length=int(train.get("seq_len", 2048)))
     local = int(train.get("local_batch_size", 8))
     gbs = int(train.get("global_batch_size", -1))
-    fields: dict[str, Any] = dict(dp=dp, micro_batch_size=local, global_batch_size=gbs if gbs > 0 else local * dp,
-                                  recompute=mode)
+    gbs = gbs if gbs > 0 else local * dp
+    fields: dict[str, Any] = dict(tp=tp, pp=pp, cp=cp, dp=dp, global_batch_size=gbs, recompute=mode, dtype=dtype,
+                                  sequence_parallel=tp > 1,
+                                  micro_batch_size=int(par.get("pipeline_parallel_microbatch_size", 1)) if pp > 1
+                                  else local)
+    if fsdp:
+        policy = str(par.get("fsdp_reshard_after_forward", "default"))
+        if policy not in ("default", "always", "never"):
+            raise CannotImport(source, "parallelism.fsdp_reshard_after_forward", policy, "default, always or never")
+        fields.update(sharding="parameters", shard_degree=shard * cp if replicate > 1 else None,
+                      reshard_after_forward=None if policy == "default" else policy == "always")
+    if pp > 1:
+        sched = {v: k for k, v in SCHEDULES.items()}.get(str(par.get("pipeline_parallel_schedule", "1F1B")))
+        if sched is None:
+            raise CannotImport(source, "parallelism.pipeline_parallel_schedule", par["pipeline_parallel_schedule"],
+                               ", ".join(SCHEDULES.values()))
+        vpp, counts = _split(par, pp, source)
+        fields.update(schedule=sched, virtual_stages=vpp)
+        if counts is not None and len(set(counts)) > 1:
+            fields["layer_split"] = counts
     plan = PlanSpec.build(fields, context=source)
-    notes = (f"simulated with stack {base_stack.name}'s kernels; torchtitan runs PyTorch's own (issue 34 adds a "
-             "torchtitan stack)", AUTOCAST_NOTE)
-    return LaunchJob(model=model, plan=plan, stack=base_stack, gpus=world,
+    notes = (f"simulated with stack {stack.name} (compile {stack.fused_elementwise}, async TP {stack.tp_comm_overlap} "
+             "as the file sets them)",) + (() if fsdp else (AUTOCAST_NOTE,))
+    return LaunchJob(model=model, plan=plan, stack=stack, gpus=world,
                      gpus_per_node=int(launch.group(2)) if launch else None, source=source, notes=notes)

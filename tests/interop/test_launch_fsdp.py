@@ -1,0 +1,81 @@
+"""FSDP plans as torchtitan job configs: exported with their sharding, pipeline split, float8 and compile settings,
+read back as the same plan, parsed by torchtitan's own config parser where it is installed; what torchtitan
+cannot run as simulated is refused with the knob."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo_plan.interop.launch import CannotExpress, export_launch, import_launch
+from echo_plan.interop.launch.job import LaunchFormat, canonical_plan
+from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
+from echo_plan.specs.plan import balanced_split
+
+TT = load_stack("torchtitan")
+FSDP_PLANS = [
+    ("llama3-8b", 8, dict(dp=8, micro_batch_size=2, global_batch_size=16, sharding="parameters", recompute="full")),
+    ("llama3-8b", 64, dict(dp=64, micro_batch_size=1, global_batch_size=128, sharding="parameters", shard_degree=8)),
+    ("llama3-8b", 8, dict(dp=4, cp=2, global_batch_size=4, sharding="parameters", recompute="full", dtype="fp8")),
+    ("llama3-70b", 256, dict(tp=8, dp=32, micro_batch_size=16, global_batch_size=512, sequence_parallel=True,
+                             sharding="parameters", recompute="full", reshard_after_forward=False)),
+    ("llama3-405b", 512, dict(tp=8, pp=8, dp=8, global_batch_size=256, sequence_parallel=True, sharding="parameters",
+                              recompute="full", dtype="fp8", layer_split=balanced_split(126, 8))),
+    ("llama3-405b", 512, dict(tp=8, pp=8, dp=8, global_batch_size=256, sequence_parallel=True, sharding="parameters",
+                              recompute="full", virtual_stages=2, layer_split=balanced_split(126, 16))),
+]
+
+
+@pytest.mark.parametrize("name, gpus, fields", FSDP_PLANS)
+def test_fsdp_plans_round_trip(name, gpus, fields):
+    model, cluster = load_model(name), load_cluster("h100-gt", gpus=gpus)
+    plan = PlanSpec(**fields)
+    out = export_launch(LaunchFormat.TORCHTITAN, model, plan, TT, cluster)
+    job = import_launch(out.text, "job.toml", load_stack())
+    assert canonical_plan(job.plan, model) == canonical_plan(plan, model), job.plan.short()
+    assert job.stack.name == "torchtitan" and job.gpus == gpus
+
+
+def test_the_stack_settings_travel_with_the_plan():
+    model, cluster = load_model("llama3-70b"), load_cluster("h100-gt", gpus=256)
+    plan = PlanSpec(tp=8, dp=32, global_batch_size=256, sequence_parallel=True, sharding="parameters", dtype="fp8")
+    stack = TT.replace(tp_comm_overlap=True, fp8_param_gather=True)
+    out = export_launch(LaunchFormat.TORCHTITAN, model, plan, stack, cluster)
+    assert "enable_async_tensor_parallel = true" in out.text and "enable_fsdp_float8_all_gather = true" in out.text
+    job = import_launch(out.text, "job.toml", load_stack())
+    assert job.stack.tp_comm_overlap and job.stack.fp8_param_gather and job.plan.dtype.value == "fp8"
+    eager = export_launch(LaunchFormat.TORCHTITAN, model, plan, TT.replace(torch_compile=False), cluster)
+    assert "[compile]\nenable = false" in eager.text
+    assert not import_launch(eager.text, "job.toml", load_stack()).stack.fused_elementwise
+
+
+@pytest.mark.parametrize("fields, knob", [
+    (dict(dp=8, global_batch_size=8, distributed_optimizer=True, sharding="optimizer"), "sharding"),
+    (dict(dp=8, global_batch_size=8, sharding="parameters", recompute="selective"), "recompute"),
+    (dict(dp=8, global_batch_size=8, sharding="parameters", recompute_layers=4), "recompute_layers"),
+    (dict(dp=4, cp=2, global_batch_size=4, sharding="parameters", shard_degree=1), "shard_degree"),
+    (dict(tp=2, dp=4, global_batch_size=4, sharding="parameters"), "sequence_parallel"),
+])
+def test_what_torchtitan_cannot_run_is_refused_with_the_knob(fields, knob):
+    model, cluster = load_model("llama3-8b"), load_cluster("h100-gt", gpus=8)
+    with pytest.raises(CannotExpress, match=knob) as exc:
+        export_launch(LaunchFormat.TORCHTITAN, model, PlanSpec(**fields), TT, cluster)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("name, gpus, fields", FSDP_PLANS)
+def test_torchtitan_parses_the_exported_fsdp_toml(tmp_path, name, gpus, fields):
+    pytest.importorskip("torchtitan.config", reason="torchtitan is not installed (pip install -e '.[frameworks]')")
+    from torchtitan.config import ConfigManager
+
+    model, cluster, plan = load_model(name), load_cluster("h100-gt", gpus=gpus), PlanSpec(**fields)
+    path = tmp_path / "job.toml"
+    path.write_text(export_launch(LaunchFormat.TORCHTITAN, model, plan, TT, cluster).text)
+    cfg = ConfigManager().parse_args(["--job.config_file", str(path)])
+    par = cfg.parallelism
+    assert par.data_parallel_shard_degree * par.context_parallel_degree * par.data_parallel_replicate_degree \
+        == plan.grad_dp
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (plan.tp, plan.pp)
+    if plan.pp > 1:
+        parts = par.module_fqns_per_model_part
+        assert len(parts) == plan.pp * plan.virtual_stages
+        assert [sum(m.startswith("layers.") for m in p) for p in parts] == list(plan.virtual_layers(model.num_layers))
