@@ -15,9 +15,13 @@ Unsharded working set, as PyTorch's FSDP2 holds it (replay/fsdp.py says when it 
   with FP8 all-gather); and two blocks' unsharded gradients in the reduce dtype, the one being
   reduce-scattered and the one being produced (a judgement of FSDP2's reduce-scatter buffering, no
   measurement behind it; say so where it matters);
-* with a pipeline and without ``reshard_after_forward``: the stage's whole gathered parameters, held
-  from its first forward to its last backward, and its unsharded gradients accumulated over the
-  micro-batches in the reduce dtype until the last backward reduce-scatters them.
+* with a pipeline: the stage's whole gathered parameters and its unsharded gradients in the reduce dtype.
+  torch.distributed.pipelining turns off resharding after backward and the gradient sync for every
+  micro-batch but the last (``set_reshard_after_backward(False)``, ``set_requires_gradient_sync(False)``
+  in ``stage.py``), so after a backward every block stays gathered, and FSDP2 accumulates the unsharded
+  gradients upcast to the reduce dtype (``to_accumulated_grad_if_needed``) until the last backward
+  reduce-scatters them. Hence with a pipeline, sharding the parameters holds more than sharding the
+  gradients (ZeRO-2) does: a property of FSDP2 under pipelining, which the planner shows as it is.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ def fsdp_states(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, sharding:
     shard, eshard = sharding.parameter_shards(), sharding.parameter_shards(expert=True)
     weights = dense * stored / shard + experts * stored / eshard
     grads = dense * grad_bytes / sharding.gradient_shards() + experts * grad_bytes / sharding.gradient_shards(True)
-    if plan.pp > 1 and not plan.reshards_after_forward:
+    if plan.pp > 1:
         weights += layer_total * gathered + root * plan.param_dtype.nbytes
         grads += (layer_total + root) * grad_bytes
     else:

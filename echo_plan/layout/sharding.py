@@ -50,6 +50,8 @@ class DataParallelSharding:
             level = _STACK_LEVEL.get(stack.optimizer_sharding, Sharding.OPTIMIZER) if stack is not None \
                 else Sharding.OPTIMIZER
         degree = plan.shard_group_size
+        if degree == 1:  # shards of one rank: every rank holds its whole state, all-reduced (plain DDP)
+            return cls(ShardLevel.NONE, 1, 1)
         expert_degree = math.gcd(plan.edp, degree)
         return cls(level, degree, expert_degree, plan.grad_dp // degree, plan.edp // expert_degree)
 

@@ -13,9 +13,10 @@ NCCL kernels on the same links share their bandwidth, which one FIFO stream stan
 
 When a pass gathers (``FsdpSteps``, from the plan):
 
-* forward: every forward without a pipeline, or with ``reshard_after_forward``; with a pipeline and
-  without it only the first forward of each chunk (torch.distributed.pipelining keeps the stage's
-  parameters unsharded until its last backward: ``set_reshard_after_backward(last_backward)``);
+* forward: every forward without a pipeline; with one, only the first forward of each chunk
+  (torch.distributed.pipelining does not reshard after backward, ``set_reshard_after_backward(False)``
+  for all but the last micro-batch, so a forward finds its blocks gathered by the backward before it;
+  the warm-up forwards that follow a resharding forward gather again, which is not counted here);
 * backward: with ``reshard_after_forward``, every unit but the root and the last block (torchtitan
   does not reshard the last block, which backward needs first; FSDP2 never reshards the root);
 * the reduce-scatter: after every backward without a pipeline (torchtitan's gradient accumulation does
@@ -35,7 +36,7 @@ class FsdpSteps:
 
     @classmethod
     def of(cls, pp: int, reshard_after_forward: bool) -> "FsdpSteps":
-        return cls(pp == 1 or reshard_after_forward, reshard_after_forward, pp == 1)
+        return cls(pp == 1, reshard_after_forward, pp == 1)
 
 
 @dataclass(frozen=True, slots=True)
