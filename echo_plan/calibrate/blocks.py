@@ -16,10 +16,11 @@ from typing import Any
 from echo_plan import __version__
 from echo_plan.calibrate.a2a_fit import a2a_block, merge as merge_a2a
 from echo_plan.calibrate.fp8_fit import fp8_block, is_fp8, merge
-from echo_plan.calibrate.preset_files import fit_labels, recipes, recipes_without
+from echo_plan.calibrate.preset_files import fit_labels, recipes, recipes_without, rule_words
 from echo_plan.errors import EchoPlanError
 from echo_plan.interop.nccl_tests import parse_nccl_tests
 from echo_plan.specs import load_cluster
+from echo_plan.specs.presets import preset_calibration
 from echo_plan.validation.registry import training_rows, training_suite
 
 __all__ = ["build_blocks", "compute_block", "network_block"]
@@ -61,7 +62,7 @@ def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, pro
     held = {r.label for r in rows if not r.not_modelled} - fit
     cal = calibrate_rows(rows, cluster, suite.stack, held, model_settings=suite.model_settings, cache=cache,
                          progress=progress)
-    return calibration_block(cal, suite.name, f"{suite.path.name}, rows by rule {recipe['fit_rows']}",
+    return calibration_block(cal, suite.name, f"{suite.path.name}, {rule_words(recipe['fit_rows'])}",
                              dict(cluster.calibration or {}))
 
 
@@ -73,6 +74,10 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None, leave_out: str | 
     if presets is not None:
         every = {n: r for n, r in every.items() if set(r["presets"]) & presets}
     blocks: dict[str, dict[str, Any]] = {}
+    for name, recipe in recipes().items():  # a recipe left out with its suite: its presets keep what they inherit
+        if name not in every and recipe.get("inherit") and (presets is None or set(recipe["presets"]) & presets):
+            for preset in recipe["presets"]:
+                blocks[preset] = dict(preset_calibration(recipe["inherit"]))
     for name, recipe in every.items():
         if "logs" in recipe:
             nccl = network_block(recipe, vdir)
@@ -91,6 +96,8 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None, leave_out: str | 
         for preset in recipe["presets"]:
             merged = dict(blocks.get(preset, {}))
             merged["compute"], merged["ranges"] = block["compute"], block["ranges"]
+            if recipe.get("inherit"):  # what the recipe does not fit (ranges, collectives) from that preset
+                merged = {"from": recipe["inherit"], **merged}
             blocks[preset] = merged
 
     for name, recipe in every.items():  # last: on top of the compute calibration it needs

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from echo_plan.calibrate.preset_files import fit_labels, recipes
+from echo_plan.calibrate.preset_files import fit_labels, recipes, rule_words
 from echo_plan.calibrate.row_fit import bisect_figure, fit_main, fit_record, log_residuals
 from echo_plan.errors import EchoPlanError
 from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
@@ -69,7 +69,7 @@ def merge(compute: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
     fitted[fp8["suite"]] = list(dict.fromkeys(fitted.get(fp8["suite"], []) + fp8["fitted_on"]))
     out["fitted_on"] = fitted
     out["fp8_fit"] = {
-        "source": f"{fp8['suite']}.csv fp8 rows by rule {fp8['rule']}; fitted by python -m echo_plan.calibrate.fp8_fit",
+        "source": f"{fp8['suite']}.csv fp8 {rule_words(fp8['rule'])}; fitted by python -m echo_plan.calibrate.fp8_fit",
         "fitted_on": fp8["fitted_on"], "held_out": fp8["held_out"], "residuals": fp8["residuals"],
     }
     return out

@@ -35,8 +35,17 @@ def recipes_without(every: dict[str, Any], suite: str) -> dict[str, Any]:
     return out
 
 
-def fit_labels(rows, rule: str) -> set[str]:
+def rule_words(rule) -> str:
+    """How a recipe chose its rows, in words (for the provenance a preset records)."""
+    return "the named rows" if isinstance(rule, list) else f"rows by rule {rule}"
+
+
+def fit_labels(rows, rule) -> set[str]:
+    """The labels of the rows a recipe fits on: by a rule (even, smallest-two-per-model) or named (a list;
+    names that are not among ``rows`` are left to the fit of the other precision, which may have them)."""
     simulable = [r for r in rows if not r.not_modelled]
+    if isinstance(rule, list):
+        return {r.label for r in simulable if r.label in set(map(str, rule))}
     if rule == "even":
         return {r.label for r in simulable[0::2]}
     if rule == "smallest-two-per-model":
@@ -44,7 +53,7 @@ def fit_labels(rows, rule: str) -> set[str]:
         for r in simulable:
             by.setdefault(r.model.name, []).append(r)
         return {r.label for group in by.values() for r in sorted(group, key=lambda r: r.gpus)[:2]}
-    raise EchoPlanError(f"unknown fit_rows rule {rule!r}: even, smallest-two-per-model")
+    raise EchoPlanError(f"unknown fit_rows rule {rule!r}: even, smallest-two-per-model, or a list of row labels")
 
 
 def write_block(path: Path, block: dict[str, Any]) -> None:

@@ -113,6 +113,13 @@ def _preset_calibration(name: str, context: str, seen: tuple[str, ...] = ()) -> 
     return cal
 
 
+def preset_calibration(name: str) -> dict:
+    """A cluster preset's calibration block, with its own ``calibration.from`` resolved."""
+    if name not in cluster_names():
+        raise UnknownPresetError("cluster", name, cluster_names())
+    return _preset_calibration(name, f"cluster preset {name}")
+
+
 def _gpu_arch(data: dict) -> object:
     gpu = data.get("gpu")
     return gpu.get("sm_arch") if isinstance(gpu, dict) else None

@@ -303,8 +303,9 @@ def _plan_fields(rec: dict[str, str], path: Path, line: int, model: Any = None) 
         raise FileFormatError(str(path), f"column layer_split: {rec['layer_split']!r} (auto is known)", line)
     if rec.get("sharding"):
         fields["sharding"] = rec["sharding"]
-    if rec.get("shard_degree"):
-        fields["shard_degree"] = _num(rec, "shard_degree", path, line)
+    for col in ("shard_degree", "recompute_layers"):
+        if rec.get(col) and rec[col] != "0":
+            fields[col] = _num(rec, col, path, line)
     return fields
 
 

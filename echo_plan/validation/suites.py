@@ -149,6 +149,8 @@ class SuiteResult:
             return all(n.startswith("ok") for n in self.notes if n.startswith(("ok", "FAIL")))
         if self.failed_rows:
             return False  # a row that should simulate and did not is never a pass
+        if any(r.fits is False for r in self.rows):
+            return False  # every row ran: one predicted not to fit its GPU is never a pass
         if not self.modelled:
             return True  # nothing to hold against yet (see the rows' not_modelled)
         for _, mean_tol, max_tol, mean, worst in self.precision_stats():
