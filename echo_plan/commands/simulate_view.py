@@ -17,7 +17,7 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
              f"mbs{plan['micro_batch_size']} "
              f"gbs{plan['global_batch_size']} vpp{plan['virtual_stages']} {plan['schedule']} "
              f"recompute={plan['recompute']}{' sp' if plan['sequence_parallel'] else ''}"
-             f"{' dist-opt' if plan['distributed_optimizer'] else ''} {plan['dtype']}"
+             f"{_sharding_words(plan)} {plan['dtype']}"
              + (f" {plan['dp_comm']}@{plan['density']:g}" if plan.get("dp_comm", "dense") != "dense" else ""))
     console.print(f"[bold]{result.model}[/bold] on [bold]{result.cluster}[/bold] ({result.num_gpus} GPUs): {label}"
                   + (f", stack {result.stack}" if result.stack else ""))
@@ -103,3 +103,14 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
         console.print(f"note: {note}")
     if trace_path:
         console.print(f"timeline written to {trace_path} (open it in ui.perfetto.dev or chrome://tracing)")
+
+
+def _sharding_words(plan: dict) -> str:
+    """The plan's data-parallel sharding as the header shows it (the level the stack gives is in the notes)."""
+    level = plan.get("sharding")
+    words = {"gradients": " zero2", "parameters": " fsdp"}.get(level or "", " dist-opt" if plan["distributed_optimizer"] else "")
+    if plan.get("shard_degree"):
+        words += f" shard{plan['shard_degree']}"
+    if plan.get("recompute_layers"):
+        words += f" recompute{plan['recompute_layers']}L"
+    return words

@@ -70,6 +70,17 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
         else:
             out.append(f"stack {stack.name}: the MoE all-to-all overlap needs interleaved 1F1B (vpp > 1) when "
                        f"pp > 1 (Megatron-Core's rule); not used with {plan.schedule.value}, vpp {plan.virtual_stages}")
+    sharding = DataParallelSharding.of(plan, stack)
+    if sharding.sharded and plan.sharding is None:
+        out.append(f"stack {stack.name}'s sharded data parallelism shards the {sharding.level.value} "
+                   f"(--sharding names the level)")
+    if sharding.parameters:
+        keep = "gathered again for backward" if plan.reshards_after_forward else "kept gathered from forward to backward"
+        out.append(f"sharding parameters (FSDP): each block all-gathered over {sharding.degree} ranks before use, one "
+                   f"block ahead, {keep}; gradients reduce-scattered after each block's backward"
+                   + (f", then all-reduced across {sharding.replicas} replicas (HSDP)" if sharding.replicas > 1 else "")
+                   + ("; with a pipeline the stage stays gathered and its gradients are reduced after the last "
+                      "micro-batch" if plan.pp > 1 else ""))
     if plan.dtype is DType.FP8:
         gather = "; weights kept and all-gathered in FP8" if stack.fp8_param_gather else ""
         out.append(f"fp8: the layers' GEMMs in FP8 ({stack.fp8_recipe.value} scaling{gather}), bf16 elsewhere; the "
