@@ -54,6 +54,12 @@ def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> bool:
     """Raise CannotExpress for what torchtitan cannot run as simulated; True when the plan is FSDP2."""
     level = DataParallelSharding.of(plan, stack)
     fsdp = level.parameters
+    if plan.distributed_optimizer and plan.shard_group_size % plan.cp:
+        raise CannotExpress(FMT, "shard_degree", plan.shard_group_size, f"torchtitan shards over dp_shard x cp: a "
+                                                                       f"multiple of cp {plan.cp}")
+    if plan.distributed_optimizer and plan.shard_group_size == 1:
+        raise CannotExpress(FMT, "shard_degree", 1, "shards of one rank are plain data parallelism: export the plan "
+                                                    "with --sharding none")
     if plan.distributed_optimizer and not fsdp:
         raise CannotExpress(FMT, "sharding", level.level.value, "torchtitan shards parameters with FSDP2, not "
                                                                 "optimizer states or gradients alone; " + NEEDS_FSDP)
@@ -63,9 +69,6 @@ def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> bool:
                                                             "context or expert parallelism only under FSDP2; " + NEEDS_FSDP)
     if plan.ep > 1 or plan.expert_tp != plan.tp:
         raise CannotExpress(FMT, "ep", plan.ep, "torchtitan's expert parallelism is not modelled here")
-    if fsdp and plan.shard_group_size % plan.cp:
-        raise CannotExpress(FMT, "shard_degree", plan.shard_group_size, f"torchtitan shards over dp_shard x cp: a "
-                                                                       f"multiple of cp {plan.cp}")
     if plan.tp > 1 and not plan.sequence_parallel:
         raise CannotExpress(FMT, "sequence_parallel", False, "torchtitan's tensor parallelism always shards the "
                                                              "norms over the sequence (add --sequence-parallel)")
