@@ -126,3 +126,17 @@ def test_a_slower_network_never_speeds_fsdp(env):
     fast_r = simulate(m, cluster, plan, cache=cache, memo=memo, stack=load_stack("torchtitan"))
     slow_r = simulate(m, slow, plan, cache=cache, memo=memo, stack=load_stack("torchtitan"))
     assert slow_r.step_time_s > fast_r.step_time_s
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(pp=2, tp=2, sequence_parallel=True), dict(shard_degree=4)])
+def test_a_search_replays_fsdp_steps_as_simulate_does(env, shape):
+    """A search loads the compiled level 2 (replay/compiled/level2.py); an FSDP step must replay the same there."""
+    cache, _ = env
+    fields = dict(dp=16 // (shape.get("tp", 1) * shape.get("pp", 1)), global_batch_size=32, sharding="parameters",
+                  **shape)
+    m, cluster = load_model("llama3-8b").replace(seq_length=2048), load_cluster("h100-gt", gpus=16)
+    plain = simulate(m, cluster, PlanSpec(**fields), cache=cache, memo=SimulationMemo(), stack=load_stack("torchtitan"))
+    memo = SimulationMemo()
+    memo.compiled.expect_many()
+    searched = simulate(m, cluster, PlanSpec(**fields), cache=cache, memo=memo, stack=load_stack("torchtitan"))
+    assert searched.step_time_s == plain.step_time_s

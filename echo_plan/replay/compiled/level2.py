@@ -9,7 +9,8 @@ order, same work, same dependencies, same stream and profile numbering) in compi
 breakdown are the same bit for bit (tested against ``build_tasks`` + ``replay``).
 
 It runs where the switch hands it the kernels (``switch.py``: once the compiled loop is loaded, so
-in a search, not a single ``simulate``), with interference on; otherwise (and for a step whose replay is wrong: a deadlock, a
+in a search, not a single ``simulate``), with interference on, for steps without FSDP's per-block
+pieces (replay/fsdp.py builds those in Python); otherwise (and for a step whose replay is wrong: a deadlock, a
 bad work value) it returns None and the caller takes the Python path, which raises the error with the
 task's name. The timeline always comes from the
 Python path (it needs the tasks' names).
@@ -149,6 +150,8 @@ def replay_step(costs: StepCosts, interference: InterferenceModel,
     the switch's ``level2()`` (None: the Python path)."""
     if interference.is_none or kernels is None:
         return None
+    if costs.fsdp is not None:
+        return None  # FSDP's per-block pieces are built by the Python path only (replay/fsdp.py)
     import numpy as np
 
     sched = costs.schedule
