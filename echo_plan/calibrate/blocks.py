@@ -66,6 +66,18 @@ def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, pro
                              dict(cluster.calibration or {}))
 
 
+COMPUTE_FIGURES = ("gemm_efficiency_scale", "attention_efficiency_scale", "memory_bandwidth_scale", "kernel_overhead_us")
+
+
+def inherited_compute(preset: str) -> dict[str, Any]:
+    """The compute figures of ``preset`` as another preset's starting point (an fp8-only recipe's)."""
+    got = preset_calibration(preset).get("compute") or {}
+    out: dict[str, Any] = {k: got[k] for k in COMPUTE_FIGURES if k in got}
+    out["source"] = f"the {preset} preset's compute figures (fitted on its own suites: {preset}.yaml says which)"
+    out["fitted_on"] = {}
+    return out
+
+
 def build_blocks(vdir: Path, cache: Any = None, progress=None, leave_out: str | None = None,
                  presets: set[str] | None = None) -> dict[str, dict[str, Any]]:
     """Preset name -> its whole calibration block; with ``leave_out``, as if that suite had never been
@@ -88,14 +100,19 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None, leave_out: str | 
             continue
         first = recipe["presets"][0]
         cluster = load_cluster(first).replace(calibration=blocks.get(first, {}))
-        block = compute_block(recipe, vdir, cluster, cache, progress)
+        if recipe.get("fp8_only"):  # no bf16 run to fit on: the inherited compute figures, the fp8 rate fitted
+            block = {"compute": inherited_compute(recipe["inherit"])}
+        else:
+            block = compute_block(recipe, vdir, cluster, cache, progress)
 
         fp8 = fp8_block(recipe, vdir, cluster.replace(calibration={**blocks.get(first, {}), **block}), cache, progress)
         if fp8 is not None:
             block = {**block, "compute": merge(block["compute"], fp8)}
         for preset in recipe["presets"]:
             merged = dict(blocks.get(preset, {}))
-            merged["compute"], merged["ranges"] = block["compute"], block["ranges"]
+            merged["compute"] = block["compute"]
+            if "ranges" in block:
+                merged["ranges"] = block["ranges"]
             if recipe.get("inherit"):  # what the recipe does not fit (ranges, collectives) from that preset
                 merged = {"from": recipe["inherit"], **merged}
             blocks[preset] = merged

@@ -142,8 +142,9 @@ def _with_inherited_calibration(data: dict, context: str) -> dict:
         merged = {k: got[k] for k in kinds if k in got}
         merged.update({k: v for k, v in cal.items() if k != "from"})
         taken = ", ".join(k for k in kinds if k in got and k not in cal)
-        merged["from"] = (f"{source} ({taken}, as named; another GPU generation: a prior, its ranges not taken)"
-                          if other_arch else f"{source} ({taken}, as named)")
+        what = f"{taken}, as named" if taken else "what this preset does not fit itself"
+        merged["from"] = (f"{source} ({what}; another GPU generation: a prior, its ranges not taken)"
+                          if other_arch else f"{source} ({what})")
         return {**data, "calibration": merged}
     if cal is not None:
         return data

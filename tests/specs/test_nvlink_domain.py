@@ -10,6 +10,7 @@ from echo_plan.specs import PlanSpec, load_cluster, load_model
 from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
 
 BLACKWELL = ("b200", "b300", "gb200-nvl72", "gb300-nvl72")
+FP8_FITTED = ("b200", "gb200-nvl72")  # recipe fp8-blackwell: the FP8 GEMM rate fitted on named GB200 runs
 
 
 @pytest.mark.parametrize("name, hbm, per_server, domain", [
@@ -18,8 +19,15 @@ def test_presets_have_their_memory_servers_and_domains(name, hbm, per_server, do
     c = load_cluster(name)
     assert c.gpu.hbm_GiB == hbm and c.gpus_per_node == per_server and c.domain_gpus == domain
     assert c.sources and "hardware.md" in c.sources[0]
-    # the H100's compute figures as a prior across generations, not its ranges (errors of H100 runs)
-    assert "another GPU generation" in c.calibration["from"] and "ranges" not in c.calibration
+    # the H100's compute figures as a prior across generations, not its ranges (errors of H100 runs); the B200
+    # die's FP8 rate fitted on Blackwell runs, and its ranges from those runs predicted without their suite
+    assert "another GPU generation" in c.calibration["from"]
+    if name in FP8_FITTED:
+        assert c.calibration["compute"]["fitted_on"] == {"megatron_bridge_gb200": [
+            "llama3-8b fp8 8 GPUs", "llama3-405b fp8 256 GPUs tp4 pp16 mbs1 gbs1536 (Megatron-Bridge 26.04)"]}
+        assert "megatron_bridge_b200" in c.calibration["ranges"]["by_stack"]["megatron-core"]["source"]
+    else:
+        assert "ranges" not in c.calibration
 
 
 def test_the_domain_is_whole_servers_and_one_server_by_default():
@@ -89,5 +97,8 @@ def test_simulate_says_the_blackwell_figures_are_a_prior(name):
     text = " ".join(result.notes)
     assert "inherited from dgx-h100" in text and "another GPU generation" in text
     assert "no measured GEMM and attention efficiencies" in text
-    assert "no validation rows for this GPU" in result.range_basis  # the wide range of an uncalibrated GPU
+    if name in FP8_FITTED:  # ranges from the Blackwell runs predicted without their suite
+        assert "leave-one-suite-out" in result.range_basis and "megatron_bridge_gb200" in result.range_basis
+    else:
+        assert "no validation rows for this GPU" in result.range_basis  # the wide range of an uncalibrated GPU
     assert result.fits and result.step_time_range_s[0] < result.step_time_s < result.step_time_range_s[1]
