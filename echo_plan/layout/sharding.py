@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
 
 from echo_plan.specs.plan import PlanSpec, Sharding
 from echo_plan.specs.software import OptimizerSharding, SoftwareSpec

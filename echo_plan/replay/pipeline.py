@@ -29,16 +29,18 @@ What becomes a task, and on which stream of the rank's device:
 
 from __future__ import annotations
 
-from typing import Any
-
 from dataclasses import dataclass
 from enum import Enum
 
 from echo_plan.replay.engine import ReplayResult, Task, replay_columns
-from echo_plan.replay.fsdp import NO_PIECES, FsdpPass, FsdpSteps, fsdp_pass
+from echo_plan.replay.fsdp import NO_PIECES, FsdpPass, fsdp_pass
+from echo_plan.replay.step_model import DpBucket, PhaseCost, StageCosts, StepCosts, overlapped
 from echo_plan.replay.interference import InterferenceModel, Mix
 from echo_plan.replay.kinds import TaskKind
-from echo_plan.layout.schedules import Pass, PipelineSchedule
+from echo_plan.layout.schedules import Pass
+
+__all__ = ["COMPUTE", "PP_FWD", "PP_BWD", "DP", "PP_GATHER", "Category", "PhaseCost", "DpBucket", "StageCosts",
+           "StepCosts", "TaskInfo", "StepTasks", "build_tasks", "overlapped"]  # the data types: step_model.py
 
 COMPUTE, PP_FWD, PP_BWD, DP = "compute", "pp_fwd", "pp_bwd", "dp_comm"
 PP_GATHER = "pp_gather"  # the receiving stage's TP all-gather of a message sent scattered over TP
@@ -55,60 +57,6 @@ class Category(str, Enum):
 
 
 P2P_VALUE = Category.P2P.value
-
-
-@dataclass(frozen=True, slots=True)
-class PhaseCost:
-    """Isolated cost of a chunk's forward or backward: ``work_s`` = compute + tp exposed + level-1 interference."""
-
-    work_s: float
-    compute_s: float
-    tp_comm_exposed_s: float
-    interference_s: float
-    mix: Mix | None = None
-    ep_comm_exposed_s: float = 0.0  # part of ``work_s``: waiting on the expert exchange
-
-
-@dataclass(frozen=True, slots=True)
-class DpBucket:
-    params: int  # parameters (of this rank) in the bucket
-    reduce_s: float  # all-reduce, or reduce-scatter with the distributed optimizer
-    reduce_kind: TaskKind
-    gather_s: float = 0.0  # parameter all-gather (distributed optimizer), else 0
-    expert: bool = False  # routed-expert parameters, reduced over the expert data-parallel group
-    sparse: Any = None  # cost.dp_comm.Exchange of a sparse method (reduce_s is its total), else None
-    fwd_share: float = 0.0  # FSDP units: the unit's share of the chunk's forward (and backward) compute
-    bwd_share: float = 0.0
-    kept: bool = False  # FSDP units not gathered again for backward (the root unit, the chunk's last block)
-
-
-@dataclass(frozen=True, slots=True)
-class StageCosts:
-    """One pipeline rank: per chunk forward/backward, layer range and DP buckets; its optimizer."""
-
-    forward: tuple[PhaseCost, ...]
-    backward: tuple[PhaseCost, ...]
-    chunk_labels: tuple[str, ...]  # e.g. "layers 12-23" (+ "+embedding" / "+output")
-    buckets: tuple[tuple[DpBucket, ...], ...]  # per chunk, in the order gradients become ready
-    optimizer_s: float
-    input_grad: tuple[PhaseCost, ...] | None = None  # per chunk, schedules that split the backward
-    weight_grad: tuple[PhaseCost, ...] | None = None
-    pair_saving_s: tuple[tuple[float, ...], ...] | None = None  # DualPipe: [forward chunk][backward chunk]
-
-
-@dataclass(frozen=True, slots=True)
-class StepCosts:
-    schedule: PipelineSchedule
-    stages: tuple[StageCosts, ...]
-    p2p_s: float  # one activation or gradient message between adjacent virtual stages
-    tied_allreduce_s: float = 0.0
-    overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = True
-    sync_p2p: bool = True
-    work_scale: tuple[float, ...] | None = None  # per pipeline rank compute multiplier (what-if)
-    p2p_recv_s: float = 0.0  # on the receiving stage: the TP all-gather of what arrived (no SP), before use
-    p2p_by_stage: tuple[float, ...] | None = None  # per sending rank, when faults make transfers differ
-    fsdp: FsdpSteps | None = None  # parameters sharded: the buckets are FSDP units (replay/fsdp.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +129,7 @@ def build_tasks(costs: StepCosts) -> StepTasks:
 
     # first pass: where every send lands, and how many tasks each rank's DP stream gets
     send_at = [0] * (pp * v * 2 * m)  # ((rank * v + chunk) * 2 + forward) * m + microbatch -> position
-    firsts, lasts, overlapped, ndp = [], [], [], []
+    firsts, lasts, gathered_first, ndp = [], [], [], []
     fs = costs.fsdp
     kept_of = [[tuple(b.kept for b in bs) for bs in st.buckets] for st in costs.stages]
     fsdp_passes: list[list[FsdpPass]] = []  # per rank, per action (FSDP only)
@@ -199,7 +147,7 @@ def build_tasks(costs: StepCosts) -> StepTasks:
         go = fs is None and overlap_gather and any(b.gather_s > 0 for bs in st.buckets for b in bs)
         firsts.append(first_f)
         lasts.append(last_b)
-        overlapped.append(go)
+        gathered_first.append(go)
         nb = [len(bs) for bs in st.buckets]
         passes: list[FsdpPass] = []
         fsdp_dp = 0
@@ -302,7 +250,7 @@ def build_tasks(costs: StepCosts) -> StepTasks:
         st = costs.stages[r]
         scale = costs.work_scale[r] if costs.work_scale else 1.0
         acts = sched.actions[r]
-        first_f, last_b, go = firsts[r], lasts[r], overlapped[r]
+        first_f, last_b, go = firsts[r], lasts[r], gathered_first[r]
         gather_at: dict[tuple[int, int], int] = {}
         if go:  # in order of first use: chunks in forward order, each from its first layers
             for c in sorted(first_f, key=first_f.__getitem__):
@@ -339,7 +287,7 @@ def build_tasks(costs: StepCosts) -> StepTasks:
                 nxt = acts[k_a + 1]
                 other = per[(nxt.kind, nxt.chunk)][0]
                 saved = st.pair_saving_s[c][nxt.chunk] if st.pair_saving_s else 0.0
-                phase, pair_rest = _overlapped(phase, other, saved)
+                phase, pair_rest = overlapped(phase, other, saved)
                 work, whole_info = phase.work_s * scale, TaskInfo(cat, r, phase, scale)
                 b_src = per[(nxt.kind, nxt.chunk)][6]
                 if b_src >= 0:  # the pair starts when both inputs are in
@@ -437,24 +385,6 @@ _CATEGORY = {Pass.FORWARD: Category.FORWARD, Pass.BACKWARD: Category.BACKWARD, P
              Pass.WEIGHT_GRAD: Category.WEIGHT_GRAD}
 
 
-def _overlapped(first: PhaseCost, second: PhaseCost, saved_s: float) -> tuple[PhaseCost, PhaseCost]:
-    """Two passes run as one overlapped pair ``saved_s`` shorter than apart: the saving comes out of
-    what each exposed (TP/EP communication, then interference), in proportion to it."""
-    exp1 = first.ep_comm_exposed_s + first.tp_comm_exposed_s + first.interference_s
-    exp2 = second.ep_comm_exposed_s + second.tp_comm_exposed_s + second.interference_s
-    saved_s = min(max(0.0, saved_s), exp1 + exp2)
-    if saved_s <= 0.0:
-        return first, second
-    return _hide(first, saved_s * exp1 / (exp1 + exp2)), _hide(second, saved_s * exp2 / (exp1 + exp2))
-
-
-def _hide(p: PhaseCost, s: float) -> PhaseCost:
-    """``s`` seconds less exposed: the expert exchange first (what pairing overlaps), then TP, then interference."""
-    ep = min(p.ep_comm_exposed_s, s)
-    tp = min(p.tp_comm_exposed_s, s - ep)
-    inter = min(p.interference_s, s - ep - tp)
-    return PhaseCost(p.work_s - ep - tp - inter, p.compute_s, p.tp_comm_exposed_s - tp, p.interference_s - inter,
-                     p.mix, p.ep_comm_exposed_s - ep)
 
 
 def _compute_kind(phase: PhaseCost) -> TaskKind:

@@ -26,7 +26,7 @@ from echo_plan.replay.kinds import TaskKind
 from echo_plan.replay.outcome import ReplayResult
 from echo_plan.replay.results import Breakdown
 from echo_plan.replay.pipeline import (Category, DpBucket, PhaseCost, StageCosts, StepCosts, TaskInfo, _compute_kind,
-                                      _overlapped, build_tasks)
+                                      overlapped, build_tasks)
 from echo_plan.layout.schedules import Action, Pass, PipelineSchedule, build_schedule
 from echo_plan.layout.schedules_zb import _zb_v
 from echo_plan.specs.plan import Schedule
@@ -170,7 +170,7 @@ def replay_step(costs: StepCosts, interference: InterferenceModel,
     if any(st.input_grad is None or st.weight_grad is None for st in costs.stages) and bool((act_kind >= 2).any()):
         return None  # split passes without their costs: the Python path raises
     act_over = np.full(len(act_kind), -1, dtype=np.int64)
-    if combos:  # DualPipe: each pair's two overlapped costs (build_tasks' _overlapped) as slots of their own
+    if combos:  # DualPipe: each pair's two overlapped costs (build_tasks' overlapped) as slots of their own
         phases, work_l = list(phases), work_pc.tolist()
         for r, st in enumerate(costs.stages):
             for j, (k1, c1, k2, c2) in enumerate(combos):
@@ -178,7 +178,7 @@ def replay_step(costs: StepCosts, interference: InterferenceModel,
                 if first is None or second is None:
                     return None
                 saved = st.pair_saving_s[c1][c2] if st.pair_saving_s else 0.0
-                for ph in _overlapped(first, second, saved):
+                for ph in overlapped(first, second, saved):
                     phases.append(ph)
                     work_l.append(ph.work_s)
         work_pc = np.asarray(work_l, dtype=np.float64)
