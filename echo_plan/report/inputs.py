@@ -22,7 +22,9 @@ MODELLED = (
     "on leaf uplinks.",
     "Slowdown of compute kernels that overlap communication (interference).",
     "The pipeline schedule with its point-to-point transfers and bubbles, data-parallel gradient "
-    "reduction overlapped with backward, parameter all-gather, and the optimizer step.",
+    "reduction overlapped with backward, parameter all-gather, and the optimizer step; with parameters "
+    "sharded (FSDP, ZeRO-3, HSDP), each block's all-gather one block ahead of its compute and its "
+    "gradients' reduce-scatter after its backward, as PyTorch's FSDP2 runs them (docs/fsdp.md).",
     "Memory per GPU: weights, gradients, optimizer states (with sharding), activations saved for "
     "backward, communication buffers.",
     "Faults you name: a slow GPU, NIC, NVLink domain or server (simulate --fault, whatif sensitivity, "
@@ -30,7 +32,7 @@ MODELLED = (
     "published average rates (docs/resilience.md).",
 )
 NOT_MODELLED = (
-    "Data loading, evaluation, logging, and offloading to CPU memory.",
+    "Data loading, evaluation, logging, and offloading to CPU memory (FSDP's CPU offload included).",
     "Stragglers and failures nobody names: a predicted step assumes healthy GPUs and links; failures "
     "enter only as an average rate, in goodput.",
     "Other jobs' traffic on the network, and thermal or power throttling.",
