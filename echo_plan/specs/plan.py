@@ -359,6 +359,11 @@ def validate_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec) -> Non
     why = schedule_rule(plan.schedule, plan.pp, plan.virtual_stages, plan.num_microbatches)
     if why is not None:
         raise SpecError("schedule", plan.schedule.value, why)
+    most = max(plan.virtual_layers(model.num_layers))
+    if plan.recompute_layers > most:
+        raise SpecError("recompute_layers", plan.recompute_layers, f"at most the {most} layers of a model chunk "
+                        f"({model.name}: {model.num_layers} layers over pp x virtual_stages = "
+                        f"{plan.pp * plan.virtual_stages}); --recompute full recomputes them all")
     if plan.virtual_stages > 1 and plan.pp == 1:
         raise SpecError("virtual_stages", plan.virtual_stages, "interleaving needs pp > 1")
     if plan.virtual_stages > 1 and plan.schedule is Schedule.INTERLEAVED and plan.num_microbatches % plan.pp:
