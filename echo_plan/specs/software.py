@@ -61,6 +61,13 @@ class OptimizerSharding(str, Enum):
     PARAMS = "params"  # the parameters too (ZeRO-3, FSDP full shard: torchtitan, DeepSpeed ZeRO-3)
 
 
+class RecomputePolicy(str, Enum):
+    """What ``recompute: selective`` means on the stack."""
+
+    MODULES = "modules"  # Megatron-Core: the recompute_modules are checkpointed, the rest saved
+    OPS = "ops"  # torchtitan's per-op policy: the whole layer checkpointed, every other matmul's and attention's outputs saved
+
+
 class Fp8Recipe(str, Enum):
     """How Transformer Engine scales FP8 GEMM operands (``docs/fp8.md``)."""
 
@@ -117,6 +124,10 @@ class SoftwareSpec(Spec):
                     "keeps them; 2: bf16 shards beside fp32 masters, as DeepSpeed ZeRO-3)")
     sequence_parallel: bool = Field(default=True, description="the framework has sequence parallelism")
     recompute_modules: tuple[RecomputeModule, ...] = (RecomputeModule.CORE_ATTN,)
+    recompute_policy: RecomputePolicy = Field(
+        default=RecomputePolicy.MODULES,
+        description="selective recompute by modules (Megatron-Core's recompute_modules) or by ops (torchtitan's "
+                    "per-op policy: the layer checkpointed, the outputs of every other matmul and of attention kept)")
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
     moe_grouped_gemm: bool = Field(default=True, description="local experts as one grouped GEMM (else a GEMM each)")
     moe_permute_fusion: bool = Field(default=True, description="TE's fused token permute/unpermute kernels")
@@ -201,7 +212,8 @@ class SoftwareSpec(Spec):
 
     def trace_signature(self) -> str:
         """The settings that change what the tracer records (part of every trace's cache key)."""
-        modules = ",".join(m.value for m in self.recompute_modules) or "-"
+        modules = (",".join(m.value for m in self.recompute_modules) or "-") if self.recompute_policy is \
+            RecomputePolicy.MODULES else "ops"
         grad = "auto" if self.grad_reduce_dtype is None else self.grad_reduce_dtype.value
         return (f"attn={self.attention.value};hdrop={self.hidden_dropout > 0};adrop={self.attention_dropout > 0};"
                 f"fuse={self.fused_elementwise};gaf={self.gradient_accumulation_fusion}/{grad};"
@@ -239,6 +251,6 @@ def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distri
         raise SpecError("sequence_parallel", True, f"stack {stack.name} has no sequence parallelism", context)
     if distributed_optimizer and stack.optimizer_sharding is OptimizerSharding.NONE:
         raise SpecError("distributed_optimizer", True, f"stack {stack.name} has no distributed optimizer", context)
-    if selective_recompute and not stack.recompute_modules:
+    if selective_recompute and not stack.recompute_modules and stack.recompute_policy is RecomputePolicy.MODULES:
         raise SpecError("recompute", "selective", f"stack {stack.name} has no selective recomputation "
                         "(its recompute_modules is empty); use none or full", context)

@@ -32,6 +32,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from echo_plan.specs import Activation, ModelSpec, Recompute, RecomputeModule, SoftwareSpec
+from echo_plan.specs.software import RecomputePolicy
+from echo_plan.trace.op_checkpoint import op_checkpointed
 from echo_plan.trace import kernels, linears, moe_kernels
 from echo_plan.trace.attention import Attention
 from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
@@ -130,9 +132,12 @@ class TransformerBlock(nn.Module):
                  dtype: torch.dtype, recompute: Recompute, stack: SoftwareSpec,
                  recompute_context: RecomputeContext = nullcontext,
                  discard: Callable[[torch.Tensor], None] | None = None, kind: LayerKind = DENSE,
-                 groups: TraceGroups | None = None, layout: ExpertLayout | None = None, fp8=None) -> None:
+                 groups: TraceGroups | None = None, layout: ExpertLayout | None = None, fp8=None,
+                 keep: Callable[[torch.Tensor], None] | None = None) -> None:
         super().__init__()
-        selective = set(stack.recompute_modules) if recompute is Recompute.SELECTIVE else set()
+        by_ops = recompute is Recompute.SELECTIVE and stack.recompute_policy is RecomputePolicy.OPS
+        selective = set(stack.recompute_modules) if recompute is Recompute.SELECTIVE and not by_ops else set()
+        self.op_policy = keep if by_ops else None  # torchtitan's per-op policy (op_checkpoint.py)
         overlap = bool(stack.tp_comm_overlap and sequence_parallel and group is not None)
         unfused_acc = not stack.gradient_accumulation_fusion
         self.recompute_context = recompute_context
@@ -196,4 +201,6 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.full_recompute:
             return checkpointed(self.layer, x, recompute_context=self.recompute_context)
+        if self.op_policy is not None:
+            return op_checkpointed(self.layer, x, recompute_context=self.recompute_context, keep=self.op_policy)
         return self.layer(x)

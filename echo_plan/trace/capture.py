@@ -58,6 +58,12 @@ class SavedBytesMeter:
         """Whether ``t``'s storage is already counted as saved."""
         return t.untyped_storage()._cdata in self.storages
 
+    def keep(self, t: torch.Tensor) -> None:
+        """``t`` is kept for backward outside autograd's saved tensors (a selective checkpoint's cache)."""
+        key = t.untyped_storage()._cdata
+        if key not in self.exclude:
+            self.storages[key] = t.untyped_storage().nbytes()
+
     def discard(self, t: torch.Tensor) -> None:
         """``t`` is freed after use and recomputed in backward: it no longer counts as saved."""
         key = t.untyped_storage()._cdata
@@ -84,7 +90,7 @@ def _build(stage: StageKind, model: ModelSpec, groups: TraceGroups, sp: bool, dt
         if fp8:
             state = Fp8State(stack.fp8_recipe, stack.fp8_param_gather, stack.fp8_save_original_input, meter)
         module: nn.Module = TransformerBlock(model, group, sp, dtype, recompute, stack, recompute_context, meter.discard,
-                                             kind=kind, groups=groups, layout=layout, fp8=state)
+                                             kind=kind, groups=groups, layout=layout, fp8=state, keep=meter.keep)
     elif stage is StageKind.EMBEDDING:
         module = EmbeddingStage(model, group, sp, dtype, stack)
     else:
