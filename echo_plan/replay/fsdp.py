@@ -48,10 +48,6 @@ class FsdpPass:
     gathered: frozenset[int]
     reduces: bool
 
-    @property
-    def dp_tasks(self) -> int:
-        return len(self.gathered)
-
     def tasks(self, units: int) -> int:
         """Data-parallel tasks of the pass: its all-gathers and, when it reduces, a reduce per unit."""
         return len(self.gathered) + (units if self.reduces else 0)

@@ -25,6 +25,9 @@ What becomes a task, and on which stream of the rank's device:
   the all-gather runs after the optimizer step. In steady state both are the same time per step.
 * the tied-embedding gradient all-reduce between the first and the last stage runs on the last
   stage's ``dp_comm`` stream after both stages' backward, before both optimizers.
+* with parameters sharded (``costs.fsdp``), a chunk's buckets are its FSDP units and a pass that
+  gathers or reduces runs as one compute piece per unit, its all-gathers one unit ahead and its
+  reduce-scatters after each piece on the ``dp_comm`` stream (``fsdp.py`` says which passes).
 """
 
 from __future__ import annotations
