@@ -314,7 +314,7 @@ def test_the_gpt_oss_25_11_row_runs_its_configs_micro_batch():
 
 # ---- the shipped suites, the folders that add more, and the exit status ---------------------------
 
-SHIPPED = ("fsdp_torchtitan_a100", "fsdp_torchtitan_h100", "long_context_h100", "megatron_bridge_b200", "megatron_bridge_gb200", "megatron_bridge_gb300",
+SHIPPED = ("fsdp_torchtitan_a100", "fsdp_torchtitan_h100", "fsdp_torchtitan_h200", "long_context_h100", "megatron_bridge_b200", "megatron_bridge_gb200", "megatron_bridge_gb300",
            "megatron_bridge_h100", "megatron_weak_scaling_a100", "moe_h100", "nemo_h100_dgxc",
            "deepep/h800", "nccl-tests/azure-nd-a100-v4")
 
