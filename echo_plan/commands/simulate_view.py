@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from echo_plan.replay.results import GiB, StepResult
+from echo_plan.specs.plan import PlanSpec
 
 
 def print_result(result: StepResult, trace_path: str | None = None) -> None:
@@ -106,11 +107,8 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
 
 
 def _sharding_words(plan: dict) -> str:
-    """The plan's data-parallel sharding as the header shows it (the level the stack gives is in the notes)."""
-    level = plan.get("sharding")
-    words = {"gradients": " zero2", "parameters": " fsdp"}.get(level or "", " dist-opt" if plan["distributed_optimizer"] else "")
-    if plan.get("shard_degree"):
-        words += f" shard{plan['shard_degree']}"
-    if plan.get("recompute_layers"):
-        words += f" recompute{plan['recompute_layers']}L"
-    return words
+    """The plan's data-parallel sharding as the header shows it (PlanSpec's words; the level the stack gives
+    is in the notes), and its layers recomputed whole."""
+    spec = PlanSpec.model_validate(plan)
+    words = "".join(f" {p}" for p in spec.sharding_parts())
+    return words + (f" recompute{spec.recompute_layers}L" if spec.recompute_layers else "")

@@ -134,7 +134,7 @@ def build_tasks(costs: StepCosts) -> StepTasks:
     send_at = [0] * (pp * v * 2 * m)  # ((rank * v + chunk) * 2 + forward) * m + microbatch -> position
     firsts, lasts, gathered_first, ndp = [], [], [], []
     fs = costs.fsdp
-    kept_of = [[tuple(b.kept for b in bs) for bs in st.buckets] for st in costs.stages]
+    kept_of = [[tuple(b.kept for b in bs) for bs in st.buckets] for st in costs.stages] if fs is not None else []
     fsdp_passes: list[list[FsdpPass]] = []  # per rank, per action (FSDP only)
     pos = 0
     for r in range(pp):

@@ -284,6 +284,11 @@ class PlanSpec(Spec):
             parts.append("fp8")
         if self.sequence_parallel:
             parts.append("sp")
+        return " ".join(parts + self.sharding_parts())
+
+    def sharding_parts(self) -> list[str]:
+        """The data-parallel sharding in words for a label (``short`` and simulate's header)."""
+        parts = []
         if self.sharding in (Sharding.GRADIENTS, Sharding.PARAMETERS):
             parts.append({Sharding.GRADIENTS: "zero2", Sharding.PARAMETERS: "fsdp"}[self.sharding])
         elif self.distributed_optimizer:
@@ -293,7 +298,7 @@ class PlanSpec(Spec):
         if self.sharding is Sharding.PARAMETERS and self.reshard_after_forward is not None \
                 and self.reshard_after_forward != (self.pp == 1):
             parts.append("reshard" if self.reshard_after_forward else "keep-fwd")
-        return " ".join(parts)
+        return parts
 
 
 def balanced_split(num_layers: int, pp: int) -> tuple[int, ...]:

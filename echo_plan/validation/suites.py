@@ -107,12 +107,6 @@ class SuiteResult:
         return sum(1 for r in self.rows if r.error is not None)
 
     @property
-    def peak_memory(self) -> tuple[int, int, float] | None:
-        """(rows whose predicted peak is within 10% of the published one, rows with both, mean |error|)."""
-        e = [abs(r.peak_error) for r in self.rows if r.peak_error is not None]
-        return (sum(1 for x in e if x <= PEAK_TOLERANCE), len(e), sum(e) / len(e)) if e else None
-
-    @property
     def rows_fit(self) -> tuple[int, int] | None:
         """(rows predicted to fit, rows with a predicted memory); None for a suite with no such rows."""
         known = [r.fits for r in self.rows if r.fits is not None]
@@ -274,11 +268,11 @@ def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int,
     own = {m: ms["stack"] for m, ms in sorted((suite.model_settings or {}).items()) if ms.get("stack")}
     if own:  # a model whose runs used another stack preset (model_settings ``stack:``)
         notes.append("; ".join(f"{m} rows with stack {name}" for m, name in own.items()))
-    peaks = [(r.label, r.peak_error) for r in results if r.peak_error is not None]
+    peaks = [abs(r.peak_error) for r in results if r.peak_error is not None]
     if peaks:
-        within = sum(1 for _, e in peaks if abs(e) <= PEAK_TOLERANCE)
+        within = sum(1 for e in peaks if e <= PEAK_TOLERANCE)
         notes.append(f"peak memory against the published figure: {within} of {len(peaks)} rows within "
-                     f"{PEAK_TOLERANCE:.0%} (mean |error| {sum(abs(e) for _, e in peaks) / len(peaks):.1%})")
+                     f"{PEAK_TOLERANCE:.0%} (mean |error| {sum(peaks) / len(peaks):.1%})")
     waiting = sorted({r.not_modelled for r in rows if r.not_modelled})
     if waiting:
         notes.append(f"{sum(1 for r in rows if r.not_modelled)} rows not modelled yet: " + "; ".join(waiting))
