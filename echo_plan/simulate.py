@@ -27,7 +27,7 @@ from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.faults import Fault, check_faults, slowed_cluster, stage_effects
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
-from echo_plan.specs.software import MoEDispatcher, SoftwareSpec, check_stack_supports
+from echo_plan.specs.software import MoEDispatcher, SoftwareSpec, check_precision, check_stack_supports
 from echo_plan.trace.records import CollectiveKind, CommGroup
 from echo_plan.cost.base import with_stack_kernels
 from echo_plan.cost.memory import stage_memory
@@ -115,7 +115,8 @@ class SimulationMemo:
     def traces(self, model: ModelSpec, plan: PlanSpec, cache: "TraceCache | None", stack: SoftwareSpec | None = None):
         stack = stack if stack is not None else self.default_stack()
         key = (model.model_dump_json(), plan.tp, plan.sequence_parallel, plan.micro_batch_size,
-               plan.dtype, plan.recompute, plan.recompute_layers, stack.trace_signature(), stack.fp8_signature(), None if cache is None else str(cache.root),
+               plan.dtype, plan.recompute, plan.recompute_layers, stack.trace_signature(), stack.precision_signature(plan.dtype),
+               None if cache is None else str(cache.root),
                plan.ep, plan.expert_tp, plan.expert_imbalance, plan.cp)
         hit = self._traces.get(key)
         if hit is None:
@@ -193,10 +194,11 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     memo = memo if memo is not None else SimulationMemo()
     stack = stack if stack is not None else memo.default_stack()
     asked = stack
-    stack = stack.for_plan(plan)
+    stack = stack.as_run(plan, cluster.gpu.sm_arch)
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
+    check_precision(stack, plan.dtype, cluster.gpu, model.is_moe)
     layout = PlanLayout.of(model, plan, stack)  # what follows from the plan alone, once: read by costs and memory
     cluster_key = cluster.model_dump_json()  # once: it keys the compute and comm models and every memo below
     compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster, cluster_key), stack)

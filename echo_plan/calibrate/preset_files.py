@@ -56,6 +56,12 @@ def fit_labels(rows, rule) -> set[str]:
     raise EchoPlanError(f"unknown fit_rows rule {rule!r}: even, smallest-two-per-model, or a list of row labels")
 
 
+def file_block(path: Path) -> dict[str, Any]:
+    """The calibration block a preset file carries, as written (``from`` still the preset's name)."""
+    doc = yaml.safe_load(read_text(path)) or {}
+    return dict(doc.get("calibration") or {}) if isinstance(doc, dict) else {}
+
+
 def write_block(path: Path, block: dict[str, Any]) -> None:
     text = read_text(path)
     head = text.split(MARKER)[0].rstrip("\n")

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from echo_plan.calibrate.preset_files import write_block
+from echo_plan.calibrate.preset_files import file_block, write_block
 from echo_plan.errors import EchoPlanError
 from echo_plan.specs import load_cluster
 from echo_plan.specs.presets import clusters_dir
@@ -69,8 +69,9 @@ def fit_main(argv: list[str] | None, description: str, recipes: dict[str, dict],
         for label, err in got["residuals"].items():
             print(f"  {label:{width}s} {err:+.1%} {'fitted' if label in got['fitted_on'] else 'held out'}")
         if args.write:
-            for preset in recipe["presets"]:
-                block = dict(load_cluster(preset).calibration or {})
+            for preset in recipe["presets"]:  # the file's own block: a loaded preset's ``from`` is resolved
+                path = clusters_dir() / f"{preset}.yaml"
+                block = file_block(path)
                 block[section] = merge(dict(block.get(section) or {}), got)
-                write_block(clusters_dir() / f"{preset}.yaml", block)
+                write_block(path, block)
     return 0

@@ -35,9 +35,10 @@ ImbalanceOpt = typer.Option(1.0, "--expert-imbalance",
                             help="tokens of the busiest expert over the balanced mean (1: a balanced router)")
 DpCommOpt = typer.Option("dense", "--dp-comm", help="dense | topk | cltk | hard-threshold | exdyna "
                          "(data-parallel gradient exchange; docs/sparsification.md)")
-DTypeHelp = "bf16 | fp16 | fp8 (FP8 GEMMs in the layers' linears, bf16 elsewhere; needs FP8 tensor cores: H100/H800)"
-Fp8RecipeOpt = typer.Option(None, "--fp8-recipe", help="with --dtype fp8: delayed | current | blockwise "
-                            "(default: the stack's fp8_recipe; docs/fp8.md)")
+DTypeHelp = ("bf16 | fp16 | fp8 | fp4 (fp8: FP8 GEMMs in the layers' linears, bf16 elsewhere, needs FP8 tensor cores: "
+             "H100/H800 onwards; fp4: NVFP4 GEMMs, Blackwell; docs/fp8.md)")
+Fp8RecipeOpt = typer.Option(None, "--fp8-recipe", help="with --dtype fp8: delayed | current | blockwise | mxfp8 "
+                            "(mxfp8: Blackwell; default: the stack's fp8_recipe; docs/fp8.md)")
 Fp8ParamGatherOpt = typer.Option(None, "--fp8-param-gather/--no-fp8-param-gather",
                                  help="with --dtype fp8: keep and all-gather the weights in FP8 (default: the stack's)")
 DensityOpt = typer.Option(None, "--density", help="share of gradient elements a sparse --dp-comm exchanges, (0, 1]")

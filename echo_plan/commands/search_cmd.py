@@ -274,8 +274,8 @@ def register(app: typer.Typer) -> None:
         dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
                                               "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
         density: Optional[float] = DensityOpt,
-        dtype: Optional[str] = typer.Option(None, "--dtype", help="fix the precision: bf16 | fp16 | fp8 (default: "
-                                            "the space's dtype knob)"),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="fix the precision: bf16 | fp16 | fp8 | fp4 "
+                                            "(default: the space's dtype knob)"),
         fp8_recipe: Optional[str] = Fp8RecipeOpt, fp8_param_gather: Optional[bool] = Fp8ParamGatherOpt,
         routing: Optional[str] = RoutingOpt, flows_per_connection: Optional[int] = FlowsOpt,
         top: int = typer.Option(DEFAULT_TOP, "--top", help="plans to show"),
@@ -357,8 +357,8 @@ def register(app: typer.Typer) -> None:
         dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
                                               "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
         density: Optional[float] = DensityOpt,
-        dtype: Optional[str] = typer.Option(None, "--dtype", help="precision(s): bf16 | fp16 | fp8, or a list such as "
-                                            "bf16,fp8 to search each size once per precision and compare them"),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="precision(s): bf16 | fp16 | fp8 | fp4, or a list "
+                                            "such as bf16,fp8 to search each size once per precision and compare them"),
         fp8_recipe: Optional[str] = Fp8RecipeOpt, fp8_param_gather: Optional[bool] = Fp8ParamGatherOpt,
         routing: Optional[str] = RoutingOpt, flows_per_connection: Optional[int] = FlowsOpt,
         failures_per_gpu_day: Optional[float] = FailRateOpt, checkpoint_gbps_per_gpu: Optional[float] = CkptBwOpt,

@@ -33,10 +33,13 @@ def calibrated_constants(cal: ComputeCalibration, constants: Any) -> Any:
     if cal.is_identity:
         return constants
     fp8 = cal.gemm_efficiency_scale * cal.fp8_gemm_efficiency_scale
+    fp4 = cal.gemm_efficiency_scale * cal.fp4_gemm_efficiency_scale
     arch = {k: replace(a, asymptotic_eff=a.asymptotic_eff * cal.gemm_efficiency_scale,
                        max_eff=a.max_eff * cal.gemm_efficiency_scale,
-                       fp8_asymptotic_eff=None if a.fp8_asymptotic_eff is None else a.fp8_asymptotic_eff * fp8,
-                       fp8_max_eff=None if a.fp8_max_eff is None else a.fp8_max_eff * fp8,
+                       fp8_asymptotic_eff=_scaled(a.fp8_asymptotic_eff, fp8),
+                       fp8_max_eff=_scaled(a.fp8_max_eff, fp8),
+                       fp4_asymptotic_eff=_scaled(a.fp4_asymptotic_eff, fp4),
+                       fp4_max_eff=_scaled(a.fp4_max_eff, fp4),
                        attention_forward_eff=a.attention_forward_eff * cal.attention_efficiency_scale,
                        attention_backward_eff=a.attention_backward_eff * cal.attention_efficiency_scale,
                        fa2_forward_eff=_scaled(a.fa2_forward_eff, cal.attention_efficiency_scale),
@@ -46,7 +49,7 @@ def calibrated_constants(cal: ComputeCalibration, constants: Any) -> Any:
                                 for k, v in constants.hbm_efficiency.items()}
     launch = constants.launch_overhead_s if cal.kernel_overhead_us is None else cal.kernel_overhead_us * 1e-6
     return replace(constants, arch=MappingProxyType(arch), hbm_efficiency=MappingProxyType(hbm),
-                   launch_overhead_s=launch)
+                   launch_overhead_s=launch, fp8_mx_eff=constants.fp8_mx_eff * cal.mxfp8_gemm_efficiency_scale)
 
 
 def _scaled(value: float | None, scale: float) -> float | None:

@@ -1,7 +1,10 @@
 """Analytical kernel-time model: seconds one traced compute op takes on a GPU, alone.
 
 * FP8 GEMM (``_scaled_mm``): the same model at the FP8 peak with its own curve: its own best
-  measured fraction and pipeline fill (``fp8_*`` in compute.yaml), blockwise scaling at a rate of its own.
+  measured fraction and pipeline fill (``fp8_*`` in compute.yaml), blockwise scaling at a rate of its own,
+  MXFP8 (E8M0 block scales) at the per-tensor curve times its own factor.
+* NVFP4 GEMM (``nvfp4_scaled_mm``): the FP8 curve at the FP4 peak, with the pipeline fill of a K step that
+  streams twice the values per byte (``fp4_gemm_k_overhead``).
 * GEMM (mm, addmm, bmm, baddbmm): FLOPs / (peak x efficiency(M, N, K)). The efficiency is what
   cuBLAS does: the output is cut into tiles (tile quantisation), the tiles run in waves of one
   tile per SM (wave quantisation), K may be split across CTAs when there are too few tiles
@@ -43,11 +46,12 @@ DTYPE_BY_TORCH_NAME: dict[str, DType] = {
     "float": DType.FP32,
     "float8_e4m3fn": DType.FP8,
     "float8_e5m2": DType.FP8,
+    "float4_e2m1fn_x2": DType.FP4,
 }
 
 ELEMENT_BYTES: dict[str, int] = {
     "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "double": 8,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1, "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2,
     "int8": 1, "uint8": 1, "bool": 1,
 }
 
@@ -77,6 +81,8 @@ class ArchParams:
     stream_k_eff: float | None = None  # Hopper+: a partial last wave can run as stream-K at this tile rate
     fp8_asymptotic_eff: float | None = None  # FP8 GEMMs: their own curve (None: no FP8 tensor cores)
     fp8_max_eff: float | None = None
+    fp4_asymptotic_eff: float | None = None  # NVFP4 GEMMs (the FP8 measurement with the FP4 pipeline fill)
+    fp4_max_eff: float | None = None
     fa2_forward_eff: float | None = None  # FlashAttention-2's kernels (None: the same as the default library's)
     fa2_backward_eff: float | None = None
 
@@ -96,6 +102,8 @@ class ComputeConstants:
     attention_dropout_eff: float = 1.0
     fp8_k_overhead: int = 32  # the FP8 GEMM's pipeline fill in units of K
     fp8_blockwise_eff: float = 1.0  # blockwise-scaled FP8 GEMMs relative to per-tensor scaled ones
+    fp8_mx_eff: float = 1.0  # MXFP8 GEMMs relative to per-tensor scaled FP8 ones
+    fp4_k_overhead: int = 32  # the NVFP4 GEMM's pipeline fill in units of K
     attention_head_dim_half: float = 0.0  # 0: no head-dim dependence
 
     def arch_note(self, gpu_name: str, sm_arch: int) -> str | None:
@@ -137,19 +145,25 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
             sk = None if sk is None else float(sk)
             shape_eff = gemm_shape_efficiency(m, n, k, int(a["sm_count"]), tiles, k0,
                                               int(raw["gemm_min_split_k"]), int(raw["gemm_max_split"]), stream_k=sk)
-            fp8_asym = fp8_max = None
+            fp8_asym = fp8_max = fp4_asym = None
             if "fp8_mamf_fraction" in a:
                 fm, fn, fk_ = (int(x) for x in a["fp8_mamf_shape"])
-                fp8_shape = gemm_shape_efficiency(fm, fn, fk_, int(a["sm_count"]), tiles, int(raw["fp8_gemm_k_overhead"]),
-                                                  int(raw["gemm_min_split_k"]), int(raw["gemm_max_split"]), stream_k=sk)
                 fp8_max = float(a["fp8_mamf_fraction"])
-                fp8_asym = min(1.0, fp8_max / fp8_shape)
+                for k_over, what in ((int(raw["fp8_gemm_k_overhead"]), "fp8"),
+                                     (int(raw.get("fp4_gemm_k_overhead", raw["fp8_gemm_k_overhead"])), "fp4")):
+                    shape_q = gemm_shape_efficiency(fm, fn, fk_, int(a["sm_count"]), tiles, k_over,
+                                                    int(raw["gemm_min_split_k"]), int(raw["gemm_max_split"]), stream_k=sk)
+                    if what == "fp8":
+                        fp8_asym = min(1.0, fp8_max / shape_q)
+                    else:
+                        fp4_asym = min(1.0, fp8_max / shape_q)
             arch[int(key)] = ArchParams(
                 asymptotic_eff=min(1.0, float(a["mamf_fraction"]) / shape_eff),
                 max_eff=float(a["mamf_fraction"]),
                 attention_forward_eff=float(a["attention_forward_eff"]),
                 attention_backward_eff=float(a["attention_backward_eff"]),
                 stream_k_eff=sk, fp8_asymptotic_eff=fp8_asym, fp8_max_eff=fp8_max,
+                fp4_asymptotic_eff=fp4_asym, fp4_max_eff=fp8_max,
                 fa2_forward_eff=_optional(a, "flash_attn_2_forward_eff"),
                 fa2_backward_eff=_optional(a, "flash_attn_2_backward_eff"),
             )
@@ -168,6 +182,8 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
             attention_dropout_eff=float(raw.get("attention_dropout_efficiency", 1.0)),
             fp8_k_overhead=int(raw.get("fp8_gemm_k_overhead", k0)),
             fp8_blockwise_eff=float(raw.get("fp8_blockwise_efficiency", 1.0)),
+            fp8_mx_eff=float(raw.get("fp8_mx_efficiency", 1.0)),
+            fp4_k_overhead=int(raw.get("fp4_gemm_k_overhead", raw.get("fp8_gemm_k_overhead", k0))),
             attention_head_dim_half=float(raw.get("attention_head_dim_half", 0.0)),
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
@@ -223,13 +239,33 @@ def op_dtype(op: OpRecord, default: DType) -> DType:
 
 
 def is_fp8_gemm(op: OpRecord) -> bool:
-    """An FP8 GEMM (``_scaled_mm``, ``_scaled_grouped_mm``: FP8 operands, scale tensors after them)."""
+    """A low-precision GEMM (``_scaled_mm``, ``_scaled_grouped_mm``, ``nvfp4_scaled_mm``: FP8 or FP4 operands,
+    scale tensors after them)."""
     return "_scaled_mm" in op.name or "_scaled_grouped_mm" in op.name
+
+
+class Scaling(str, Enum):
+    """How a low-precision GEMM's operands are scaled, read off its inputs."""
+
+    TENSOR = "tensor"  # one scale per tensor (or per row: torch's grouped FP8 kernel)
+    BLOCKWISE = "blockwise"  # DeepSeek-V3's fp32 scales per 1 x 128 tile / 128 x 128 block
+    MX = "mx"  # MXFP8: E8M0 scales per 32 values
+    NVFP4 = "nvfp4"  # E2M1 values, E4M3 scales per 16
+
+
+def gemm_scaling(op: OpRecord) -> Scaling:
+    if op.inputs and op.inputs[0].dtype == "float4_e2m1fn_x2":
+        return Scaling.NVFP4
+    scales = op.inputs[2:4]
+    if any(t.dtype == "float8_e8m0fnu" for t in scales):
+        return Scaling.MX
+    return Scaling.BLOCKWISE if any(len(t.shape) == 2 for t in scales) else Scaling.TENSOR
 
 
 def gemm_dims(op: OpRecord) -> tuple[int, int, int, int] | None:
     """(batch, M, N, K) of a matmul from its two matrix operands (the last two inputs of rank >= 2;
-    the first two of an FP8 GEMM, whose blockwise scales are matrices too)."""
+    the first two of a low-precision GEMM, whose block scales are matrices too). FP4 operands hold two
+    values per element along K."""
     mats = [t for t in op.inputs if len(t.shape) >= 2]
     if is_fp8_gemm(op):
         mats = list(op.inputs[:2])
@@ -238,6 +274,8 @@ def gemm_dims(op: OpRecord) -> tuple[int, int, int, int] | None:
     a, b = mats[-2], mats[-1]
     m, k = a.shape[-2], a.shape[-1]
     k2, n = b.shape[-2], b.shape[-1]
+    if a.dtype == "float4_e2m1fn_x2":
+        k, k2 = 2 * k, 2 * k2
     if k != k2:
         return None
     batch = 1
@@ -342,16 +380,23 @@ class AnalyticalComputeModel:
         batch, m, n, k = dims
         flops = op.flops if op.flops > 0 else 2.0 * batch * m * n * k
         if is_fp8_gemm(op) and arch.fp8_asymptotic_eff is not None and arch.fp8_max_eff is not None:
-            shape = gemm_shape_efficiency(m, n, k, gpu.sm_count, c.tiles, c.fp8_k_overhead, c.min_split_k,
-                                          c.max_split, batch=batch, stream_k=arch.stream_k_eff)
-            blockwise = self.grouped_fp8_blockwise if "grouped" in op.name else \
-                any(len(t.shape) == 2 for t in op.inputs[2:4])
-            block = c.fp8_blockwise_eff if blockwise else 1.0
-            fp8 = min(arch.fp8_max_eff, arch.fp8_asymptotic_eff * shape) * block
-            # JUDGEMENT: an FP8 GEMM never runs slower than the bf16 GEMM of its shape (same tiles, half the
+            scaling = gemm_scaling(op)
+            fp4 = scaling is Scaling.NVFP4 and arch.fp4_asymptotic_eff is not None
+            asym, best = (arch.fp4_asymptotic_eff, arch.fp4_max_eff) if fp4 else \
+                (arch.fp8_asymptotic_eff, arch.fp8_max_eff)
+            shape = gemm_shape_efficiency(m, n, k, gpu.sm_count, c.tiles, c.fp4_k_overhead if fp4 else c.fp8_k_overhead,
+                                          c.min_split_k, c.max_split, batch=batch, stream_k=arch.stream_k_eff)
+            if "grouped" in op.name and scaling is Scaling.BLOCKWISE:  # torch's grouped kernel: row-wise scales
+                scaling = Scaling.BLOCKWISE if self.grouped_fp8_blockwise else Scaling.TENSOR
+            elif "grouped" in op.name and self.grouped_fp8_blockwise:
+                scaling = Scaling.BLOCKWISE
+            block = {Scaling.BLOCKWISE: c.fp8_blockwise_eff, Scaling.MX: c.fp8_mx_eff}.get(scaling, 1.0)
+            low = min(best, asym * shape) * block
+            # JUDGEMENT: a low-precision GEMM never runs slower than the bf16 GEMM of its shape (same tiles, fewer
             # operand bytes); the FP8 curve's long pipeline fill would say so for short K.
-            bf16 = self._bf16_gemm_eff(arch, m, n, k, batch, gpu) * gpu.peak_bf16_tflops / gpu.peak_tflops(DType.FP8)
-            return max(fp8, bf16), flops
+            bf16 = self._bf16_gemm_eff(arch, m, n, k, batch, gpu) * gpu.peak_bf16_tflops / \
+                gpu.peak_tflops(DType.FP4 if fp4 else DType.FP8)
+            return max(low, bf16), flops
         return self._bf16_gemm_eff(arch, m, n, k, batch, gpu), flops
 
     def _bf16_gemm_eff(self, arch: ArchParams, m: int, n: int, k: int, batch: int, gpu: GPUSpec) -> float:

@@ -30,7 +30,7 @@ from typing import Mapping
 
 from echo_plan.layout.layer_mix import layer_params_per_rank
 from echo_plan.layout.sharding import DataParallelSharding
-from echo_plan.specs.cluster import DType
+from echo_plan.cost.weight_copies import layer_gather_bytes
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import LayerKind
 from echo_plan.specs.plan import PlanSpec
@@ -48,7 +48,7 @@ def fsdp_states(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, sharding:
     layer_total = sum(layers[kind] * n for kind, n in counts.items())
     block = max(layers.values(), default=0)
     root = max(0, dense + experts - layer_total)
-    gathered = 1.0 if plan.dtype is DType.FP8 and stack.fp8_param_gather else plan.param_dtype.nbytes
+    gathered = layer_gather_bytes(plan.dtype, stack) if plan.dtype.low_precision else plan.param_dtype.nbytes
     stored = stack.sharded_param_bytes
     ends = 2 if plan.pp == 1 else 1  # a pipeline's first rank has the embedding, its last the output layer
     shard, eshard = sharding.parameter_shards(), sharding.parameter_shards(expert=True)

@@ -13,11 +13,12 @@
   part of one layer, live during that layer's backward.
 * Weights, gradients (in the stack's gradient dtype, sharded too when the stack's distributed
   optimizer shards them) and optimizer states.
-* FP8 training (plan dtype fp8): each transformer layer's weights also live as an FP8 copy and its
-  FP8 transpose (1 byte each: Transformer Engine casts them on a step's first micro-batch and keeps
-  them for the others; Hopper's FP8 GEMMs need both layouts); with the stack's ``fp8_param_gather``
-  the FP8 weight replaces the bf16 one. Master weights, gradients and Adam states are unchanged.
-  FP8 activations saved for backward come with the trace's saved bytes.
+* FP8 or NVFP4 training (plan dtype fp8, fp4): each transformer layer's weights also live as quantised
+  copies (Transformer Engine casts them on a step's first micro-batch and keeps them for the others: an
+  FP8 weight and its transpose on Hopper, the weight alone on Blackwell, two block-scaled copies under
+  MXFP8 and NVFP4; ``cost/weight_copies.py``); with the stack's ``fp8_param_gather`` /
+  ``fp4_param_gather`` they replace the bf16 weight. Master weights, gradients and Adam states are
+  unchanged. Quantised activations saved for backward come with the trace's saved bytes.
 * Buffers: CUDA context, NCCL buffers per communicator, allocator fragmentation, and the loss's
   transient fp32 logits on the last stage.
 * Headroom: a plan fits when every GPU keeps ``headroom_bytes`` free below capacity
@@ -53,6 +54,7 @@ import yaml
 from echo_plan.errors import FileFormatError
 from echo_plan.cost.stage_memory import StageMemory
 from echo_plan.cost.fsdp_memory import fsdp_states
+from echo_plan.cost.weight_copies import layer_weight_extra_bytes
 from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
 from echo_plan.specs.moe import DENSE, LayerKind
@@ -166,19 +168,17 @@ def stage_params_split(model: ModelSpec, plan: PlanSpec, stage: int,
     return n, experts
 
 
-FP8_COPY_BYTES = 2  # an FP8 weight (1 B) and its FP8 transpose (1 B) per parameter
-
-
 def fp8_weight_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, stage: int, bf16_bytes: float) -> float:
-    """What FP8 training changes in pipeline rank ``stage``'s weight memory (0 unless the plan is fp8): the
-    FP8 copies of its transformer layers' weights, less their bf16 copies with ``fp8_param_gather``."""
-    if plan.dtype is not DType.FP8:
+    """What FP8 or NVFP4 training changes in pipeline rank ``stage``'s weight memory (0 for bf16): the quantised
+    copies of its transformer layers' weights, less their bf16 copies where the copies are the parameters
+    (``cost/weight_copies.py``)."""
+    if not plan.dtype.low_precision:
         return 0.0
 
     layer = sum(count * sum(mixed(model, plan, kind)) for kind, count in stage_kind_counts(model, plan, stage).items())
     if stage == plan.pp - 1 and model.mtp_layers:
         layer += model.mtp_layers * sum(mixed(model, plan, model.mtp_kind))
-    return layer * (FP8_COPY_BYTES - (bf16_bytes if stack.fp8_param_gather else 0.0))
+    return layer * layer_weight_extra_bytes(plan.dtype, stack, bf16_bytes)
 
 
 # -- micro-batches in flight --------------------------------------------------------------------
@@ -268,7 +268,8 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
     from an input-gradient pass until its weight-gradient pass. ``layout``: the plan's layout, or None for
     the estimate of a search's candidates, which derives only the parts it reads."""
 
-    stack = stack.for_plan(plan)  # FP8 parameters only with the distributed optimizer, as simulate has it
+    stack = stack.as_run(plan, cluster.gpu.sm_arch)  # as simulate has it: FP8 parameters only with the distributed
+    # optimizer, FP8 transposes only where the GPU's FP8 GEMMs take the TN layout alone
     c = consts or load_memory_constants()
     w_b, _, o_b = c.bytes_per_param[plan.param_dtype]
     if stack.optimizer_state_bytes is not None:

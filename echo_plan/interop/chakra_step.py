@@ -233,7 +233,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
         raise SpecError("recompute_layers", plan.recompute_layers, "the Chakra export writes one layer template per "
                         "kind under the plan's recompute mode: export with recompute_layers 0 (none, selective or full)")
     memo = SimulationMemo()
-    stack = stack if stack is not None else memo.default_stack()
+    stack = (stack if stack is not None else memo.default_stack()).as_run(plan, cluster.gpu.sm_arch)
     if DataParallelSharding.of(plan, stack).parameters:
         raise SpecError("sharding", "parameters", "the Chakra export writes Megatron-style gradient buckets, not "
                         "FSDP's per-block all-gathers yet: export a plan with sharding none or optimizer")

@@ -19,7 +19,8 @@ from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE
 from echo_plan.specs.plan import PlanSpec, Schedule
-from echo_plan.specs.software import SoftwareSpec
+from echo_plan.specs.software import Fp8Recipe, SoftwareSpec
+from echo_plan.cost.weight_copies import layer_gather_bytes
 from echo_plan.trace.records import CommGroup
 from echo_plan.specs.presets import load_stack
 from echo_plan.trace.records import GroupKind
@@ -47,11 +48,13 @@ def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
 
 def gather_bytes(plan: PlanSpec, stack: SoftwareSpec, params: int, layer_params: int) -> tuple[float, float]:
     """Mean bytes per parameter of a chunk's DP parameter all-gather (dense, experts): 2 (bf16), or with
-    FP8 training and ``fp8_param_gather`` 1 for the transformer layers' weights (Megatron's
-    --fp8-param-gather; norms and biases, a sliver, are counted with them) and 2 for the embeddings."""
-    if plan.dtype is not DType.FP8 or not stack.fp8_param_gather or params <= 0:
+    quantised parameters (``fp8_param_gather``, ``fp4_param_gather``) what the recipe gathers for the
+    transformer layers' weights (``cost/weight_copies.py``: 1 for FP8, 2 for MXFP8, 1/2 for NVFP4; norms and
+    biases, a sliver, are counted with them) and 2 for the embeddings."""
+    layer = layer_gather_bytes(plan.dtype, stack)
+    if layer == 2.0 or params <= 0:
         return 2.0, 2.0
-    return (layer_params + 2.0 * (params - layer_params)) / params, 1.0
+    return (layer_params * layer + 2.0 * (params - layer_params)) / params, layer
 
 
 def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
@@ -83,8 +86,16 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
                       "micro-batch" if plan.pp > 1 else ""))
     if plan.dtype is DType.FP8:
         gather = "; weights kept and all-gathered in FP8" if stack.fp8_param_gather else ""
-        out.append(f"fp8: the layers' GEMMs in FP8 ({stack.fp8_recipe.value} scaling{gather}), bf16 elsewhere; the "
-                   "once-per-step FP8 weight casts are counted with the optimizer step (docs/fp8.md)")
+        if stack.fp8_param_gather and stack.fp8_recipe is Fp8Recipe.MXFP8:
+            gather = "; weights kept in MXFP8, all-gathered in bf16 through the gradient buffer and quantised after"
+        layouts = "" if stack.fp8_transposes is not False or not stack.fp8_recipe.per_tensor else \
+            "; no FP8 transposes (the GPU's FP8 GEMMs take any layout)"
+        out.append(f"fp8: the layers' GEMMs in FP8 ({stack.fp8_recipe.value} scaling{gather}{layouts}), bf16 "
+                   "elsewhere; the once-per-step weight casts are counted with the optimizer step (docs/fp8.md)")
+    if plan.dtype is DType.FP4:
+        gather = "; weights kept and all-gathered in NVFP4" if stack.fp4_param_gather else ""
+        out.append(f"fp4: the layers' GEMMs in NVFP4 (E2M1 in 16-value blocks with E4M3 scales, 16 x 16 weight "
+                   f"blocks, Hadamard-transformed weight-gradient operands{gather}), bf16 elsewhere (docs/fp8.md)")
     return out
 
 

@@ -110,7 +110,8 @@ class SimulatorEvaluator:
             # parallelism, so the lock covers every plan that can share a trace: same tp, mbs, dtype.
             lock = self.cache.root / f".lock-{self.model.name}-tp{plan.tp}-cp{plan.cp}-mbs{plan.micro_batch_size}-{plan.dtype.value}"
             with FileLock(str(lock)):
-                self.memo.traces(self.model, plan, self.cache, self.stack)  # kept in the memo for later plans
+                # kept in the memo for later plans: the stack as simulate runs it, so the keys agree
+                self.memo.traces(self.model, plan, self.cache, self.stack.as_run(plan, self.cluster.gpu.sm_arch))
             self._ready.add(key)
         return simulate(self.model, self.cluster, plan, stack=self.stack, cache=self.cache, memo=self.memo,
                         memory_headroom_bytes=self.headroom)

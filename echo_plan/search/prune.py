@@ -17,7 +17,7 @@ from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import (balanced_split, PlanSpec, Recompute, Schedule, Sharding, schedule_rule,
                                   validate_plan)
-from echo_plan.specs.software import SoftwareSpec, check_stack_supports
+from echo_plan.specs.software import SoftwareSpec, check_precision, check_stack_supports
 from echo_plan.search.space import Knob, SearchSpace
 from echo_plan.cost.memory import estimate_memory, load_memory_constants
 from echo_plan.specs.presets import load_stack
@@ -196,6 +196,11 @@ class Pruner:
                                  selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
         except SpecError as exc:
             return Verdict(combo, None, PruneReason.STACK, str(exc).split(": ", 1)[-1])
+        try:
+            check_precision(self.stack, plan.dtype, self.cluster.gpu, self.model.is_moe)
+        except SpecError as exc:
+            reason = PruneReason.PRECISION if exc.field == "fp8_recipe" else PruneReason.INVALID
+            return Verdict(combo, None, reason, str(exc).split(": ", 1)[-1])
         return Verdict(combo, plan, None)
 
     def _activations_decide(self, worst: StageMemory) -> bool:

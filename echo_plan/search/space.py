@@ -71,7 +71,7 @@ KNOB_DEFAULTS: dict[Knob, Any] = {
 }
 # Knobs whose default the digest leaves out, so spaces written before them keep their digests.
 NEW_KNOB_DEFAULTS = {Knob.CP: 1, Knob.SHARDING: None, Knob.SHARD_DEGREE: 0, Knob.RECOMPUTE_LAYERS: 0}
-TRAINING_DTYPES = (DType.BF16.value, DType.FP16.value, DType.FP8.value)
+TRAINING_DTYPES = (DType.BF16.value, DType.FP16.value, DType.FP8.value, DType.FP4.value)
 # Settings that may only be fixed (one value for the whole search).
 FIXED_ONLY: set[str] = set()
 # Names a user may reach for that the search sets itself.

@@ -35,11 +35,13 @@ INHERITED = ("compute", "ranges")  # what a cluster of one's own takes from the 
 COMPUTE_FIELDS: dict[str, tuple[float, float]] = {
     "gemm_efficiency_scale": (0.2, 1.5),
     "fp8_gemm_efficiency_scale": (0.2, 1.5),
+    "mxfp8_gemm_efficiency_scale": (0.2, 1.5),
+    "fp4_gemm_efficiency_scale": (0.2, 1.5),
     "attention_efficiency_scale": (0.2, 1.5),
     "memory_bandwidth_scale": (0.2, 1.2),
     "kernel_overhead_us": (0.0, 100.0),
 }
-COMPUTE_INFO = ("source", "fitted_on", "held_out", "stack", "notes", "residuals", "fp8_fit")
+COMPUTE_INFO = ("source", "fitted_on", "held_out", "stack", "notes", "residuals", "fp8_fit", "mxfp8_fit", "fp4_fit")
 
 
 def check_calibration(calibration: Mapping[str, Any], context: str = "calibration") -> None:
@@ -88,6 +90,8 @@ class ComputeCalibration:
 
     gemm_efficiency_scale: float = 1.0
     fp8_gemm_efficiency_scale: float = 1.0  # FP8 GEMMs, on top of gemm_efficiency_scale (fitted on fp8 rows)
+    mxfp8_gemm_efficiency_scale: float = 1.0  # MXFP8 GEMMs, on top of the FP8 ones (fitted on mxfp8 rows)
+    fp4_gemm_efficiency_scale: float = 1.0  # NVFP4 GEMMs, on top of gemm_efficiency_scale (fitted on fp4 rows)
     attention_efficiency_scale: float = 1.0
     memory_bandwidth_scale: float = 1.0
     kernel_overhead_us: float | None = None  # None: compute.yaml's launch overhead
@@ -96,7 +100,8 @@ class ComputeCalibration:
     @property
     def is_identity(self) -> bool:
         return (self.gemm_efficiency_scale == self.attention_efficiency_scale == self.memory_bandwidth_scale == 1.0
-                and self.fp8_gemm_efficiency_scale == 1.0 and self.kernel_overhead_us is None)
+                and self.fp8_gemm_efficiency_scale == self.mxfp8_gemm_efficiency_scale
+                == self.fp4_gemm_efficiency_scale == 1.0 and self.kernel_overhead_us is None)
 
     def values(self) -> dict[str, float]:
         out = {"gemm_efficiency_scale": self.gemm_efficiency_scale,
@@ -104,8 +109,9 @@ class ComputeCalibration:
                "memory_bandwidth_scale": self.memory_bandwidth_scale}
         if self.kernel_overhead_us is not None:
             out["kernel_overhead_us"] = self.kernel_overhead_us
-        if self.fp8_gemm_efficiency_scale != 1.0:
-            out["fp8_gemm_efficiency_scale"] = self.fp8_gemm_efficiency_scale
+        for name in ("fp8_gemm_efficiency_scale", "mxfp8_gemm_efficiency_scale", "fp4_gemm_efficiency_scale"):
+            if getattr(self, name) != 1.0:
+                out[name] = getattr(self, name)
         return out
 
     @classmethod

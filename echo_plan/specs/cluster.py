@@ -21,10 +21,16 @@ class DType(str, Enum):
     FP16 = "fp16"
     FP32 = "fp32"
     FP8 = "fp8"
+    FP4 = "fp4"  # E2M1, two per byte (NVFP4: Blackwell's 4-bit tensor cores)
 
     @property
-    def nbytes(self) -> int:
-        return {DType.BF16: 2, DType.FP16: 2, DType.FP32: 4, DType.FP8: 1}[self]
+    def nbytes(self) -> float:
+        return {DType.BF16: 2, DType.FP16: 2, DType.FP32: 4, DType.FP8: 1, DType.FP4: 0.5}[self]
+
+    @property
+    def low_precision(self) -> bool:
+        """The GEMMs run quantised (FP8 or FP4) while the rest of training stays bf16 (Transformer Engine)."""
+        return self in (DType.FP8, DType.FP4)
 
 
 class Fabric(str, Enum):
@@ -65,6 +71,7 @@ class GPUSpec(Spec):
     peak_fp16_tflops: float = Field(gt=0, le=1e6, description="dense FP16 tensor-core peak")
     peak_fp32_tflops: float = Field(gt=0, le=1e6, description="FP32 (non tensor-core) peak")
     peak_fp8_tflops: float | None = Field(default=None, gt=0, le=1e6)
+    peak_fp4_tflops: float | None = Field(default=None, gt=0, le=1e6, description="dense FP4 (NVFP4) tensor-core peak")
     hbm_GiB: float = Field(gt=0, le=1e5)
     hbm_bw_GBps: float = Field(gt=0, le=1e7)
     nvlink_bw_GBps: float = Field(ge=0, le=1e7, description="NVLink bandwidth per GPU, both directions together")
@@ -82,6 +89,7 @@ class GPUSpec(Spec):
             DType.FP16: self.peak_fp16_tflops,
             DType.FP32: self.peak_fp32_tflops,
             DType.FP8: self.peak_fp8_tflops,
+            DType.FP4: self.peak_fp4_tflops,
         }
         value = table[dtype]
         if value is None:

@@ -83,8 +83,9 @@ class Sharding(str, Enum):
     PARAMETERS = "parameters"  # the parameters too, gathered block by block when used (ZeRO-3, FSDP full shard)
 
 
-TRAINING_DTYPES = (DType.BF16, DType.FP16, DType.FP8)
+TRAINING_DTYPES = (DType.BF16, DType.FP16, DType.FP8, DType.FP4)
 FP8_MIN_SM_ARCH = 89  # FP8 tensor cores: Ada (sm89) and Hopper (sm90) onwards (NVIDIA Transformer Engine docs)
+FP4_MIN_SM_ARCH = 100  # NVFP4 tensor cores: Blackwell (sm100) onwards (Transformer Engine's NVFP4BlockScaling)
 
 
 class PlanSpec(Spec):
@@ -135,7 +136,7 @@ class PlanSpec(Spec):
     @model_validator(mode="after")
     def _rules(self) -> "PlanSpec":
         if self.dtype not in TRAINING_DTYPES:
-            raise ValueError(f"dtype must be bf16, fp16 or fp8 for training, not {self.dtype.value}")
+            raise ValueError(f"dtype must be bf16, fp16, fp8 or fp4 for training, not {self.dtype.value}")
         if self.virtual_stages > 1 and self.schedule is Schedule.ONE_F_ONE_B:
             object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
         if self.schedule is Schedule.ZB_V and self.virtual_stages == 1:
@@ -220,9 +221,9 @@ class PlanSpec(Spec):
 
     @property
     def param_dtype(self) -> DType:
-        """The dtype of weights, activations and gradients: bf16 under fp8 (FP8 is for the GEMMs only,
-        as Transformer Engine runs it: bf16 master flow, FP8 casts at each linear layer)."""
-        return DType.BF16 if self.dtype is DType.FP8 else self.dtype
+        """The dtype of weights, activations and gradients: bf16 under fp8 and fp4 (FP8/NVFP4 is for the GEMMs
+        only, as Transformer Engine runs it: bf16 master flow, casts at each linear layer)."""
+        return DType.BF16 if self.dtype.low_precision else self.dtype
 
     @property
     def expert_tp(self) -> int:
@@ -280,8 +281,8 @@ class PlanSpec(Spec):
             parts.append(f"imb{self.expert_imbalance:g}")
         if self.dp_comm.sparse:
             parts.append(f"{self.dp_comm.value}@{self.density:g}")
-        if self.dtype is DType.FP8:
-            parts.append("fp8")
+        if self.dtype.low_precision:
+            parts.append(self.dtype.value)
         if self.sequence_parallel:
             parts.append("sp")
         return " ".join(parts + self.sharding_parts())
@@ -350,9 +351,13 @@ def validate_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec) -> Non
         if len(plan.layer_split) != plan.pp and not per_virtual:
             extra = f" or one per virtual stage ({nvs})" if plan.virtual_stages > 1 else ""
             raise SpecError("layer_split", plan.layer_split, f"needs one entry per pipeline stage ({plan.pp}){extra}")
-        if sum(plan.layer_split) != model.num_layers or min(plan.layer_split) < 1:
+        # the first and last virtual stage may hold no transformer layer: only the embedding, or the output layer
+        # and loss (Megatron-Core's account_for_embedding/loss_in_pipeline_split with one layer per virtual stage)
+        inner = plan.layer_split[1:-1] if per_virtual else plan.layer_split
+        if sum(plan.layer_split) != model.num_layers or min(plan.layer_split) < 0 or (inner and min(inner) < 1):
             raise SpecError("layer_split", plan.layer_split,
-                            f"positive layer counts that add up to num_layers {model.num_layers}")
+                            f"positive layer counts that add up to num_layers {model.num_layers} (with one per "
+                            "virtual stage, the first and last may be 0: the embedding, the output layer)")
         if not per_virtual and any(n % plan.virtual_stages for n in plan.layer_split):
             raise SpecError("layer_split", plan.layer_split,
                             f"each stage's layers must divide into {plan.virtual_stages} virtual stages")
@@ -403,13 +408,15 @@ def validate_experts(plan: PlanSpec, model: ModelSpec) -> None:
 
 
 def check_fp8_gpu(dtype: DType, cluster: ClusterSpec) -> None:
-    """FP8 training needs FP8 tensor cores: raise SpecError naming the GPU when it has none."""
-    if dtype is not DType.FP8:
-        return
+    """FP8 and FP4 training need tensor cores of that precision: raise SpecError naming the GPU when it has none."""
     gpu = cluster.gpu
-    if gpu.sm_arch < FP8_MIN_SM_ARCH or gpu.peak_fp8_tflops is None:
+    if dtype is DType.FP8 and (gpu.sm_arch < FP8_MIN_SM_ARCH or gpu.peak_fp8_tflops is None):
         raise SpecError("dtype", "fp8", f"GPU {gpu.name} (sm{gpu.sm_arch}) has no FP8 tensor cores (they start with "
                         f"sm{FP8_MIN_SM_ARCH}, Ada/Hopper); use bf16 or fp16 there")
+    if dtype is DType.FP4 and (gpu.sm_arch < FP4_MIN_SM_ARCH or gpu.peak_fp4_tflops is None):
+        why = "no peak_fp4_tflops in its spec" if gpu.sm_arch >= FP4_MIN_SM_ARCH else "no FP4 tensor cores"
+        raise SpecError("dtype", "fp4", f"GPU {gpu.name} (sm{gpu.sm_arch}) has {why} (NVFP4 starts with "
+                        f"sm{FP4_MIN_SM_ARCH}, Blackwell); use fp8 or bf16 there")
 
 
 def validate_cp(cp: int, tp: int, sequence_parallel: bool, model: ModelSpec) -> None:

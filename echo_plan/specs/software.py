@@ -74,6 +74,14 @@ class Fp8Recipe(str, Enum):
     DELAYED = "delayed"  # per-tensor scale from an amax history of earlier steps; amax fused into the cast
     CURRENT = "current"  # per-tensor scale from this tensor's own amax: an amax pass before every cast
     BLOCKWISE = "blockwise"  # DeepSeek-V3: 1x128 activation tiles, 128x128 weight blocks, a scale each
+    MXFP8 = "mxfp8"  # OCP microscaling: E4M3 in blocks of 32 along K, a power-of-two (E8M0) scale each; Blackwell
+
+    @property
+    def per_tensor(self) -> bool:
+        return self in (Fp8Recipe.DELAYED, Fp8Recipe.CURRENT)
+
+
+BLOCK_SCALED_MIN_SM_ARCH = 100  # MXFP8 and NVFP4 GEMMs: Blackwell's block-scaled tensor cores (TE needs sm100)
 
 
 class CPComm(str, Enum):
@@ -158,6 +166,14 @@ class SoftwareSpec(Spec):
                                   description="FP8 scaling recipe of the GEMMs when the plan's dtype is fp8")
     fp8_param_gather: bool = Field(
         default=False, description="weights kept and all-gathered in FP8 (no bf16 copy; Megatron --fp8-param-gather)")
+    fp4_param_gather: bool = Field(
+        default=False, description="dtype fp4: weights kept and all-gathered in NVFP4 (no bf16 copy; Megatron "
+                                   "--fp4-param-gather, Megatron-Bridge's NVFP4 recipe from 26.06)")
+    fp8_transposes: bool | None = Field(
+        default=None, description="per-tensor FP8 (delayed, current): Transformer Engine keeps FP8 transposes of "
+                                  "weights, gradients and saved inputs, because Hopper's FP8 tensor cores take only "
+                                  "the TN layout; false: the GEMMs take any layout and no transpose is made (TE on "
+                                  "sm100 and newer); None: as the GPU has it (simulate decides from the cluster)")
     fp8_save_original_input: bool = Field(
         default=False, description="fp8: a linear whose bf16 input is kept anyway, or is recomputed, saves that input "
                                    "instead of its own FP8 copy and re-casts it in backward (Megatron-Core >= 0.14 "
@@ -227,7 +243,29 @@ class SoftwareSpec(Spec):
     def fp8_signature(self) -> str:
         """The FP8 settings that change an fp8 trace (appended to its cache key; bf16 traces ignore them)."""
         return (f"fp8={self.fp8_recipe.value},pg={self.fp8_param_gather}"
-                + (",orig" if self.fp8_save_original_input else ""))
+                + (",orig" if self.fp8_save_original_input else "")
+                + (",any-layout" if self.fp8_transposes is False else ""))
+
+    def fp4_signature(self) -> str:
+        """The NVFP4 settings that change an fp4 trace (appended to its cache key)."""
+        return f"fp4=nvfp4,pg={self.fp4_param_gather}" + (",orig" if self.fp8_save_original_input else "")
+
+    def precision_signature(self, dtype: DType) -> str:
+        """What the plan's precision adds to a trace's cache key: the FP8 or NVFP4 settings, nothing for bf16."""
+        return {DType.FP8: self.fp8_signature, DType.FP4: self.fp4_signature}.get(DType(dtype), str)()
+
+    def as_run(self, plan: Any, sm_arch: int) -> "SoftwareSpec":
+        """The stack as ``plan`` runs it on a GPU of compute capability ``sm_arch`` x10 (``for_plan``, ``on_gpu``)."""
+        return self.for_plan(plan).on_gpu(sm_arch)
+
+    def on_gpu(self, sm_arch: int) -> "SoftwareSpec":
+        """The stack as Transformer Engine runs it on a GPU of compute capability ``sm_arch`` x10: per-tensor FP8
+        keeps transposes only where the FP8 GEMMs take the TN layout alone (TE's
+        ``nvte_is_non_tn_fp8_gemm_supported``: sm100-119 and sm130 onwards take any layout)."""
+        if self.fp8_transposes is not None:
+            return self
+        any_layout = 100 <= sm_arch < 120 or sm_arch >= 130
+        return self.replace(fp8_transposes=not any_layout)
 
     def short(self) -> str:
         return self.name
@@ -239,6 +277,23 @@ class SoftwareSpec(Spec):
         if self.fp8_param_gather and plan.dtype is DType.FP8 and not plan.distributed_optimizer:
             return self.replace(fp8_param_gather=False)
         return self
+
+
+def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = False, context: str = "plan") -> None:
+    """Raise SpecError when the plan's precision recipe needs tensor cores ``gpu`` lacks (MXFP8 and NVFP4 scale
+    blocks of 32 and 16 elements inside the GEMM, which Blackwell, sm100, does first), or is not modelled for
+    the model (``moe``: the experts' grouped GEMMs in MXFP8 or NVFP4)."""
+    dtype = DType(dtype)
+    mx = dtype is DType.FP8 and stack.fp8_recipe is Fp8Recipe.MXFP8
+    if mx and gpu.sm_arch < BLOCK_SCALED_MIN_SM_ARCH:
+        raise SpecError("fp8_recipe", "mxfp8", f"MXFP8 needs block-scaled FP8 tensor cores (sm{BLOCK_SCALED_MIN_SM_ARCH}, "
+                        f"Blackwell); GPU {gpu.name} is sm{gpu.sm_arch}: use --fp8-recipe current, delayed or blockwise "
+                        "there", context)
+    if moe and (mx or dtype is DType.FP4):
+        what = "MXFP8" if mx else "NVFP4"
+        raise SpecError("dtype", dtype.value, f"{what} GEMMs are modelled for dense layers; the experts' grouped "
+                        f"{what} GEMMs are not yet: train this MoE model with --dtype bf16, or fp8 with "
+                        "--fp8-recipe current or blockwise", context)
 
 
 def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,

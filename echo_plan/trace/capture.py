@@ -25,12 +25,12 @@ from echo_plan.trace.modtrack import ModuleLabeler
 from echo_plan.trace.recorder import Recorder
 from echo_plan.trace.records import OpRecord, Phase, StageKind
 from echo_plan.trace.stages import EmbeddingStage, OutputStage
-from echo_plan.trace.fp8 import Fp8State
+from echo_plan.trace.quant_state import Fp8State
 
 TORCH_DTYPES = {DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP32: torch.float32}
 _DTYPE_OF = {v: k for k, v in TORCH_DTYPES.items()}
 # fp8 training keeps bf16 weights, activations and gradients; the linears' GEMMs run in FP8 (trace/fp8.py)
-TORCH_DTYPES_FOR = {**TORCH_DTYPES, DType.FP8: torch.bfloat16}
+TORCH_DTYPES_FOR = {**TORCH_DTYPES, DType.FP8: torch.bfloat16, DType.FP4: torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,15 @@ class SavedBytesMeter:
 def _build(stage: StageKind, model: ModelSpec, groups: TraceGroups, sp: bool, dtype: torch.dtype,
            recompute: Recompute, stack: SoftwareSpec, recompute_context: Callable,
            meter: SavedBytesMeter, kind: LayerKind = DENSE, layout: ExpertLayout | None = None,
-           fp8: bool = False) -> nn.Module:
+           fp8: DType | None = None) -> nn.Module:
     group = groups.tp
     if stage is StageKind.BLOCK:  # Megatron-Core keeps the embedding and output layer in bf16 under FP8
         state = None
-        if fp8:
-            state = Fp8State(stack.fp8_recipe, stack.fp8_param_gather, stack.fp8_save_original_input, meter)
+        if fp8 is DType.FP8:
+            state = Fp8State(stack.fp8_recipe, stack.fp8_param_gather, stack.fp8_save_original_input, meter,
+                             transposes=stack.fp8_transposes is not False)
+        elif fp8 is DType.FP4:  # NVFP4: no FP8 recipe
+            state = Fp8State(None, stack.fp4_param_gather, stack.fp8_save_original_input, meter)
         module: nn.Module = TransformerBlock(model, group, sp, dtype, recompute, stack, recompute_context, meter.discard,
                                              kind=kind, groups=groups, layout=layout, fp8=state, keep=meter.keep)
     elif stage is StageKind.EMBEDDING:
@@ -135,7 +138,7 @@ def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: b
     of ``cp`` (its seq / cp tokens): forward then backward of one micro-batch."""
     layout = layout if (kind.moe and layout is not None) else ExpertLayout(etp=1)
     tdtype = TORCH_DTYPES_FOR[dtype]
-    fp8 = DType(dtype) is DType.FP8
+    fp8 = DType(dtype) if DType(dtype).low_precision else None  # the GEMMs' precision (FP8 or NVFP4)
     modes = list(Recompute) if stage is StageKind.BLOCK else [recompute]
     saved: dict[str, int] = {}  # the other modes' saved bytes, when a trace of this stage under them is known
     other_known = {k: v for k, v in (known_saved or {}).items() if k != recompute.value}

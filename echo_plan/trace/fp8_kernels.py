@@ -15,6 +15,8 @@ the bandwidth-bound kernels they are. The code is ours.
 * ``fp8_transpose``: an FP8 tensor's transpose (a saved input, for the weight-gradient GEMM).
 * ``fp8_block_cast``: blockwise (DeepSeek-V3) quantisation of a 2-D tensor in 1 x 128 tiles, one fp32
   scale per tile; with ``columnwise`` also the transposed tensor's tiles (what the wgrad GEMM reads).
+* ``fp8_weight_quantize``: a weight cast to FP8 without a transpose (GPUs whose FP8 GEMMs take any
+  layout: sm100 and newer), once per step.
 * ``fp8_weight_cast``: a weight and its transpose cast to FP8 (per-tensor scale, or 128 x 128 blocks):
   run once per step, on the first micro-batch (Megatron-Core passes ``is_first_microbatch`` so
   Transformer Engine caches the FP8 weights for the other micro-batches). The recorder files it in the
@@ -30,7 +32,7 @@ Tensor = torch.Tensor
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 BLOCK = 128  # DeepSeek-V3's quantisation tile: 1 x 128 activations, 128 x 128 weights
-ONCE_PER_STEP = frozenset({"fp8_weight_cast", "fp8_grouped_weight_cast", "fp8_weight_transpose"})
+ONCE_PER_STEP = frozenset({"fp8_weight_cast", "fp8_grouped_weight_cast", "fp8_weight_transpose", "fp8_weight_quantize"})
 
 
 def _fmt(grad: bool) -> torch.dtype:
@@ -88,6 +90,15 @@ def fp8_transpose(q: Tensor) -> Tensor:
 
 
 fp8_transpose.register_fake(lambda q: q.new_empty(_t_shape(q)))
+
+
+@torch.library.custom_op("echo_plan::fp8_weight_quantize", mutates_args=())
+def fp8_weight_quantize(w: Tensor, scale: Tensor) -> Tensor:
+    """A weight in e4m3 at a per-tensor scale, once per step (no transpose: the GEMMs take any layout)."""
+    return _quantize(w, scale, False)
+
+
+fp8_weight_quantize.register_fake(lambda w, scale: w.new_empty(w.shape, dtype=E4M3))
 
 
 @torch.library.custom_op("echo_plan::fp8_weight_transpose", mutates_args=())

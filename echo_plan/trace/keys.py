@@ -21,10 +21,10 @@ from echo_plan.specs.plan import validate_cp
 TRACED_MODULES = (
     "block.py", "attention.py", "kernels.py", "overlap.py", "layers.py", "parallel.py", "stages.py", "fake_pg.py",
     "capture.py", "recorder.py", "opinfo.py", "modtrack.py", "records.py", "moe.py", "mla.py", "moe_kernels.py",
-    "fp8.py", "fp8_kernels.py", "fused_elementwise.py",
+    "fp8.py", "fp8_kernels.py", "quant_state.py", "mx_kernels.py", "fused_elementwise.py",
     "context_parallel.py", "linears.py",
 )
-TRACE_DTYPES = (DType.BF16, DType.FP16, DType.FP8)
+TRACE_DTYPES = (DType.BF16, DType.FP16, DType.FP8, DType.FP4)
 
 
 def code_version() -> str:
@@ -109,8 +109,8 @@ def make_key(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: 
         raise SpecError("micro_batch_size", micro_batch_size, "must be a positive integer")
     dtype = DType(dtype)
     if dtype not in TRACE_DTYPES:
-        raise SpecError("dtype", dtype.value, "traces use bf16 or fp16 activations and weights (fp8: bf16 with FP8 "
-                        "GEMMs)")
+        raise SpecError("dtype", dtype.value, "traces use bf16 or fp16 activations and weights (fp8, fp4: bf16 with "
+                        "FP8 or NVFP4 GEMMs)")
     sp = bool(sequence_parallel and tp > 1)  # Megatron-LM ignores sequence parallelism at tp 1
     if stage is not StageKind.BLOCK:  # Megatron-LM recomputes transformer layers only
         recompute = Recompute.NONE

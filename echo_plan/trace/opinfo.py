@@ -17,7 +17,7 @@ from echo_plan.trace.records import CollectiveKind, OpKind
 aten = torch.ops.aten
 
 _GEMM = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_scaled_mm", "_scaled_grouped_mm",
-         "convolution"}
+         "convolution", "nvfp4_scaled_mm"}
 _ATTENTION_PREFIXES = ("_scaled_dot_product_", "_flash_attention_", "_efficient_attention_", "flash_attention")
 _NORM = {"native_layer_norm", "native_layer_norm_backward", "rms_norm", "rms_norm_backward",
          "_fused_rms_norm", "_fused_rms_norm_backward", "native_group_norm", "native_group_norm_backward"}
@@ -29,7 +29,9 @@ _FUSED_ELEMENTWISE = {"bias_gelu", "bias_gelu_backward", "swiglu", "swiglu_backw
                       "attn_out_correction", "dropout_backward", "rope", "rope_backward", "native_dropout", "native_dropout_backward",
                       # Transformer Engine's FP8 casts (trace/fp8_kernels.py): bandwidth-bound
                       "fp8_cast", "fp8_cast_transpose", "fp8_transpose", "fp8_block_cast", "fp8_block_dequant", "fp8_weight_cast",
-                      "fp8_grouped_weight_cast", "fp8_weight_transpose"}
+                      "fp8_grouped_weight_cast", "fp8_weight_transpose", "fp8_weight_quantize",
+                      # Blackwell's MXFP8 and NVFP4 quantizers (trace/mx_kernels.py)
+                      "mx_cast", "mx_weight_cast", "nvfp4_cast", "nvfp4_weight_cast", "nvfp4_weight_transpose"}
 _EMBEDDING = {"embedding", "embedding_dense_backward", "index_select", "index_add", "index_add_",
               "gather", "scatter_add", "scatter_add_", "index", "index_put", "index_put_", "_index_put_impl_",
               "moe_permute", "moe_permute_backward", "moe_unpermute", "moe_unpermute_backward", "moe_unpermute_sum"}  # trace/moe_kernels.py
@@ -43,7 +45,8 @@ _FILL = {"zeros_like", "ones_like", "full_like", "zeros", "ones", "full", "fill_
          "new_ones", "new_full", "arange", "scalar_tensor"}
 _GATHERS = {"index", "gather", "index_select"}
 _SCATTERS = {"index_put_", "_index_put_impl_", "scatter_add_", "index_add_"}
-_REDUCTION = {"nll_loss_forward", "nll_loss_backward", "amax", "amin", "sum", "mean", "var_mean", "norm", "fp8_amax"}
+_REDUCTION = {"nll_loss_forward", "nll_loss_backward", "amax", "amin", "sum", "mean", "var_mean", "norm", "fp8_amax",
+              "nvfp4_amax"}
 
 # torch's CPU flash-attention ops compute what the CUDA ones do; the registry only names the latter.
 _FLOP_ALIASES = {

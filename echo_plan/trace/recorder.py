@@ -14,11 +14,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from echo_plan.trace.fp8_kernels import ONCE_PER_STEP
+from echo_plan.trace.fp8_kernels import ONCE_PER_STEP as FP8_ONCE_PER_STEP
+from echo_plan.trace.mx_kernels import ONCE_PER_STEP as MX_ONCE_PER_STEP
 from echo_plan.trace.opinfo import base_name, collective_kind, op_bytes, op_flops, op_kind
 from echo_plan.trace.records import (
     CollectiveInfo, CommGroup, CollectiveKind, GroupKind, OpKind, OpRecord, Phase, Stream, TensorMeta,
 )
+
+ONCE_PER_STEP = FP8_ONCE_PER_STEP | MX_ONCE_PER_STEP  # weight casts: the step phase, not every micro-batch
 
 def _meta(t: torch.Tensor) -> TensorMeta:
     return TensorMeta(tuple(int(d) for d in t.shape), str(t.dtype).removeprefix("torch."))

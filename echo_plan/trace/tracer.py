@@ -51,8 +51,8 @@ def trace_stage(model: ModelSpec, stage: StageKind, *, tp: int, sequence_paralle
     if kind.moe and layout is None:
         layout = ExpertLayout(etp=tp)
     software = stack.trace_signature()
-    if DType(dtype) is DType.FP8:  # the FP8 recipe changes an fp8 trace's casts, GEMM scales and weight copies
-        software += ";" + stack.fp8_signature()
+    if DType(dtype).low_precision:  # the recipe changes a low-precision trace's casts, GEMM scales and weight copies
+        software += ";" + stack.precision_signature(dtype)
     key = make_key(model, StageKind(stage), tp=tp, sequence_parallel=sequence_parallel,
                    micro_batch_size=micro_batch_size, dtype=dtype, recompute=recompute,
                    version=code_version(), software=software, kind=kind, layout=layout, cp=cp)

@@ -279,7 +279,7 @@ def _plan_fields(rec: dict[str, str], path: Path, line: int, model: Any = None) 
     fields: dict[str, Any] = {
         "tp": tp, "pp": pp, "dp": gpus // (tp * pp * cp) if tp * pp * cp else 0, "micro_batch_size": _num(rec, "mbs", path, line),
         "global_batch_size": _num(rec, "gbs", path, line), "virtual_stages": vpp,
-        "recompute": rec.get("recompute") or "none", "dtype": rec.get("precision") or "bf16",
+        "recompute": rec.get("recompute") or "none", "dtype": row_dtype(rec.get("precision") or "bf16"),
     }
     for col in ("ep", "etp", "cp"):
         if rec.get(col):
@@ -309,13 +309,26 @@ def _plan_fields(rec: dict[str, str], path: Path, line: int, model: Any = None) 
     return fields
 
 
+# A precision column names the plan's dtype, or a Blackwell recipe: mxfp8 is fp8 with the MXFP8 recipe (the
+# stack's fp8_recipe), nvfp4 is fp4 (Transformer Engine's NVFP4BlockScaling, the one FP4 training recipe).
+RECIPE_PRECISIONS = {"mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", None)}
+
+
+def row_dtype(precision: str) -> str:
+    """The plan dtype of a precision column value."""
+    return RECIPE_PRECISIONS.get(precision.lower(), (precision, None))[0]
+
+
 def _stack_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
     """The row's own software settings, on top of the suite's stack."""
     out: dict[str, Any] = {}
+    recipe = RECIPE_PRECISIONS.get((rec.get("precision") or "").lower(), (None, None))[1]
+    if recipe is not None:
+        out["fp8_recipe"] = recipe
     if rec.get("dropout"):
         p = _num(rec, "dropout", path, line, float)
         out.update(hidden_dropout=p, attention_dropout=p)
-    for col in ("tp_comm_overlap", "torch_compile", "fp8_param_gather"):
+    for col in ("tp_comm_overlap", "torch_compile", "fp8_param_gather", "fp4_param_gather"):
         if rec.get(col):
             out[col] = _bool(rec[col], col, path, line)
     grad = (rec.get("grad_sync_dtype") or "").lower()

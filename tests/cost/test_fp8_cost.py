@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
 from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
 from echo_plan.cost.kernel_db import compute_model_for
-from echo_plan.cost.memory import FP8_COPY_BYTES, estimate_memory, fp8_weight_bytes
+from echo_plan.cost.memory import estimate_memory, fp8_weight_bytes
+from echo_plan.cost.weight_copies import quantized_copy_bytes
 from echo_plan.errors import SpecError
 from echo_plan.specs import DType, PlanSpec, load_cluster, load_model, load_stack, validate_plan
 from echo_plan.trace.records import OpKind, OpRecord, Phase, Stream, TensorMeta
@@ -99,7 +100,8 @@ def test_fp8_weight_copies_in_memory():
     per_layer = -(-model.params_per_layer // 8)
     for b, f, g in zip(bf16, fp8, fp8_pg):
         extra = f.weights_bytes - b.weights_bytes
-        assert extra == pytest.approx(FP8_COPY_BYTES * layers * per_layer, rel=0.01)  # FP8 weight + transpose
+        copies = quantized_copy_bytes(DType.FP8, stack.on_gpu(H100.gpu.sm_arch))
+        assert copies == 2 and extra == pytest.approx(copies * layers * per_layer, rel=0.01)  # FP8 weight + transpose
         assert g.weights_bytes == pytest.approx(b.weights_bytes, rel=1e-6)  # FP8 weights replace the bf16 ones
         assert (f.optimizer_bytes, f.gradients_bytes) == (b.optimizer_bytes, b.gradients_bytes)
     assert fp8_weight_bytes(model, _plan("bf16"), stack, 0, 2.0) == 0.0
@@ -114,5 +116,5 @@ def test_fp8_plans_keep_bf16_weights_and_need_fp8_tensor_cores():
         validate_plan(plan, load_model("llama3-70b"), a100)
     assert err.value.field == "dtype" and "\n" not in str(err.value)
     validate_plan(plan, load_model("llama3-70b"), H100.resized(gpus=64))  # Hopper has them
-    with pytest.raises(ValueError, match="bf16, fp16 or fp8"):
+    with pytest.raises(ValueError, match="bf16, fp16, fp8 or fp4"):
         PlanSpec(dtype="fp32")

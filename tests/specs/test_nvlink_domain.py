@@ -10,7 +10,10 @@ from echo_plan.specs import PlanSpec, load_cluster, load_model
 from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
 
 BLACKWELL = ("b200", "b300", "gb200-nvl72", "gb300-nvl72")
-FP8_FITTED = ("b200", "gb200-nvl72")  # recipe fp8-blackwell: the FP8 GEMM rate fitted on named GB200 runs
+# recipe fp8-blackwell fits the B200 die's FP8, MXFP8 and NVFP4 rates on named GB200 runs; fp8-blackwell-ultra
+# the Blackwell Ultra die's (B300, GB300) on named GB300 runs
+FITTED_ON = {"b200": "megatron_bridge_gb200", "gb200-nvl72": "megatron_bridge_gb200",
+             "b300": "megatron_bridge_gb300", "gb300-nvl72": "megatron_bridge_gb300"}
 
 
 @pytest.mark.parametrize("name, hbm, per_server, domain", [
@@ -19,15 +22,17 @@ def test_presets_have_their_memory_servers_and_domains(name, hbm, per_server, do
     c = load_cluster(name)
     assert c.gpu.hbm_GiB == hbm and c.gpus_per_node == per_server and c.domain_gpus == domain
     assert c.sources and "hardware.md" in c.sources[0]
-    # the H100's compute figures as a prior across generations, not its ranges (errors of H100 runs); the B200
-    # die's FP8 rate fitted on Blackwell runs, and its ranges from those runs predicted without their suite
+    # the H100's compute figures as a prior across generations, not its ranges (errors of H100 runs); each die's
+    # low-precision GEMM rates fitted on two named runs per precision, its ranges from its runs predicted without
+    # their suite
     assert "another GPU generation" in c.calibration["from"]
-    if name in FP8_FITTED:
-        assert c.calibration["compute"]["fitted_on"] == {"megatron_bridge_gb200": [
-            "llama3-8b fp8 8 GPUs", "llama3-405b fp8 256 GPUs tp4 pp16 mbs1 gbs1536 (Megatron-Bridge 26.04)"]}
-        assert "megatron_bridge_b200" in c.calibration["ranges"]["by_stack"]["megatron-core"]["source"]
-    else:
-        assert "ranges" not in c.calibration
+    compute, suite = c.calibration["compute"], FITTED_ON[name]
+    rows = compute["fitted_on"][suite]
+    assert list(compute["fitted_on"]) == [suite] and len(rows) == 6
+    assert {r.split()[1] for r in rows} == {"fp8", "mxfp8", "nvfp4"}
+    for figure in ("fp8_gemm_efficiency_scale", "mxfp8_gemm_efficiency_scale", "fp4_gemm_efficiency_scale"):
+        assert 0.5 < compute[figure] < 1.5
+    assert suite in c.calibration["ranges"]["by_stack"]["megatron-core"]["source"]
 
 
 def test_the_domain_is_whole_servers_and_one_server_by_default():
@@ -97,8 +102,6 @@ def test_simulate_says_the_blackwell_figures_are_a_prior(name):
     text = " ".join(result.notes)
     assert "inherited from dgx-h100" in text and "another GPU generation" in text
     assert "no measured GEMM and attention efficiencies" in text
-    if name in FP8_FITTED:  # ranges from the Blackwell runs predicted without their suite
-        assert "leave-one-suite-out" in result.range_basis and "megatron_bridge_gb200" in result.range_basis
-    else:
-        assert "no validation rows for this GPU" in result.range_basis  # the wide range of an uncalibrated GPU
+    # ranges from the Blackwell runs of the same die, predicted without their suite
+    assert "leave-one-suite-out" in result.range_basis and FITTED_ON[name] in result.range_basis
     assert result.fits and result.step_time_range_s[0] < result.step_time_s < result.step_time_range_s[1]

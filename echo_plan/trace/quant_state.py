@@ -1,0 +1,231 @@
+"""One traced stage's low-precision recipe: which casts a linear layer's GEMMs need, in which layouts.
+
+Transformer Engine quantises the two operands of each of a linear's three GEMMs (forward: input x weight;
+input gradient: output gradient x weight; weight gradient: output gradient x input, contracted over the
+tokens). How it does so is the recipe's, and the GPU's:
+
+* per-tensor FP8 (``delayed``, ``current``): one scale per tensor. Hopper's FP8 tensor cores take only the
+  TN layout, so TE keeps FP8 transposes (a weight's, once per step; a gradient's, written beside it by a
+  cast-transpose; a saved input's, made in backward); on sm100 and newer the GEMMs take any layout and no
+  transpose exists (TE ``nvte_is_non_tn_fp8_gemm_supported``; the stack's ``fp8_transposes``, which
+  simulate resolves from the GPU);
+* ``blockwise`` (DeepSeek-V3): 1 x 128 tiles of activations and gradients, 128 x 128 weight blocks, the
+  weight-gradient operands quantised along the other direction (traced as transposes);
+* ``mxfp8``: E4M3 in blocks of 32 along the contraction, E8M0 scales; a tensor read along both
+  directions is quantised twice from bf16, in one kernel (``mx_kernels``);
+* NVFP4 (plan dtype fp4): E2M1 in blocks of 16 with E4M3 scales and a per-tensor fp32 scale (an amax pass
+  first), 16 x 16 weight blocks, the weight-gradient operands Hadamard-transformed (``mx_kernels``).
+
+``cast`` returns the rowwise copy (the forward and input-gradient GEMMs' operand) and, when asked, the
+columnwise one (the weight-gradient GEMM's); ``weight`` a weight's forward and input-gradient operands;
+``wgrad_operands`` the weight-gradient GEMM's two operands; ``gemm`` runs one GEMM in TN form.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from echo_plan.specs.software import Fp8Recipe
+from echo_plan.trace import fp8_kernels as fk
+from echo_plan.trace import mx_kernels as mk
+from echo_plan.trace import parallel
+from echo_plan.trace.fake_pg import TPGroup
+
+Tensor = torch.Tensor
+
+
+class SavedMeter(Protocol):
+    """What low-precision linears need of the saved-activation count (``capture.SavedBytesMeter``)."""
+
+    def holds(self, t: Tensor) -> bool: ...
+
+    def discard(self, t: Tensor) -> None: ...
+
+
+class Fp8State:
+    """One traced stage's FP8 or NVFP4 recipe and the weight copies made on its first micro-batch.
+
+    ``recipe``: the FP8 recipe, or None for NVFP4 (plan dtype fp4). ``param_gather``: the weights are kept in
+    the low precision by the optimizer (``fp8_param_gather`` / ``fp4_param_gather``). ``transposes``: per-tensor
+    FP8 keeps FP8 transposes (the TN-only GEMMs of Hopper)."""
+
+    def __init__(self, recipe: Fp8Recipe | None, param_gather: bool, save_original: bool = False,
+                 meter: SavedMeter | None = None, transposes: bool = True) -> None:
+        self.recipe = None if recipe is None else Fp8Recipe(recipe)
+        self.param_gather = bool(param_gather)
+        self.transposes = bool(transposes) or self.recipe is Fp8Recipe.BLOCKWISE
+        self._weights: dict[tuple, tuple[Tensor, ...]] = {}  # (storage, offset, shape, grouped) -> (w, operands)
+        self.keeps_originals = bool(save_original)  # the stack's fp8_save_original_input
+        self._meter = meter  # the saved-activation count (capture.SavedBytesMeter)
+        self._originals: dict[int, bool] = {}  # storage -> whether its bytes are already counted elsewhere
+        self._quantized: set[int] = set()  # storages standing for rows that arrived in FP8
+
+    # -- what the recipe is -----------------------------------------------------------------------------------
+
+    @property
+    def nvfp4(self) -> bool:
+        return self.recipe is None
+
+    @property
+    def mx(self) -> bool:
+        return self.recipe is Fp8Recipe.MXFP8
+
+    @property
+    def delayed(self) -> bool:
+        return self.recipe is Fp8Recipe.DELAYED
+
+    @property
+    def blockwise(self) -> bool:
+        return self.recipe is Fp8Recipe.BLOCKWISE
+
+    @property
+    def block_scaled(self) -> bool:
+        """MXFP8 or NVFP4: each direction of a tensor is its own quantised copy, made in forward."""
+        return self.mx or self.nvfp4
+
+    @property
+    def input_columnwise(self) -> bool:
+        """The forward cast also writes the input's weight-gradient copy (saved instead of the rowwise one)."""
+        return self.block_scaled
+
+    # -- saved originals and arrived rows (unchanged by the recipe) ---------------------------------------------
+
+    def keep_original(self, t: Tensor, counted_elsewhere: bool = False) -> None:
+        """A linear that reads ``t`` saves ``t`` itself for backward, not its quantised copy, and casts it again
+        there (Megatron-Core's ``set_save_original_input``; only with the stack's ``fp8_save_original_input``).
+        ``counted_elsewhere``: the same data is already saved by another op in the framework (the attention
+        core's output, laid out here by a copy), so the linear's saved input adds no bytes."""
+        if self.keeps_originals:
+            self._originals[t.untyped_storage()._cdata] = counted_elsewhere
+
+    def arrived_quantized(self, x: Tensor) -> None:
+        """``x`` stands for rows that arrived in FP8 with their scales (an FP8 dispatch): a linear reading it
+        takes them as they are, with no cast of its own."""
+        self._quantized.add(x.untyped_storage()._cdata)
+
+    def keeps_original(self, x: Tensor) -> bool:
+        return x.untyped_storage()._cdata in self._originals
+
+    def save_original(self, ctx, x: Tensor) -> None:
+        """Save ``x`` for a linear's backward; a copy of data counted elsewhere adds no bytes (the same storage
+        is counted once anyway)."""
+        copy = (self._originals.get(x.untyped_storage()._cdata, False) and self._meter is not None
+                and not self._meter.holds(x))
+        ctx.save_for_backward(x)
+        if copy:
+            self._meter.discard(x)
+
+    def input_cast(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(FP8 input, its scales) of a grouped linear's forward: cast now, or as it arrived
+        (``arrived_quantized``)."""
+        if x.untyped_storage()._cdata not in self._quantized:
+            q, _, sx, _ = self.cast(x, False)
+            return q, sx
+        tiles = (*x.shape[:-1], -(-x.shape[-1] // fk.BLOCK)) if self.blockwise else ()
+        return x.new_empty(x.shape, dtype=fk.E4M3), x.new_empty(tiles, dtype=torch.float32)
+
+    # -- weights ----------------------------------------------------------------------------------------------
+
+    def weight(self, w: Tensor, grouped: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """A weight's (forward operand [N, K], input-gradient operand as [K, N], scales), cast once per step and
+        reused (by recomputation too). ``w`` is [N, K] (y = x w^T); ``grouped``: experts' [E, K, N]
+        (y = x @ w[e]), giving (w^T [E, N, K], w [E, K, N], scales)."""
+        key = (w.untyped_storage()._cdata, w.storage_offset(), tuple(w.shape), grouped)
+        hit = self._weights.get(key)
+        if hit is not None:
+            return hit[1], hit[2], hit[3]
+        if self.block_scaled and not grouped:
+            out = self._block_scaled_weight(w)
+        elif not self.transposes and not grouped:
+            out = self._weight_no_transpose(w)
+        else:
+            out = self._weight_with_transpose(w, grouped)
+        self._weights[key] = (w, *out)  # holds w, so its storage (the key) stays its own
+        return out
+
+    def _block_scaled_weight(self, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if self.mx:  # quantised after every step's update (with fp8_param_gather: from the gathered bf16 values)
+            row, s, col, _ = mk.mx_weight_cast(w.detach())
+            return row, col.t(), s
+        if self.param_gather:  # NVFP4 parameters: the optimizer writes the rowwise copy; its transpose is new
+            row = w.new_empty((w.shape[0], -(-w.shape[1] // 2)), dtype=mk.FP4)
+            s = w.new_empty((w.shape[0], -(-w.shape[1] // mk.NV_BLOCK)), dtype=mk.E4M3)
+            col, _ = mk.nvfp4_weight_transpose(row, s, w.shape[0])
+            return row, col.t(), s
+        row, s, col, _ = mk.nvfp4_weight_cast(w.detach())
+        return row, col.t(), s
+
+    def _weight_no_transpose(self, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-tensor FP8 on GPUs whose FP8 GEMMs take any layout: one FP8 copy serves both GEMMs."""
+        scale = w.new_empty((), dtype=torch.float32)
+        w8 = w.new_empty(tuple(w.shape), dtype=fk.E4M3) if self.param_gather else \
+            fk.fp8_weight_quantize(w.detach(), scale)
+        return w8, w8.t(), scale
+
+    def _weight_with_transpose(self, w: Tensor, grouped: bool) -> tuple[Tensor, Tensor, Tensor]:
+        scale = w.new_empty((), dtype=torch.float32)
+        if self.param_gather:  # the parameter is stored in FP8 by the optimizer: only its transpose is new
+            shape = (w.shape[0], w.shape[2], w.shape[1]) if grouped else tuple(w.shape)
+            w8 = w.new_empty(shape, dtype=fk.E4M3)
+            blocks = -(-shape[-2] // fk.BLOCK) * -(-shape[-1] // fk.BLOCK) if self.blockwise else 1
+            return (w8, fk.fp8_weight_transpose(w8), w.new_empty((w.shape[0], blocks) if grouped else
+                                                                 ((blocks,) if self.blockwise else ()),
+                                                                 dtype=torch.float32))
+        if grouped:
+            return fk.fp8_grouped_weight_cast(w.detach(), scale, self.blockwise)
+        return fk.fp8_weight_cast(w.detach(), scale, self.blockwise)
+
+    # -- activations and gradients ----------------------------------------------------------------------------
+
+    def cast(self, x2: Tensor, grad: bool, amax_group: TPGroup | None = None,
+             transpose: bool = False) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+        """(rowwise q, the weight-gradient copy or None, scales of q, of that copy) of a 2-D bf16 tensor.
+        ``transpose``: also make the weight-gradient GEMM's copy (Hopper per-tensor: the transpose; without
+        transposes the rowwise data serves, so it is returned again). ``amax_group``: the tensor is gathered over
+        it next (one per-tensor scale for the group)."""
+        if self.mx:
+            q, s, qc, sc = mk.mx_cast(x2, True, transpose)
+            return q, (qc if transpose else None), s, (sc if transpose else None)
+        if self.nvfp4:
+            amax, amax_col = mk.nvfp4_amax(x2, transpose)
+            if amax_group is not None:
+                amax = parallel.all_reduce(amax, amax_group, op="max")
+            q, s, qc, sc = mk.nvfp4_cast(x2, amax, amax_col, True, transpose, True)
+            return q, (qc if transpose else None), s, (sc if transpose else None)
+        if self.blockwise:
+            q, s, qt, st = fk.fp8_block_cast(x2, grad, transpose)
+            return q, (qt if transpose else None), s, (st if transpose else None)
+        scale = x2.new_empty((), dtype=torch.float32)  # delayed: from the amax history (no kernel now)
+        if self.recipe is Fp8Recipe.CURRENT:
+            scale = fk.fp8_amax(x2)
+            if amax_group is not None:
+                scale = parallel.all_reduce(scale, amax_group, op="max")
+        if transpose and self.transposes:
+            q, qt, _ = fk.fp8_cast_transpose(x2, scale, grad)
+            return q, qt, scale, scale
+        q, _ = fk.fp8_cast(x2, scale, grad)
+        return q, (q if transpose else None), scale, (scale if transpose else None)
+
+    def wgrad_operands(self, g_col: Tensor, x_saved: Tensor) -> tuple[Tensor, Tensor]:
+        """The weight-gradient GEMM's (a [N, T], b_t [K, T]) from the gradient's weight-gradient copy and the
+        saved (gathered) input: transposes made where the GEMM takes only TN, else views of the copies."""
+        if self.transposes and not self.block_scaled:
+            return g_col, fk.fp8_transpose(x_saved)
+        return g_col.t(), x_saved.t()
+
+    def gemm(self, a: Tensor, b_t: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Tensor | None = None,
+             out_dtype: torch.dtype = torch.bfloat16, weight: bool = False) -> Tensor:
+        """a @ b_t^T on the recipe's tensor cores, output ``out_dtype``. Blockwise: ``a`` in 1 x 128 tiles along
+        K, ``b_t`` in 128 x 128 blocks (``weight``) or 1 x 128 tiles; the scale tensors of those shapes stand
+        for the ones the quantizer wrote. NVFP4: both operands packed along K."""
+        if self.nvfp4:
+            out = mk.nvfp4_scaled_mm(a, b_t.t(), scale_a, scale_b, out_dtype)
+            return out if bias is None else out + bias
+        if self.blockwise:
+            (m, k), n = a.shape, b_t.shape[0]
+            kb = -(-k // fk.BLOCK)
+            scale_a = a.new_empty((m, kb), dtype=torch.float32)
+            scale_b = a.new_empty((kb, -(-n // fk.BLOCK) if weight else n), dtype=torch.float32)
+        return torch._scaled_mm(a, b_t.t(), scale_a, scale_b, bias=bias, out_dtype=out_dtype)

@@ -1,0 +1,120 @@
+"""Blackwell's precisions in the kernel model and in memory: MXFP8 and NVFP4 GEMMs, weight copies, precision rules."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
+from echo_plan.cost.compute import AnalyticalComputeModel, Scaling, gemm_dims, gemm_scaling, load_compute_constants
+from echo_plan.cost.memory import estimate_memory
+from echo_plan.cost.weight_copies import layer_gather_bytes, layer_weight_extra_bytes, quantized_copy_bytes
+from echo_plan.errors import SpecError
+from echo_plan.specs import DType, PlanSpec, load_cluster, load_model, load_stack, validate_plan
+from echo_plan.specs.software import check_precision
+from echo_plan.trace.records import OpKind, OpRecord, Phase, Stream, TensorMeta
+
+GB200 = load_cluster("gb200-nvl72")
+H100 = load_cluster("dgx-h100")
+PLAIN = AnalyticalComputeModel()
+
+
+def gemm(m: int, k: int, n: int, kind: str) -> OpRecord:
+    """y[m, n] = a[m, k] @ b[k, n] as the tracer records it in each precision."""
+    out = (TensorMeta((m, n), "bfloat16"),)
+    if kind == "bf16":
+        ins = (TensorMeta((m, k), "bfloat16"), TensorMeta((k, n), "bfloat16"))
+        return OpRecord(0, "aten.mm.default", OpKind.GEMM, Phase.FORWARD, Stream.COMPUTE, ins, out,
+                        2.0 * m * n * k, 2 * (m * k + k * n), 2 * m * n, ())
+    if kind == "nvfp4":
+        ins = (TensorMeta((m, k // 2), "float4_e2m1fn_x2"), TensorMeta((k // 2, n), "float4_e2m1fn_x2"),
+               TensorMeta((m, k // 16), "float8_e4m3fn"), TensorMeta((n, k // 16), "float8_e4m3fn"))
+        return OpRecord(0, "echo_plan.nvfp4_scaled_mm.default", OpKind.GEMM, Phase.FORWARD, Stream.COMPUTE, ins, out,
+                        2.0 * m * n * k, (m * k + k * n) // 2, 2 * m * n, ())
+    scales = ((TensorMeta((m, k // 32), "float8_e8m0fnu"), TensorMeta((n, k // 32), "float8_e8m0fnu"))
+              if kind == "mxfp8" else (TensorMeta((), "float32"),) * 2)
+    ins = (TensorMeta((m, k), "float8_e4m3fn"), TensorMeta((k, n), "float8_e4m3fn")) + scales
+    return OpRecord(0, "aten._scaled_mm.default", OpKind.GEMM, Phase.FORWARD, Stream.COMPUTE, ins, out,
+                    2.0 * m * n * k, m * k + k * n, 2 * m * n, ())
+
+
+SIZES = st.sampled_from([256, 1024, 2048, 4096, 8192, 16384, 28672])
+
+
+def test_the_gemm_reads_its_scaling_and_unpacks_fp4_depth():
+    assert gemm_scaling(gemm(1024, 2048, 512, "nvfp4")) is Scaling.NVFP4
+    assert gemm_scaling(gemm(1024, 2048, 512, "mxfp8")) is Scaling.MX
+    assert gemm_scaling(gemm(1024, 2048, 512, "fp8")) is Scaling.TENSOR
+    assert gemm_dims(gemm(1024, 2048, 512, "nvfp4")) == (1, 1024, 512, 2048)  # K of the values, not of the bytes
+
+
+@settings(max_examples=100, deadline=None)
+@given(m=SIZES, k=SIZES, n=SIZES)
+def test_fewer_bits_never_slow_a_gemm_on_blackwell(m, k, n):
+    times = {kind: PLAIN.op_time(gemm(m, k, n, kind), GB200.gpu, DType.BF16) for kind in ("bf16", "fp8", "nvfp4")}
+    assert times["nvfp4"] <= times["fp8"] * (1 + 1e-12) and times["fp8"] <= times["bf16"] * (1 + 1e-12)
+
+
+def test_nvfp4_runs_at_the_fp4_peak_and_more_peak_never_slows_it():
+    big = gemm(16384, 16384, 16384, "nvfp4")
+    est = PLAIN.estimate(big, GB200.gpu, DType.FP4)
+    achieved = big.flops / est.time_s / 1e12
+    assert 0.5 * GB200.gpu.peak_fp4_tflops < achieved < GB200.gpu.peak_fp4_tflops
+    faster = GB200.gpu.replace(peak_fp4_tflops=2 * GB200.gpu.peak_fp4_tflops)
+    assert PLAIN.op_time(big, faster, DType.FP4) < PLAIN.op_time(big, GB200.gpu, DType.FP4)
+
+
+def test_each_precision_figure_touches_its_own_gemms_only():
+    ops = {kind: gemm(8192, 8192, 8192, kind) for kind in ("bf16", "fp8", "mxfp8", "nvfp4")}
+    consts = load_compute_constants()
+    for figure, touched in (("mxfp8_gemm_efficiency_scale", {"mxfp8"}), ("fp4_gemm_efficiency_scale", {"nvfp4"})):
+        scaled = AnalyticalComputeModel(calibrated_constants(ComputeCalibration(**{figure: 0.7}), consts))
+        for kind, op in ops.items():
+            slower = scaled.op_time(op, GB200.gpu, DType.BF16) > PLAIN.op_time(op, GB200.gpu, DType.BF16) * (1 + 1e-9)
+            assert slower == (kind in touched), (figure, kind)
+
+
+def test_weight_copies_by_recipe():
+    stack = load_stack(None, {"fp8_param_gather": False})
+    hopper, blackwell = stack.on_gpu(90), stack.on_gpu(100)
+    assert quantized_copy_bytes(DType.BF16, hopper) == 0.0
+    assert quantized_copy_bytes(DType.FP8, hopper) == 2.0  # the FP8 weight and its transpose
+    assert quantized_copy_bytes(DType.FP8, blackwell) == 1.0  # no transpose: the GEMMs take any layout
+    mx = blackwell.replace(fp8_recipe="mxfp8")
+    assert quantized_copy_bytes(DType.FP8, mx) == pytest.approx(2 * (1 + 1 / 32))  # two copies with E8M0 scales
+    assert quantized_copy_bytes(DType.FP4, blackwell) == pytest.approx(2 * (0.5 + 1 / 16))
+    for dtype, st_ in ((DType.FP8, blackwell), (DType.FP8, mx), (DType.FP4, blackwell)):
+        kept = st_.replace(fp8_param_gather=True, fp4_param_gather=True)  # the copies replace the bf16 weight
+        assert layer_weight_extra_bytes(dtype, kept, 2.0) == pytest.approx(quantized_copy_bytes(dtype, st_) - 2.0)
+        assert layer_weight_extra_bytes(dtype, st_, 2.0) == quantized_copy_bytes(dtype, st_)
+    kept = blackwell.replace(fp8_param_gather=True, fp4_param_gather=True)
+    assert layer_gather_bytes(DType.FP8, kept) == 1.0 and layer_gather_bytes(DType.FP4, kept) == 0.5
+    assert layer_gather_bytes(DType.FP8, kept.replace(fp8_recipe="mxfp8")) == 2.0  # bf16 through the grad buffer
+    assert layer_gather_bytes(DType.FP8, blackwell) == 2.0
+
+
+def test_blackwell_fp8_keeps_fewer_weight_bytes_than_hopper():
+    model = load_model("llama3-70b")
+    plan = PlanSpec(tp=2, pp=4, dp=8, virtual_stages=5, micro_batch_size=1, global_batch_size=256,
+                    sequence_parallel=True, distributed_optimizer=True, dtype="fp8")
+    stack = load_stack(None, {"fp8_recipe": "current", "fp8_param_gather": False})
+    hopper = estimate_memory(model, plan, H100.resized(gpus=64), stack)
+    blackwell = estimate_memory(model, plan, GB200.resized(gpus=64), stack)
+    assert all(b.weights_bytes < h.weights_bytes for b, h in zip(blackwell, hopper))
+
+
+def test_precisions_need_their_tensor_cores_one_line_each():
+    model, plan = load_model("llama3-8b"), PlanSpec(dp=8, global_batch_size=8, dtype="fp4")
+    with pytest.raises(SpecError, match="NVFP4 starts with sm100") as err:
+        validate_plan(plan, model, H100.resized(gpus=8))
+    assert err.value.field == "dtype" and H100.gpu.name in str(err.value) and "\n" not in str(err.value)
+    validate_plan(plan, model, GB200.resized(gpus=8))
+    mx = load_stack(None, {"fp8_recipe": "mxfp8"})
+    with pytest.raises(SpecError, match="MXFP8 needs block-scaled") as err:
+        check_precision(mx, DType.FP8, H100.gpu)
+    assert err.value.field == "fp8_recipe" and "\n" not in str(err.value)
+    check_precision(mx, DType.FP8, GB200.gpu)
+    with pytest.raises(SpecError, match="experts' grouped"):
+        check_precision(mx, DType.FP8, GB200.gpu, moe=True)  # not modelled yet: said, not guessed
+    check_precision(mx.replace(fp8_recipe="current"), DType.FP8, GB200.gpu, moe=True)
