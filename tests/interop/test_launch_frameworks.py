@@ -40,6 +40,31 @@ def _sample(every: int = 7):
 
 
 def test_megatron_core_config_classes_accept_every_exported_plan(monkeypatch):
+    assert _mcore_accepts(_sample(), monkeypatch) > 20
+
+
+def _blackwell_sample():
+    """Llama 3 70B as Megatron-Bridge's GB200 recipes run it, in MXFP8 and NVFP4 (with and without NVFP4
+    parameters), and the 405B's split with empty end chunks."""
+    model, cluster = load_model("llama3-70b"), load_cluster("gb200-nvl72", gpus=64)
+    for dtype, stack in (("fp8", STACK.replace(fp8_recipe="mxfp8", fp8_param_gather=True)),
+                         ("fp4", STACK.replace(fp4_param_gather=True)), ("fp4", STACK.replace(tp_comm_overlap=False))):
+        plan = PlanSpec(tp=2, pp=4, dp=8, virtual_stages=5, global_batch_size=256, sequence_parallel=True,
+                        distributed_optimizer=True, dtype=dtype)
+        yield f"llama3-70b {dtype}", model, cluster, plan, stack
+    big = load_model("llama3-405b")
+    plan = PlanSpec(tp=4, pp=16, dp=4, virtual_stages=8, global_batch_size=1536, sequence_parallel=True,
+                    distributed_optimizer=True, dtype="fp4", layer_split=(0,) + (1,) * 126 + (0,))
+    yield "llama3-405b fp4", big, load_cluster("gb200-nvl72", gpus=256), plan, STACK
+
+
+def test_megatron_core_config_classes_accept_blackwell_precisions(monkeypatch):
+    assert _mcore_accepts(_blackwell_sample(), monkeypatch) == 4
+
+
+def _mcore_accepts(samples, monkeypatch) -> int:
+    """How many of ``samples`` (name, model, cluster, plan, stack) Megatron-Core's config classes build from
+    their exported sections (a plan Megatron cannot run is skipped; a section a class refuses fails)."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[frameworks]')")
     import megatron.core.utils
     from packaging.version import Version
@@ -55,7 +80,7 @@ def test_megatron_core_config_classes_accept_every_exported_plan(monkeypatch):
         from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     checked = 0
-    for name, model, cluster, plan, stack in _sample():
+    for name, model, cluster, plan, stack in samples:
         try:
             sec = to_mcore(model, plan, stack, LaunchFormat.MEGATRON_LM)
         except CannotExpress:
@@ -77,7 +102,7 @@ def test_megatron_core_config_classes_accept_every_exported_plan(monkeypatch):
         opt = {k: v for k, v in sec["optimizer"].items() if k not in OPTIMIZER_NEEDS_TE}
         OptimizerConfig(bf16=m.get("bf16", False), **opt)
         checked += 1
-    assert checked > 20
+    return checked
 
 
 def test_torchtitan_parses_the_exported_toml(tmp_path):

@@ -37,7 +37,8 @@ POSITIONS = {PositionEmbedding.ROTARY: "rope", PositionEmbedding.LEARNED: "learn
              PositionEmbedding.NONE: "none"}
 ACTIVATIONS = {Activation.SWIGLU: "swiglu", Activation.GELU: "gelu", Activation.SQUARED_RELU: "squared_relu"}
 FP8_RECIPES = {Fp8Recipe.DELAYED: ("hybrid", "delayed"), Fp8Recipe.CURRENT: ("hybrid", "tensorwise"),
-               Fp8Recipe.BLOCKWISE: ("e4m3", "blockwise")}
+               Fp8Recipe.BLOCKWISE: ("e4m3", "blockwise"), Fp8Recipe.MXFP8: ("e4m3", "mxfp8")}
+FP4_FORMAT, FP4_RECIPE = "e2m1", "nvfp4"  # TransformerConfig fp4 / fp4_recipe: NVFP4, the one FP4 recipe modelled
 MCORE_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
 # Megatron-Core's recompute modules that echo-plan traces (its others, moe and shared_experts, it does not)
 RECOMPUTE_NAMES = {m.value for m in RecomputeModule}
@@ -226,6 +227,8 @@ def to_mcore(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchF
     if plan.dtype is DType.FP8:
         fmt8, recipe = FP8_RECIPES[stack.fp8_recipe]
         m.update(fp8=fmt8, fp8_recipe=recipe, fp8_param=stack.fp8_param_gather)
+    elif plan.dtype is DType.FP4:
+        m.update(fp4=FP4_FORMAT, fp4_recipe=FP4_RECIPE, fp4_param=stack.fp4_param_gather)
     m.update(attention_backend=_attention_backend(stack), hidden_dropout=stack.hidden_dropout,
              attention_dropout=stack.attention_dropout, gradient_accumulation_fusion=stack.gradient_accumulation_fusion,
              bias_activation_fusion=stack.fused_elementwise, bias_dropout_fusion=stack.fused_elementwise,
@@ -240,6 +243,10 @@ def to_mcore(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchF
            "overlap_param_gather": dist and plan.overlap_param_gather and stack.overlap_param_gather,
            "grad_reduce_in_fp32": grad_fp32}
     opt: dict[str, Any] = {"use_distributed_optimizer": dist}
+    if plan.dtype is DType.FP8 and stack.fp8_param_gather:
+        ddp["fp8_param_gather"] = True  # what --fp8-param-gather sets in DistributedDataParallelConfig too
+        if stack.fp8_recipe is Fp8Recipe.MXFP8:  # MXFP8 parameters are gathered through the gradient buffer
+            ddp["reuse_grad_buf_for_mxfp8_param_ag"] = opt["reuse_grad_buf_for_mxfp8_param_ag"] = True
     if stack.optimizer_state_bytes == 8.0:
         opt.update(use_precision_aware_optimizer=True, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16")
     train = {"micro_batch_size": plan.micro_batch_size, "global_batch_size": plan.global_batch_size}

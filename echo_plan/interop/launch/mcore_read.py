@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from echo_plan.errors import EchoPlanError
 from echo_plan.interop.launch.job import CannotImport, LaunchJob, canonical_plan
-from echo_plan.interop.launch.mcore import FP8_RECIPES, RECOMPUTE_NAMES, as_bool, as_int, model_from_mcore, parse_layout
+from echo_plan.interop.launch.mcore import FP4_FORMAT, FP4_RECIPE, FP8_RECIPES, RECOMPUTE_NAMES, as_bool, as_int, model_from_mcore, parse_layout
 from echo_plan.specs import ModelSpec, PlanSpec, SoftwareSpec
 from echo_plan.specs.plan import validate_experts
 from echo_plan.specs.software import AttentionKernel, AttentionLibrary
@@ -62,14 +62,21 @@ def _stack(sec: Mapping[str, Mapping[str, Any]], base: SoftwareSpec, source: str
             raise CannotImport(source, "recompute_modules", unknown[0], "echo-plan traces the recompute of "
                                                                         + ", ".join(sorted(RECOMPUTE_NAMES)))
         changes["recompute_modules"] = tuple(modules)
+    if m.get("fp8") and m.get("fp4"):
+        raise CannotImport(source, "fp4", m["fp4"], "FP4 and FP8 are exclusive (Megatron-LM: --fp4-format and "
+                                                    "--fp8-format cannot be used together)")
     if m.get("fp8"):
         by_recipe = {recipe: ours for ours, (_, recipe) in FP8_RECIPES.items()}
         recipe = str(m.get("fp8_recipe") or "delayed")
         if recipe not in by_recipe:
-            raise CannotImport(source, "fp8_recipe", recipe, "delayed, tensorwise or blockwise (MXFP8 is not "
-                                                             "modelled yet)")
+            raise CannotImport(source, "fp8_recipe", recipe, "delayed, tensorwise, blockwise or mxfp8")
         changes["fp8_recipe"] = by_recipe[recipe]
         changes["fp8_param_gather"] = as_bool(m.get("fp8_param", False))
+    if m.get("fp4"):
+        if str(m.get("fp4_recipe") or FP4_RECIPE) != FP4_RECIPE or str(m["fp4"]) != FP4_FORMAT:
+            raise CannotImport(source, "fp4_recipe", m.get("fp4_recipe"), f"{FP4_RECIPE} with fp4 {FP4_FORMAT} "
+                                                                          "(Transformer Engine's NVFP4BlockScaling)")
+        changes["fp4_param_gather"] = as_bool(m.get("fp4_param", False))
     if m.get("cp_comm_type") is not None:
         if m["cp_comm_type"] not in ("p2p", "all_gather"):
             raise CannotImport(source, "cp_comm_type", m["cp_comm_type"], "p2p or all_gather (a2a and a2a+p2p are "
@@ -146,7 +153,8 @@ def _plan(sec: Mapping[str, Mapping[str, Any]], model: ModelSpec, gpus: int, sou
         fields["recompute"] = "selective"
     elif granularity not in (None, "none"):
         raise CannotImport(source, "recompute_granularity", granularity, "full or selective")
-    fields["dtype"] = "fp8" if m.get("fp8") else ("fp16" if as_bool(m.get("fp16", False)) else "bf16")
+    fields["dtype"] = "fp8" if m.get("fp8") else "fp4" if m.get("fp4") else (
+        "fp16" if as_bool(m.get("fp16", False)) else "bf16")
     dist = as_bool(ddp.get("use_distributed_optimizer", sec.get("optimizer", {}).get("use_distributed_optimizer", False)))
     fields.update(distributed_optimizer=dist, overlap_grad_reduce=as_bool(ddp.get("overlap_grad_reduce", False)),
                   overlap_param_gather=dist and as_bool(ddp.get("overlap_param_gather", False)))

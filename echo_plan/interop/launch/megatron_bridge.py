@@ -29,7 +29,7 @@ RECIPES = {"gpt3-175b": "gpt3_175b_pretrain_config", "llama3-8b": "llama3_8b_pre
            "llama3-70b": "llama3_70b_pretrain_config", "llama3-405b": "llama31_405b_pretrain_config",
            "deepseek-v3": "deepseek_v3_pretrain_config", "qwen3-30b-a3b": "qwen3_30b_a3b_pretrain_config",
            "qwen3-235b-a22b": "qwen3_235b_a22b_pretrain_config"}
-PRECISION_KEYS = ("bf16", "fp16", "fp8", "fp8_recipe", "fp8_param")
+PRECISION_KEYS = ("bf16", "fp16", "fp8", "fp8_recipe", "fp8_param", "fp4", "fp4_recipe", "fp4_param")
 # set by the recipe (the activation is a callable), or Megatron-LM's only (GPTModelProvider has seq_length alone)
 NOT_IN_YAML = ("activation", "max_position_embeddings")
 
@@ -47,6 +47,11 @@ def export_megatron_bridge(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec
     if sec["model"].get("fp8"):
         mp.update(fp8=sec["model"]["fp8"], fp8_recipe=sec["model"]["fp8_recipe"],
                   fp8_param_gather=sec["model"]["fp8_param"])
+        if sec["ddp"].get("reuse_grad_buf_for_mxfp8_param_ag"):  # bf16_with_mxfp8_mixed sets it there too
+            mp["reuse_grad_buf_for_mxfp8_param_ag"] = True
+    if sec["model"].get("fp4"):  # bf16_with_nvfp4_mixed
+        mp.update(fp4=sec["model"]["fp4"], fp4_recipe=sec["model"]["fp4_recipe"],
+                  fp4_param_gather=sec["model"]["fp4_param"])
     tp_overlap = m.pop("tp_comm_overlap")
     doc = {"model": m, "train": sec["train"], "ddp": sec["ddp"], "optimizer": sec["optimizer"],
            "mixed_precision": mp, "comm_overlap": {"tp_comm_overlap": tp_overlap},
@@ -103,11 +108,12 @@ def import_megatron_bridge(text: str, source: str, base_stack: SoftwareSpec, gpu
     if base_model is None and "activation" not in m:
         m["activation"] = "swiglu" if m.get("gated_linear_unit") else "gelu"
     mp = dict(doc.get("mixed_precision") or {})
-    for key in ("bf16", "fp16", "fp8", "fp8_recipe"):
+    for key in ("bf16", "fp16", "fp8", "fp8_recipe", "fp4", "fp4_recipe"):
         if key in mp:
             m[key] = mp[key]
-    if "fp8_param_gather" in mp:
-        m["fp8_param"] = mp["fp8_param_gather"]
+    for key in ("fp8", "fp4"):
+        if f"{key}_param_gather" in mp:
+            m[f"{key}_param"] = mp[f"{key}_param_gather"]
     m.setdefault("bf16", True)  # Bridge recipes train in bf16 (bf16_mixed) unless told otherwise
     if (doc.get("comm_overlap") or {}).get("tp_comm_overlap"):
         m["tp_comm_overlap"] = True

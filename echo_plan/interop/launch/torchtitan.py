@@ -81,6 +81,9 @@ def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> bool:
     if plan.pp > 1 and plan.schedule not in SCHEDULES:
         raise CannotExpress(FMT, "schedule", plan.schedule.value, "exported schedules: "
                             + ", ".join(s.value for s in SCHEDULES))
+    if plan.dtype is DType.FP4:
+        raise CannotExpress(FMT, "dtype", "fp4", "the exported torchtitan 0.2 job trains in bf16 or torchao's float8 "
+                                                 "(its MX/NVFP4 quantisation is not exported)")
     if plan.dtype is DType.FP16 or (plan.dtype is DType.FP8 and not fsdp and plan.tp == 1):
         raise CannotExpress(FMT, "dtype", plan.dtype.value, "torchtitan trains in bf16, or float8 under FSDP2 or TP")
     if plan.dtype is DType.FP8 and stack.fp8_recipe is not Fp8Recipe.CURRENT:
