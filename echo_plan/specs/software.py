@@ -281,8 +281,8 @@ class SoftwareSpec(Spec):
 
 def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = False, context: str = "plan") -> None:
     """Raise SpecError when the plan's precision recipe needs tensor cores ``gpu`` lacks (MXFP8 and NVFP4 scale
-    blocks of 32 and 16 elements inside the GEMM, which Blackwell, sm100, does first), or is not modelled for
-    the model (``moe``: the experts' grouped GEMMs in MXFP8 or NVFP4)."""
+    blocks of 32 and 16 elements inside the GEMM, which Blackwell, sm100, does first), or meets a DeepSeek FP8
+    setting of the stack that only its 1 x 128 tiles have (``moe``: an MoE model)."""
     dtype = DType(dtype)
     mx = dtype is DType.FP8 and stack.fp8_recipe is Fp8Recipe.MXFP8
     if mx and gpu.sm_arch < BLOCK_SCALED_MIN_SM_ARCH:
@@ -291,9 +291,11 @@ def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = Fal
                         "there", context)
     if moe and (mx or dtype is DType.FP4):
         what = "MXFP8" if mx else "NVFP4"
-        raise SpecError("dtype", dtype.value, f"{what} GEMMs are modelled for dense layers; the experts' grouped "
-                        f"{what} GEMMs are not yet: train this MoE model with --dtype bf16, or fp8 with "
-                        "--fp8-recipe current or blockwise", context)
+        for name in ("moe_dispatch_fp8", "moe_act_input_fp8"):  # DeepSeek's 1 x 128 FP8 tiles, not MX/NV blocks
+            if getattr(stack, name):
+                raise SpecError(name, True, f"DeepSeek's FP8 {'dispatch' if 'dispatch' in name else 'caching'} of "
+                                f"1 x 128 tiles does not apply to {what} training; use a stack that sets it false, "
+                                "or --fp8-recipe blockwise", context)
 
 
 def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,

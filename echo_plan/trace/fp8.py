@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from echo_plan.trace import fp8_kernels as fk
+from echo_plan.trace import mx_kernels as mk
 from echo_plan.trace import kernels, parallel
 from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.overlap import RS_SPLITS
@@ -75,11 +76,13 @@ def _saved_input(ctx, amax_group: TPGroup | None = None, grouped: bool = False) 
     return (qc, sxc) if fp8.input_columnwise else (q, sx)
 
 
-def _forward_cast(fp8: Fp8State, x: Tensor, amax_group: TPGroup | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _forward_cast(fp8: Fp8State, x: Tensor, amax_group: TPGroup | None,
+                  grouped: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(the forward GEMM's input, its scales, the copy saved for the weight gradient, its scales). A linear that
-    keeps its bf16 input makes the weight-gradient copy in backward instead (TE: columnwise usage off)."""
+    keeps its bf16 input makes the weight-gradient copy in backward instead (TE: columnwise usage off).
+    ``grouped``: the experts' [E, rows, K] tokens, quantised per expert."""
     columnwise = fp8.input_columnwise and not fp8.keeps_original(x)
-    q, qc, sx, sxc = fp8.cast(x.reshape(-1, x.shape[-1]), False, amax_group, transpose=columnwise)
+    q, qc, sx, sxc = fp8.cast(x if grouped else x.reshape(-1, x.shape[-1]), False, amax_group, transpose=columnwise)
     return (q, sx, qc, sxc) if columnwise else (q, sx, q, sx)
 
 
@@ -212,6 +215,12 @@ class _Fp8GroupedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, fp8):
         ctx.fp8, ctx.wdtype = fp8, weight.dtype
+        if fp8.block_scaled:  # MXFP8 / NVFP4: both copies of the tokens from bf16, block-scaled grouped GEMMs
+            q, sx, kept, skept = _forward_cast(fp8, x, None, grouped=True)
+            w_t8, w8, sw = fp8.weight(weight, grouped=True)
+            ctx.fp8_weight = (w8, sw)
+            _save_input(ctx, fp8, x, kept, skept)
+            return fp8.grouped_gemm(q, w_t8, sx, sw, x.dtype)
         q, sx = fp8.input_cast(x)
         w_t8, w8, _ = fp8.weight(weight, grouped=True)
         ctx.fp8_weight = w8
@@ -220,19 +229,33 @@ class _Fp8GroupedLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        if ctx.fp8.block_scaled:
+            return _block_scaled_grouped_backward(ctx, grad_out)
         q, _ = _saved_input(ctx, grouped=True)
         fp8 = ctx.fp8
         gq, g_t, _, _ = fp8.cast(grad_out.contiguous(), True, transpose=True)
         # the gradient is E5M2 (HYBRID); torch's grouped FP8 kernel takes E4M3 only, so its operands are
         # reinterpreted (a view: same bytes, no kernel) to pass torch's checks
         gq, g_t = gq.view(fk.E4M3), g_t.view(fk.E4M3)
-        if not fp8.transposes:  # the grouped GEMM takes any layout: views of the copies, no transposes
-            g_t, x_t = g_t.transpose(-2, -1), q.transpose(-2, -1)
-        else:
-            x_t = fk.fp8_transpose(q)
         grad_in = _grouped_gemm(gq, ctx.fp8_weight, grad_out.dtype)  # g [E, r, N] @ w[e]^T
-        grad_w = _grouped_gemm(x_t, g_t, ctx.wdtype)  # x^T [E, K, r] @ g [E, r, N]
+        if not fp8.transposes:  # the grouped GEMM takes any layout: x^T and g as they are, no transposes
+            scales = q.new_empty((q.shape[0],), dtype=torch.float32)  # one per expert
+            grad_w = mk.mx_scaled_grouped_mm(q.transpose(-2, -1), g_t, scales, scales, ctx.wdtype, q.shape[-2])
+        else:
+            grad_w = _grouped_gemm(fk.fp8_transpose(q), g_t, ctx.wdtype)  # x^T [E, K, r] @ g [E, r, N]
         return grad_in, grad_w, None
+
+
+def _block_scaled_grouped_backward(ctx, grad_out):
+    """The experts' input and weight gradients in MXFP8 / NVFP4: the gradient's rowwise copy against the weight's
+    columnwise one, and the two columnwise copies (tokens along the GEMM's depth) for the weight gradient."""
+    fp8 = ctx.fp8
+    q, sx = _saved_input(ctx, grouped=True)
+    w8, sw = ctx.fp8_weight
+    gq, gc, sg, sgc = fp8.cast(grad_out.contiguous(), True, transpose=True)
+    grad_in = fp8.grouped_gemm(gq, w8, sg, sw, grad_out.dtype)  # g [E, r, N] @ w[e]^T
+    grad_w = fp8.grouped_gemm(q.transpose(-2, -1), gc.transpose(-2, -1), sx, sgc, ctx.wdtype)  # x^T g
+    return grad_in, grad_w, None
 
 
 def _grouped_gemm(a: Tensor, b_t: Tensor, out_dtype: torch.dtype) -> Tensor:

@@ -48,6 +48,23 @@ def _blocks(n: int, block: int) -> int:
     return -(-n // block)
 
 
+def _lead_shape(x: Tensor) -> tuple[int, ...]:
+    return tuple(x.shape[:-2])
+
+
+def _rowwise_nd(fn, x: Tensor, *args) -> tuple[Tensor, Tensor]:
+    """``fn`` (a 2-D rowwise quantiser: blocks along the last dimension) over a batch of matrices."""
+    q, s = fn(x.reshape(-1, x.shape[-1]), *args)
+    return q.reshape(*x.shape[:-1], q.shape[-1]), s.reshape(*x.shape[:-1], s.shape[-1])
+
+
+def _colwise_nd(fn, x: Tensor, *args) -> tuple[Tensor, Tensor]:
+    """``fn`` along the second-to-last dimension of each matrix of a batch (columnwise), in the matrix's layout."""
+    t = x.transpose(-2, -1).contiguous()
+    q, s = _rowwise_nd(fn, t, *args)
+    return q.transpose(-2, -1).contiguous(), s.transpose(-2, -1).contiguous()
+
+
 # -- MXFP8 ----------------------------------------------------------------------------------------------------
 
 def _mx_rowwise(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -61,35 +78,39 @@ def _mx_rowwise(x: Tensor) -> tuple[Tensor, Tensor]:
     return q.reshape(rows, -1)[:, :cols].to(E4M3).contiguous(), scale.to(E8M0)
 
 
-@torch.library.custom_op("echo_plan::mx_cast", mutates_args=())
-def mx_cast(x: Tensor, rowwise: bool, columnwise: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(rowwise q, its scales, columnwise q (same shape as x), its scales); an unasked copy is empty."""
-    q, s = _mx_rowwise(x) if rowwise else (x.new_empty((0,), dtype=E4M3), x.new_empty((0,), dtype=E8M0))
-    if not columnwise:
-        return q, s, x.new_empty((0,), dtype=E4M3), x.new_empty((0,), dtype=E8M0)
-    qt, st = _mx_rowwise(x.t().contiguous())
-    return q, s, qt.t().contiguous(), st.t().contiguous()
-
-
-@mx_cast.register_fake
-def _mx_cast_fake(x, rowwise, columnwise):
-    rows, cols = x.shape
+def _mx_shapes(x: Tensor, rowwise: bool, columnwise: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    lead, (rows, cols) = _lead_shape(x), x.shape[-2:]
     empty = (x.new_empty((0,), dtype=E4M3), x.new_empty((0,), dtype=E8M0))
-    row = (x.new_empty((rows, cols), dtype=E4M3), x.new_empty((rows, _blocks(cols, MX_BLOCK)), dtype=E8M0)) \
+    row = (x.new_empty(x.shape, dtype=E4M3), x.new_empty((*lead, rows, _blocks(cols, MX_BLOCK)), dtype=E8M0)) \
         if rowwise else empty
-    col = (x.new_empty((rows, cols), dtype=E4M3), x.new_empty((_blocks(rows, MX_BLOCK), cols), dtype=E8M0)) \
+    col = (x.new_empty(x.shape, dtype=E4M3), x.new_empty((*lead, _blocks(rows, MX_BLOCK), cols), dtype=E8M0)) \
         if columnwise else empty
     return (*row, *col)
 
 
+@torch.library.custom_op("echo_plan::mx_cast", mutates_args=())
+def mx_cast(x: Tensor, rowwise: bool, columnwise: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(rowwise q, its scales, columnwise q (same shape as x), its scales) of a matrix or a batch of them (the
+    experts' grouped inputs); an unasked copy is empty."""
+    out = list(_mx_shapes(x[..., :0, :0], False, False))
+    if rowwise:
+        out[0], out[1] = _rowwise_nd(_mx_rowwise, x)
+    if columnwise:
+        out[2], out[3] = _colwise_nd(_mx_rowwise, x)
+    return tuple(out)
+
+
+mx_cast.register_fake(_mx_shapes)
+
+
 @torch.library.custom_op("echo_plan::mx_weight_cast", mutates_args=())
 def mx_weight_cast(w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """A weight [N, K]'s rowwise (blocks along K: the forward GEMM) and columnwise (blocks along N: the
-    input-gradient GEMM) MXFP8 copies with their scales, once per step."""
+    """A weight [N, K] (or the experts' [E, N, K])'s rowwise (blocks along K: the forward GEMM) and columnwise
+    (blocks along N: the input-gradient GEMM) MXFP8 copies with their scales, once per step."""
     return mx_cast(w, True, True)
 
 
-mx_weight_cast.register_fake(lambda w: _mx_cast_fake(w, True, True))
+mx_weight_cast.register_fake(lambda w: _mx_shapes(w, True, True))
 
 
 # -- NVFP4 ----------------------------------------------------------------------------------------------------
@@ -102,10 +123,11 @@ def _hadamard16() -> Tensor:
 
 
 def _rht(x: Tensor) -> Tensor:
-    """The 16 x 16 Hadamard transform of each block of 16 along the first dimension (rows a multiple of 16)."""
-    rows, cols = x.shape
-    return torch.einsum("ij,bjc->bic", _hadamard16(), x.float().reshape(rows // NV_BLOCK, NV_BLOCK, cols)) \
-        .reshape(rows, cols)
+    """The 16 x 16 Hadamard transform of each block of 16 along the second-to-last dimension (the rows of each
+    matrix, a multiple of 16)."""
+    rows, cols = x.shape[-2:]
+    blocks = x.float().reshape(-1, rows // NV_BLOCK, NV_BLOCK, cols)
+    return torch.einsum("ij,abjc->abic", _hadamard16(), blocks).reshape(x.shape)
 
 
 def _to_e2m1_codes(v: Tensor) -> Tensor:
@@ -129,13 +151,21 @@ def _nv_rowwise(x: Tensor, amax: Tensor) -> tuple[Tensor, Tensor]:
     return packed.view(FP4)[:, :_blocks(cols, 2)], block
 
 
+def _nv_colwise(x: Tensor, amax: Tensor) -> tuple[Tensor, Tensor]:
+    """The columnwise copy of each matrix of ``x``: blocks of 16 along its rows, two rows' values per byte
+    ([..., rows / 2, cols]), with its scales [..., rows / 16, cols]."""
+    q, scale = _rowwise_nd(_nv_rowwise, x.transpose(-2, -1).contiguous(), amax)
+    q = q.view(torch.uint8).transpose(-2, -1).contiguous().view(FP4)  # bytes laid out down the columns
+    return q, scale.transpose(-2, -1).contiguous()
+
+
 def _nv_shapes(x: Tensor, rowwise: bool, columnwise: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    rows, cols = x.shape
+    lead, (rows, cols) = _lead_shape(x), x.shape[-2:]
     empty = (x.new_empty((0,), dtype=FP4), x.new_empty((0,), dtype=E4M3))
-    row = (x.new_empty((rows, _blocks(cols, 2)), dtype=FP4),
-           x.new_empty((rows, _blocks(cols, NV_BLOCK)), dtype=E4M3)) if rowwise else empty
-    col = (x.new_empty((_blocks(rows, 2), cols), dtype=FP4),
-           x.new_empty((_blocks(rows, NV_BLOCK), cols), dtype=E4M3)) if columnwise else empty
+    row = (x.new_empty((*lead, rows, _blocks(cols, 2)), dtype=FP4),
+           x.new_empty((*lead, rows, _blocks(cols, NV_BLOCK)), dtype=E4M3)) if rowwise else empty
+    col = (x.new_empty((*lead, _blocks(rows, 2), cols), dtype=FP4),
+           x.new_empty((*lead, _blocks(rows, NV_BLOCK), cols), dtype=E4M3)) if columnwise else empty
     return (*row, *col)
 
 
@@ -143,7 +173,7 @@ def _nv_shapes(x: Tensor, rowwise: bool, columnwise: bool) -> tuple[Tensor, Tens
 def nvfp4_amax(x: Tensor, hadamard: bool) -> tuple[Tensor, Tensor]:
     """(amax of x, amax of its columnwise Hadamard transform, or of x again without ``hadamard``)."""
     plain = x.abs().amax().float()
-    if not hadamard or x.shape[0] % NV_BLOCK:
+    if not hadamard or x.shape[-2] % NV_BLOCK:
         return plain, plain.clone()
     return plain, _rht(x).abs().amax().float()
 
@@ -155,17 +185,15 @@ nvfp4_amax.register_fake(lambda x, hadamard: (x.new_empty((), dtype=torch.float3
 @torch.library.custom_op("echo_plan::nvfp4_cast", mutates_args=())
 def nvfp4_cast(x: Tensor, amax: Tensor, amax_col: Tensor, rowwise: bool, columnwise: bool,
                hadamard: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(rowwise packed q [rows, cols/2], scales, columnwise packed q [rows/2, cols] of the Hadamard transform
-    when ``hadamard``, scales); an unasked copy is empty. Stochastic rounding of gradients changes the values
-    written, not the bytes: the reference rounds to nearest."""
-    out = list(_nv_shapes(x, False, False))
+    """(rowwise packed q [..., rows, cols/2], scales, columnwise packed q [..., rows/2, cols] of the Hadamard
+    transform when ``hadamard``, scales) of a matrix or a batch of them; an unasked copy is empty. Stochastic
+    rounding of gradients changes the values written, not the bytes: the reference rounds to nearest."""
+    out = list(_nv_shapes(x[..., :0, :0], False, False))
     if rowwise:
-        out[0], out[1] = _nv_rowwise(x, amax)
+        out[0], out[1] = _rowwise_nd(_nv_rowwise, x, amax)
     if columnwise:
-        src = _rht(x) if hadamard and x.shape[0] % NV_BLOCK == 0 else x.float()
-        qt, st = _nv_rowwise(src.t().contiguous(), amax_col)
-        out[2] = qt.view(torch.uint8).t().contiguous().view(FP4)
-        out[3] = st.t().contiguous()
+        src = _rht(x) if hadamard and x.shape[-2] % NV_BLOCK == 0 else x.float()
+        out[2], out[3] = _nv_colwise(src, amax_col)
     return tuple(out)
 
 
@@ -175,9 +203,9 @@ nvfp4_cast.register_fake(lambda x, amax, amax_col, rowwise, columnwise, hadamard
 
 @torch.library.custom_op("echo_plan::nvfp4_weight_cast", mutates_args=())
 def nvfp4_weight_cast(w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """A weight [N, K]'s NVFP4 copies in 16 x 16 blocks (one scale serves both directions, so the columnwise
-    copy is the rowwise one transposed): rowwise [N, K/2], its scales, columnwise [N/2, K], its scales;
-    once per step, its amax in the same pass."""
+    """A weight [N, K] (or the experts' [E, N, K])'s NVFP4 copies in 16 x 16 blocks (one scale serves both
+    directions, so the columnwise copy is the rowwise one transposed): rowwise [.., N, K/2], its scales,
+    columnwise [.., N/2, K], its scales; once per step, its amax in the same pass."""
     amax = w.abs().amax().float()
     return nvfp4_cast(w, amax, amax, True, True, False)
 
@@ -185,20 +213,20 @@ def nvfp4_weight_cast(w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 nvfp4_weight_cast.register_fake(lambda w: _nv_shapes(w, True, True))
 
 
+def _decode_fp4(t: Tensor, along_rows: bool) -> Tensor:
+    """The E2M1 values of a packed matrix (two per byte along its last dimension, or along its rows)."""
+    table = torch.tensor(_E2M1)
+    raw = (t.transpose(-2, -1) if along_rows else t).contiguous().view(torch.uint8)
+    codes = torch.stack([raw & 0xF, raw >> 4], -1).reshape(*raw.shape[:-1], -1)
+    vals = table[(codes & 7).long()] * torch.where(codes >= 8, -1.0, 1.0)
+    return vals.transpose(-2, -1) if along_rows else vals
+
+
 @torch.library.custom_op("echo_plan::nvfp4_scaled_mm", mutates_args=())
 def nvfp4_scaled_mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype) -> Tensor:
     """a [M, K/2] @ b [K/2, N] on FP4 tensor cores (both packed along K), ``out_dtype`` out. The reference
     decodes the E2M1 codes (scales omitted: the GEMM's shape and bytes are what the trace needs)."""
-    table = torch.tensor(_E2M1)
-
-    def decode(t: Tensor, along_rows: bool) -> Tensor:
-        raw = t.contiguous().view(torch.uint8) if not along_rows else t.t().contiguous().view(torch.uint8)
-        lo, hi = raw & 0xF, raw >> 4
-        codes = torch.stack([lo, hi], -1).reshape(raw.shape[0], -1)
-        vals = table[(codes & 7).long()] * torch.where(codes >= 8, -1.0, 1.0)
-        return vals if not along_rows else vals.t()
-
-    return (decode(a, False) @ decode(b, True)).to(out_dtype)
+    return (_decode_fp4(a, False) @ _decode_fp4(b, True)).to(out_dtype)
 
 
 @nvfp4_scaled_mm.register_fake
@@ -214,17 +242,46 @@ def _nvfp4_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
 
 @torch.library.custom_op("echo_plan::nvfp4_weight_transpose", mutates_args=())
 def nvfp4_weight_transpose(row: Tensor, scales: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """NVFP4 parameters (``fp4_param_gather``): the columnwise copy [N/2, K] of the rowwise one [N, K/2] the
-    optimizer wrote, and its scales (16 x 16 blocks share one scale, so no new quantisation), once per step."""
-    raw = row.contiguous().view(torch.uint8)
-    codes = torch.stack([raw & 0xF, raw >> 4], -1).reshape(raw.shape[0], -1).t().contiguous()
-    if codes.shape[1] % 2:
+    """NVFP4 parameters (``fp4_param_gather``): the columnwise copy [.., N/2, K] of the rowwise one [.., N, K/2]
+    the optimizer wrote, and its scales (16 x 16 blocks share one scale, so no new quantisation), once per step."""
+    values = _decode_fp4(row, False)[..., :n, :]
+    codes = _to_e2m1_codes(values)  # the values are E2M1 already: their codes again
+    codes = codes.transpose(-2, -1)
+    if codes.shape[-1] % 2:
         codes = torch.nn.functional.pad(codes, (0, 1))
-    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).t().contiguous()
-    return packed.view(FP4)[:, :row.shape[1] * 2], scales.t().contiguous()
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).transpose(-2, -1).contiguous()
+    return packed.view(FP4), scales.transpose(-2, -1).contiguous()
 
 
 @nvfp4_weight_transpose.register_fake
 def _nvfp4_weight_transpose_fake(row, scales, n):
-    return (row.new_empty((_blocks(n, 2), row.shape[1] * 2), dtype=FP4),
-            row.new_empty((_blocks(n, NV_BLOCK), row.shape[1] * 2), dtype=E4M3))
+    lead, k = row.shape[:-2], row.shape[-1] * 2
+    return (row.new_empty((*lead, _blocks(n, 2), k), dtype=FP4),
+            row.new_empty((*lead, _blocks(n, NV_BLOCK), k), dtype=E4M3))
+
+
+@torch.library.custom_op("echo_plan::mx_scaled_grouped_mm", mutates_args=())
+def mx_scaled_grouped_mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype,
+                         depth: int) -> Tensor:
+    """The experts' block-scaled grouped GEMM: a [E, M, K] @ b [E, K, N] per expert, MXFP8 (E4M3 operands with
+    E8M0 scales) or NVFP4 (operands packed along K, E4M3 scales), as Transformer Engine's GroupedLinear runs them
+    on Blackwell; ``depth`` is K in values (twice the packed width for NVFP4), ``out_dtype`` out. The reference
+    multiplies the (decoded) values, scales omitted."""
+    if a.dtype == FP4:
+        return (_decode_fp4(a, False) @ _decode_fp4(b, True)).to(out_dtype)
+    return (a.float() @ b.float()).to(out_dtype)
+
+
+@mx_scaled_grouped_mm.register_fake
+def _grouped_fake(a, b, scale_a, scale_b, out_dtype, depth):
+    return a.new_empty((*a.shape[:-1], b.shape[-1]), dtype=out_dtype)
+
+
+@register_flop_formula(torch.ops.echo_plan.mx_scaled_grouped_mm)
+def _grouped_flops(a_shape, b_shape, scale_a_shape, scale_b_shape, out_dtype, depth, *args, out_shape=None,
+                   **kwargs) -> int:
+    """2 E M N K over the experts, K in values."""
+    groups = 1
+    for d in a_shape[:-2]:
+        groups *= d
+    return 2 * groups * a_shape[-2] * b_shape[-1] * depth

@@ -17,7 +17,7 @@ from echo_plan.trace.records import CollectiveKind, OpKind
 aten = torch.ops.aten
 
 _GEMM = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_scaled_mm", "_scaled_grouped_mm",
-         "convolution", "nvfp4_scaled_mm"}
+         "convolution", "nvfp4_scaled_mm", "mx_scaled_grouped_mm"}
 _ATTENTION_PREFIXES = ("_scaled_dot_product_", "_flash_attention_", "_efficient_attention_", "flash_attention")
 _NORM = {"native_layer_norm", "native_layer_norm_backward", "rms_norm", "rms_norm_backward",
          "_fused_rms_norm", "_fused_rms_norm_backward", "native_group_norm", "native_group_norm_backward"}

@@ -136,8 +136,8 @@ class Fp8State:
         hit = self._weights.get(key)
         if hit is not None:
             return hit[1], hit[2], hit[3]
-        if self.block_scaled and not grouped:
-            out = self._block_scaled_weight(w)
+        if self.block_scaled:
+            out = self._block_scaled_weight(w.transpose(-2, -1) if grouped else w)
         elif not self.transposes and not grouped:
             out = self._weight_no_transpose(w)
         else:
@@ -146,16 +146,19 @@ class Fp8State:
         return out
 
     def _block_scaled_weight(self, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``w`` [.., N, K] (the experts' weights as [E, N, K]): its rowwise copy [.., N, K] and its columnwise
+        copy viewed as [.., K, N], both quantised from bf16 (MXFP8), or in 16 x 16 blocks (NVFP4)."""
         if self.mx:  # quantised after every step's update (with fp8_param_gather: from the gathered bf16 values)
             row, s, col, _ = mk.mx_weight_cast(w.detach())
-            return row, col.t(), s
+            return row, col.transpose(-2, -1), s
         if self.param_gather:  # NVFP4 parameters: the optimizer writes the rowwise copy; its transpose is new
-            row = w.new_empty((w.shape[0], -(-w.shape[1] // 2)), dtype=mk.FP4)
-            s = w.new_empty((w.shape[0], -(-w.shape[1] // mk.NV_BLOCK)), dtype=mk.E4M3)
-            col, _ = mk.nvfp4_weight_transpose(row, s, w.shape[0])
-            return row, col.t(), s
+            n, k = w.shape[-2:]
+            row = w.new_empty((*w.shape[:-2], n, -(-k // 2)), dtype=mk.FP4)
+            s = w.new_empty((*w.shape[:-2], n, -(-k // mk.NV_BLOCK)), dtype=mk.E4M3)
+            col, _ = mk.nvfp4_weight_transpose(row, s, n)
+            return row, col.transpose(-2, -1), s
         row, s, col, _ = mk.nvfp4_weight_cast(w.detach())
-        return row, col.t(), s
+        return row, col.transpose(-2, -1), s
 
     def _weight_no_transpose(self, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Per-tensor FP8 on GPUs whose FP8 GEMMs take any layout: one FP8 copy serves both GEMMs."""
@@ -215,6 +218,12 @@ class Fp8State:
             return g_col, fk.fp8_transpose(x_saved)
         return g_col.t(), x_saved.t()
 
+    def grouped_gemm(self, a: Tensor, b_t: Tensor, scale_a: Tensor, scale_b: Tensor,
+                     out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+        """The experts' a [E, M, K] @ b_t[e]^T (b_t [E, N, K]) on block-scaled tensor cores (MXFP8, NVFP4)."""
+        depth = a.shape[-1] * (2 if self.nvfp4 else 1)
+        return mk.mx_scaled_grouped_mm(a, b_t.transpose(-2, -1), scale_a, scale_b, out_dtype, depth)
+
     def gemm(self, a: Tensor, b_t: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Tensor | None = None,
              out_dtype: torch.dtype = torch.bfloat16, weight: bool = False) -> Tensor:
         """a @ b_t^T on the recipe's tensor cores, output ``out_dtype``. Blockwise: ``a`` in 1 x 128 tiles along
@@ -228,4 +237,11 @@ class Fp8State:
             kb = -(-k // fk.BLOCK)
             scale_a = a.new_empty((m, kb), dtype=torch.float32)
             scale_b = a.new_empty((kb, -(-n // fk.BLOCK) if weight else n), dtype=torch.float32)
+        elif self.mx:  # the MMA reads E8M0 scales in 128 x 4 swizzled tiles: rows padded to 128, blocks to 4
+            scale_a, scale_b = (a.new_empty((_mx_tiles(t.shape[0], t.shape[1]),), dtype=mk.E8M0) for t in (a, b_t))
         return torch._scaled_mm(a, b_t.t(), scale_a, scale_b, bias=bias, out_dtype=out_dtype)
+
+
+def _mx_tiles(rows: int, k: int) -> int:
+    """E8M0 scales of a [rows, k] MXFP8 operand as the block-scaled MMA lays them out (128 x 4 tiles)."""
+    return -(-rows // 128) * 128 * (-(-(-(-k // mk.MX_BLOCK)) // 4) * 4)

@@ -115,6 +115,9 @@ def test_precisions_need_their_tensor_cores_one_line_each():
         check_precision(mx, DType.FP8, H100.gpu)
     assert err.value.field == "fp8_recipe" and "\n" not in str(err.value)
     check_precision(mx, DType.FP8, GB200.gpu)
-    with pytest.raises(SpecError, match="experts' grouped"):
-        check_precision(mx, DType.FP8, GB200.gpu, moe=True)  # not modelled yet: said, not guessed
-    check_precision(mx.replace(fp8_recipe="current"), DType.FP8, GB200.gpu, moe=True)
+    check_precision(mx, DType.FP8, GB200.gpu, moe=True)  # the experts' grouped GEMMs run MXFP8 too
+    deepseek = load_stack("deepseek-v3")
+    with pytest.raises(SpecError, match="1 x 128 tiles") as err:  # DeepSeek's FP8 dispatch is not MXFP8's
+        check_precision(deepseek.replace(fp8_recipe="mxfp8"), DType.FP8, GB200.gpu, moe=True)
+    assert err.value.field in ("moe_dispatch_fp8", "moe_act_input_fp8") and "\n" not in str(err.value)
+    check_precision(deepseek, DType.FP8, GB200.gpu, moe=True)

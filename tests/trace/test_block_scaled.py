@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from echo_plan.specs import DType, Recompute, load_stack
+from echo_plan.specs.moe import ExpertLayout
 from echo_plan.trace import mx_kernels as mk
 from echo_plan.trace.cache import TraceCache
 from echo_plan.trace.records import OpKind, Phase, StageKind
@@ -105,6 +106,30 @@ def test_block_scaled_gathers_move_fewer_bytes(llama_small, shared):
     fp4 = gathered(_trace(llama_small, DType.FP4, tp=2, cache=shared))
     assert fp4 < mx < bf16  # FP8 shards with their scales, FP4 shards (half a byte) with theirs
     assert mx == pytest.approx(bf16 / 2 * (1 + 1 / mk.MX_BLOCK))
+
+
+@pytest.mark.parametrize("dtype, recipe, arch", CASES)
+def test_experts_run_the_precision_too(small_moe, shared, dtype, recipe, arch):
+    """An MoE layer's grouped expert GEMMs in each precision: the bf16 layer's FLOPs, no bf16 GEMM but the router's."""
+    kind = next(k for k in small_moe.distinct_kinds() if k.moe)
+
+    def trace(d, r):
+        settings = {"fp8_recipe": r, "fp8_param_gather": False, "tp_comm_overlap": False}
+        return trace_stage(small_moe, StageKind.BLOCK, tp=2, sequence_parallel=True, micro_batch_size=1, dtype=d,
+                           recompute=Recompute.NONE, cache=shared, stack=load_stack(None, settings).on_gpu(arch),
+                           kind=kind, layout=ExpertLayout(ep=2, etp=1))
+
+    bf16, low = trace(DType.BF16, "current"), trace(dtype, recipe)
+    assert _gemm_flops(low) == pytest.approx(_gemm_flops(bf16))
+    names = _names(low)
+    assert names["mm"] == 3 and "bmm" not in names  # the router (forward, input and weight gradients) stays bf16
+    grouped = [op for op in low.ops if "grouped" in op.name and op.kind is OpKind.GEMM]
+    assert len(grouped) == 6  # FC1 and FC2: forward, input gradient, weight gradient
+    if recipe == "mxfp8" or dtype is DType.FP4:
+        assert all("mx_scaled_grouped_mm" in op.name for op in grouped)
+        first = {op.inputs[0].dtype for op in grouped}
+        assert first == ({"float4_e2m1fn_x2"} if dtype is DType.FP4 else {"float8_e4m3fn"})
+    assert low.saved_bytes < bf16.saved_bytes
 
 
 def test_the_recipe_and_the_gpu_key_low_precision_traces(llama_small):
