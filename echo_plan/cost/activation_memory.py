@@ -8,9 +8,9 @@ from __future__ import annotations
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Recompute
-from echo_plan.specs.software import AttentionKernel, RecomputeModule, SoftwareSpec
+from echo_plan.specs.software import AttentionKernel, RecomputeModule, RecomputePolicy, SoftwareSpec
 from echo_plan.specs.moe import ExpertLayout
-from echo_plan.specs.model import Activation
+from echo_plan.specs.model import Activation, PositionEmbedding
 
 # activations Megatron-Core fuses with the router probabilities (trace/moe_kernels.py weighted_act)
 _WEIGHTED_FUSED = (Activation.SWIGLU, Activation.SWIGLU_CLAMPED)
@@ -34,6 +34,14 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     sb = s * b
     if recompute is Recompute.FULL:
         return int(e * sb * h * rep)  # the layer's input, the checkpoint Megatron-LM keeps
+    if (recompute is Recompute.SELECTIVE and stack.recompute_policy is RecomputePolicy.OPS and model.mla is None
+            and not (kind.moe and model.moe is not None)):
+        # torchtitan's per-op policy (trace/op_checkpoint.py): the block's input, the outputs of the first and third
+        # of its four matmuls (QKV, fc1), attention's output and log-sum-exp, and sequence parallelism's two
+        # reduce-scatters; the rest is recomputed
+        fc1 = 2 * f if model.activation.gated else f
+        kept = e * sb * (a * model.head_dim + 2 * kv + a * model.head_dim + fc1) / t + 4 * b * a * s / t
+        return int(e * sb * h * rep + kept + (2 * e * sb * h / t if plan.sequence_parallel and t > 1 else 0))
     modules = set(stack.recompute_modules) if recompute is Recompute.SELECTIVE else set()
     stats = (4 * model.norm.params) * sb * rep  # fp32 mean and rstd (LayerNorm) or rstd (RMSNorm) per norm
     norms = 2 * (e * sb * h * rep + stats)  # the two norms' inputs
@@ -47,10 +55,23 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
             attn += e * sb * a * (2 * m.qk_head_dim + m.v_head_dim) / t
         attn += e * sb * a * m.v_head_dim / t
     else:
-        attn += e * sb * (a * model.head_dim + 2 * kv) / t  # q, k, v (a checkpointed core keeps them as inputs)
+        qkv = e * sb * (a * model.head_dim + 2 * kv) / t
+        attn += qkv  # q, k and the fused kernel's own copy of V (trace/attention.py)
+        held = False  # whether a saved view holds the whole QKV output alive
+        if model.qk_norm:
+            # the norms keep their inputs: K's view, and q, a copy where the rank's query heads of several KV groups
+            # are gathered into one tensor (else a view too)
+            gathered = a > model.kv_heads and model.kv_heads // t > 1
+            attn += (e * sb * a * model.head_dim / t if gathered else 0) + 4 * sb * (a + model.kv_heads) / t
+            held = True
+        if RecomputeModule.CORE_ATTN in modules and (model.position_embedding is PositionEmbedding.ROTARY
+                                                     or model.qk_norm):
+            attn -= e * sb * kv / t  # the checkpoint keeps V as it came, a view (no copy of its own)
+            held = True
+        attn += qkv if held else 0
         attn += e * sb * a * model.head_dim / t  # attention output = projection input
     if stack.attention is AttentionKernel.FUSED:
-        attn += 4 * b * a * s / t  # fp32 log-sum-exp
+        attn += 0 if RecomputeModule.CORE_ATTN in modules else 4 * b * a * s / t  # fp32 log-sum-exp
     elif RecomputeModule.CORE_ATTN not in modules:  # softmax output (+ dropout mask and output)
         attn += (5 if stack.attention_dropout > 0 else 2) * a * s * s * b / t
     if RecomputeModule.MLP in modules:
@@ -58,7 +79,9 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     elif kind.moe and model.moe is not None:
         mlp = norm_out + moe_activation_bytes(model, plan, RecomputeModule.MOE_ACT in modules, stack)
     else:
-        mlp = norm_out + (4 if model.activation.gated else 2) * e * sb * f / t
+        # fc1's output and fc2's input; a gated unit's fused kernel keeps only its 2f input, the unfused ops also
+        # keep the activated gate (silu(a), then multiplied by b)
+        mlp = norm_out + ((3 if stack.fused_elementwise else 4) if model.activation.gated else 2) * e * sb * f / t
     return int(norms + attn + mlp + 2 * mask)
 
 

@@ -13,6 +13,14 @@ The core (tensors [s, b, heads, d], Megatron's layout):
   a preallocated buffer, the fused causal scale-mask-softmax kernel, dropout on the probabilities
   (a 1-byte mask), ``bmm`` with V, and the permute back to [s, b, heads * d] (a copy). Its saved
   tensors are what Korthikanti et al. 2022 count: 2 + 1 + 2 bytes per score element.
+
+What the fused core saves is what Transformer Engine's ``DotProductAttention`` is handed
+(``fused_inputs``): TE's ``get_qkv_layout`` accepts q, k, v as three views of one packed buffer at
+the same strides (Megatron's multi-head QKV without rotary or QK norm) and runs on them; any other
+mix (rotary's fresh q and k beside a V that is still a view into the QKV GEMM's output) matches no
+layout it supports, so it copies each to a contiguous tensor. The kernel then saves a V of its own
+and the QKV output is freed after the forward instead of being held by V's view (at Llama-3 70B's
+8 query heads per KV head, the packed output is 10 times V).
 """
 
 from __future__ import annotations
@@ -28,6 +36,16 @@ from echo_plan.trace import kernels, linears
 from echo_plan.trace.context_parallel import context_parallel_attention
 from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.layers import Rotary, make_norm
+
+
+def fused_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q, k, v as Transformer Engine's fused attention takes them (module docstring): views of one
+    packed buffer at equal strides pass unchanged; otherwise each is made contiguous (a copy kernel
+    for each that is a view, nothing for a fresh tensor)."""
+    base = q._base
+    if base is not None and k._base is base and v._base is base and q.stride() == k.stride() == v.stride():
+        return q, k, v
+    return tuple(t.contiguous() for t in (q, k, v))
 
 
 class Attention(nn.Module):
@@ -68,6 +86,7 @@ class Attention(nn.Module):
 
     def _fused(self, q, k, v):
         s, b = q.shape[0], q.shape[1]
+        q, k, v = fused_inputs(q, k, v)
         if self.cp_group is not None:
             return context_parallel_attention(q, k, v, self.cp_group, self.cp_comm, self.dropout_p)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d] views of the sbhd layout

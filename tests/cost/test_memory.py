@@ -17,6 +17,7 @@ from echo_plan.cost.memory import (
 )
 from echo_plan.errors import FileFormatError
 from echo_plan.specs import PlanSpec, Recompute, load_cluster, load_model, load_stack
+from echo_plan.specs.software import RecomputeModule
 from echo_plan.trace.records import LayerTrace, StageKind, TraceKey
 
 CLUSTER = load_cluster("h800")
@@ -85,7 +86,11 @@ def test_more_recomputation_never_increases_activations(p):
             acts = [tuple(s.activations_bytes for s in estimate(model, p.replace(recompute=r), stack=stack))
                     for r in ("none", "selective", "full")]
             for stage in range(p.pp):
-                assert acts[0][stage] >= acts[1][stage] >= acts[2][stage]
+                assert min(acts[0][stage], acts[1][stage]) >= acts[2][stage]
+                # a checkpointed flash core alone saves nothing, and with RoPE its V, a view, holds the QKV output
+                # (trace/attention.py); recomputing the MLP or the norms too always saves memory
+                if RecomputeModule.MLP in stack.recompute_modules:
+                    assert acts[0][stage] >= acts[1][stage]
 
 
 def test_doubling_micro_batch_doubles_activations():

@@ -58,5 +58,8 @@ def test_layer_invariants(case):
     assert all(all(d < op.index for d in op.deps) for op in trace.ops)
     assert bool(trace.by_phase(Phase.RECOMPUTE)) == (recompute is not Recompute.NONE)
     modes = trace.saved_bytes_by_mode
-    assert modes["full"] < modes["selective"] <= modes["none"] and trace.saved_bytes == modes[recompute.value]
+    assert modes["full"] < min(modes["selective"], modes["none"]) and trace.saved_bytes == modes[recompute.value]
+    # checkpointing the fused core saves nothing of its own, and its inputs' views may hold the packed QKV output
+    # alive (attention.py's docstring), so selective keeps at most that much more than none
+    assert modes["selective"] <= modes["none"] + mbs * s * (h + 2 * kv) * 2 // tp
     assert modes["full"] == mbs * (s // tp if sp and tp > 1 else s) * h * 2

@@ -89,7 +89,9 @@ def test_recompute_modules_choose_what_selective_recompute_saves():
         saved[tuple(modules)] = t.saved_bytes
         assert t.by_phase(Phase.RECOMPUTE)
     none = block(llama, CORE, sp=True).saved_bytes
-    assert saved[("mlp",)] < saved[("core_attn",)] < none  # the MLP keeps far more than flash attention does
+    # the MLP keeps far more than flash attention does; checkpointing the flash core saves nothing (its checkpointed
+    # V, a view, holds the QKV output: test_attention.py)
+    assert saved[("mlp",)] < min(saved[("core_attn",)], none)
     assert saved[("layernorm",)] < none
     assert saved[("core_attn", "mlp", "layernorm")] < min(saved[("mlp",)], saved[("layernorm",)])
 
