@@ -12,6 +12,9 @@ rows are ranked by throughput per GPU (tokens/s/GPU: what a GPU-hour buys), pred
   rows, the MoE rows' configurations): which size or layout gives the most per GPU;
 * the same model on the same GPUs in bf16 and in fp8: is FP8 worth it, and by how much.
 
+The same plan measured again in another release is not another choice: a group that holds one candidate twice
+is split by release (the rows' source), and a group needs two different plans.
+
 Per group it prints the Spearman rank correlation (groups of 3 or more; for a pair, whether the order is
 right), the regret of the predicted-best row (1 - measured throughput of the row predicted best / the best
 measured), and the group's mean |error|. Target (issue 31): mean regret at most 2% over the groups.
@@ -83,20 +86,37 @@ def per_gpu(row, step_s: float) -> float:
     return row.plan["global_batch_size"] * row.model.seq_length / (step_s * row.gpus)
 
 
+def candidate(row) -> tuple:
+    """What a team chooses: the row's plan and its stack settings (the same candidate in another release is not
+    another choice)."""
+    return tuple(sorted(row.plan.items())) + tuple(sorted((k, str(v)) for k, v in row.stack_overrides.items()))
+
+
 def groups(suite_name: str, rows):
+    """Rows a team would choose between; where a group holds one candidate twice (measured in several releases),
+    one group per release (``source``)."""
     by: dict[tuple, list] = defaultdict(list)
     for row, pred in rows:
         dtype = str(row.plan.get("dtype", ""))
-        by[(suite_name, row.model.name, row.model.seq_length, dtype, "sizes and layouts")].append((row, pred))
+        recipe = row.stack_overrides.get("fp8_recipe")
+        precision = f"{dtype} {getattr(recipe, 'value', recipe)}" if recipe and dtype == "fp8" else dtype
+        by[(suite_name, row.model.name, row.model.seq_length, precision, "sizes and layouts")].append((row, pred))
         by[(suite_name, row.model.name, row.model.seq_length, f"{row.gpus} GPUs", "bf16 or fp8")].append((row, pred))
     out = []
     for key, members in by.items():
-        if key[-1] == "bf16 or fp8":
-            dtypes = {str(r.plan.get("dtype")) for r, _ in members}
-            if dtypes != {"bf16", "fp8"} or len(members) != 2:
-                continue
-        if len(members) >= 2:
-            out.append((key, members))
+        parts = [(key, members)]
+        if len({candidate(r) for r, _ in members}) < len(members):
+            releases: dict[str, list] = defaultdict(list)
+            for row, pred in members:
+                releases[row.source].append((row, pred))
+            parts = [((*key[:3], f"{key[3]} {src}".strip(), key[4]), part) for src, part in releases.items()]
+        for k, part in parts:
+            if k[-1] == "bf16 or fp8":
+                dtypes = {str(r.plan.get("dtype")) for r, _ in part}
+                if dtypes != {"bf16", "fp8"} or len(part) != 2:
+                    continue
+            if len({candidate(r) for r, _ in part}) >= 2:
+                out.append((k, part))
     return out
 
 
@@ -132,7 +152,7 @@ def main() -> int:
           f"{mean_regret * 100:.2f}% (target at most {REGRET_TARGET * 100:.0f}%: "
           f"{'met' if mean_regret <= REGRET_TARGET else 'NOT met'}), worst {max(regrets) * 100:.1f}%, "
           f"{sum(1 for r in regrets if r > 0)} groups pick a row that was not the best; mean Spearman "
-          f"{sum(rhos) / len(rhos):+.2f} over the {len(rhos)} groups of 3 or more")
+          f"{sum(rhos) / len(rhos):+.2f} over the {len(rhos)} groups of 3 or more (ranks of ties shared)")
     print(f"{time.perf_counter() - start:.1f} s on {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -45,6 +45,7 @@ class TrainingRow:
     flops_per_step: float = 0.0  # the FLOPs the TFLOP/s figure counts per step (tflops-table rows)
     detail: str = ""  # choices made for what the suite leaves open
     measured_peak_gib: float | None = None  # the run's published peak memory per GPU, where the source gives it
+    source: str = ""  # the release or run set the row comes from (the file's source column), where it names one
 
     @property
     def measured_step_s(self) -> float:
@@ -204,7 +205,7 @@ def read_step_times(path: Path, not_modelled: str = "",
                                     plan=MappingProxyType(_plan_fields(rec, path, line, preset)),
                                     stack_overrides=MappingProxyType(_stack_fields(rec, path, line)),
                                     flops_per_step=flops, detail=corrected.get(line, ""),
-                                    measured_peak_gib=_peak(rec, path, line)))
+                                    measured_peak_gib=_peak(rec, path, line), source=rec.get("source", "")))
             continue
         if absent:
             raise FileFormatError(str(path), f"row {label!r} cannot be simulated: no {', '.join(absent)}", line)
@@ -228,7 +229,7 @@ def read_step_times(path: Path, not_modelled: str = "",
                                 plan=MappingProxyType(_plan_fields(rec, path, line)),
                                 stack_overrides=MappingProxyType(_stack_fields(rec, path, line)),
                                 flops_per_step=flops, detail=corrected.get(line, ""),
-                                measured_peak_gib=_peak(rec, path, line)))
+                                measured_peak_gib=_peak(rec, path, line), source=rec.get("source", "")))
     return tuple(rows)
 
 

@@ -84,6 +84,15 @@ def test_step_time_rows_carry_the_run_settings(tmp_path):
     assert not b.not_modelled and b.plan["dtype"] == "fp8"  # FP8 rows are simulated (issue 13)
     assert not c.not_modelled and c.plan["cp"] == 2 and c.plan["dp"] == 128 // (4 * 8 * 2)  # CP rows are modelled
     assert c.label != b.label
+    assert a.source == b.source == ""  # no source column
+
+
+def test_rows_name_the_release_they_come_from():
+    """The same plan in several releases: each row carries its source (the ranking benchmark splits by it)."""
+    rows = [r for r in read_step_times(validation_dir() / "megatron_bridge_gb200.csv") if not r.not_modelled]
+    sources = {r.source for r in rows}
+    assert "Megatron-Bridge 26.04" in sources and all(s.startswith("Megatron-Bridge ") for s in sources)
+    assert all(r.label.endswith(f"({r.source})") for r in rows if "405b" in r.label)
 
 
 def test_cli_unknown_suite_and_missing_dir(tmp_path, capsys):
