@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 from echo_plan.calibrate.blocks import build_blocks
 from echo_plan.calibrate.preset_files import recipes, recipes_without
 from echo_plan.cost.ranges import NOMINAL_COVERAGE, RangeMethod, RangeTable, prediction_range
-from echo_plan.specs import load_cluster
+from echo_plan.specs import load_cluster, load_stack
 from echo_plan.validation.predict import RowSimulator
 from echo_plan.validation.registry import training_rows, training_suite
 
@@ -110,6 +110,24 @@ def predict_without(path: Path, vdir: Path, cache: Any = None,
     return LosoSuite(suite.name, suite.cluster, family(suite.cluster), how, tuple(rows))
 
 
+def shipped_loso(path: Path) -> LosoSuite:
+    """The suite at ``path`` as the shipped ranges hold it: its rows' leave-one-suite-out residuals, which
+    ``calibrate.presets --write`` stored in its preset's ``calibration.ranges`` (a test holds them equal to a fresh
+    :func:`predict_without`), read back instead of predicted again. Its errors are in step time."""
+    suite = training_suite(path)
+    table = (load_cluster(suite.cluster).calibration or {}).get("ranges") or {}
+    prefix, rows = f"{suite.name}: ", []
+    for key, moe in (("by_stack", False), ("moe_by_stack", True)):
+        for stack_name, pool in (table.get(key) or {}).items():
+            stack = None
+            for label, residual in zip(pool.get("rows") or (), pool.get("residuals") or ()):
+                if label.startswith(prefix):
+                    stack = stack if stack is not None else load_stack(stack_name)
+                    rows.append(LosoRow(label[len(prefix):], stack, moe, math.exp(residual) - 1.0, residual))
+    return LosoSuite(suite.name, suite.cluster, family(suite.cluster), "the shipped ranges (not predicted again)",
+                     tuple(rows))
+
+
 def _compute_words(cal: dict) -> str:
     fitted = (cal.get("compute") or {}).get("fitted_on") or {}
     return "compute fitted on " + ", ".join(f"{len(v)} rows of {k}" for k, v in fitted.items())
@@ -153,9 +171,12 @@ def with_coverage(suites: Sequence[LosoSuite]) -> tuple[LosoSuite, ...]:
 
 
 def leave_one_suite_out(paths: Sequence[Path], vdir: Path, cache: Any = None,
-                        progress: Callable[[str], None] | None = None) -> tuple[LosoSuite, ...]:
-    """Every training suite at ``paths`` predicted without itself, each row marked against its range."""
-    return with_coverage([predict_without(p, vdir, cache, progress) for p in paths])
+                        progress: Callable[[str], None] | None = None,
+                        shipped: Sequence[Path] = ()) -> tuple[LosoSuite, ...]:
+    """Every training suite at ``paths`` predicted without itself, each row marked against the range made from the
+    other suites, those at ``shipped`` included as the shipped ranges hold them (:func:`shipped_loso`)."""
+    return with_coverage([predict_without(p, vdir, cache, progress) for p in paths]
+                         + [shipped_loso(p) for p in shipped])
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         rows: bool = typer.Option(True, "--rows/--summary-only", help="print every row after the summary"),
         loso: bool = typer.Option(True, "--loso/--no-loso",
                                   help="also predict each training suite by a calibration made without it "
-                                       "(refits the presets' recipes; about 15 s)"),
+                                       "(refits the presets' recipes; a minute or two cold)"),
         as_json: bool = JsonOpt,
         cache_dir: Optional[Path] = CacheDirOpt,
     ) -> None:
@@ -73,7 +73,8 @@ def register(app: typer.Typer) -> None:
             results.append(run_suite(ref, cache, progress, nccl_fitter()))
         pooled = None
         if loso and any(r.kind == "training" for r in results):
-            results, pooled = _with_loso(results, discover([d for d in folders if d.is_dir()]), cache, as_json)
+            results, pooled = _with_loso(results, discover([d for d in folders if d.is_dir()]), cache, as_json,
+                                         chosen=bool(suite))
         bounds = headroom_bounds(results)
         if as_json:
             print_json({"suites": [r.as_json() for r in results], "passed": all(r.acceptable for r in results),
@@ -94,22 +95,28 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
 
 
-def _with_loso(results, every, cache, quiet: bool):
+def _with_loso(results, every, cache, quiet: bool, chosen: bool = False):
     """The results with each training suite's leave-one-suite-out figures, and the pooled ones. Every
-    training suite found takes part (a suite's range is made from the others), shown or not."""
+    training suite found takes part (a suite's range is made from the others), shown or not. With ``chosen``
+    (--suite), a shipped suite not asked for takes part as the shipped ranges hold it, not predicted again, and
+    the pooled figures are those of the suites asked for."""
     from dataclasses import replace
 
     from echo_plan.calibrate.loso import leave_one_suite_out, overall  # deferred: refits with numpy
 
     say = None if quiet else (lambda m: typer.echo(f"leave-one-suite-out: {m}", err=True))
-    suites = {s.name: s for s in leave_one_suite_out([r.path for r in every if r.kind == "training"],
-                                                     validation_dir(), cache, say)}
+    training = [r for r in every if r.kind == "training"]
+    asked = {r.name for r in results}
+    reuse = [r.path for r in training if chosen and r.name not in asked and r.path.parent == validation_dir()]
+    suites = {s.name: s for s in leave_one_suite_out([r.path for r in training if r.path not in reuse],
+                                                     validation_dir(), cache, say, shipped=reuse)}
     gaps = [r.name for r in results if r.open_issue]
-    pooled = {}
+    pooled: dict = {"chosen": chosen}
+    shown = [s for s in suites.values() if s.name in asked] if chosen else list(suites.values())
     for key, skip in (("all", ()), ("without_known_gaps", gaps)):
-        o = overall(suites.values(), skip)
+        o = overall(shown, skip)
         pooled[key] = {"rows": o.rows, "mean_abs_error": o.mean_abs_error, "coverage": o.coverage,
-                       "suites": sorted(n for n in suites if n not in skip)}
+                       "suites": sorted(s.name for s in shown if s.name not in skip)}
     return [replace(r, loso=suites.get(r.name)) for r in results], pooled
 
 
@@ -125,7 +132,8 @@ def _headroom_line(b) -> str:
 
 def _loso_line(pooled) -> str:
     a, b = pooled["all"], pooled["without_known_gaps"]
-    line = (f"leave-one-suite-out, every training suite ({a['rows']} rows): mean |error| {_pct(a['mean_abs_error'])}, "
+    scope = "the training suites asked for" if pooled.get("chosen") else "every training suite"
+    line = (f"leave-one-suite-out, {scope} ({a['rows']} rows): mean |error| {_pct(a['mean_abs_error'])}, "
             f"80% range coverage {_pct(a['coverage'])}")
     if b["rows"] != a["rows"]:
         line += (f"; without the known gaps ({b['rows']} rows): {_pct(b['mean_abs_error'])}, coverage "

@@ -201,6 +201,23 @@ def test_leave_one_suite_out_coverage_and_the_shipped_ranges(validated):
 
 
 @pytest.mark.slow
+def test_one_suite_asked_for_meets_the_others_as_the_shipped_ranges_hold_them(validated, capsys):
+    """``--suite`` predicts only the suites asked for: the shipped suites not asked for take part in its range as the
+    presets' shipped residuals (not predicted again), and give the same verdict per row as the full run."""
+    _, full = validated
+    name = "megatron_bridge_b200"
+    capsys.readouterr()
+    main(["validate", "--suite", name, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    (one,) = out["suites"]
+    (whole,) = [s for s in full["suites"] if s["name"] == name]
+    got, want = one["leave_one_suite_out"], whole["leave_one_suite_out"]
+    assert [(r["label"], r["in_range"]) for r in got["rows"]] == [(r["label"], r["in_range"]) for r in want["rows"]]
+    assert [r["log_residual"] for r in got["rows"]] == pytest.approx([r["log_residual"] for r in want["rows"]])
+    assert out["leave_one_suite_out"]["all"]["suites"] == [name] and out["leave_one_suite_out"]["chosen"]
+
+
+@pytest.mark.slow
 def test_the_default_headroom_would_have_kept_every_run_that_ran(validated):
     """Issue 31: the headroom is measured against the runs: no default larger than what a run that ran left
     free beyond its predicted peak (suites without a known gap)."""
