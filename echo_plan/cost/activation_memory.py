@@ -34,20 +34,28 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     sb = s * b
     if recompute is Recompute.FULL:
         return int(e * sb * h * rep)  # the layer's input, the checkpoint Megatron-LM keeps
-    if (recompute is Recompute.SELECTIVE and stack.recompute_policy is RecomputePolicy.OPS and model.mla is None
-            and not (kind.moe and model.moe is not None)):
-        # torchtitan's per-op policy (trace/op_checkpoint.py): the block's input, the outputs of the first and third
-        # of its four matmuls (QKV, fc1), attention's output and log-sum-exp, and sequence parallelism's two
-        # reduce-scatters; the rest is recomputed
-        fc1 = 2 * f if model.activation.gated else f
-        kept = e * sb * (a * model.head_dim + 2 * kv + a * model.head_dim + fc1) / t + 4 * b * a * s / t
+    moe = kind.moe and model.moe is not None
+    # torchtitan's wq/wk/wv and w1/w3 (trace/attention.py separate_projections): a GEMM each on one gathered input
+    split = not stack.fused_projections and not (stack.tp_comm_overlap and plan.sequence_parallel and t > 1)
+    split_mlp = split and model.activation is Activation.SWIGLU and not moe
+    if recompute is Recompute.SELECTIVE and stack.recompute_policy is RecomputePolicy.OPS and model.mla is None \
+            and not moe:
+        # torchtitan's per-op policy (trace/op_checkpoint.py): the block's input, the outputs of its odd-numbered
+        # matmuls, attention's output and log-sum-exp, and sequence parallelism's two reduce-scatters; the rest is
+        # recomputed. A row-parallel matmul writes the whole [s, b, h] of partial sums.
+        qd = a * model.head_dim / t
+        attn_mms = [qd, kv / t, kv / t, h] if split else [qd + 2 * kv / t, h]
+        mlp_mms = ([f / t, f / t, h] if split_mlp else [(2 * f if model.activation.gated else f) / t, h])
+        kept = e * sb * (sum((attn_mms + mlp_mms)[::2]) + qd) + 4 * b * a * s / t
         return int(e * sb * h * rep + kept + (2 * e * sb * h / t if plan.sequence_parallel and t > 1 else 0))
     modules = set(stack.recompute_modules) if recompute is Recompute.SELECTIVE else set()
     stats = (4 * model.norm.params) * sb * rep  # fp32 mean and rstd (LayerNorm) or rstd (RMSNorm) per norm
     norms = 2 * (e * sb * h * rep + stats)  # the two norms' inputs
     mask = sb * h * rep if stack.hidden_dropout > 0 else 0  # 1-byte dropout masks after attention and MLP
     norm_out = 0 if RecomputeModule.LAYERNORM in modules else e * sb * h * rep  # a linear's input
-    attn = norm_out  # QKV linear input
+    # separate projections save the input they read, gathered over the sequence (nothing discards it)
+    gathered = e * sb * h if plan.sequence_parallel and t > 1 else norm_out
+    attn = gathered if split else norm_out  # QKV linear input
     if model.mla is not None:  # latents (replicated) and, unless recomputed, the up-projected q, k, v
         m = model.mla
         attn += e * sb * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim)
@@ -58,14 +66,17 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
         qkv = e * sb * (a * model.head_dim + 2 * kv) / t
         attn += qkv  # q, k and the fused kernel's own copy of V (trace/attention.py)
         held = False  # whether a saved view holds the whole QKV output alive
-        if model.qk_norm:
+        if split:  # V is wv's own output, the norms keep q and k as the GEMMs wrote them
+            attn += (e * sb * (a * model.head_dim + kv) / t + 4 * sb * (a + model.kv_heads) / t
+                     if model.qk_norm else 0)
+        elif model.qk_norm:
             # the norms keep their inputs: K's view, and q, a copy where the rank's query heads of several KV groups
             # are gathered into one tensor (else a view too)
             gathered = a > model.kv_heads and model.kv_heads // t > 1
             attn += (e * sb * a * model.head_dim / t if gathered else 0) + 4 * sb * (a + model.kv_heads) / t
             held = True
-        if RecomputeModule.CORE_ATTN in modules and (model.position_embedding is PositionEmbedding.ROTARY
-                                                     or model.qk_norm):
+        if RecomputeModule.CORE_ATTN in modules and not split and (model.position_embedding is PositionEmbedding.ROTARY
+                                                                   or model.qk_norm):
             attn -= e * sb * kv / t  # the checkpoint keeps V as it came, a view (no copy of its own)
             held = True
         attn += qkv if held else 0
@@ -81,7 +92,8 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     else:
         # fc1's output and fc2's input; a gated unit's fused kernel keeps only its 2f input, the unfused ops also
         # keep the activated gate (silu(a), then multiplied by b)
-        mlp = norm_out + ((3 if stack.fused_elementwise else 4) if model.activation.gated else 2) * e * sb * f / t
+        mlp = ((gathered if split_mlp else norm_out)
+               + ((3 if stack.fused_elementwise else 4) if model.activation.gated else 2) * e * sb * f / t)
     return int(norms + attn + mlp + 2 * mask)
 
 

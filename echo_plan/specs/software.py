@@ -111,6 +111,13 @@ class SoftwareSpec(Spec):
         default=None, description="PyTorch-native stacks: torch.compile on (true) or eager (false); what it fuses here "
                                   "is the elementwise chains (norms, SwiGLU, RoPE, residual adds), so it sets "
                                   "fused_elementwise; None: fused_elementwise as given")
+    fused_projections: bool = Field(
+        default=True,
+        description="Q, K and V as one GEMM and a gated MLP's gate and up projections as one (Megatron-Core's "
+                    "linear_qkv and linear_fc1); false: a GEMM and a weight each (torchtitan's wq/wk/wv and w1/w3, "
+                    "Hugging Face's q_proj/k_proj/v_proj and gate_proj/up_proj), which changes what torchtitan's "
+                    "per-op checkpointing keeps. With TP communication overlap the projections that share an input "
+                    "are traced as one GEMM: async TP gathers the input once for all of them")
     gradient_accumulation_fusion: bool = Field(
         default=True, description="weight-gradient GEMMs accumulate into the fp32 main-grad buffer themselves")
     tp_comm_overlap: bool = Field(
@@ -238,7 +245,8 @@ class SoftwareSpec(Spec):
                 + ("" if self.moe_probs_in_activation else ",probs-at-unpermute")
                 + (",act-in-fp8" if self.moe_act_input_fp8 else "")
                 + (",fp8-dispatch" if self.moe_dispatch_fp8 else "")
-                + ("" if self.cp_comm is CPComm.P2P else f";cp={self.cp_comm.value}"))
+                + ("" if self.cp_comm is CPComm.P2P else f";cp={self.cp_comm.value}")
+                + ("" if self.fused_projections else ";split-proj"))
 
     def fp8_signature(self) -> str:
         """The FP8 settings that change an fp8 trace (appended to its cache key; bf16 traces ignore them)."""

@@ -1,7 +1,8 @@
 """Self-attention, sharded as Megatron-LM shards it, with the attention core the stack runs.
 
 QKV is one column-parallel linear (Megatron's grouped layout: per KV group its query heads, then
-its key and value head), rotary embedding on q and k, the core, and the row-parallel output
+its key and value head), or three where the stack keeps them apart (``fused_projections`` off:
+torchtitan's wq, wk, wv on one gathered input), rotary embedding on q and k, the core, and the row-parallel output
 projection, whose bias is returned to the caller to be fused with dropout and the residual add.
 
 The core (tensors [s, b, heads, d], Megatron's layout):
@@ -48,6 +49,13 @@ def fused_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[tor
     return tuple(t.contiguous() for t in (q, k, v))
 
 
+def separate_projections(stack: SoftwareSpec, group: TPGroup | None, overlap: bool) -> bool:
+    """Whether the projections that read one input run as a GEMM each (``fused_projections`` off). With TP
+    communication overlap they stay one GEMM: async TP gathers their input once for all of them, which the
+    tracer's pipelined linear does only for one weight (the stack field says so)."""
+    return not stack.fused_projections and not (overlap and group is not None)
+
+
 class Attention(nn.Module):
     def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype,
                  stack: SoftwareSpec, checkpoint_core, accumulate_unfused: bool, overlap: bool, window: int = 0,
@@ -68,9 +76,13 @@ class Attention(nn.Module):
         self.group, self.sp, self.overlap, self.accumulate_unfused = group, sequence_parallel, overlap, accumulate_unfused
         self.heads, self.kv_heads, self.head_dim = (
             model.num_attention_heads // tp, model.kv_heads // tp, model.head_dim)
-        qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
-        self.qkv_weight = nn.Parameter(torch.empty(qkv_out, model.hidden_size, dtype=dtype))
-        self.qkv_bias = nn.Parameter(torch.empty(qkv_out, dtype=dtype)) if model.has_bias else None
+        # torchtitan's wq, wk, wv: a GEMM each (``fused_projections`` off; see ``separate_projections``)
+        self.split = separate_projections(stack, group, overlap)
+        widths = ((self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
+                  if self.split else ((self.heads + 2 * self.kv_heads) * self.head_dim,))
+        self.qkv_weights = nn.ParameterList(nn.Parameter(torch.empty(n, model.hidden_size, dtype=dtype)) for n in widths)
+        self.qkv_biases = (nn.ParameterList(nn.Parameter(torch.empty(n, dtype=dtype)) for n in widths)
+                           if model.has_bias else None)
         self.proj_weight = nn.Parameter(torch.empty(model.hidden_size, self.heads * self.head_dim, dtype=dtype))
         self.proj_bias = nn.Parameter(torch.empty(model.hidden_size, dtype=dtype)) if model.has_bias else None
         self.rotary = (Rotary(model.seq_length // cp, model.rotary_dims, dtype, fused=stack.fused_elementwise)
@@ -109,14 +121,25 @@ class Attention(nn.Module):
         ctx = torch.bmm(probs.view(b * heads, s, s), v2)
         return ctx.view(b, heads, s, d).permute(2, 0, 1, 3).contiguous().view(s, b, heads * d)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        qkv = linears.column_parallel_linear(x, self.qkv_weight, self.qkv_bias, self.group, self.sp,
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [s, b, heads, d], k and v [s, b, kv heads, d]: views of one GEMM's output in Megatron's grouped
+        layout, or the outputs of three GEMMs."""
+        biases = tuple(self.qkv_biases) if self.qkv_biases is not None else (None,) * len(self.qkv_weights)
+        if self.split:
+            outs = linears.column_parallel_linears(x, tuple(self.qkv_weights), biases, self.group, self.sp,
+                                                   self.accumulate_unfused, self.fp8)
+            s, b = outs[0].shape[0], outs[0].shape[1]
+            return tuple(o.view(s, b, -1, self.head_dim) for o in outs)
+        qkv = linears.column_parallel_linear(x, self.qkv_weights[0], biases[0], self.group, self.sp,
                                               self.accumulate_unfused, self.overlap, self.fp8)
         s, b = qkv.shape[0], qkv.shape[1]
         group_width = (self.heads // self.kv_heads + 2) * self.head_dim  # Megatron's grouped QKV layout
         qkv = qkv.view(s, b, self.kv_heads, group_width)
         q, k, v = torch.split(qkv, [group_width - 2 * self.head_dim, self.head_dim, self.head_dim], dim=-1)
-        q = q.reshape(s, b, self.heads, self.head_dim)
+        return q.reshape(s, b, self.heads, self.head_dim), k, v
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        q, k, v = self._qkv(x)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:

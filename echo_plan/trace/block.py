@@ -35,7 +35,7 @@ from echo_plan.specs import Activation, ModelSpec, Recompute, RecomputeModule, S
 from echo_plan.specs.software import RecomputePolicy
 from echo_plan.trace.op_checkpoint import op_checkpointed
 from echo_plan.trace import kernels, linears, moe_kernels
-from echo_plan.trace.attention import Attention
+from echo_plan.trace.attention import Attention, separate_projections
 from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
 from echo_plan.trace.fake_pg import TPGroup, TraceGroups
 from echo_plan.trace.layers import clamped_swiglu, make_norm
@@ -82,9 +82,13 @@ class MLP(nn.Module):
         self.activation = model.activation
         self.fused = stack.fused_elementwise
         ffn = (model.ffn_size if ffn is None else ffn) // tp
-        fc1_out = 2 * ffn if model.activation.gated else ffn  # SwiGLU's gate and up projections in one GEMM
-        self.fc1_weight = nn.Parameter(torch.empty(fc1_out, model.hidden_size, dtype=dtype))
-        self.fc1_bias = nn.Parameter(torch.empty(fc1_out, dtype=dtype)) if model.has_bias else None
+        # a gated unit's gate and up projections in one GEMM, or a GEMM each (torchtitan's w1 and w3)
+        self.split = (model.activation is Activation.SWIGLU and cache_act is None
+                      and separate_projections(stack, group, overlap))
+        widths = (ffn, ffn) if self.split else ((2 * ffn if model.activation.gated else ffn),)
+        self.fc1_weights = nn.ParameterList(nn.Parameter(torch.empty(n, model.hidden_size, dtype=dtype)) for n in widths)
+        self.fc1_biases = (nn.ParameterList(nn.Parameter(torch.empty(n, dtype=dtype)) for n in widths)
+                           if model.has_bias else None)
         self.fc2_weight = nn.Parameter(torch.empty(model.hidden_size, ffn, dtype=dtype))
         self.fc2_bias = nn.Parameter(torch.empty(model.hidden_size, dtype=dtype)) if model.has_bias else None
         self.fp8 = None  # an fp8.Fp8State when the linears run FP8 GEMMs (set by the block)
@@ -92,7 +96,7 @@ class MLP(nn.Module):
     def act(self, h: torch.Tensor) -> torch.Tensor:
         """The activation on FC1's output, with FC1's bias (Megatron-LM skips FC1's bias add and
         fuses it with the activation)."""
-        b = self.fc1_bias
+        b = self.fc1_biases[0] if self.fc1_biases is not None else None
         if self.activation is Activation.GELU:
             if b is not None and self.fused:
                 return kernels.bias_gelu(h, b)
@@ -108,8 +112,19 @@ class MLP(nn.Module):
             return F.silu(gate) * up
         return torch.pow(F.relu(h), 2)  # squared ReLU, as Megatron-Core writes it (no fused kernel)
 
+    def gated_pair(self, x: torch.Tensor) -> torch.Tensor:
+        """The gated unit on separate gate and up GEMMs (``fused_projections`` off): their biases added, then one
+        fused kernel on the pair, or the separate ops."""
+        biases = tuple(self.fc1_biases) if self.fc1_biases is not None else (None, None)
+        gate, up = linears.column_parallel_linears(x, tuple(self.fc1_weights), biases, self.group, self.sp,
+                                                   self.accumulate_unfused, self.fp8)
+        return kernels.swiglu_pair(gate, up) if self.fused else F.silu(gate) * up
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        h = linears.column_parallel_linear(x, self.fc1_weight, None, self.group, self.sp,
+        if self.split:
+            h = self.gated_pair(x)
+            return self._fc2(h), self.fc2_bias
+        h = linears.column_parallel_linear(x, self.fc1_weights[0], None, self.group, self.sp,
                                             self.accumulate_unfused, self.overlap, self.fp8)
         if self.cache_act is None:
             h = self.act(h)
@@ -117,11 +132,14 @@ class MLP(nn.Module):
             h = moe_kernels.CachedSwiGLU.apply(h)
             if self.fp8 is not None:
                 self.fp8.keep_original(h)  # FC2 keeps the (freed) output, not an FP8 copy
-        out = linears.row_parallel_linear(h, self.fc2_weight, self.group, self.sp, self.accumulate_unfused,
-                                           self.overlap, self.fp8)
+        out = self._fc2(h)
         if self.cache_act is not None:
             self.cache_act(h)
         return out, self.fc2_bias
+
+    def _fc2(self, h: torch.Tensor) -> torch.Tensor:
+        return linears.row_parallel_linear(h, self.fc2_weight, self.group, self.sp, self.accumulate_unfused,
+                                           self.overlap, self.fp8)
 
 
 class TransformerBlock(nn.Module):

@@ -36,7 +36,7 @@ from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.overlap import RS_SPLITS
 from echo_plan.trace.quant_state import Fp8State
 
-__all__ = ["Fp8State", "fp8_column_linear", "fp8_row_linear", "fp8_grouped_linear"]
+__all__ = ["Fp8State", "fp8_column_linear", "fp8_column_linears", "fp8_row_linear", "fp8_grouped_linear"]
 
 Tensor = torch.Tensor
 
@@ -202,6 +202,65 @@ def fp8_row_linear(x, weight, group: TPGroup | None, sequence_parallel: bool, ac
         return _Fp8PipelinedReduceScatterLinear.apply(x, weight, group, accumulate_unfused, fp8)
     out = _Fp8Linear.apply(x, weight, None, group, False, None, accumulate_unfused, fp8, False)
     return parallel.reduce_scatter_to_sp(out, group) if sequence_parallel else parallel.reduce_from_tp(out, group)
+
+
+class _Fp8SharedInputLinears(torch.autograd.Function):
+    """Several column-parallel FP8 linears on one input, a GEMM and a weight each (``fused_projections`` off):
+    the input is cast once (and with sequence parallelism all-gathered once, in FP8), as torchtitan's
+    ``PrepareFloat8ModuleInput`` does for wq/wk/wv and w1/w3 under TP (and torch.compile's common-subexpression
+    elimination of their identical casts without); one saved input serves every weight gradient, and the input
+    gradients of the GEMMs are summed before one reduction."""
+
+    @staticmethod
+    def forward(ctx, x, group, gather_input, reduce_grad, accumulate_unfused, fp8, *weights):
+        ctx.group, ctx.gather_input, ctx.reduce_grad, ctx.fp8 = group, gather_input, reduce_grad, fp8
+        ctx.wdtype, ctx.x_shape = weights[0].dtype, x.shape
+        ctx.main_grads = [parallel.unfused_main_grad(w, accumulate_unfused) for w in weights]
+        q, sx, kept, skept = _forward_cast(fp8, x, group if gather_input else None)
+        total = parallel.all_gather(q, group) if gather_input else q
+        s_total = _gather_scales(fp8, sx, group) if gather_input else sx
+        outs, ctx.fp8_weights = [], []
+        for w in weights:
+            w8, w8t, sw = fp8.weight(w)
+            outs.append(fp8.gemm(total, w8, s_total, sw, None, x.dtype, weight=True).view(-1, *x.shape[1:-1], w.shape[0]))
+            ctx.fp8_weights.append((w8t, sw))
+        _save_input(ctx, fp8, x, kept, skept)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grad_outs):
+        group, fp8 = ctx.group, ctx.fp8
+        q, sx = _saved_input(ctx, group if ctx.gather_input else None)
+        gathering = parallel.all_gather(q, group, wait=False) if ctx.gather_input else None
+        grad_in, wgrad_inputs = None, []
+        for grad_out, (w8t, sw) in zip(grad_outs, ctx.fp8_weights):
+            gq, g_t, sg, sg_t = fp8.cast(grad_out.reshape(-1, grad_out.shape[-1]), True, transpose=True)
+            part = fp8.gemm(gq, w8t, sg, sw, out_dtype=grad_out.dtype, weight=True)
+            grad_in = part if grad_in is None else grad_in + part
+            wgrad_inputs.append((g_t, sg_t))
+        grad_in = grad_in.view(*grad_outs[0].shape[:-1], ctx.fp8_weights[0][0].shape[0])
+        total = parallel.wait(gathering, group) if gathering is not None else q
+        if gathering is not None:
+            sx = _gather_scales(fp8, sx, group)
+        if ctx.reduce_grad == "reduce_scatter":
+            grad_in = parallel.reduce_scatter(grad_in, group, wait=False)
+        elif ctx.reduce_grad == "all_reduce":
+            grad_in = parallel.all_reduce(grad_in, group, wait=False)
+        grad_ws = []
+        for main_grad, (g_t, sg_t) in zip(ctx.main_grads, wgrad_inputs):
+            a, b_t = fp8.wgrad_operands(g_t, total)
+            grad_ws.append(parallel.accumulate_grad(main_grad, fp8.gemm(a, b_t, sg_t, sx, out_dtype=ctx.wdtype)))
+        if ctx.reduce_grad is not None:
+            grad_in = parallel.wait(grad_in, group)
+        return (grad_in, None, None, None, None, None, *grad_ws)
+
+
+def fp8_column_linears(x, weights, group: TPGroup | None, sequence_parallel: bool, accumulate_unfused: bool,
+                       fp8: Fp8State) -> tuple:
+    """Column-parallel FP8 linears without biases that share one cast (and gather) of ``x``."""
+    reduce_grad = None if group is None else ("reduce_scatter" if sequence_parallel else "all_reduce")
+    return _Fp8SharedInputLinears.apply(x, group, bool(group is not None and sequence_parallel), reduce_grad,
+                                        accumulate_unfused, fp8, *weights)
 
 
 class _Fp8GroupedLinear(torch.autograd.Function):

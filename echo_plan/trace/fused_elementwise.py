@@ -3,6 +3,8 @@ kernel each, recorded with its real shapes, saving what the fused kernel saves.
 
 * ``bias_gelu``: Megatron-LM's ``bias_gelu_impl`` (tanh GeLU of x + bias; saves x and bias).
 * ``swiglu``: Megatron-LM's ``bias_swiglu_impl`` without bias (silu(gate) * up; saves the input).
+* ``swiglu_pair``: the same on separate gate and up tensors (torch.compile's one kernel for torchtitan's
+  ``silu(w1(x)) * w3(x)``; saves both inputs).
 * ``bias_dropout_add``: Megatron-LM's ``bias_dropout_add_fused_train`` (residual + dropout(x + bias);
   saves a 1-byte mask), and ``dropout`` on its own.
 * ``clamped_geglu``: GPT-OSS's clamped gated unit as Megatron-Core's experts run it with
@@ -89,6 +91,33 @@ def _swiglu_bwd(ctx, grad):
 
 
 swiglu.register_autograd(_swiglu_bwd, setup_context=_swiglu_setup)
+
+
+@torch.library.custom_op("echo_plan::swiglu_pair", mutates_args=())
+def swiglu_pair(gate: Tensor, up: Tensor) -> Tensor:
+    return F.silu(gate) * up
+
+
+@torch.library.custom_op("echo_plan::swiglu_pair_backward", mutates_args=())
+def swiglu_pair_backward(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    g, a, u = grad.float(), gate.float(), up.float()
+    sig = torch.sigmoid(a)
+    return (g * u * sig * (1 + a * (1 - sig))).to(grad.dtype), (g * a * sig).to(grad.dtype)
+
+
+swiglu_pair.register_fake(lambda gate, up: torch.empty_like(gate))
+swiglu_pair_backward.register_fake(lambda grad, gate, up: (torch.empty_like(gate), torch.empty_like(up)))
+
+
+def _swiglu_pair_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_pair_bwd(ctx, grad):
+    return swiglu_pair_backward(grad, *ctx.saved_tensors)
+
+
+swiglu_pair.register_autograd(_swiglu_pair_bwd, setup_context=_swiglu_pair_setup)
 
 
 CLAMP_LIMIT, CLAMPED_ALPHA = 7.0, 1.702  # GPT-OSS (OpenAI 2025 model card and reference implementation)

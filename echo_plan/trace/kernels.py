@@ -39,11 +39,12 @@ Tensor = torch.Tensor
 # fused_elementwise.py; importing them here registers them and keeps ``kernels.swiglu`` etc. working.
 from echo_plan.trace.fused_elementwise import (  # noqa: E402
     _keep_mask, bias_dropout_add, bias_gelu, clamped_geglu, clamped_geglu_backward, dropout, dropout_backward, swiglu,
-    swiglu_backward)
+    swiglu_backward, swiglu_pair, swiglu_pair_backward)
 
 __all__ = ["assemble", "attention", "attention_backward", "attention_with_lse", "attn_out_correction", "bias_dropout_add",
            "bias_gelu", "clamped_geglu", "clamped_geglu_backward", "cp_exchange", "dropout", "dropout_backward",
-           "ring_exchange", "scaled_masked_softmax", "swiglu", "swiglu_backward", "window_fraction",
+           "ring_exchange", "scaled_masked_softmax", "swiglu", "swiglu_backward", "swiglu_pair",
+           "swiglu_pair_backward", "window_fraction",
            "windowed_attention"]
 
 

@@ -24,7 +24,8 @@ _NORM = {"native_layer_norm", "native_layer_norm_backward", "rms_norm", "rms_nor
 _SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
             "scaled_masked_softmax", "scaled_masked_softmax_backward"}
 # echo_plan's fused elementwise kernels (trace/kernels.py) and torch's dropout kernels
-_FUSED_ELEMENTWISE = {"bias_gelu", "bias_gelu_backward", "swiglu", "swiglu_backward", "bias_dropout_add",
+_FUSED_ELEMENTWISE = {"bias_gelu", "bias_gelu_backward", "swiglu", "swiglu_backward", "swiglu_pair", "swiglu_pair_backward",
+                      "bias_dropout_add",
                       "clamped_geglu", "clamped_geglu_backward", "weighted_act", "weighted_act_backward",
                       "attn_out_correction", "dropout_backward", "rope", "rope_backward", "native_dropout", "native_dropout_backward",
                       # Transformer Engine's FP8 casts (trace/fp8_kernels.py): bandwidth-bound

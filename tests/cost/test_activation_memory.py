@@ -20,13 +20,24 @@ SHAPES = {
 }
 
 
-@pytest.mark.parametrize("stack_name", ["megatron-core", "torchtitan"])
+# stacks by name, with what they change: torchtitan's separate projections under Megatron's module recompute (both
+# recompute policies meet separate projections), and Megatron's fused projections under torchtitan's per-op policy
+STACKS = {
+    "megatron-core": ("megatron-core", {}),
+    "torchtitan": ("torchtitan", {}),
+    "megatron-core, separate projections": ("megatron-core", {"fused_projections": False}),
+    "torchtitan, fused projections": ("torchtitan", {"fused_projections": True}),
+}
+
+
+@pytest.mark.parametrize("stack_name", list(STACKS))
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("tp,sp", [(1, False), (2, True)])
+@pytest.mark.parametrize("tp,sp", [(1, False), (2, True), (2, False)])
 def test_closed_form_equals_the_traced_dense_layer(stack_name, shape, tp, sp):
     model = ModelSpec(name="m", num_layers=2, hidden_size=256, num_attention_heads=8, ffn_hidden_size=512,
                       vocab_size=1000, seq_length=128, tied_embeddings=False, **SHAPES[shape])
-    stack = load_stack(stack_name, {"tp_comm_overlap": False})
+    name, overrides = STACKS[stack_name]
+    stack = load_stack(name, {"tp_comm_overlap": False, **overrides})
     plan = PlanSpec.build(dict(tp=tp, pp=1, dp=1, global_batch_size=2, micro_batch_size=2, sequence_parallel=sp))
     traced = trace_stage(model, StageKind.BLOCK, tp=tp, sequence_parallel=sp, micro_batch_size=2, dtype=DType.BF16,
                          recompute=Recompute.NONE, stack=stack).saved_bytes_by_mode

@@ -25,12 +25,12 @@ def test_the_op_policy_keeps_between_full_and_no_recompute(traces):
     assert full < op < none
 
 
-def test_the_op_policy_keeps_the_first_and_third_matmul_and_attention(traces):
-    """Llama's layer as the tracer runs it: QKV, projection, FC1, FC2. Kept: QKV's and FC1's outputs, attention's
-    output and its log-sum-exp, and the layer's input; recomputed: the projection and FC2 (the 2nd and 4th)."""
+def test_the_op_policy_keeps_the_odd_numbered_matmuls_and_attention(traces):
+    """torchtitan's Llama layer: wq, wk, wv, wo, w1, w3, w2. Kept: the outputs of wq, wv, w1 and w2 (the 1st, 3rd,
+    5th and 7th), attention's output and its log-sum-exp, and the layer's input; recomputed: wk, wo and w3."""
     model = load_model("llama3-8b").replace(seq_length=1024)
     h, kv, f, s = model.hidden_size, model.kv_heads * model.head_dim, model.ffn_size, 1024
-    kept = 2 * s * (h + (h + 2 * kv) + 2 * f + h)  # input, QKV, FC1 (gate and up), attention's output
+    kept = 2 * s * (h + h + kv + f + h + h)  # input, wq, wv, w1, w2, attention's output
     assert traces[Recompute.SELECTIVE].saved_bytes == pytest.approx(kept, rel=0.02)
 
 
@@ -38,7 +38,7 @@ def test_recomputed_ops_run_again_in_backward(traces):
     def gemms(t, phase):
         return sum(1 for op in t.ops if op.phase is phase and op.kind is OpKind.GEMM)
     none, op, full = traces[Recompute.NONE], traces[Recompute.SELECTIVE], traces[Recompute.FULL]
-    assert gemms(op, Phase.RECOMPUTE) == 2 and gemms(full, Phase.RECOMPUTE) == 4  # the projection and FC2 again
+    assert gemms(op, Phase.RECOMPUTE) == 3 and gemms(full, Phase.RECOMPUTE) == 7  # wk, wo and w3 again
     assert gemms(none, Phase.RECOMPUTE) == 0
     assert gemms(op, Phase.FORWARD) == gemms(none, Phase.FORWARD)
 
