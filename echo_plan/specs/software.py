@@ -109,8 +109,10 @@ class SoftwareSpec(Spec):
         default=True, description="bias+activation and bias+dropout+residual-add as one kernel each")
     torch_compile: bool | None = Field(
         default=None, description="PyTorch-native stacks: torch.compile on (true) or eager (false); what it fuses here "
-                                  "is the elementwise chains (norms, SwiGLU, RoPE, residual adds), so it sets "
-                                  "fused_elementwise; None: fused_elementwise as given")
+                                  "is the elementwise chains (SwiGLU, RoPE, residual adds), so it sets "
+                                  "fused_elementwise; None: fused_elementwise as given. Norms are one kernel either "
+                                  "way (a fused RMSNorm, as torchtitan's fused_rmsnorm and Transformer Engine run "
+                                  "it): the fp32 intermediates of an eager Python RMSNorm are not modelled")
     fused_projections: bool = Field(
         default=True,
         description="Q, K and V as one GEMM and a gated MLP's gate and up projections as one (Megatron-Core's "
