@@ -99,6 +99,21 @@ def _wgrad(ctx, g_col: Tensor, g_scale: Tensor, total: Tensor, x_scale: Tensor) 
     return parallel.accumulate_grad(ctx.main_grad, grad_w)
 
 
+def _regathered_and_reducing(ctx, gathering, q: Tensor, sx: Tensor, grad_in: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Backward of a column-parallel FP8 linear: wait for the saved input's re-gather (its block scales too), then
+    launch the input gradient's reduction, which the weight-gradient GEMMs overlap; returns (input, scales, the
+    gradient being reduced)."""
+    group = ctx.group
+    total = parallel.wait(gathering, group) if gathering is not None else q
+    if gathering is not None:
+        sx = _gather_scales(ctx.fp8, sx, group)
+    if ctx.reduce_grad == "reduce_scatter":
+        grad_in = parallel.reduce_scatter(grad_in, group, wait=False)
+    elif ctx.reduce_grad == "all_reduce":
+        grad_in = parallel.all_reduce(grad_in, group, wait=False)
+    return total, sx, grad_in
+
+
 class _Fp8Linear(torch.autograd.Function):
     """Column- or row-parallel linear with FP8 GEMMs (see the module docstring); ``overlap``: the input
     all-gather pipelined with the fprop GEMM as userbuffers' ring exchanges (column-parallel only)."""
@@ -131,13 +146,7 @@ class _Fp8Linear(torch.autograd.Function):
         gathering = parallel.all_gather(q, group, wait=False) if ctx.gather_input else None
         grad_in = fp8.gemm(gq, w8t, sg, sw, out_dtype=grad_out.dtype, weight=True)
         grad_in = grad_in.view(*grad_out.shape[:-1], w8t.shape[0])
-        total = parallel.wait(gathering, group) if gathering is not None else q
-        if gathering is not None:
-            sx = _gather_scales(fp8, sx, group)
-        if ctx.reduce_grad == "reduce_scatter":
-            grad_in = parallel.reduce_scatter(grad_in, group, wait=False)
-        elif ctx.reduce_grad == "all_reduce":
-            grad_in = parallel.all_reduce(grad_in, group, wait=False)
+        total, sx, grad_in = _regathered_and_reducing(ctx, gathering, q, sx, grad_in)
         grad_w = _wgrad(ctx, g_t, sg_t, total, sx)
         grad_b = g2.sum(dim=0) if ctx.has_bias else None
         if ctx.reduce_grad is not None:
@@ -239,13 +248,7 @@ class _Fp8SharedInputLinears(torch.autograd.Function):
             grad_in = part if grad_in is None else grad_in + part
             wgrad_inputs.append((g_t, sg_t))
         grad_in = grad_in.view(*grad_outs[0].shape[:-1], ctx.fp8_weights[0][0].shape[0])
-        total = parallel.wait(gathering, group) if gathering is not None else q
-        if gathering is not None:
-            sx = _gather_scales(fp8, sx, group)
-        if ctx.reduce_grad == "reduce_scatter":
-            grad_in = parallel.reduce_scatter(grad_in, group, wait=False)
-        elif ctx.reduce_grad == "all_reduce":
-            grad_in = parallel.all_reduce(grad_in, group, wait=False)
+        total, sx, grad_in = _regathered_and_reducing(ctx, gathering, q, sx, grad_in)
         grad_ws = []
         for main_grad, (g_t, sg_t) in zip(ctx.main_grads, wgrad_inputs):
             a, b_t = fp8.wgrad_operands(g_t, total)
