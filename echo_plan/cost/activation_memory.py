@@ -36,7 +36,7 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
         return int(e * sb * h * rep)  # the layer's input, the checkpoint Megatron-LM keeps
     moe = kind.moe and model.moe is not None
     # torchtitan's wq/wk/wv and w1/w3 (trace/attention.py separate_projections): a GEMM each on one gathered input
-    split = not stack.fused_projections and not (stack.tp_comm_overlap and plan.sequence_parallel and t > 1)
+    split = not stack.fused_projections
     split_mlp = split and model.activation is Activation.SWIGLU and not moe
     if recompute is Recompute.SELECTIVE and stack.recompute_policy is RecomputePolicy.OPS and model.mla is None \
             and not moe:
@@ -53,9 +53,7 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     norms = 2 * (e * sb * h * rep + stats)  # the two norms' inputs
     mask = sb * h * rep if stack.hidden_dropout > 0 else 0  # 1-byte dropout masks after attention and MLP
     norm_out = 0 if RecomputeModule.LAYERNORM in modules else e * sb * h * rep  # a linear's input
-    # separate projections save the input they read, gathered over the sequence (nothing discards it)
-    gathered = e * sb * h if plan.sequence_parallel and t > 1 else norm_out
-    attn = gathered if split else norm_out  # QKV linear input
+    attn = norm_out  # the QKV linear's input (separate projections save it once: trace/parallel.py)
     if model.mla is not None:  # latents (replicated) and, unless recomputed, the up-projected q, k, v
         m = model.mla
         attn += e * sb * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim)
@@ -92,8 +90,7 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     else:
         # fc1's output and fc2's input; a gated unit's fused kernel keeps only its 2f input, the unfused ops also
         # keep the activated gate (silu(a), then multiplied by b)
-        mlp = ((gathered if split_mlp else norm_out)
-               + ((3 if stack.fused_elementwise else 4) if model.activation.gated else 2) * e * sb * f / t)
+        mlp = norm_out + ((3 if stack.fused_elementwise else 4) if model.activation.gated else 2) * e * sb * f / t
     return int(norms + attn + mlp + 2 * mask)
 
 

@@ -92,6 +92,19 @@ def derive_study_name(model: dict[str, Any], cluster: dict[str, Any], gbs: int, 
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
 
 
+def model_code_version(root: Path | None = None) -> str:
+    """A short hash of the package's source and data files (every .py and .yaml under ``root``, default the
+    installed echo_plan): a stored study keeps the answers of the code that computed them, so editing the
+    tracer, a cost model or a data file without a new release version starts a new study instead of reading
+    trials the current code would not give."""
+    base = root or Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(p for ext in ("*.py", "*.yaml") for p in base.rglob(ext) if "__pycache__" not in p.parts):
+        h.update(path.relative_to(base).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 OPEN_ATTEMPTS = 6
 
 

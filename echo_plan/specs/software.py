@@ -118,8 +118,8 @@ class SoftwareSpec(Spec):
         description="Q, K and V as one GEMM and a gated MLP's gate and up projections as one (Megatron-Core's "
                     "linear_qkv and linear_fc1); false: a GEMM and a weight each (torchtitan's wq/wk/wv and w1/w3, "
                     "Hugging Face's q_proj/k_proj/v_proj and gate_proj/up_proj), which changes what torchtitan's "
-                    "per-op checkpointing keeps. With TP communication overlap the projections that share an input "
-                    "are traced as one GEMM: async TP gathers the input once for all of them")
+                    "per-op checkpointing keeps; their input is gathered once for all of them (with TP communication "
+                    "overlap as one ring beside every weight's GEMM)")
     gradient_accumulation_fusion: bool = Field(
         default=True, description="weight-gradient GEMMs accumulate into the fp32 main-grad buffer themselves")
     tp_comm_overlap: bool = Field(

@@ -49,13 +49,6 @@ def fused_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[tor
     return tuple(t.contiguous() for t in (q, k, v))
 
 
-def separate_projections(stack: SoftwareSpec, group: TPGroup | None, overlap: bool) -> bool:
-    """Whether the projections that read one input run as a GEMM each (``fused_projections`` off). With TP
-    communication overlap they stay one GEMM: async TP gathers their input once for all of them, which the
-    tracer's pipelined linear does only for one weight (the stack field says so)."""
-    return not stack.fused_projections and not (overlap and group is not None)
-
-
 class Attention(nn.Module):
     def __init__(self, model: ModelSpec, group: TPGroup | None, sequence_parallel: bool, dtype: torch.dtype,
                  stack: SoftwareSpec, checkpoint_core, accumulate_unfused: bool, overlap: bool, window: int = 0,
@@ -76,8 +69,8 @@ class Attention(nn.Module):
         self.group, self.sp, self.overlap, self.accumulate_unfused = group, sequence_parallel, overlap, accumulate_unfused
         self.heads, self.kv_heads, self.head_dim = (
             model.num_attention_heads // tp, model.kv_heads // tp, model.head_dim)
-        # torchtitan's wq, wk, wv: a GEMM each (``fused_projections`` off; see ``separate_projections``)
-        self.split = separate_projections(stack, group, overlap)
+        # torchtitan's wq, wk, wv: a GEMM each on one gathered input (``fused_projections`` off)
+        self.split = not stack.fused_projections
         widths = ((self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
                   if self.split else ((self.heads + 2 * self.kv_heads) * self.head_dim,))
         self.qkv_weights = nn.ParameterList(nn.Parameter(torch.empty(n, model.hidden_size, dtype=dtype)) for n in widths)
@@ -127,7 +120,7 @@ class Attention(nn.Module):
         biases = tuple(self.qkv_biases) if self.qkv_biases is not None else (None,) * len(self.qkv_weights)
         if self.split:
             outs = linears.column_parallel_linears(x, tuple(self.qkv_weights), biases, self.group, self.sp,
-                                                   self.accumulate_unfused, self.fp8)
+                                                   self.accumulate_unfused, self.overlap, self.fp8)
             s, b = outs[0].shape[0], outs[0].shape[1]
             return tuple(o.view(s, b, -1, self.head_dim) for o in outs)
         qkv = linears.column_parallel_linear(x, self.qkv_weights[0], biases[0], self.group, self.sp,

@@ -35,7 +35,7 @@ from echo_plan.specs import Activation, ModelSpec, Recompute, RecomputeModule, S
 from echo_plan.specs.software import RecomputePolicy
 from echo_plan.trace.op_checkpoint import op_checkpointed
 from echo_plan.trace import kernels, linears, moe_kernels
-from echo_plan.trace.attention import Attention, separate_projections
+from echo_plan.trace.attention import Attention
 from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
 from echo_plan.trace.fake_pg import TPGroup, TraceGroups
 from echo_plan.trace.layers import clamped_swiglu, make_norm
@@ -83,8 +83,7 @@ class MLP(nn.Module):
         self.fused = stack.fused_elementwise
         ffn = (model.ffn_size if ffn is None else ffn) // tp
         # a gated unit's gate and up projections in one GEMM, or a GEMM each (torchtitan's w1 and w3)
-        self.split = (model.activation is Activation.SWIGLU and cache_act is None
-                      and separate_projections(stack, group, overlap))
+        self.split = model.activation is Activation.SWIGLU and cache_act is None and not stack.fused_projections
         widths = (ffn, ffn) if self.split else ((2 * ffn if model.activation.gated else ffn),)
         self.fc1_weights = nn.ParameterList(nn.Parameter(torch.empty(n, model.hidden_size, dtype=dtype)) for n in widths)
         self.fc1_biases = (nn.ParameterList(nn.Parameter(torch.empty(n, dtype=dtype)) for n in widths)
@@ -117,7 +116,7 @@ class MLP(nn.Module):
         fused kernel on the pair, or the separate ops."""
         biases = tuple(self.fc1_biases) if self.fc1_biases is not None else (None, None)
         gate, up = linears.column_parallel_linears(x, tuple(self.fc1_weights), biases, self.group, self.sp,
-                                                   self.accumulate_unfused, self.fp8)
+                                                   self.accumulate_unfused, self.overlap, self.fp8)
         return kernels.swiglu_pair(gate, up) if self.fused else F.silu(gate) * up
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -221,20 +221,23 @@ class _Fp8SharedInputLinears(torch.autograd.Function):
     gradients of the GEMMs are summed before one reduction."""
 
     @staticmethod
-    def forward(ctx, x, group, gather_input, reduce_grad, accumulate_unfused, fp8, *weights):
+    def forward(ctx, x, group, gather_input, reduce_grad, accumulate_unfused, fp8, overlap, *weights):
         ctx.group, ctx.gather_input, ctx.reduce_grad, ctx.fp8 = group, gather_input, reduce_grad, fp8
         ctx.wdtype, ctx.x_shape = weights[0].dtype, x.shape
         ctx.main_grads = [parallel.unfused_main_grad(w, accumulate_unfused) for w in weights]
         q, sx, kept, skept = _forward_cast(fp8, x, group if gather_input else None)
-        total = parallel.all_gather(q, group) if gather_input else q
-        s_total = _gather_scales(fp8, sx, group) if gather_input else sx
-        outs, ctx.fp8_weights = [], []
-        for w in weights:
-            w8, w8t, sw = fp8.weight(w)
-            outs.append(fp8.gemm(total, w8, s_total, sw, None, x.dtype, weight=True).view(-1, *x.shape[1:-1], w.shape[0]))
-            ctx.fp8_weights.append((w8t, sw))
+        cast = [fp8.weight(w) for w in weights]
+        ctx.fp8_weights = [(w8t, sw) for _, w8t, sw in cast]
         _save_input(ctx, fp8, x, kept, skept)
-        return tuple(outs)
+        if overlap:  # the FP8 chunks travel the ring beside every weight's GEMM (as ``_Fp8Linear`` with one)
+            outs = parallel.ring_gather_gemms(q, group, [lambda a, w8=w8, sw=sw: fp8.gemm(a, w8, sx, sw, None, x.dtype,
+                                                                                          weight=True)
+                                                         for w8, _, sw in cast])
+        else:
+            total = parallel.all_gather(q, group) if gather_input else q
+            s_total = _gather_scales(fp8, sx, group) if gather_input else sx
+            outs = [fp8.gemm(total, w8, s_total, sw, None, x.dtype, weight=True) for w8, _, sw in cast]
+        return tuple(o.view(-1, *x.shape[1:-1], w.shape[0]) for o, w in zip(outs, weights))
 
     @staticmethod
     def backward(ctx, *grad_outs):
@@ -255,15 +258,16 @@ class _Fp8SharedInputLinears(torch.autograd.Function):
             grad_ws.append(parallel.accumulate_grad(main_grad, fp8.gemm(a, b_t, sg_t, sx, out_dtype=ctx.wdtype)))
         if ctx.reduce_grad is not None:
             grad_in = parallel.wait(grad_in, group)
-        return (grad_in, None, None, None, None, None, *grad_ws)
+        return (grad_in, None, None, None, None, None, None, *grad_ws)
 
 
 def fp8_column_linears(x, weights, group: TPGroup | None, sequence_parallel: bool, accumulate_unfused: bool,
-                       fp8: Fp8State) -> tuple:
-    """Column-parallel FP8 linears without biases that share one cast (and gather) of ``x``."""
+                       fp8: Fp8State, overlap: bool = False) -> tuple:
+    """Column-parallel FP8 linears without biases that share one cast (and gather, with ``overlap`` a ring) of ``x``."""
+    gather = bool(group is not None and sequence_parallel)
     reduce_grad = None if group is None else ("reduce_scatter" if sequence_parallel else "all_reduce")
-    return _Fp8SharedInputLinears.apply(x, group, bool(group is not None and sequence_parallel), reduce_grad,
-                                        accumulate_unfused, fp8, *weights)
+    return _Fp8SharedInputLinears.apply(x, group, gather, reduce_grad, accumulate_unfused, fp8, bool(overlap and gather),
+                                        *weights)
 
 
 class _Fp8GroupedLinear(torch.autograd.Function):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.fp8 import fp8_column_linear, fp8_column_linears, fp8_row_linear
 from echo_plan.trace.overlap import pipelined_reduce_scatter_linear, ring_gather_linear
-from echo_plan.trace.parallel import _ParallelLinear, copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
+from echo_plan.trace.parallel import _ParallelLinear, reduce_from_tp, reduce_scatter_to_sp, shared_input_linears
 
 
 def column_parallel_linear(x, weight, bias, group: TPGroup | None, sequence_parallel: bool,
@@ -42,16 +42,18 @@ def row_parallel_linear(x, weight, group: TPGroup | None, sequence_parallel: boo
 
 
 def column_parallel_linears(x, weights, biases, group: TPGroup | None, sequence_parallel: bool,
-                            accumulate_unfused: bool = False, fp8=None) -> tuple:
+                            accumulate_unfused: bool = False, overlap: bool = False, fp8=None) -> tuple:
     """Several column-parallel linears on one input, a GEMM and a weight each (``fused_projections`` off:
-    torchtitan's wq/wk/wv and w1/w3). The input crosses into the TP region once, as DTensor's
-    ``PrepareModuleInput`` gathers it once for all of them: one all-gather of the sequence shards (its
-    backward one reduce-scatter of the summed input gradients), or without sequence parallelism one
-    all-reduce of those gradients. Each linear then saves the input it read, the gathered one. In FP8 the
-    input is cast once and gathered in FP8 (``fp8.fp8_column_linears``)."""
+    torchtitan's wq/wk/wv and w1/w3). The input crosses into the TP region once for all of them, as DTensor's
+    ``PrepareModuleInput`` gathers it once (with ``overlap``, as ring exchanges beside every weight's GEMM: async
+    TP's fused all-gather-matmul takes several weights), and the summed input gradient is reduced once.
+    JUDGEMENT: that reduction runs beside the weight-gradient GEMMs and the shard is saved and gathered again in
+    backward, Megatron's overlaps (``parallel._SharedInputLinears``); eager DTensor keeps the gathered input and
+    reduce-scatters after the three GEMMs' backward, while under torch.compile the collectives' placement is the
+    compiler's (docs/fsdp.md). In FP8 the input is cast once and gathered in FP8 (``fp8.fp8_column_linears``)."""
     if fp8 is not None and all(b is None for b in biases):
-        return fp8_column_linears(x, weights, group, sequence_parallel, accumulate_unfused, fp8)
-    if group is not None:
-        x = gather_from_sp(x, group) if sequence_parallel else copy_to_tp(x, group)
-    return tuple(column_parallel_linear(x, w, b, None, False, accumulate_unfused, False, fp8)
-                 for w, b in zip(weights, biases))
+        return fp8_column_linears(x, weights, group, sequence_parallel, accumulate_unfused, fp8, overlap)
+    if fp8 is not None:  # biased FP8 projections: a linear (and a cast and gather) each
+        return tuple(column_parallel_linear(x, w, b, group, sequence_parallel, accumulate_unfused, overlap, fp8)
+                     for w, b in zip(weights, biases))
+    return shared_input_linears(x, weights, biases, group, sequence_parallel, accumulate_unfused, overlap)

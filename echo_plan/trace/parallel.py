@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from echo_plan.trace import kernels
 from echo_plan.trace.fake_pg import TPGroup
 
 _c10d = torch.ops._c10d_functional
@@ -154,6 +155,75 @@ class _ParallelLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         return (*linear_backward(ctx, grad_out), None, None)
+
+
+def ring_gather_gemms(chunk: torch.Tensor, group: TPGroup, gemms) -> list[torch.Tensor]:
+    """The input's all-gather as tp - 1 ring exchanges, each arriving chunk multiplied by every weight that reads it
+    while the next travels (Transformer Engine's userbuffers ring, or async TP's fused all-gather-matmul with
+    several weights); returns each GEMM's output assembled from its chunks."""
+    tp = group.size
+    parts: list[list[torch.Tensor]] = [[] for _ in gemms]
+    cur = chunk
+    for i in range(tp):
+        nxt = kernels.ring_exchange(cur, tp) if i + 1 < tp else None
+        for out, gemm in zip(parts, gemms):
+            out.append(gemm(cur))
+        cur = nxt
+    return [kernels.assemble(p) for p in parts]
+
+
+class _SharedInputLinears(torch.autograd.Function):
+    """Several column-parallel linears on one input, a GEMM and a weight each (``params``: weight, bias or None,
+    weight, bias ...), with one linear's communication: the input's shard all-gathered once in forward (with
+    ``overlap``, ring exchanges beside the GEMMs) and only the shard saved; backward gathers it again beside the
+    input-gradient GEMMs, sums those, and launches the sum's reduction (reduce-scatter with sequence parallelism,
+    else all-reduce) beside the weight-gradient GEMMs."""
+
+    @staticmethod
+    def forward(ctx, x, group, gather_input, reduce_grad, accumulate_unfused, overlap, *params):
+        weights, biases = params[0::2], params[1::2]
+        ctx.group, ctx.gather_input, ctx.reduce_grad = group, gather_input, reduce_grad
+        ctx.has_bias = [b is not None for b in biases]
+        ctx.main_grads = [unfused_main_grad(w, accumulate_unfused) for w in weights]
+        ctx.save_for_backward(x, *weights)
+        if overlap:
+            return tuple(ring_gather_gemms(x, group, [lambda a, w=w, b=b: linear(a, w, b)
+                                                      for w, b in zip(weights, biases)]))
+        total = all_gather(x, group) if gather_input else x
+        return tuple(linear(total, w, b) for w, b in zip(weights, biases))
+
+    @staticmethod
+    def backward(ctx, *grad_outs):
+        x, *weights = ctx.saved_tensors
+        group = ctx.group
+        gathering = all_gather(x, group, wait=False) if ctx.gather_input else None
+        grad_in = None
+        for g, w in zip(grad_outs, weights):
+            part = g.matmul(w)
+            grad_in = part if grad_in is None else grad_in + part
+        total = wait(gathering, group) if gathering is not None else x
+        if ctx.reduce_grad == "reduce_scatter":
+            grad_in = reduce_scatter(grad_in, group, wait=False)
+        elif ctx.reduce_grad == "all_reduce":
+            grad_in = all_reduce(grad_in, group, wait=False)
+        t2 = total.reshape(-1, total.shape[-1])
+        grads = []
+        for g, main_grad, has_bias in zip(grad_outs, ctx.main_grads, ctx.has_bias):
+            g2 = g.reshape(-1, g.shape[-1])
+            grads += [accumulate_grad(main_grad, g2.t().matmul(t2)), g2.sum(dim=0) if has_bias else None]
+        if ctx.reduce_grad is not None:
+            grad_in = wait(grad_in, group)
+        return (grad_in, None, None, None, None, None, *grads)
+
+
+def shared_input_linears(x, weights, biases, group: TPGroup | None, sequence_parallel: bool,
+                         accumulate_unfused: bool, overlap: bool = False) -> tuple:
+    """``_SharedInputLinears``: column-parallel linears that read one input (``overlap``: its gather as a ring)."""
+    params = [p for pair in zip(weights, biases) for p in pair]
+    gather = bool(group is not None and sequence_parallel)
+    reduce_grad = None if group is None else ("reduce_scatter" if sequence_parallel else "all_reduce")
+    return _SharedInputLinears.apply(x, group, gather, reduce_grad, accumulate_unfused, bool(overlap and gather),
+                                     *params)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

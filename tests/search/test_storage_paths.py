@@ -65,3 +65,22 @@ def test_database_errors_are_one_line():
     exc = RuntimeError("(sqlite3.OperationalError) unable to open\n[SQL: PRAGMA x]\n"
                        "(Background on this error at: https://sqlalche.me/e/21/e3q8)")
     assert db_error(exc) == "RuntimeError: (sqlite3.OperationalError) unable to open"
+
+
+def test_the_code_that_computed_a_study_names_it(tmp_path):
+    """A stored study is reused only by the code that computed it: editing a source or data file of the package
+    (the tracer, a cost model, a calibration table) changes the version the study name is derived from."""
+    from echo_plan.search.storage import model_code_version
+
+    (tmp_path / "trace").mkdir()
+    (tmp_path / "trace" / "block.py").write_text("x = 1\n")
+    (tmp_path / "compute.yaml").write_text("a: 1\n")
+    first = model_code_version(tmp_path)
+    assert model_code_version(tmp_path) == first  # deterministic
+    (tmp_path / "compute.yaml").write_text("a: 2\n")
+    second = model_code_version(tmp_path)
+    (tmp_path / "trace" / "block.py").write_text("x = 2\n")
+    assert len({first, second, model_code_version(tmp_path)}) == 3
+    (tmp_path / "notes.txt").write_text("not code")
+    assert model_code_version(tmp_path) == model_code_version(tmp_path)
+    assert model_code_version() == model_code_version()  # the installed package

@@ -1,6 +1,6 @@
 """Separate projections (``fused_projections`` off: torchtitan's wq/wk/wv and w1/w3) against Megatron's fused ones:
-the same FLOPs and the same layer without checkpointing, a GEMM per weight, one crossing into the TP region per input,
-one FP8 cast per input, and what torchtitan's per-op checkpointing keeps."""
+the same FLOPs and the same layer without checkpointing, a GEMM per weight, one crossing into the TP region per input
+(one ring with async TP), one FP8 cast per input, and what torchtitan's per-op checkpointing keeps."""
 
 from __future__ import annotations
 
@@ -52,13 +52,12 @@ def test_a_gemm_per_weight_with_the_same_flops(tp, dtype):
 @pytest.mark.parametrize("dtype", [DType.BF16, DType.FP8])
 def test_the_input_is_gathered_once_for_the_projections_that_read_it(dtype):
     """With sequence parallelism the input of wq/wk/wv (and of w1/w3) is all-gathered once, as DTensor's
-    PrepareModuleInput does, and the summed input gradient reduce-scattered once: as many collectives as the fused
-    layer's forward and input-gradient reduction."""
+    PrepareModuleInput does, gathered once more in backward, and the summed input gradient reduce-scattered once:
+    the fused layer's collectives, no more."""
     fused, split = trace(True, tp=2, dtype=dtype), trace(False, tp=2, dtype=dtype)
-    assert collectives(split, CollectiveKind.ALL_GATHER, Phase.FORWARD) == \
-        collectives(fused, CollectiveKind.ALL_GATHER, Phase.FORWARD)
-    assert collectives(split, CollectiveKind.REDUCE_SCATTER, Phase.BACKWARD) == \
-        collectives(fused, CollectiveKind.REDUCE_SCATTER, Phase.BACKWARD)
+    for kind in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER):
+        for phase in (Phase.FORWARD, Phase.BACKWARD):
+            assert collectives(split, kind, phase) == collectives(fused, kind, phase), (kind, phase)
 
 
 def test_fp8_casts_the_shared_input_once():
@@ -70,19 +69,13 @@ def test_fp8_casts_the_shared_input_once():
         assert casts(trace(False, tp=tp, dtype=DType.FP8)) == casts(trace(True, tp=tp, dtype=DType.FP8))
 
 
-def test_no_checkpointing_saves_the_same_at_tp_1():
-    """Without TP the separate GEMMs keep what the fused layer keeps: q and k after rotary, V, the gate and up
-    (the fused SwiGLU's input), the MLP's input; and full recompute keeps the layer's input either way."""
-    split, fused = trace(False).saved_bytes_by_mode, trace(True).saved_bytes_by_mode
+@pytest.mark.parametrize("tp", [1, 2])
+def test_no_checkpointing_saves_the_same(tp):
+    """Without checkpointing the separate GEMMs keep what the fused layer keeps: the input's shard once, q and k
+    after rotary, V, the gate and up (the fused SwiGLU's input), the MLP's input; and full recompute keeps the
+    layer's input either way."""
+    split, fused = trace(False, tp=tp).saved_bytes_by_mode, trace(True, tp=tp).saved_bytes_by_mode
     assert split["none"] == fused["none"] and split["full"] == fused["full"]
-
-
-def test_with_sequence_parallelism_the_gathered_input_is_saved():
-    """DTensor's linears save the input they read: the gathered one, twice per layer (attention and MLP), where
-    Megatron's linear saves the shard and gathers it again in backward."""
-    fused, split = trace(True, tp=2), trace(False, tp=2)
-    extra = split.saved_bytes_by_mode["none"] - fused.saved_bytes_by_mode["none"]
-    assert extra == 2 * (S * MBS * H * 2 - S * MBS * H * 2 // 2)
 
 
 def test_per_op_checkpointing_keeps_the_odd_numbered_matmuls():
@@ -98,12 +91,18 @@ def test_per_op_checkpointing_keeps_the_odd_numbered_matmuls():
     assert split < fused
 
 
-def test_async_tp_keeps_one_gemm_per_input():
-    """With TP communication overlap the projections stay one GEMM: async TP gathers their input once for all of
-    them (the stack field says so)."""
-    def ops(t):
-        return [(op.name, op.outputs) for op in t.ops]
-    assert ops(trace(False, tp=2, overlap=True)) == ops(trace(True, tp=2, overlap=True))
+@pytest.mark.parametrize("dtype", [DType.BF16, DType.FP8])
+def test_async_tp_rings_the_input_past_every_weight(dtype):
+    """With TP communication overlap the shared input travels one ring (async TP's fused all-gather-matmul takes
+    several weights): a GEMM per weight per arriving chunk, the fused layer's exchanges and reductions, the same
+    work."""
+    tp = 2
+    fused, split = trace(True, tp=tp, overlap=True, dtype=dtype), trace(False, tp=tp, overlap=True, dtype=dtype)
+    assert len(gemms(split)) - len(gemms(fused)) == 3 * tp  # wk/wv and w3: one more GEMM per chunk each
+    assert sum(op.flops for op in gemms(split)) == pytest.approx(sum(op.flops for op in gemms(fused)))
+    for phase in (Phase.FORWARD, Phase.BACKWARD):
+        assert [op.collective for op in split.by_phase(phase) if op.collective is not None] == \
+            [op.collective for op in fused.by_phase(phase) if op.collective is not None]
 
 
 def test_a_gelu_mlp_has_no_gate_to_split():
