@@ -118,18 +118,31 @@ def test_user_suite_in_the_same_format_runs(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def validated(tmp_path_factory):
+def validated(tmp_path_factory, worker_id):
+    """``validate --json`` over every suite, once per test run: pytest tears a module fixture down when a worker
+    leaves the module, so the xdist workers share the result through a file in the run's own temporary folder
+    (the workers' common parent), written once under a lock."""
     import contextlib
+    import fcntl
     import io
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(["validate", "--json", "--cache-dir", str(tmp_path_factory.mktemp("traces"))])
-    return code, json.loads(out.getvalue())
+    base = tmp_path_factory.getbasetemp()
+    root = base if worker_id == "master" else base.parent  # without xdist the parent outlives the run
+    result = root / "validated.json"
+    with open(root / "validated.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.is_file():
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = main(["validate", "--json", "--cache-dir", str(tmp_path_factory.mktemp("traces"))])
+            partial = root / "validated.json.partial"
+            partial.write_text(json.dumps([code, json.loads(out.getvalue())]))
+            partial.replace(result)
+        code, data = json.loads(result.read_text())
+    return code, data
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("validated")  # one worker runs the whole validate once (--dist loadgroup)
 def test_every_suite_within_its_tolerance(validated):
     code, out = validated
     suites = {s["name"]: s for s in out["suites"]}
@@ -153,7 +166,6 @@ def test_every_suite_within_its_tolerance(validated):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("validated")  # one worker runs the whole validate once (--dist loadgroup)
 def test_in_suite_range_coverage_is_near_nominal(validated):
     """The in-suite figure ``cover``: held-out rows of the suites without a known gap against the range made
     from the others (leave-one-out), pooled."""
@@ -172,7 +184,6 @@ def test_in_suite_range_coverage_is_near_nominal(validated):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("validated")  # one worker runs the whole validate once (--dist loadgroup)
 def test_leave_one_suite_out_coverage_and_the_shipped_ranges(validated):
     """Issue 31: on the visible suites the leave-one-suite-out coverage of the shipped kind of 80% range is
     75-90%, and each preset ships exactly the leave-one-suite-out residuals the code produces now (re-run
@@ -204,7 +215,6 @@ def test_leave_one_suite_out_coverage_and_the_shipped_ranges(validated):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("validated")  # one worker runs the whole validate once (--dist loadgroup)
 def test_one_suite_asked_for_meets_the_others_as_the_shipped_ranges_hold_them(validated, capsys):
     """``--suite`` predicts only the suites asked for: the shipped suites not asked for take part in its range as the
     presets' shipped residuals (not predicted again), and give the same verdict per row as the full run."""
@@ -222,7 +232,6 @@ def test_one_suite_asked_for_meets_the_others_as_the_shipped_ranges_hold_them(va
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("validated")  # one worker runs the whole validate once (--dist loadgroup)
 def test_the_default_headroom_would_have_kept_every_run_that_ran(validated):
     """Issue 31: the headroom is measured against the runs: no default larger than what a run that ran left
     free beyond its predicted peak (suites without a known gap)."""
@@ -235,7 +244,6 @@ def test_the_default_headroom_would_have_kept_every_run_that_ran(validated):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("validated")  # one worker runs the whole validate once (--dist loadgroup)
 def test_a_suite_that_fed_no_recipe_is_predicted_the_same_without_itself(validated):
     """Leaving out a suite no calibration was fitted on changes nothing; leaving out one that was refits."""
     _, out = validated
@@ -418,7 +426,6 @@ def test_the_verdict_names_known_gaps():
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("validated")  # one worker runs the whole validate once (--dist loadgroup)
 def test_every_simulated_row_says_whether_it_fits(validated):
     """validate's fits column (issue 31): each simulated training row carries its predicted peak against
     what a plan may use, agreeing with the row's 'does not fit' detail; each suite counts them."""
