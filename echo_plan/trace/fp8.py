@@ -107,11 +107,7 @@ def _regathered_and_reducing(ctx, gathering, q: Tensor, sx: Tensor, grad_in: Ten
     total = parallel.wait(gathering, group) if gathering is not None else q
     if gathering is not None:
         sx = _gather_scales(ctx.fp8, sx, group)
-    if ctx.reduce_grad == "reduce_scatter":
-        grad_in = parallel.reduce_scatter(grad_in, group, wait=False)
-    elif ctx.reduce_grad == "all_reduce":
-        grad_in = parallel.all_reduce(grad_in, group, wait=False)
-    return total, sx, grad_in
+    return total, sx, parallel.reducing(ctx, grad_in)
 
 
 class _Fp8Linear(torch.autograd.Function):

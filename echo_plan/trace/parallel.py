@@ -202,10 +202,7 @@ class _SharedInputLinears(torch.autograd.Function):
             part = g.matmul(w)
             grad_in = part if grad_in is None else grad_in + part
         total = wait(gathering, group) if gathering is not None else x
-        if ctx.reduce_grad == "reduce_scatter":
-            grad_in = reduce_scatter(grad_in, group, wait=False)
-        elif ctx.reduce_grad == "all_reduce":
-            grad_in = all_reduce(grad_in, group, wait=False)
+        grad_in = reducing(ctx, grad_in)
         t2 = total.reshape(-1, total.shape[-1])
         grads = []
         for g, main_grad, has_bias in zip(grad_outs, ctx.main_grads, ctx.has_bias):
@@ -248,6 +245,16 @@ def accumulate_grad(main_grad: torch.Tensor | None, grad_w: torch.Tensor) -> tor
     return grad_w
 
 
+def reducing(ctx, grad_in: torch.Tensor) -> torch.Tensor:
+    """Launch the reduction of a column-parallel linear's input gradient (``ctx.reduce_grad``: reduce-scatter with
+    sequence parallelism, all-reduce without, or none) without waiting: the weight-gradient GEMMs run beside it."""
+    if ctx.reduce_grad == "reduce_scatter":
+        return reduce_scatter(grad_in, ctx.group, wait=False)
+    if ctx.reduce_grad == "all_reduce":
+        return all_reduce(grad_in, ctx.group, wait=False)
+    return grad_in
+
+
 def linear_backward(ctx, grad_out):
     """(grad input, grad weight, grad bias, None, None) of a parallel linear, bulk-overlapped as
     Megatron-LM does it (see :class:`_ParallelLinear`)."""
@@ -256,10 +263,7 @@ def linear_backward(ctx, grad_out):
     gathering = all_gather(x, group, wait=False) if ctx.gather_input else None
     grad_in = grad_out.matmul(weight)
     total = wait(gathering, group) if gathering is not None else x
-    if ctx.reduce_grad == "reduce_scatter":
-        grad_in = reduce_scatter(grad_in, group, wait=False)
-    elif ctx.reduce_grad == "all_reduce":
-        grad_in = all_reduce(grad_in, group, wait=False)
+    grad_in = reducing(ctx, grad_in)
     g2 = grad_out.reshape(-1, grad_out.shape[-1])
     t2 = total.reshape(-1, total.shape[-1])
     grad_w = accumulate_grad(ctx.main_grad, g2.t().matmul(t2))
