@@ -35,7 +35,7 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     if recompute is Recompute.FULL:
         return int(e * sb * h * rep)  # the layer's input, the checkpoint Megatron-LM keeps
     moe = kind.moe and model.moe is not None
-    # torchtitan's wq/wk/wv and w1/w3 (trace/attention.py separate_projections): a GEMM each on one gathered input
+    # torchtitan's wq/wk/wv and w1/w3 (trace/linears.py column_parallel_linears): a GEMM each on one gathered input
     split = not stack.fused_projections
     split_mlp = split and model.activation is Activation.SWIGLU and not moe
     if recompute is Recompute.SELECTIVE and stack.recompute_policy is RecomputePolicy.OPS and model.mla is None \

@@ -42,16 +42,10 @@ Tensor = torch.Tensor
 
 
 def _ring(q: Tensor, group: TPGroup, gemm) -> tuple[Tensor, list[Tensor]]:
-    """GEMMs over the tp FP8 chunks of a userbuffers ring all-gather (``overlap._ring_gemm`` in FP8),
-    each writing its rows of one output buffer; returns it and the chunks as they arrived."""
-    tp = group.size
-    parts, arrived, cur = [], [], q
-    for i in range(tp):
-        nxt = kernels.ring_exchange(cur, tp) if i + 1 < tp else None
-        parts.append(gemm(cur))
-        arrived.append(cur)
-        cur = nxt
-    return kernels.assemble(parts), arrived
+    """GEMMs over the tp FP8 chunks of a userbuffers ring all-gather (``parallel.ring_gather_gemms`` with one
+    weight); returns the assembled output and the chunks as they arrived."""
+    (out,), arrived = parallel.ring_gather_gemms(q, group, [gemm])
+    return out, arrived
 
 
 def _save_input(ctx, fp8: Fp8State, x: Tensor, q: Tensor, sx: Tensor) -> None:
@@ -118,7 +112,7 @@ class _Fp8Linear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, group, gather_input, reduce_grad, accumulate_unfused, fp8, overlap):
         ctx.group, ctx.gather_input, ctx.reduce_grad, ctx.fp8 = group, gather_input, reduce_grad, fp8
         ctx.has_bias, ctx.main_grad = bias is not None, parallel.unfused_main_grad(weight, accumulate_unfused)
-        ctx.wdtype, ctx.x_shape = weight.dtype, x.shape
+        ctx.wdtype = weight.dtype
         q, sx, kept, skept = _forward_cast(fp8, x, group if gather_input else None)
         w8, w8t, sw = fp8.weight(weight)
         n = weight.shape[0]
@@ -193,11 +187,8 @@ class _Fp8PipelinedReduceScatterLinear(torch.autograd.Function):
 def fp8_column_linear(x, weight, bias, group: TPGroup | None, sequence_parallel: bool, accumulate_unfused: bool,
                       overlap: bool, fp8: Fp8State) -> Tensor:
     """``linears.column_parallel_linear`` with FP8 GEMMs."""
-    if group is None:
-        return _Fp8Linear.apply(x, weight, bias, None, False, None, accumulate_unfused, fp8, False)
-    reduce_grad = "reduce_scatter" if sequence_parallel else "all_reduce"
-    return _Fp8Linear.apply(x, weight, bias, group, sequence_parallel, reduce_grad, accumulate_unfused, fp8,
-                            bool(overlap and sequence_parallel))
+    gather, reduce_grad = parallel.column_comm(group, sequence_parallel)
+    return _Fp8Linear.apply(x, weight, bias, group, gather, reduce_grad, accumulate_unfused, fp8, bool(overlap and gather))
 
 
 def fp8_row_linear(x, weight, group: TPGroup | None, sequence_parallel: bool, accumulate_unfused: bool,
@@ -219,16 +210,16 @@ class _Fp8SharedInputLinears(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, gather_input, reduce_grad, accumulate_unfused, fp8, overlap, *weights):
         ctx.group, ctx.gather_input, ctx.reduce_grad, ctx.fp8 = group, gather_input, reduce_grad, fp8
-        ctx.wdtype, ctx.x_shape = weights[0].dtype, x.shape
+        ctx.wdtype = weights[0].dtype
         ctx.main_grads = [parallel.unfused_main_grad(w, accumulate_unfused) for w in weights]
         q, sx, kept, skept = _forward_cast(fp8, x, group if gather_input else None)
         cast = [fp8.weight(w) for w in weights]
         ctx.fp8_weights = [(w8t, sw) for _, w8t, sw in cast]
         _save_input(ctx, fp8, x, kept, skept)
         if overlap:  # the FP8 chunks travel the ring beside every weight's GEMM (as ``_Fp8Linear`` with one)
-            outs = parallel.ring_gather_gemms(q, group, [lambda a, w8=w8, sw=sw: fp8.gemm(a, w8, sx, sw, None, x.dtype,
-                                                                                          weight=True)
-                                                         for w8, _, sw in cast])
+            outs, _ = parallel.ring_gather_gemms(q, group, [lambda a, w8=w8, sw=sw: fp8.gemm(a, w8, sx, sw, None, x.dtype,
+                                                                                             weight=True)
+                                                            for w8, _, sw in cast])
         else:
             total = parallel.all_gather(q, group) if gather_input else q
             s_total = _gather_scales(fp8, sx, group) if gather_input else sx
@@ -260,8 +251,7 @@ class _Fp8SharedInputLinears(torch.autograd.Function):
 def fp8_column_linears(x, weights, group: TPGroup | None, sequence_parallel: bool, accumulate_unfused: bool,
                        fp8: Fp8State, overlap: bool = False) -> tuple:
     """Column-parallel FP8 linears without biases that share one cast (and gather, with ``overlap`` a ring) of ``x``."""
-    gather = bool(group is not None and sequence_parallel)
-    reduce_grad = None if group is None else ("reduce_scatter" if sequence_parallel else "all_reduce")
+    gather, reduce_grad = parallel.column_comm(group, sequence_parallel)
     return _Fp8SharedInputLinears.apply(x, group, gather, reduce_grad, accumulate_unfused, fp8, bool(overlap and gather),
                                         *weights)
 

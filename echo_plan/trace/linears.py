@@ -7,7 +7,8 @@ from __future__ import annotations
 from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.fp8 import fp8_column_linear, fp8_column_linears, fp8_row_linear
 from echo_plan.trace.overlap import pipelined_reduce_scatter_linear, ring_gather_linear
-from echo_plan.trace.parallel import _ParallelLinear, reduce_from_tp, reduce_scatter_to_sp, shared_input_linears
+from echo_plan.trace.parallel import (_ParallelLinear, column_comm, reduce_from_tp, reduce_scatter_to_sp,
+                                      shared_input_linears)
 
 
 def column_parallel_linear(x, weight, bias, group: TPGroup | None, sequence_parallel: bool,
@@ -19,12 +20,10 @@ def column_parallel_linear(x, weight, bias, group: TPGroup | None, sequence_para
     ``fp8.Fp8State``) the GEMMs run in FP8 (``echo_plan.trace.fp8``)."""
     if fp8 is not None:
         return fp8_column_linear(x, weight, bias, group, sequence_parallel, accumulate_unfused, overlap, fp8)
-    if group is None:
-        return _ParallelLinear.apply(x, weight, bias, None, False, None, accumulate_unfused)
-    if overlap and sequence_parallel:
+    gather, reduce_grad = column_comm(group, sequence_parallel)
+    if overlap and gather:
         return ring_gather_linear(x, weight, bias, group, accumulate_unfused)
-    reduce_grad = "reduce_scatter" if sequence_parallel else "all_reduce"
-    return _ParallelLinear.apply(x, weight, bias, group, sequence_parallel, reduce_grad, accumulate_unfused)
+    return _ParallelLinear.apply(x, weight, bias, group, gather, reduce_grad, accumulate_unfused)
 
 
 def row_parallel_linear(x, weight, group: TPGroup | None, sequence_parallel: bool,

@@ -157,19 +157,28 @@ class _ParallelLinear(torch.autograd.Function):
         return (*linear_backward(ctx, grad_out), None, None)
 
 
-def ring_gather_gemms(chunk: torch.Tensor, group: TPGroup, gemms) -> list[torch.Tensor]:
+def ring_gather_gemms(chunk: torch.Tensor, group: TPGroup, gemms) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The input's all-gather as tp - 1 ring exchanges, each arriving chunk multiplied by every weight that reads it
     while the next travels (Transformer Engine's userbuffers ring, or async TP's fused all-gather-matmul with
-    several weights); returns each GEMM's output assembled from its chunks."""
+    several weights); returns each GEMM's output assembled from its chunks, and the chunks as they arrived."""
     tp = group.size
     parts: list[list[torch.Tensor]] = [[] for _ in gemms]
-    cur = chunk
+    arrived, cur = [], chunk
     for i in range(tp):
         nxt = kernels.ring_exchange(cur, tp) if i + 1 < tp else None
         for out, gemm in zip(parts, gemms):
             out.append(gemm(cur))
+        arrived.append(cur)
         cur = nxt
-    return [kernels.assemble(p) for p in parts]
+    return [kernels.assemble(p) for p in parts], arrived
+
+
+def column_comm(group: TPGroup | None, sequence_parallel: bool) -> tuple[bool, str | None]:
+    """A column-parallel linear's communication: (whether its input's sequence shards are all-gathered, how its
+    input gradient is reduced: reduce-scatter with sequence parallelism, all-reduce without, none without TP)."""
+    if group is None:
+        return False, None
+    return sequence_parallel, "reduce_scatter" if sequence_parallel else "all_reduce"
 
 
 class _SharedInputLinears(torch.autograd.Function):
@@ -188,7 +197,7 @@ class _SharedInputLinears(torch.autograd.Function):
         ctx.save_for_backward(x, *weights)
         if overlap:
             return tuple(ring_gather_gemms(x, group, [lambda a, w=w, b=b: linear(a, w, b)
-                                                      for w, b in zip(weights, biases)]))
+                                                      for w, b in zip(weights, biases)])[0])
         total = all_gather(x, group) if gather_input else x
         return tuple(linear(total, w, b) for w, b in zip(weights, biases))
 
@@ -217,8 +226,7 @@ def shared_input_linears(x, weights, biases, group: TPGroup | None, sequence_par
                          accumulate_unfused: bool, overlap: bool = False) -> tuple:
     """``_SharedInputLinears``: column-parallel linears that read one input (``overlap``: its gather as a ring)."""
     params = [p for pair in zip(weights, biases) for p in pair]
-    gather = bool(group is not None and sequence_parallel)
-    reduce_grad = None if group is None else ("reduce_scatter" if sequence_parallel else "all_reduce")
+    gather, reduce_grad = column_comm(group, sequence_parallel)
     return _SharedInputLinears.apply(x, group, gather, reduce_grad, accumulate_unfused, bool(overlap and gather),
                                      *params)
 
