@@ -86,7 +86,27 @@ def build_call(op: OpRecord, device: str) -> Callable[[], Any]:
         name = name[: -len("out")] + "default"  # the same kernel writing into a given buffer
     fn = resolve_op(name)
     args, kwargs = _schema_args(fn, op, device)
+    if name in _LOOKUPS and len(args) > 1:
+        # an embedding's token ids spread over its rows, as a batch's are: all-zero ids make every
+        # token update one row (seen on an H100: the backward ran 1.2-1.4x slower than with spread ids)
+        args[1] = _spread_ids(args[1], op.outputs[0].shape[0] if name.endswith("backward.default") else args[0].shape[0])
+    if name in _COLUMN_MAJOR_B and len(args) > 1:
+        # cuBLASLt's FP8 GEMMs take B column-major (the TN layout Transformer Engine runs); the trace
+        # records shapes, not strides, so B is laid out the way the kernel needs it
+        args[1] = args[1].transpose(-2, -1).contiguous().transpose(-2, -1)
     return lambda: fn(*args, **kwargs)
+
+
+_COLUMN_MAJOR_B = frozenset({"aten._scaled_mm.default", "aten._scaled_grouped_mm.default"})
+_LOOKUPS = frozenset({"aten.embedding.default", "aten.embedding_dense_backward.default"})
+
+
+def _spread_ids(ids: Any, rows: int) -> Any:
+    """Token ids of ``ids``' shape and dtype drawn from ``rows`` rows (seeded: the same ids each run)."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    return torch.randint(0, max(1, rows), tuple(ids.shape), generator=gen, dtype=ids.dtype).to(ids.device)
 
 
 def outputs_match(result: Any, op: OpRecord) -> bool:
@@ -157,7 +177,7 @@ def _scalar_arg(arg: Any, type_s: str, op: OpRecord, metas: list[TensorMeta], de
         if type_s.startswith(("List", "int[]", "Optional[List")) or "[]" in type_s:
             return dims
         return dims[0] if dims else -1
-    if name == "dtype" and out is not None:
+    if name in ("dtype", "out_dtype") and out is not None:  # out_dtype: the FP8 GEMMs' bf16 output
         return torch_dtype(out.dtype)
     if name == "input_dtype" and metas:
         return torch_dtype(metas[0].dtype)
@@ -246,10 +266,14 @@ def _attention_call(op: OpRecord, device: str) -> Callable[[], Any]:
     gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     if "dropout" in op.name:  # the dropout variant of the fused kernel (trace/kernels.py): dropout 0.1
         gqa["dropout_p"] = 0.1
-    # ModelSpec models are decoder-only: causal attention, as the analytical model assumes.
+    # ModelSpec models are decoder-only: causal attention, as the analytical model assumes, except the
+    # unmasked kernels (``*_noncausal``: a context-parallel rank's queries over an earlier chunk's keys).
+    # SDPA's is_causal with fewer queries than keys masks from the top left, which would skip most of
+    # that work (seen on an H100: such launches timed 1.8-3.9x faster than the unmasked kernel).
+    causal = "noncausal" not in op.name
     if not backward:
-        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
     grad = torch.randn_like(out)
     return lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)

@@ -19,6 +19,7 @@ from echo_plan.specs import Recompute
 from echo_plan.cost.kernel_db import kernels_dir
 from echo_plan.specs.moe import ExpertLayout
 from echo_plan.trace.keys import check_layout
+from echo_plan.trace.cache import TraceCache
 from echo_plan.trace.records import StageKind
 from echo_plan.trace.tracer import trace_stage
 from echo_plan.calibrate.kernels import NoCudaDevice, check_device, database_json, measure_ops
@@ -117,6 +118,9 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
         warmup: int = typer.Option(5, "--warmup", min=0, max=100_000, help="untimed runs per op"),
         iters: int = typer.Option(20, "--iters", min=1, max=100_000, help="timed runs per op (the median is kept)"),
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="database file (default kernels/<GPU>.json)"),
+        traces: Optional[Path] = typer.Option(None, "--traces", help="measure the ops of every trace in this trace-cache "
+                                              "folder (one a search or validate filled, ECHO_PLAN_CACHE_DIR) instead "
+                                              "of tracing --model"),
         as_json: bool = typer.Option(False, "--json", help="print a JSON summary"),
     ) -> None:
         """Run the model's traced ops on this machine's GPU and write a kernel database."""
@@ -134,6 +138,10 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
         except ValueError:
             raise SpecError("--dtype", dtype, "bf16 or fp16") from None
 
+        if traces is not None:
+            ops, settings = _stored_ops(traces)
+            _measure_and_write(ops, device, warmup, iters, {**settings, "warmup": warmup, "iters": iters}, output, as_json)
+            return
         spec = load_model(model)
         stack_spec = resolve_stack(stack)
         tps, sizes, modes = parse_int_list(tp, "--tp"), parse_int_list(mbs, "--mbs"), parse_recompute(recompute)
@@ -145,28 +153,51 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
         typer.echo(f"tracing {spec.name} at tp={tps} mbs={sizes} recompute={[m.value for m in modes]}{experts} "
                    f"(stack {stack_spec.name}) ...", err=True)
         ops = traced_ops(spec, tps, sizes, sequence_parallel, modes, dt, stack_spec, eps, etps)
-
-        def progress(i: int, n: int, name: str) -> None:
-            if i % 25 == 0:
-                typer.echo(f"  [{i}/{n}] {name}", err=True)
-
-        run = measure_ops(ops, device, warmup=warmup, iters=iters, progress=progress)
         settings = {"model": spec.name, "stack": stack_spec.name, "tp": tps, "mbs": sizes,
                     "sequence_parallel": sequence_parallel,
                     "recompute": [m.value for m in modes], "dtype": dt.value, "warmup": warmup, "iters": iters}
         if spec.is_moe:
             settings.update(ep=eps, etp=etps if etps is not None else "tp")
-        data = database_json(run, device, settings)
-        target = output if output is not None else default_output(data["gpu"]["name"])
-        if not run.measured:
-            raise EchoPlanError(f"no op could be measured on {device}; nothing written")
-        write_atomic(target, json.dumps(data, indent=1) + "\n")
-        summary = {"path": str(target), "gpu": data["gpu"]["name"], "ops_total": run.ops_total,
-                   "measured": len(run.measured), "skipped": [{"op": s.key[0], "reason": s.reason} for s in run.skipped]}
-        if as_json:
-            typer.echo(json.dumps(summary, indent=2))
-            return
-        typer.echo(f"measured {len(run.measured)} of {run.ops_total} distinct ops on {data['gpu']['name']}; "
-                   f"wrote {target}")
-        for s in run.skipped:
-            typer.echo(f"  skipped {s.key[0]}: {s.reason}")
+        _measure_and_write(ops, device, warmup, iters, settings, output, as_json)
+
+
+def _stored_ops(folder: Path) -> tuple[list, dict]:
+    """The ops of every sound trace in a trace-cache folder, and the provenance settings that say so;
+    SpecError for a folder that is missing or holds no trace."""
+    if not folder.is_dir():
+        raise SpecError("--traces", str(folder), "a trace-cache folder (a search's or validate's ECHO_PLAN_CACHE_DIR)")
+    found, refused = TraceCache(folder).stored()
+    for path, why in refused:
+        typer.echo(f"  not read: {path.name}: {why}", err=True)
+    if not found:
+        raise SpecError("--traces", str(folder), "a folder holding echo-plan trace files (none were found in it)")
+    typer.echo(f"read {len(found)} traces from {folder} ({len(refused)} files not read) ...", err=True)
+    ops = [op for trace in found for op in trace.ops]
+    settings = {"traces": str(folder), "trace_files": len(found),
+                "dtype": sorted({t.key.dtype for t in found}), "tp": sorted({t.key.tp for t in found}),
+                "mbs": sorted({t.key.micro_batch_size for t in found}),
+                "seq_length": sorted({t.key.seq_length for t in found})}
+    return ops, settings
+
+
+def _measure_and_write(ops: list, device: str, warmup: int, iters: int, settings: dict, output: Optional[Path],
+                       as_json: bool) -> None:
+    def progress(i: int, n: int, name: str) -> None:
+        if i % 25 == 0:
+            typer.echo(f"  [{i}/{n}] {name}", err=True)
+
+    run = measure_ops(ops, device, warmup=warmup, iters=iters, progress=progress)
+    data = database_json(run, device, settings)
+    target = output if output is not None else default_output(data["gpu"]["name"])
+    if not run.measured:
+        raise EchoPlanError(f"no op could be measured on {device}; nothing written")
+    write_atomic(target, json.dumps(data, indent=1) + "\n")
+    summary = {"path": str(target), "gpu": data["gpu"]["name"], "ops_total": run.ops_total,
+               "measured": len(run.measured), "skipped": [{"op": s.key[0], "reason": s.reason} for s in run.skipped]}
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    typer.echo(f"measured {len(run.measured)} of {run.ops_total} distinct ops on {data['gpu']['name']}; "
+               f"wrote {target}")
+    for s in run.skipped:
+        typer.echo(f"  skipped {s.key[0]}: {s.reason}")

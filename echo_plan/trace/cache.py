@@ -20,7 +20,7 @@ from pathlib import Path
 from echo_plan.errors import EchoPlanError
 from echo_plan.files import non_regular, write_atomic
 from echo_plan.trace.records import LayerTrace, TraceKey
-from echo_plan.trace.serialize import key_to_dict, trace_from_dict, trace_to_dict
+from echo_plan.trace.serialize import key_from_dict, key_to_dict, trace_from_dict, trace_to_dict
 
 FORMAT = "echo-plan-trace"
 FORMAT_VERSION = 1
@@ -135,6 +135,24 @@ class TraceCache:
         if trace.key != key:
             raise ValueError("payload key differs from the header")
         return trace
+
+    def stored(self) -> tuple[list[LayerTrace], list[tuple[Path, str]]]:
+        """Every sound trace file under ``root`` (sorted by name) and, for each file that is not one,
+        its path and why; nothing is removed or counted (``calibrate kernels --traces`` reads a
+        cache that a search or ``validate`` filled)."""
+        traces: list[LayerTrace] = []
+        refused: list[tuple[Path, str]] = []
+        for path in sorted(self.root.glob("*.json")):
+            if non_regular(path) is not None:
+                refused.append((path, "is not a regular file"))
+                continue
+            try:
+                raw = path.read_bytes()
+                key = key_from_dict(json.loads(raw.partition(b"\n")[0])["key"])
+                traces.append(self._decode(raw, key))
+            except Exception as exc:  # noqa: BLE001 - a file that is not a sound trace is named, not read
+                refused.append((path, str(exc)[:200] or type(exc).__name__))
+        return traces, refused
 
     def _bypass(self, path: Path, why: str) -> None:
         self.misses += 1

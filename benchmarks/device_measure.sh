@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One lent-GPU session's measurements (the device tool runs it in the repository root; $OUT comes back):
+#   1. kernels: every distinct op of the traces in .gpu/traces (the H100/H800 validate suites' and the
+#      README search's trace cache) timed on this GPU -> $OUT/H100.json (echo-plan calibrate kernels --traces)
+#   2. the memory headroom's parts: CUDA context and allocator fragmentation (benchmarks/cuda_memory_probe.py)
+#   3. interference of compute beside a communication stand-in on another stream (calibrate interference measure)
+# Python packages the GPU image lacks travel as wheels in .whl/ (pydantic, typer and their needs).
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))" | tee -a "$OUT/gpu.txt"
+ep() { python3 -c "import sys; from echo_plan.cli import entry; sys.argv[0] = 'echo-plan'; entry()" "$@"; }
+date -u +%FT%TZ
+timeout 300 bash -c "$(declare -f ep); ep calibrate kernels --traces .gpu/traces --warmup 5 --iters 20 -o '$OUT/H100.json' --json" > "$OUT/kernels_summary.json"
+echo "kernels rc=$?"; head -c 600 "$OUT/kernels_summary.json"; echo
+date -u +%FT%TZ
+timeout 150 python3 benchmarks/cuda_memory_probe.py --json "$OUT/memory_probe.json"
+echo "memory probe rc=$?"
+timeout 60 bash -c "$(declare -f ep); ep calibrate interference measure --mode standin -o '$OUT/interference_standin.csv'"
+echo "interference rc=$?"
+date -u +%FT%TZ

@@ -1,0 +1,106 @@
+"""The analytical compute model against kernels measured on a GPU, op class by op class.
+
+Run: .venv/bin/python benchmarks/kernel_accuracy.py [--db FILE] [--cluster h800] [--traces DIR]
+
+The measured database (default: ``echo_plan/data/measured/h100_sxm5/H100-80GB-HBM3.json``, made
+by ``echo-plan calibrate kernels --traces`` on an H100 SXM5 lent to this project on 2026-11-27) is keyed
+by op and shapes; the ops come from traces. Without ``--traces`` the H100 validate suites are run into a
+temporary trace cache first (about a minute on 2 cores), which makes the same traces the database was
+measured from. For each class of op the table gives how many measured ops it holds, the median and the
+10th/90th percentile of predicted/measured time, and the time-weighted ratio (sum predicted over sum
+measured), over every op and over the ops that took 200 us or more. Measurements whose 10th and 90th
+percentiles are over 25% apart are left out as noisy. Nothing is fitted here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from echo_plan.cost.kernel_db import KernelDatabase, compute_model_for, kernel_key  # noqa: E402
+from echo_plan.specs import DType, load_cluster  # noqa: E402
+from echo_plan.trace.cache import TraceCache  # noqa: E402
+from echo_plan.trace.records import OpKind  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DB = ROOT / "echo_plan" / "data" / "measured" / "h100_sxm5" / "H100-80GB-HBM3.json"
+SUITES = ("nemo_h100_dgxc", "moe_h100", "long_context_h100", "megatron_bridge_h100")
+
+
+def op_class(op) -> str:
+    if op.kind is OpKind.GEMM:
+        if "grouped" in op.name:
+            return "gemm grouped fp8"
+        return "gemm fp8" if "_scaled_mm" in op.name else "gemm bf16"
+    if op.kind is OpKind.ATTENTION:
+        return "attention backward" if "backward" in op.name else "attention forward"
+    return op.kind.value
+
+
+def fill_cache(folder: Path) -> None:
+    env = dict(os.environ, ECHO_PLAN_CACHE_DIR=str(folder))
+    exe = Path(sys.executable).parent / "echo-plan"
+    for suite in SUITES:
+        print(f"  tracing the rows of {suite} ...", file=sys.stderr, flush=True)
+        subprocess.run([str(exe), "validate", "--suite", suite, "--json"], env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def compare(db: KernelDatabase, traces, cluster_name: str) -> dict[str, list[tuple[float, float]]]:
+    cluster = load_cluster(cluster_name)
+    with tempfile.TemporaryDirectory() as empty:  # the analytical model alone, even where kernels/ serves
+        model = compute_model_for(cluster, empty)
+    groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    seen = set()
+    for trace in traces:
+        for op in trace.ops:
+            key = kernel_key(op)
+            if op.kind in (OpKind.VIEW, OpKind.COLLECTIVE) or key in seen:
+                continue
+            seen.add(key)
+            entry = db.lookup(op)
+            if entry is None or entry.p90_us > 1.25 * entry.p10_us:
+                continue
+            predicted = model.op_time(op, cluster.gpu, DType(trace.key.dtype)) * 1e6
+            groups[op_class(op)].append((predicted, entry.median_us))
+    return groups
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", type=Path, default=DEFAULT_DB)
+    parser.add_argument("--cluster", default="h800")
+    parser.add_argument("--traces", type=Path, default=None)
+    args = parser.parse_args(argv)
+    db = KernelDatabase.load(args.db)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.traces
+        if folder is None:
+            folder = Path(tmp)
+            fill_cache(folder)
+        traces, _ = TraceCache(folder).stored()
+        groups = compare(db, traces, args.cluster)
+    print(f"measured: {db.gpu.name} ({len(db)} ops, {db.provenance.get('date')}); model: {args.cluster} preset, "
+          f"analytical with its calibration; {len(traces)} traces")
+    print(f"{'class':22s} {'n':>5s} {'median':>7s} {'p10':>6s} {'p90':>6s} {'weighted':>8s} {'n>=200us':>8s} "
+          f"{'weighted':>8s} {'measured ms':>11s}")
+    for name, rows in sorted(groups.items(), key=lambda kv: -sum(m for _, m in kv[1])):
+        ratios = sorted(p / m for p, m in rows)
+        big = [(p, m) for p, m in rows if m >= 200]
+        big_w = f"{sum(p for p, _ in big) / sum(m for _, m in big):8.3f}" if big else f"{'-':>8s}"
+        print(f"{name:22s} {len(rows):5d} {statistics.median(ratios):7.3f} {ratios[len(ratios) // 10]:6.3f} "
+              f"{ratios[(9 * len(ratios)) // 10]:6.3f} {sum(p for p, _ in rows) / sum(m for _, m in rows):8.3f} "
+              f"{len(big):8d} {big_w} {sum(m for _, m in rows) / 1e3:11.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
