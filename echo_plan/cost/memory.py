@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from types import MappingProxyType
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 from echo_plan.files import safe_load
 import yaml
@@ -59,7 +59,7 @@ from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
 from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule
-from echo_plan.specs.software import SoftwareSpec
+from echo_plan.specs.software import CudaAllocator, SoftwareSpec
 from echo_plan.cost.activation_memory import (embedding_activation_bytes, layer_activation_bytes,
                                                output_activation_bytes)
 from echo_plan.trace.records import LayerTrace
@@ -87,7 +87,7 @@ class MemoryConstants:
     bytes_per_param: Mapping[DType, tuple[int, int, int]]  # weights, gradients, optimizer
     cuda_context_bytes: int
     nccl_per_communicator_bytes: int
-    fragmentation_fraction: float
+    fragmentation_fraction: Mapping[str, float]  # per CudaAllocator value: reserved-but-free share of activations
     logits_transient_bytes_per_element: float
     default_headroom_fraction: float
 
@@ -106,12 +106,22 @@ def load_memory_constants(text: str | None = None, origin: str = "memory.yaml",
             bytes_per_param=MappingProxyType(bpp),
             cuda_context_bytes=int(float(b["cuda_context_GiB"]) * GiB),
             nccl_per_communicator_bytes=int(float(b["nccl_per_communicator_GiB"]) * GiB),
-            fragmentation_fraction=float(b["fragmentation_fraction"]),
+            fragmentation_fraction=MappingProxyType(_fractions(b["fragmentation_fraction"])),
             logits_transient_bytes_per_element=float(b["logits_transient_bytes_per_element"]),
             default_headroom_fraction=float(raw["default_headroom_fraction"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid memory-model constants: {exc!r}") from None
+
+
+def _fractions(raw: Any) -> dict[str, float]:
+    """The fragmentation fraction of every allocator setting (CudaAllocator), each in [0, 1)."""
+    got = {CudaAllocator(k).value: float(v) for k, v in dict(raw).items()}
+    missing = [a.value for a in CudaAllocator if a.value not in got]
+    if missing or not all(0.0 <= v < 1.0 for v in got.values()):
+        raise ValueError(f"fragmentation_fraction needs a fraction in [0, 1) for each of "
+                         f"{', '.join(a.value for a in CudaAllocator)}; got {got}")
+    return got
 
 
 @lru_cache(maxsize=1)
@@ -334,7 +344,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
             transient = (c.logits_transient_bytes_per_element * (model.seq_length // plan.cp) * plan.micro_batch_size
                          * model.vocab_size / plan.tp)
         buffers = (c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes
-                   + c.fragmentation_fraction * act + transient)
+                   + c.fragmentation_fraction[stack.cuda_allocator.value] * act + transient)
         out.append(StageMemory(
             stage=i,
             weights_bytes=int(weights),

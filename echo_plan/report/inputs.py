@@ -36,8 +36,8 @@ NOT_MODELLED = (
     "Stragglers and failures nobody names: a predicted step assumes healthy GPUs and links; failures "
     "enter only as an average rate, in goodput.",
     "Other jobs' traffic on the network, and thermal or power throttling.",
-    "Allocator fragmentation and memory the framework reserves beyond the modelled buffers: keep some "
-    "headroom below the capacity line.",
+    "Memory the framework reserves beyond the modelled buffers (the allocator's fragmentation is modelled "
+    "per allocator setting, measured on one H100): keep some headroom below the capacity line.",
     "Differences between library versions and kernel choices at run time: predictions are as good as "
     "the compute and collective calibration for this GPU.",
 )

@@ -34,6 +34,14 @@ class AttentionLibrary(str, Enum):
     FLASH_ATTN_2 = "flash-attn-2"  # Dao's FlashAttention-2 package (TE's first choice before 1.6; PyTorch SDPA's flash)
 
 
+class CudaAllocator(str, Enum):
+    """PyTorch's caching-allocator setting (``PYTORCH_CUDA_ALLOC_CONF``): how much of the activation memory
+    it holds reserved beyond what is allocated at the peak (``memory.yaml``, measured per setting)."""
+
+    DEFAULT = "default"  # fixed-size segments: blocks split and cached
+    EXPANDABLE_SEGMENTS = "expandable_segments"  # segments that grow in place (expandable_segments:True)
+
+
 class RecomputeModule(str, Enum):
     """What ``recompute: selective`` re-runs in backward (Megatron-Core's ``--recompute-modules``)."""
 
@@ -189,6 +197,10 @@ class SoftwareSpec(Spec):
                                    "with Transformer Engine >= 2.6, set_save_original_input: the attention output "
                                    "projection and the shared experts' FC1 under non-delayed recipes, the linears "
                                    "after a recomputed norm, the experts' FC2 under moe_act recompute)")
+    cuda_allocator: CudaAllocator = Field(
+        default=CudaAllocator.DEFAULT,
+        description="PyTorch's caching allocator as the framework's launch sets it: default or expandable_segments "
+                    "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which fragments less")
     cp_comm: CPComm = Field(default=CPComm.P2P, description="context-parallel attention: ring p2p or all-gather")
     sources: tuple[str, ...] = ()
 

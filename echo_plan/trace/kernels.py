@@ -61,9 +61,9 @@ def _attention_reference(q, k, v, causal: bool, p: float, seed: int, window: int
     scores = (q.float() @ kx.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
     s_q, s_k = scores.shape[-2:]
     if causal:
-        scores = scores.masked_fill(torch.ones(s_q, s_k, dtype=torch.bool).triu(1 + s_k - s_q), float("-inf"))
+        scores = scores.masked_fill(torch.ones(s_q, s_k, dtype=torch.bool, device=scores.device).triu(1 + s_k - s_q), float("-inf"))
     if window > 0:
-        scores = scores.masked_fill(torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q - window), float("-inf"))
+        scores = scores.masked_fill(torch.ones(s_q, s_k, dtype=torch.bool, device=scores.device).tril(s_k - s_q - window), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse.unsqueeze(-1))
     keep = _keep_mask(probs.shape, p, seed, probs.device) if p > 0 else None

@@ -159,8 +159,8 @@ class SuiteResult:
     def status(self) -> str:
         if self.kind == "training" and not self.modelled and not self.failed_rows:
             return "not modelled"
-        if not self.passed and self.open_issue:
-            return f"FAIL (known gap: {self.open_issue})"
+        if self.open_issue:  # a suite that meets its own targets can still hold an open gap (its leave-one-suite-out)
+            return f"{'PASS' if self.passed else 'FAIL'} (known gap: {self.open_issue})"
         return "PASS" if self.passed else "FAIL"
 
     @property

@@ -231,3 +231,50 @@ def test_closed_form_agrees_with_traced_activations(name, kw):
             assert e.activations_bytes == pytest.approx(t.activations_bytes, rel=0.15)
             assert e.total_bytes == pytest.approx(t.total_bytes, rel=0.15)
             assert (e.weights_bytes, e.optimizer_bytes) == (t.weights_bytes, t.optimizer_bytes)
+
+
+@pytest.mark.parametrize("p", PLANS)
+def test_expandable_segments_never_need_more_memory_and_only_buffers_differ(p):
+    default = STACK.model_copy(update={"cuda_allocator": "default"})
+    expandable = STACK.model_copy(update={"cuda_allocator": "expandable_segments"})
+    a, b = estimate(LLAMA, p, stack=default), estimate(LLAMA, p, stack=expandable)
+    for sa, sb in zip(a, b):
+        assert sb.buffers_bytes < sa.buffers_bytes
+        assert (sa.weights_bytes, sa.gradients_bytes, sa.optimizer_bytes, sa.activations_bytes) == \
+            (sb.weights_bytes, sb.gradients_bytes, sb.optimizer_bytes, sb.activations_bytes)
+    assert max(s.total_bytes for s in b) < max(s.total_bytes for s in a)
+
+
+def test_fragmentation_fractions_are_the_measured_ones():
+    """memory.yaml's fractions are the larger of the two probe shapes measured per allocator setting
+    (data/measured/h100_sxm5/memory_probe.json): changing one without the other fails here."""
+    import json
+    from pathlib import Path
+
+    import echo_plan
+
+    probe = json.loads((Path(echo_plan.__file__).parent / "data" / "measured" / "h100_sxm5" /
+                        "memory_probe.json").read_text())["fragmentation"]
+    got = load_memory_constants().fragmentation_fraction
+    for setting in ("default", "expandable_segments"):
+        measured = [v["fragmentation_fraction"] for k, v in probe.items()
+                    if ("expandable_segments" in k) == (setting == "expandable_segments")]
+        assert len(measured) == 2
+        assert got[setting] == pytest.approx(max(measured), abs=0.0005)
+
+
+def test_the_stacks_say_which_allocator_their_launch_sets():
+    assert load_stack("megatron-core").cuda_allocator.value == "expandable_segments"
+    assert load_stack("torchtitan").cuda_allocator.value == "expandable_segments"
+    assert load_stack("megatron-lm-2021").cuda_allocator.value == "default"  # before expandable segments existed
+    assert load_stack("nemo-24.03").cuda_allocator.value == "default"
+
+
+def test_a_fragmentation_table_missing_a_setting_is_a_file_format_error():
+    from importlib import resources
+
+    text = (resources.files("echo_plan") / "data" / "memory.yaml").read_text()
+    broken = text.replace("    expandable_segments: 0.032\n", "")
+    assert broken != text
+    with pytest.raises(FileFormatError, match="expandable_segments"):
+        load_memory_constants(broken, "mine.yaml")
