@@ -148,7 +148,9 @@ def _attention_ops(name: str):
     def fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float, seed: int,
             window: int = 0) -> tuple[Tensor, Tensor]:
         out, lse, _, _ = _attention_reference(q, k, v, causal, dropout_p, seed, window)
-        return out, lse
+        # in q's memory layout, as the fake (and the fused kernels) return it: what reads it next (the output
+        # projection's reshape) is then a view here too, not a copy the kernels never make
+        return _like_layout(q, out.shape[-1]).copy_(out), lse
 
     @torch.library.custom_op(f"echo_plan::{name}_backward", mutates_args=())
     def bwd(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, dropout_p: float,
