@@ -184,3 +184,22 @@ def test_a_nemo_yaml_setting_that_is_not_modelled_is_refused_by_name(old, new, s
     assert old in NEMO
     with pytest.raises(CannotImport, match=setting.replace(".", r"\.")):
         import_launch(NEMO.replace(old, new), "nemo.yaml", STACK)
+
+
+def test_the_allocator_the_memory_counts_on_is_in_the_launch_and_read_back():
+    """A stack with expandable segments (the fragmentation memory.yaml measured for them) exports the
+    environment that sets them; a Megatron-LM launch read back takes its allocator from its environment."""
+    model, cluster = load_model("llama3-8b"), load_cluster("h800", gpus=16)
+    plan = PlanSpec(tp=2, dp=8, global_batch_size=64, distributed_optimizer=True)
+    expandable, default = load_stack("megatron-core"), load_stack("megatron-core").replace(cuda_allocator="default")
+    out = export_launch(LaunchFormat.MEGATRON_LM, model, plan, expandable, cluster)
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in out.text
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in export_launch(LaunchFormat.MEGATRON_LM, model, plan, default, cluster).text
+    assert import_launch(out.text, "job.sh", default).stack.cuda_allocator.value == "expandable_segments"
+    plain = out.text.replace("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n", "")
+    assert import_launch(plain, "job.sh", expandable).stack.cuda_allocator.value == "expandable_segments"  # set elsewhere
+    turned_off = out.text.replace("expandable_segments:True", "expandable_segments:False,max_split_size_mb:512")
+    assert import_launch(turned_off, "job.sh", expandable).stack.cuda_allocator.value == "default"
+    titan = export_launch(LaunchFormat.TORCHTITAN, model, PlanSpec(dp=16, global_batch_size=64, sharding="parameters"),
+                          load_stack("torchtitan"), cluster)
+    assert "PYTORCH_ALLOC_CONF=expandable_segments:True torchrun" in titan.text

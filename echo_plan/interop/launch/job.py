@@ -67,6 +67,11 @@ class LaunchJob:
     notes: tuple[str, ...] = ()  # read but not modelled (data paths, logging...), or assumptions made
 
 
+# PyTorch's caching-allocator setting, as a launch's environment gives it (a stack's cuda_allocator)
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"  # PyTorch 2.9 renamed it PYTORCH_ALLOC_CONF and reads both
+EXPANDABLE = "expandable_segments:True"
+
+
 @dataclass(frozen=True)
 class LaunchExport:
     """The text of a launch config, the environment it relies on, and what it leaves to the user."""

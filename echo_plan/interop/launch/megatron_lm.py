@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import ast
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from echo_plan.interop.launch.job import CannotImport, LaunchExport, LaunchFormat, LaunchJob
+from echo_plan.interop.launch.job import ALLOC_CONF, EXPANDABLE, CannotImport, LaunchExport, LaunchFormat, LaunchJob
 from echo_plan.interop.launch.mcore import to_mcore
 from echo_plan.interop.launch.mcore_read import job_from_mcore
 from echo_plan.interop.launch.megatron_ignored import IGNORED_FLAGS
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec
-from echo_plan.specs.software import AttentionLibrary
+from echo_plan.specs.software import AttentionLibrary, CudaAllocator
 
 FMT = LaunchFormat.MEGATRON_LM
 
@@ -132,7 +132,20 @@ def environment(stack: SoftwareSpec, plan: PlanSpec) -> dict[str, str]:
         env.update(NVTE_FLASH_ATTN="1", NVTE_FUSED_ATTN="0")
     else:
         env.update(NVTE_FLASH_ATTN="0", NVTE_FUSED_ATTN="1")
+    if stack.cuda_allocator is CudaAllocator.EXPANDABLE_SEGMENTS:  # the memory predicted counts on it (memory.yaml)
+        env[ALLOC_CONF] = EXPANDABLE
     return env
+
+
+def allocator_of(env: Mapping[str, str]) -> CudaAllocator | None:
+    """The caching-allocator setting a launch's environment names (PYTORCH_CUDA_ALLOC_CONF or, from PyTorch 2.9,
+    PYTORCH_ALLOC_CONF), or None when it names none (set elsewhere, or PyTorch's default)."""
+    value = env.get(ALLOC_CONF, env.get("PYTORCH_ALLOC_CONF"))
+    if value is None:
+        return None
+    options = {k.strip(): v.strip() for k, _, v in (part.partition(":") for part in value.split(","))}
+    expandable = options.get("expandable_segments", "False").lower() == "true"
+    return CudaAllocator.EXPANDABLE_SEGMENTS if expandable else CudaAllocator.DEFAULT
 
 
 def export_megatron_lm(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, cluster: ClusterSpec) -> LaunchExport:
@@ -287,7 +300,11 @@ def _job(sec: dict[str, dict[str, Any]], env: Mapping[str, str], base_stack: Sof
         m["attention_backend"] = "flash"
     if "grad_reduce_in_fp32" not in sec["ddp"]:
         sec["ddp"]["grad_reduce_in_fp32"] = bool(m.get("bf16"))  # Megatron-LM: fp32 main grads with bf16
-    return job_from_mcore(sec, base_stack, world, source, gpus_per_node=per_node)
+    job = job_from_mcore(sec, base_stack, world, source, gpus_per_node=per_node)
+    allocator = allocator_of(env)
+    if allocator is not None and allocator is not job.stack.cuda_allocator:
+        job = replace(job, stack=job.stack.model_copy(update={"cuda_allocator": allocator}))
+    return job
 
 
 def parse_argument_dump(text: str) -> dict[str, str] | None:

@@ -18,13 +18,13 @@ import tomllib
 from typing import Any
 
 from echo_plan.interop.launch.job import (
-    CannotExpress, CannotImport, LaunchExport, LaunchFormat, LaunchJob, preset_of_shape, virtual_split,
+    EXPANDABLE, CannotExpress, CannotImport, LaunchExport, LaunchFormat, LaunchJob, preset_of_shape, virtual_split,
 )
 from echo_plan.layout.sharding import DataParallelSharding
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load_model, load_stack
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import DpComm, Recompute, Schedule
-from echo_plan.specs.software import Fp8Recipe, OptimizerSharding
+from echo_plan.specs.software import CudaAllocator, Fp8Recipe, OptimizerSharding
 
 FMT = LaunchFormat.TORCHTITAN
 # echo-plan model preset -> torchtitan (model.name, model.flavor) of the same shape (torchtitan 0.2)
@@ -116,8 +116,10 @@ def export_torchtitan(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, clu
     shard = plan.shard_group_size // plan.cp if fsdp else 1
     replicate = plan.grad_dp // plan.shard_group_size if fsdp else plan.dp
     local = plan.micro_batch_size if plan.pp == 1 else plan.global_batch_size // plan.dp
+    expandable = stack.cuda_allocator is CudaAllocator.EXPANDABLE_SEGMENTS  # as run_train.sh launches it
     lines = [f"# echo-plan: {model.name}, {plan.short()}, stack {stack.name}, {plan.world_size} GPUs",
-             f"# launch: torchrun --nnodes {cluster.num_nodes} --nproc-per-node {cluster.gpus_per_node} "
+             f"# launch: {'PYTORCH_ALLOC_CONF=' + EXPANDABLE + ' ' if expandable else ''}torchrun "
+             f"--nnodes {cluster.num_nodes} --nproc-per-node {cluster.gpus_per_node} "
              "-m torchtitan.train --job.config_file THIS_FILE.toml",
              "[job]", f'description = "echo-plan {plan.short()}"',
              "[model]", f'name = "{name}"', f'flavor = "{flavour}"']
@@ -148,7 +150,8 @@ def export_torchtitan(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, clu
         lines += ["[quantize.linear.float8]", 'recipe_name = "tensorwise"',
                   f"enable_fsdp_float8_all_gather = {gather}", f"precompute_float8_dynamic_scale_for_fsdp = {gather}"]
     notes = (FSDP_NOTE,) if fsdp and plan.pp > 1 else () if fsdp else (AUTOCAST_NOTE,)
-    return LaunchExport(FMT, "\n".join(lines) + "\n", notes=notes)
+    env = {"PYTORCH_ALLOC_CONF": EXPANDABLE} if expandable else {}
+    return LaunchExport(FMT, "\n".join(lines) + "\n", env, notes=notes)
 
 
 def _degree(par: dict, knob: str, source: str, default: int = 1) -> int:
