@@ -30,7 +30,7 @@ from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
 from echo_plan.specs.software import MoEDispatcher, SoftwareSpec, check_precision, check_stack_supports
 from echo_plan.trace.records import CollectiveKind, CommGroup
 from echo_plan.cost.base import with_stack_kernels
-from echo_plan.cost.memory import stage_memory
+from echo_plan.cost.memory import allocator_note, stage_memory
 from echo_plan.errors import SpecError
 from echo_plan.replay.no_gc import paused_gc
 from echo_plan.replay.steady import steady_state_step
@@ -244,6 +244,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     notes = [f"critical pipeline stage: {rank}", f"micro-batches per step: {plan.num_microbatches}",
              f"level-2 tasks: {step.tasks_replayed}", f"software stack: {stack.name}"]
     notes += stack_notes(plan, stack)
+    notes.append(allocator_note(stack))
     if plan.dtype is DType.FP8 and asked.fp8_param_gather and not stack.fp8_param_gather:
         notes.append(f"stack {stack.name}: FP8 parameters (fp8_param_gather) need the distributed optimizer "
                      "(Megatron's rule); bf16 weights kept here")

@@ -130,6 +130,18 @@ def _packaged_constants() -> MemoryConstants:
     return load_memory_constants(text, "echo_plan/data/memory.yaml", packaged=True)
 
 
+def allocator_note(stack: SoftwareSpec, consts: MemoryConstants | None = None) -> str:
+    """What the memory counts for the caching allocator, and the launch setting that counts on (in words)."""
+    c = consts or load_memory_constants()
+    share = c.fragmentation_fraction[stack.cuda_allocator.value]
+    if stack.cuda_allocator is CudaAllocator.EXPANDABLE_SEGMENTS:
+        return (f"memory counts the allocator's fragmentation at {share:.1%} of the activations (stack {stack.name}: "
+                f"expandable segments; launch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, without it "
+                f"{c.fragmentation_fraction[CudaAllocator.DEFAULT.value]:.1%})")
+    return (f"memory counts the allocator's fragmentation at {share:.1%} of the activations (stack {stack.name}: "
+            f"PyTorch's default allocator)")
+
+
 # -- parameters ---------------------------------------------------------------------------------
 
 def layer_params_per_rank(model: ModelSpec, tp: int) -> int:

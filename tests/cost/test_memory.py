@@ -278,3 +278,12 @@ def test_a_fragmentation_table_missing_a_setting_is_a_file_format_error():
     assert broken != text
     with pytest.raises(FileFormatError, match="expandable_segments"):
         load_memory_constants(broken, "mine.yaml")
+
+
+def test_the_allocator_note_says_what_is_counted_and_what_the_launch_must_set():
+    from echo_plan.cost.memory import allocator_note
+
+    note = allocator_note(load_stack("megatron-core"))
+    assert "3.2%" in note and "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in note and "13.8%" in note
+    plain = allocator_note(load_stack("megatron-lm-2021"))
+    assert "13.8%" in plain and "default" in plain and "PYTORCH_CUDA_ALLOC_CONF" not in plain
