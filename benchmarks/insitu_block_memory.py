@@ -42,6 +42,15 @@ CASES = [("megatron-core", "none"), ("megatron-core", "selective"), ("megatron-c
          ("torchtitan", "none"), ("torchtitan", "full")]
 
 
+def layer_kind(model: ModelSpec) -> tuple:
+    """The layer traced: an MoE model's MoE layer with every expert local (ep 1), else the dense layer."""
+    from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
+
+    if model.moe is None:
+        return DENSE, None
+    return LayerKind(moe=True), ExpertLayout(ep=1, etp=1)
+
+
 def _active_blocks(snapshot: dict) -> dict[int, dict]:
     return {b["address"]: b for seg in snapshot["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"}
 
@@ -58,15 +67,32 @@ def in_situ(model: ModelSpec, stack_name: str, recompute: Recompute, device: str
             explain: bool = False) -> dict:
     import torch
 
+    from echo_plan.trace.moe import MoELayer
+
+    stack = load_stack(stack_name)
+    kind, layout = layer_kind(model)
+
+    copies = MoELayer._copies  # the tracer routes with index tensors whose values it never reads (balanced routing
+    if kind.moe:  # by shape); real tensors need real indices: the copies spread evenly over the rows, while measured
+        MoELayer._copies = lambda self, like, n: torch.arange(n, device=like.device) % max(1, like.shape[0])
+    try:
+        return _run_layer(model, stack, stack_name, recompute, device, mbs, explain, kind, layout)
+    finally:
+        MoELayer._copies = copies
+
+
+def _run_layer(model, stack, stack_name, recompute, device, mbs, explain, kind, layout) -> dict:
+    import torch
+
     from echo_plan.trace.capture import SavedBytesMeter, _build, _fixed_storages
     from echo_plan.trace.fake_pg import fake_groups
 
-    stack = load_stack(stack_name)
     cuda = device == "cuda"
     torch.manual_seed(0)
     with torch.device(device), fake_groups(1) as groups:
         meter = SavedBytesMeter(set())
-        block = _build(StageKind.BLOCK, model, groups, False, torch.bfloat16, recompute, stack, nullcontext, meter)
+        block = _build(StageKind.BLOCK, model, groups, False, torch.bfloat16, recompute, stack, nullcontext, meter,
+                       kind, layout)
         with torch.no_grad():
             for p in block.parameters():
                 p.normal_(0.0, 0.02)
@@ -115,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mbs", type=int, default=1)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="a tiny model (checks the code path)")
+    parser.add_argument("--tiny-moe", action="store_true", help="a tiny mixture-of-experts model (checks the code path)")
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     parser.add_argument("--explain", action="store_true",
                         help="list the blocks the forward leaves allocated that no saved tensor owns (CUDA)")
@@ -124,15 +151,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("insitu_block_memory: no CUDA GPU on this machine; nothing measured", file=sys.stderr)
         return 0
-    model = ModelSpec.build(TINY) if args.tiny else load_model(args.model)
+    model = (ModelSpec.build(TINY) if args.tiny else
+             ModelSpec.build({**TINY, "name": "tiny-moe", "moe": {"num_experts": 4, "top_k": 2,
+                                                                 "expert_ffn_hidden_size": 32}}) if args.tiny_moe
+             else load_model(args.model))
     if args.device == "cuda":  # cuBLAS takes its workspace (32 MiB on an H100) from the caching allocator at the
         a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)  # process's first GEMM: before, not inside,
         (a @ a).sum().item()  # the first layer measured (seen: "32.0 MiB ... owned by no saved tensor: linear")
     rows = []
     for stack_name, mode in CASES:
         recompute = Recompute(mode)
+        kind, layout = layer_kind(model)
         traced = trace_stage(model, StageKind.BLOCK, tp=1, sequence_parallel=False, micro_batch_size=args.mbs,
-                             dtype=DType.BF16, recompute=recompute, stack=load_stack(stack_name))
+                             dtype=DType.BF16, recompute=recompute, stack=load_stack(stack_name), kind=kind,
+                             layout=layout)
         got = in_situ(model, stack_name, recompute, args.device, args.mbs, args.explain)
         got["traced_bytes"] = traced.saved_bytes
         rows.append(got)
