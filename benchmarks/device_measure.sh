@@ -5,7 +5,17 @@
 #   2. the memory headroom's parts: CUDA context and allocator fragmentation (benchmarks/cuda_memory_probe.py)
 #   3. interference of compute beside a communication stand-in on another stream (calibrate interference measure)
 # Python packages the GPU image lacks travel as wheels in .whl/ (pydantic, typer and their needs).
+# Prepared on the machine that sends the job (both folders are ignored by git; the device tool carries them):
+#   for s in nemo_h100_dgxc moe_h100 long_context_h100 megatron_bridge_h100; do
+#     ECHO_PLAN_CACHE_DIR=.gpu/traces .venv/bin/echo-plan validate --suite $s --json > /dev/null; done
+#   ECHO_PLAN_CACHE_DIR=.gpu/traces .venv/bin/echo-plan search --report /tmp/q.html
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl \
+#     pydantic pydantic-core annotated-types typing-inspection typing-extensions typer click shellingham \
+#     rich markdown-it-py mdurl pygments platformdirs        (the versions .venv has)
 set -u
+if [ ! -d .gpu/traces ] || [ -z "$(ls .gpu/traces 2>/dev/null)" ]; then
+  echo "device_measure.sh: .gpu/traces is empty; make it first (see this script's header)" >&2; exit 2
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
