@@ -39,7 +39,7 @@ from echo_plan.replay.faults import fault_summary
 from echo_plan.specs.presets import load_stack
 from echo_plan.replay.interference import load_interference
 from echo_plan.replay.kinds import TaskKind
-from echo_plan.cost.kernel_db import compute_model_for
+from echo_plan.cost.kernel_db import compute_model_for, database_note
 from echo_plan.cost.compute import load_compute_constants
 from echo_plan.cost.ranges import prediction_range
 from echo_plan.cost.collectives import collective_model_for
@@ -245,6 +245,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
              f"level-2 tasks: {step.tasks_replayed}", f"software stack: {stack.name}"]
     notes += stack_notes(plan, stack)
     notes.append(allocator_note(stack))
+    measured = database_note(compute, traces, cluster, plan.dtype)
+    if measured:
+        notes.append(measured)
     if plan.dtype is DType.FP8 and asked.fp8_param_gather and not stack.fp8_param_gather:
         notes.append(f"stack {stack.name}: FP8 parameters (fp8_param_gather) need the distributed optimizer "
                      "(Megatron's rule); bf16 weights kept here")

@@ -9,13 +9,16 @@ The format is described in ``kernels/README.md``.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from echo_plan.errors import FileFormatError
+from echo_plan.errors import FileFormatError, SpecError
 from echo_plan.specs.cluster import ClusterSpec, DType, GPUSpec
 from echo_plan.trace.records import OpKind, OpRecord, TensorMeta
 from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
@@ -222,7 +225,7 @@ class Coverage:
                 "op_share": self.op_share, "time_share": self.time_share, "missing": list(self.missing)}
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity, as the analytical model: simulate memoises replays by it
 class DatabaseComputeModel:
     """Measured times where the database has the op, the fallback model elsewhere; counts coverage."""
 
@@ -301,8 +304,18 @@ class DatabaseComputeModel:
         return Coverage(t["m"], t["f"], t["tm"], t["tf"], tuple(sorted(t["miss"])))
 
 
+KERNELS_ENV = "ECHO_PLAN_KERNELS_DIR"
+
+
 def kernels_dir() -> Path | None:
-    """``kernels/`` at the project root (next to ``clusters/``), if there is one."""
+    """``$ECHO_PLAN_KERNELS_DIR`` when set (a folder of kernel databases; SpecError when it is not a folder),
+    else ``kernels/`` at the project root (next to ``clusters/``), if there is one."""
+    env = os.environ.get(KERNELS_ENV)
+    if env:
+        root = Path(env).expanduser()
+        if not root.is_dir():
+            raise SpecError(KERNELS_ENV, env, "a folder of kernel databases (*.json, kernels/README.md)")
+        return root
     here = Path(__file__).resolve()
     for parent in here.parents:
         candidate = parent / "kernels"
@@ -325,6 +338,28 @@ def find_database(gpu: GPUSpec, folder: str | Path | None = None) -> KernelDatab
     if not matches:
         return None
     return max(matches, key=lambda db: (db.gpu.family == fam, len(db)))
+
+
+def database_digest(gpu: GPUSpec, folder: str | Path | None = None) -> str:
+    """A short hash of the database that serves ``gpu`` ("" when none does): what a stored search study's
+    name includes, so a database added or changed starts a new study instead of reading the old times."""
+    db = find_database(gpu, folder)
+    if db is None:
+        return ""
+    text = json.dumps(db.to_json(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def database_note(compute: Any, traces: Any, cluster: ClusterSpec, dtype: DType) -> str | None:
+    """For a database-backed compute model, how much of the traced kernel time it measured (in words)."""
+    if not isinstance(compute, DatabaseComputeModel):
+        return None
+    stages = [traces.embedding, traces.output, *([t for _, t in traces.blocks] or [traces.block])]
+    cov = compute.coverage([op for t in stages for op in t.ops], cluster.gpu, dtype)
+    name = Path(compute.db.path).name or "a kernel database"
+    return (f"compute: {cov.time_share:.0%} of the traced kernel time ({cov.ops_measured} of "
+            f"{cov.ops_measured + cov.ops_modelled} ops) from the measured database {name} ({compute.db.gpu.name}), "
+            "the rest from the analytical model")
 
 
 def compute_model_for(cluster: ClusterSpec, kernels_dir: str | Path | None = None, *, fallback: Any = None) -> Any:

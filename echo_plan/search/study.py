@@ -31,6 +31,7 @@ from echo_plan.search.prune import MemoryEstimator, PrunedSpace, PruneReason, Ve
 from echo_plan.search.results import SearchOutcome, TrialRecord, TrialState
 from echo_plan.search.space import Knob
 from echo_plan.search.storage import TrialStore, default_storage_url, derive_study_name, model_code_version
+from echo_plan.cost.kernel_db import database_digest
 from echo_plan import __version__
 from echo_plan.search.ray_eval import ray_advice
 from echo_plan.search.process_pool import MIN_PLANS_FOR_PROCESSES, auto_processes, own_pool
@@ -96,7 +97,7 @@ class _Search:
         self.study_name = config.study_name or derive_study_name(
             model_json, cluster_json, config.global_batch_size, config.space.digest(), self.sampler.value,
             config.seed, f"{__version__}+{model_code_version()}",
-            [config.software.model_dump(mode="json"), config.memory_headroom_bytes])
+            [config.software.model_dump(mode="json"), config.memory_headroom_bytes, database_digest(config.cluster.gpu)])
         self.url = config.storage or default_storage_url()
         self.store = None if self.url == IN_MEMORY else TrialStore(self.url, self.study_name, self.directions)
         self.mirror = optuna.create_study(directions=self.directions, sampler=self._make_sampler())

@@ -80,3 +80,37 @@ def test_no_large_gemm_is_timed_much_faster_than_it_ran_alone(measured, tmp_path
     assert ratios[0] > 0.85, ratios[:5]
     weighted = sum(p for p, _ in pairs) / sum(m for _, m in pairs)
     assert 0.97 < weighted < 1.3, weighted
+
+
+def test_a_kernels_folder_named_by_the_environment_serves_simulate_and_names_the_study(tmp_path, monkeypatch, capsys):
+    """ECHO_PLAN_KERNELS_DIR: the databases of an installed package's user; a search study's name includes the
+    serving database, so adding one starts a new study instead of reading times computed without it."""
+    import json as _json
+
+    from echo_plan.cli import main
+    from echo_plan.cost.kernel_db import DatabaseComputeModel, database_digest
+
+    h800 = load_cluster("h800")
+    args = ["simulate", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--json"]
+    monkeypatch.delenv("ECHO_PLAN_KERNELS_DIR", raising=False)
+    assert main(args) == 0
+    plain = _json.loads(capsys.readouterr().out)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("ECHO_PLAN_KERNELS_DIR", str(empty))
+    assert database_digest(h800.gpu) == ""
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / MEASURED.name).write_bytes(MEASURED.read_bytes())
+    monkeypatch.setenv("ECHO_PLAN_KERNELS_DIR", str(tmp_path / "kernels"))
+    assert isinstance(compute_model_for(h800), DatabaseComputeModel)
+    assert len(database_digest(h800.gpu)) == 16
+    assert main(args) == 0
+    measured = _json.loads(capsys.readouterr().out)
+    assert measured["step_time_s"] != plain["step_time_s"]
+    said = [n for n in measured["notes"] if n.startswith("compute: ")]
+    assert len(said) == 1 and "H100-80GB-HBM3.json" in said[0] and "%" in said[0]
+    assert not [n for n in plain["notes"] if n.startswith("compute: ")]
+    monkeypatch.setenv("ECHO_PLAN_KERNELS_DIR", str(MEASURED))  # a file, not a folder
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "ECHO_PLAN_KERNELS_DIR" in err and "\n" not in err
