@@ -87,6 +87,11 @@ class InterferenceFit:
         return InterferenceModel(comp, comm, source=f"fitted from {self.path} ({self.rows} rows)",
                                  provenance=tuple(self.provenance()))
 
+    def stand_in_pairs(self) -> list[FittedPair]:
+        """Pairs fitted on rows that say they were stand-ins (``calibrate interference measure`` on one GPU:
+        a copy or an elementwise kernel in place of the collective, using every SM, unlike NCCL)."""
+        return [p for p in self.pairs if any("STAND-IN" in s.upper() for s in p.sources)]
+
     def provenance(self) -> list[str]:
         out = []
         for p in self.pairs:

@@ -45,6 +45,12 @@ def register_interference(calibrate_app: typer.Typer) -> None:
                        f"{p.count:4d} {p.min_ratio:7.3f} {p.max_ratio:7.3f}")
         typer.echo(f"wrote {path} ({len(result.pairs)} pairs from {result.rows} rows; unmeasured pairs keep "
                    "the defaults when loaded with --interference)")
+        stand_ins = result.stand_in_pairs()
+        if stand_ins:
+            typer.echo(f"note: {len(stand_ins)} of the {len(result.pairs)} pairs come from stand-ins measured on one GPU "
+                       "(a copy or elementwise kernel on every SM in place of NCCL, which uses a few): upper bounds, "
+                       "above all for the communication side; measure with --mode nccl on several GPUs for factors "
+                       "to plan with")
 
     @app.command("measure")
     def measure(

@@ -143,3 +143,15 @@ def test_cli_fit_and_measure(tmp_path):
     if not torch.cuda.is_available():
         r = runner.invoke(cli(), ["calibrate", "interference", "measure", "-o", str(tmp_path / "m.csv")])
         assert r.exit_code == 0 and "no CUDA" in r.output
+
+
+def test_a_fit_on_one_gpus_stand_ins_says_they_are_upper_bounds(tmp_path):
+    """The H100's stand-in measurements (data/measured/h100_sxm5): the fit writes them, and says plainly they are
+    not NCCL's; a file of real collectives gets no such note."""
+    measured = resources.files("echo_plan.data").joinpath("measured/h100_sxm5/interference_standin.csv")
+    r = CliRunner().invoke(cli(), ["calibrate", "interference", "fit", str(measured), "-o", str(tmp_path / "s.yaml")])
+    assert r.exit_code == 0, r.output
+    assert "12 of the 12 pairs come from stand-ins" in r.output and "--mode nccl" in r.output
+    assert load_interference(str(tmp_path / "s.yaml")).compute_slowdown[(G, AG)] == pytest.approx(1.097, abs=0.001)
+    r = CliRunner().invoke(cli(), ["calibrate", "interference", "fit", str(example_path()), "-o", str(tmp_path / "e.yaml")])
+    assert r.exit_code == 0 and "stand-ins" not in r.output
