@@ -213,7 +213,8 @@ def _print_suite(r) -> None:
             rng += f"  (w/o suite {wo * 100:+.1f}%)"
         memory = row.memory.words() if row.memory is not None else "-"
         if row.peak_error is not None:
-            memory += f" (published {row.published_peak_gib:g}, {row.peak_error:+.0%})"
+            kind = f", allocator {row.compared_peak_gib:.1f}" if row.published_peak == "reserved" else ""
+            memory += f" (published {row.published_peak_gib:g}{kind}, {row.peak_error:+.0%})"
         typer.echo(f"   {row.label:<40} {row.measured:>10.4g} {row.predicted:>10.4g} {row.error * 100:>+7.1f}%  "
                    f"{memory:<22}{row.detail}{role}{rng}")
     typer.echo(f"   mean |error| {r.mean_abs_error * 100:.1f}%, max {r.max_abs_error * 100:.1f}%, held-out mean "

@@ -366,5 +366,6 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
             buffers_bytes=int(buffers),
             capacity_bytes=capacity,
             headroom_bytes=headroom,
+            outside_allocator_bytes=int(c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes),
         ))
     return tuple(out)

@@ -20,11 +20,18 @@ class StageMemory:
     buffers_bytes: int
     capacity_bytes: int
     headroom_bytes: int = 0  # kept free below capacity for a plan to count as fitting (--memory-headroom)
+    outside_allocator_bytes: int = 0  # of the buffers, what PyTorch's caching allocator does not hold (CUDA context, NCCL)
 
     @property
     def total_bytes(self) -> int:
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
                 + self.activations_bytes + self.buffers_bytes)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """What the caching allocator holds at the peak (``torch.cuda.max_memory_reserved``): the total less the
+        CUDA context and NCCL's buffers, which it does not allocate."""
+        return self.total_bytes - self.outside_allocator_bytes
 
     @property
     def usable_bytes(self) -> int:

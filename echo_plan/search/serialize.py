@@ -44,7 +44,8 @@ def step_result_from_json(d: dict[str, Any]) -> StepResult:
         bd = d["breakdown"]
         breakdown = Breakdown(**{field: float(bd[key] if key in bd or key not in _BREAKDOWN_SINCE else 0.0)
                                  for key, field in _BREAKDOWN_KEYS.items()})
-        memory = tuple(StageMemory(**{f: int(m[f]) for f in _MEMORY_FIELDS}, headroom_bytes=int(m.get("headroom_bytes", 0)))
+        memory = tuple(StageMemory(**{f: int(m[f]) for f in _MEMORY_FIELDS}, headroom_bytes=int(m.get("headroom_bytes", 0)),
+                                   outside_allocator_bytes=int(m.get("outside_allocator_bytes", 0)))
                        for m in d["memory_per_stage"])
         rng = d.get("step_time_range_s")
         timeline = tuple(

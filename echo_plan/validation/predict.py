@@ -27,13 +27,15 @@ class RowMemory:
     peak_gib: float
     usable_gib: float
     capacity_gib: float
+    reserved_gib: float = 0.0  # the most the caching allocator holds on any GPU (max_memory_reserved's figure)
 
     @classmethod
     def of(cls, memory) -> "RowMemory | None":  # noqa: ANN001
         if not memory:
             return None
         worst = max(memory, key=lambda m: m.total_bytes)
-        return cls(worst.total_bytes / GIB, worst.usable_bytes / GIB, worst.capacity_bytes / GIB)
+        return cls(worst.total_bytes / GIB, worst.usable_bytes / GIB, worst.capacity_bytes / GIB,
+                   max(m.reserved_bytes for m in memory) / GIB)
 
     def words(self) -> str:
         return f"{self.peak_gib:.1f}/{self.usable_gib:.0f} GiB" + ("" if self.peak_gib <= self.usable_gib else " OVER")

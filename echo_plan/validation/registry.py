@@ -38,6 +38,8 @@ class TrainingSuite:
     held_out_max: float  # and every held-out row within this
     not_modelled: str = ""  # the whole suite waits for a capability
     open_issue: str = ""  # modelled, but known to miss its target: shown as FAIL, not counted against `validate`
+    published_peak: str = "device"  # what a published peak measures: "device" (all the GPU's memory in use) or
+    # "reserved" (PyTorch's caching allocator only: torch.cuda.max_memory_reserved, no CUDA context or NCCL buffers)
     model_settings: Any = None  # model name -> stack settings from the run's config that the file lacks
     row_defaults: Any = None  # model name -> CSV column values the file's header states for every row
     row_corrections: tuple = ()  # rows.RowCorrection: listed values the runs' own configs contradict
@@ -114,6 +116,15 @@ def _infer_format(path: Path) -> str:
                                      "(tflops-table) nor a step_time_s column (step-times); see docs/validation.md")
 
 
+PEAK_KINDS = ("device", "reserved")
+
+
+def _peak_kind(value: Any, path: Path) -> str:
+    if value not in PEAK_KINDS:
+        raise FileFormatError(str(path), f"published_peak {value!r} is not one of {', '.join(PEAK_KINDS)}")
+    return str(value)
+
+
 def training_suite(path: Path) -> TrainingSuite:
     """The suite at ``path``: the registry's entry for a shipped suite, else the file's own settings."""
     known = _registry()["suites"].get(path.stem)
@@ -123,6 +134,7 @@ def training_suite(path: Path) -> TrainingSuite:
                              held_out_mean=float(d.get("held_out_mean", DEFAULT_MEAN)),
                              held_out_max=float(d.get("held_out_max", DEFAULT_MAX)),
                              not_modelled=str(d.get("not_modelled", "")), open_issue=str(d.get("open_issue", "")),
+                             published_peak=_peak_kind(d.get("published_peak", "device"), path),
                              model_settings=dict(d.get("model_settings") or {}),
                              by_precision=_precision_tolerances(d),
                              row_defaults={str(k): {str(c): str(x) for c, x in dict(v).items()}

@@ -46,13 +46,21 @@ class RowResult:
     precision: str = ""  # the row's tolerance group: its training dtype, or "<dtype> TFLOP/s" (``row_group``)
     memory: Any = None  # validation.predict.RowMemory of a simulated training row: peak, usable, capacity (GiB)
     published_peak_gib: float | None = None  # the run's peak memory as its source publishes it
+    published_peak: str = "device"  # what that figure measures (registry.TrainingSuite.published_peak)
+
+    @property
+    def compared_peak_gib(self) -> float | None:
+        """The predicted figure of the kind the source publishes: the device's peak, or the allocator's."""
+        if self.memory is None:
+            return None
+        return self.memory.reserved_gib if self.published_peak == "reserved" else self.memory.peak_gib
 
     @property
     def peak_error(self) -> float | None:
-        """(predicted - published) / published peak memory, where both are known."""
+        """(predicted - published) / published peak memory, where both are known, like for like."""
         if self.memory is None or not self.published_peak_gib:
             return None
-        return (self.memory.peak_gib - self.published_peak_gib) / self.published_peak_gib
+        return (self.compared_peak_gib - self.published_peak_gib) / self.published_peak_gib
 
     @property
     def fits(self) -> bool | None:
@@ -184,6 +192,8 @@ class SuiteResult:
                       "not_modelled": r.not_modelled or None, "precision": r.precision or None, "fits": r.fits,
                       "memory_peak_gib": r.memory.peak_gib if r.memory else None,
                       "published_peak_gib": r.published_peak_gib, "peak_error": r.peak_error,
+                      "published_peak": r.published_peak if r.published_peak_gib else None,
+                      "compared_peak_gib": r.compared_peak_gib if r.published_peak_gib else None,
                       "memory_usable_gib": r.memory.usable_gib if r.memory else None,
                       "memory_capacity_gib": r.memory.capacity_gib if r.memory else None} for r in self.rows],
             "rows_fit": self.rows_fit,
@@ -259,7 +269,7 @@ def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int,
         RowResult(p.row.label, p.figure, p.row.measured, p.row.label not in fit,
                   "; ".join(x for x in (p.row.detail, "" if p.fits else "does not fit", p.problem) if x),
                   p.in_range, p.row.not_modelled, row_group(p.row, suite.by_precision), p.memory,
-                  p.row.measured_peak_gib)
+                  p.row.measured_peak_gib, suite.published_peak)
         for p in preds)
     held = [p.log_residual for p in preds if p.log_residual is not None and p.row.label not in fit]
     unit = rows[0].unit if rows else ""

@@ -287,3 +287,13 @@ def test_the_allocator_note_says_what_is_counted_and_what_the_launch_must_set():
     assert "3.2%" in note and "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in note and "13.8%" in note
     plain = allocator_note(load_stack("megatron-lm-2021"))
     assert "13.8%" in plain and "default" in plain and "PYTORCH_CUDA_ALLOC_CONF" not in plain
+
+
+@pytest.mark.parametrize("p", PLANS)
+def test_the_allocator_holds_all_but_the_context_and_nccl(p):
+    consts = load_memory_constants()
+    for m in estimate(LLAMA, p):
+        outside = m.total_bytes - m.reserved_bytes
+        assert outside == m.outside_allocator_bytes
+        assert consts.cuda_context_bytes <= outside < m.buffers_bytes
+        assert (outside - consts.cuda_context_bytes) % consts.nccl_per_communicator_bytes == 0

@@ -488,3 +488,31 @@ def test_interleaved_stages_take_the_recipes_first_and_last_offsets():
     row = next(r for r in training_rows(suite) if r.model.name == "llama3-405b")
     split = sim.plan_for(row).layer_split
     assert len(split) == 64 and split[0] == split[-1] == 1 and set(split[1:-1]) == {2} and sum(split) == 126
+
+
+def test_published_peaks_are_compared_like_for_like():
+    """torchtitan publishes the caching allocator's peak (max_reserved): its suites say so, and their rows are
+    compared with the predicted peak less what the allocator does not hold (CUDA context, NCCL buffers)."""
+    from echo_plan.validation.predict import RowMemory
+    from echo_plan.validation.registry import training_suite
+    from echo_plan.validation.suites import RowResult
+
+    for name in ("fsdp_torchtitan_h100", "fsdp_torchtitan_h200"):
+        assert training_suite(SHARED / f"{name}.csv").published_peak == "reserved"
+    assert training_suite(SHARED / "nemo_h100_dgxc.csv").published_peak == "device"
+    memory = RowMemory(peak_gib=60.0, usable_gib=74.4, capacity_gib=80.0, reserved_gib=58.5)
+    device = RowResult("r", 1.0, 1.0, True, memory=memory, published_peak_gib=50.0)
+    reserved = RowResult("r", 1.0, 1.0, True, memory=memory, published_peak_gib=50.0, published_peak="reserved")
+    assert device.peak_error == pytest.approx(0.20) and reserved.peak_error == pytest.approx(0.17)
+
+
+def test_a_suite_with_an_unknown_peak_kind_is_a_file_format_error(monkeypatch):
+    from echo_plan.errors import FileFormatError
+    from echo_plan.validation import registry
+
+    real = registry._registry()
+    fake = {**real, "suites": {**real["suites"], "nemo_h100_dgxc": {**real["suites"]["nemo_h100_dgxc"],
+                                                                      "published_peak": "nvidia-smi"}}}
+    monkeypatch.setattr(registry, "_registry", lambda: fake)
+    with pytest.raises(FileFormatError, match="published_peak 'nvidia-smi'"):
+        registry.training_suite(SHARED / "nemo_h100_dgxc.csv")
