@@ -10,6 +10,7 @@ import typer
 from echo_plan.commands.common import CacheDirOpt, JsonOpt, print_json, stderr_is_tty
 from echo_plan.errors import EchoPlanError
 from echo_plan.validation.megatron import ENV_VAR, added_validation_dirs, validation_dir
+from echo_plan.validation.registry import PeakMeasure
 from echo_plan.validation.suites import discover, headroom_bounds, run_suite
 from echo_plan.trace.cache import TraceCache
 
@@ -213,7 +214,7 @@ def _print_suite(r) -> None:
             rng += f"  (w/o suite {wo * 100:+.1f}%)"
         memory = row.memory.words() if row.memory is not None else "-"
         if row.peak_error is not None:
-            kind = f", allocator {row.compared_peak_gib:.1f}" if row.published_peak == "reserved" else ""
+            kind = f", allocator {row.compared_peak_gib:.1f}" if row.published_peak == PeakMeasure.RESERVED else ""
             memory += f" (published {row.published_peak_gib:g}{kind}, {row.peak_error:+.0%})"
         typer.echo(f"   {row.label:<40} {row.measured:>10.4g} {row.predicted:>10.4g} {row.error * 100:>+7.1f}%  "
                    f"{memory:<22}{row.detail}{role}{rng}")

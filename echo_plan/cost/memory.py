@@ -355,8 +355,8 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
                 act += (output_saved + mtp) * inflight_on_chunk(plan, i, v - 1)
             transient = (c.logits_transient_bytes_per_element * (model.seq_length // plan.cp) * plan.micro_batch_size
                          * model.vocab_size / plan.tp)
-        buffers = (c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes
-                   + c.fragmentation_fraction[stack.cuda_allocator.value] * act + transient)
+        outside = c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes  # not the caching allocator's
+        buffers = outside + c.fragmentation_fraction[stack.cuda_allocator.value] * act + transient
         out.append(StageMemory(
             stage=i,
             weights_bytes=int(weights),
@@ -366,6 +366,6 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
             buffers_bytes=int(buffers),
             capacity_bytes=capacity,
             headroom_bytes=headroom,
-            outside_allocator_bytes=int(c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes),
+            outside_allocator_bytes=int(outside),
         ))
     return tuple(out)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from enum import Enum
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -27,6 +28,13 @@ DIRECTIVE_KEYS = ("format", "cluster", "stack", "seq_length", "vocab_size", "dty
 DEFAULT_MEAN, DEFAULT_MAX = 0.10, 0.20  # a suite of one's own that says nothing
 
 
+class PeakMeasure(str, Enum):
+    """What a source's published peak memory measures."""
+
+    DEVICE = "device"  # all the GPU's memory in use
+    RESERVED = "reserved"  # PyTorch's caching allocator only (max_memory_reserved): no CUDA context or NCCL buffers
+
+
 @dataclass(frozen=True, slots=True)
 class TrainingSuite:
     name: str
@@ -38,8 +46,7 @@ class TrainingSuite:
     held_out_max: float  # and every held-out row within this
     not_modelled: str = ""  # the whole suite waits for a capability
     open_issue: str = ""  # modelled, but known to miss its target: shown as FAIL, not counted against `validate`
-    published_peak: str = "device"  # what a published peak measures: "device" (all the GPU's memory in use) or
-    # "reserved" (PyTorch's caching allocator only: torch.cuda.max_memory_reserved, no CUDA context or NCCL buffers)
+    published_peak: PeakMeasure = PeakMeasure.DEVICE  # what the rows' published peak memory measures
     model_settings: Any = None  # model name -> stack settings from the run's config that the file lacks
     row_defaults: Any = None  # model name -> CSV column values the file's header states for every row
     row_corrections: tuple = ()  # rows.RowCorrection: listed values the runs' own configs contradict
@@ -116,13 +123,12 @@ def _infer_format(path: Path) -> str:
                                      "(tflops-table) nor a step_time_s column (step-times); see docs/validation.md")
 
 
-PEAK_KINDS = ("device", "reserved")
-
-
-def _peak_kind(value: Any, path: Path) -> str:
-    if value not in PEAK_KINDS:
-        raise FileFormatError(str(path), f"published_peak {value!r} is not one of {', '.join(PEAK_KINDS)}")
-    return str(value)
+def _peak_kind(value: Any, path: Path) -> PeakMeasure:
+    try:
+        return PeakMeasure(value)
+    except ValueError:
+        raise FileFormatError(str(path), f"published_peak {value!r} is not one of "
+                              f"{', '.join(m.value for m in PeakMeasure)}") from None
 
 
 def training_suite(path: Path) -> TrainingSuite:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from echo_plan.errors import EchoPlanError
-from echo_plan.validation.registry import collective_suite, training_rows, training_suite
+from echo_plan.validation.registry import PeakMeasure, collective_suite, training_rows, training_suite
 from echo_plan.cost.ranges import loo_coverage
 from echo_plan.validation.predict import RowSimulator
 from echo_plan.validation.rows import TFLOPS_UNIT
@@ -46,14 +46,14 @@ class RowResult:
     precision: str = ""  # the row's tolerance group: its training dtype, or "<dtype> TFLOP/s" (``row_group``)
     memory: Any = None  # validation.predict.RowMemory of a simulated training row: peak, usable, capacity (GiB)
     published_peak_gib: float | None = None  # the run's peak memory as its source publishes it
-    published_peak: str = "device"  # what that figure measures (registry.TrainingSuite.published_peak)
+    published_peak: PeakMeasure = PeakMeasure.DEVICE  # what that figure measures (its suite says)
 
     @property
     def compared_peak_gib(self) -> float | None:
         """The predicted figure of the kind the source publishes: the device's peak, or the allocator's."""
         if self.memory is None:
             return None
-        return self.memory.reserved_gib if self.published_peak == "reserved" else self.memory.peak_gib
+        return self.memory.reserved_gib if self.published_peak == PeakMeasure.RESERVED else self.memory.peak_gib
 
     @property
     def peak_error(self) -> float | None:
@@ -192,7 +192,7 @@ class SuiteResult:
                       "not_modelled": r.not_modelled or None, "precision": r.precision or None, "fits": r.fits,
                       "memory_peak_gib": r.memory.peak_gib if r.memory else None,
                       "published_peak_gib": r.published_peak_gib, "peak_error": r.peak_error,
-                      "published_peak": r.published_peak if r.published_peak_gib else None,
+                      "published_peak": PeakMeasure(r.published_peak).value if r.published_peak_gib else None,
                       "compared_peak_gib": r.compared_peak_gib if r.published_peak_gib else None,
                       "memory_usable_gib": r.memory.usable_gib if r.memory else None,
                       "memory_capacity_gib": r.memory.capacity_gib if r.memory else None} for r in self.rows],

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from echo_plan.errors import EchoPlanError
 from echo_plan.specs import ModelSpec, PlanSpec, SoftwareSpec, load_model, model_names
+from echo_plan.specs.software import CudaAllocator
 
 
 class LaunchFormat(str, Enum):
@@ -68,8 +69,20 @@ class LaunchJob:
 
 
 # PyTorch's caching-allocator setting, as a launch's environment gives it (a stack's cuda_allocator)
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"  # PyTorch 2.9 renamed it PYTORCH_ALLOC_CONF and reads both
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+ALLOC_CONF_NEW = "PYTORCH_ALLOC_CONF"  # PyTorch 2.9's name for it; both are read
 EXPANDABLE = "expandable_segments:True"
+
+
+def allocator_of(env: Mapping[str, str]) -> CudaAllocator | None:
+    """The caching-allocator setting a launch's environment names (either variable), or None when it names none
+    (set elsewhere, or PyTorch's default)."""
+    value = env.get(ALLOC_CONF, env.get(ALLOC_CONF_NEW))
+    if value is None:
+        return None
+    options = {k.strip(): v.strip() for k, _, v in (part.partition(":") for part in value.split(","))}
+    expandable = options.get("expandable_segments", "False").lower() == "true"
+    return CudaAllocator.EXPANDABLE_SEGMENTS if expandable else CudaAllocator.DEFAULT
 
 
 @dataclass(frozen=True)

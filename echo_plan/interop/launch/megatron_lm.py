@@ -16,7 +16,8 @@ import shlex
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from echo_plan.interop.launch.job import ALLOC_CONF, EXPANDABLE, CannotImport, LaunchExport, LaunchFormat, LaunchJob
+from echo_plan.interop.launch.job import (ALLOC_CONF, EXPANDABLE, CannotImport, LaunchExport, LaunchFormat, LaunchJob,
+                                          allocator_of)
 from echo_plan.interop.launch.mcore import to_mcore
 from echo_plan.interop.launch.mcore_read import job_from_mcore
 from echo_plan.interop.launch.megatron_ignored import IGNORED_FLAGS
@@ -135,17 +136,6 @@ def environment(stack: SoftwareSpec, plan: PlanSpec) -> dict[str, str]:
     if stack.cuda_allocator is CudaAllocator.EXPANDABLE_SEGMENTS:  # the memory predicted counts on it (memory.yaml)
         env[ALLOC_CONF] = EXPANDABLE
     return env
-
-
-def allocator_of(env: Mapping[str, str]) -> CudaAllocator | None:
-    """The caching-allocator setting a launch's environment names (PYTORCH_CUDA_ALLOC_CONF or, from PyTorch 2.9,
-    PYTORCH_ALLOC_CONF), or None when it names none (set elsewhere, or PyTorch's default)."""
-    value = env.get(ALLOC_CONF, env.get("PYTORCH_ALLOC_CONF"))
-    if value is None:
-        return None
-    options = {k.strip(): v.strip() for k, _, v in (part.partition(":") for part in value.split(","))}
-    expandable = options.get("expandable_segments", "False").lower() == "true"
-    return CudaAllocator.EXPANDABLE_SEGMENTS if expandable else CudaAllocator.DEFAULT
 
 
 def export_megatron_lm(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, cluster: ClusterSpec) -> LaunchExport:

@@ -18,7 +18,7 @@ import tomllib
 from typing import Any
 
 from echo_plan.interop.launch.job import (
-    EXPANDABLE, CannotExpress, CannotImport, LaunchExport, LaunchFormat, LaunchJob, preset_of_shape, virtual_split,
+    ALLOC_CONF_NEW, EXPANDABLE, CannotExpress, CannotImport, LaunchExport, LaunchFormat, LaunchJob, preset_of_shape, virtual_split,
 )
 from echo_plan.layout.sharding import DataParallelSharding
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load_model, load_stack
@@ -118,7 +118,7 @@ def export_torchtitan(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, clu
     local = plan.micro_batch_size if plan.pp == 1 else plan.global_batch_size // plan.dp
     expandable = stack.cuda_allocator is CudaAllocator.EXPANDABLE_SEGMENTS  # as run_train.sh launches it
     lines = [f"# echo-plan: {model.name}, {plan.short()}, stack {stack.name}, {plan.world_size} GPUs",
-             f"# launch: {'PYTORCH_ALLOC_CONF=' + EXPANDABLE + ' ' if expandable else ''}torchrun "
+             f"# launch: {f'{ALLOC_CONF_NEW}={EXPANDABLE} ' if expandable else ''}torchrun "
              f"--nnodes {cluster.num_nodes} --nproc-per-node {cluster.gpus_per_node} "
              "-m torchtitan.train --job.config_file THIS_FILE.toml",
              "[job]", f'description = "echo-plan {plan.short()}"',
@@ -150,7 +150,7 @@ def export_torchtitan(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, clu
         lines += ["[quantize.linear.float8]", 'recipe_name = "tensorwise"',
                   f"enable_fsdp_float8_all_gather = {gather}", f"precompute_float8_dynamic_scale_for_fsdp = {gather}"]
     notes = (FSDP_NOTE,) if fsdp and plan.pp > 1 else () if fsdp else (AUTOCAST_NOTE,)
-    env = {"PYTORCH_ALLOC_CONF": EXPANDABLE} if expandable else {}
+    env = {ALLOC_CONF_NEW: EXPANDABLE} if expandable else {}
     return LaunchExport(FMT, "\n".join(lines) + "\n", env, notes=notes)
 
 
