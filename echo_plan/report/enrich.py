@@ -13,21 +13,25 @@ from echo_plan.errors import EchoPlanError
 from echo_plan.replay.results import StepResult
 from echo_plan.search.results import CompareOutcome, SearchOutcome
 from echo_plan.simulate import simulate
-from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec
+from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec
 from echo_plan.trace.cache import TraceCache
 
-# (model dict, cluster dict, plan dict) -> a StepResult with its timeline
-TimelineSimulator = Callable[[dict, dict, dict], StepResult]
+# (model dict, cluster dict, plan dict, stack dict: empty for a result that recorded none) -> a StepResult with
+# its timeline
+TimelineSimulator = Callable[[dict, dict, dict, dict], StepResult]
 
 
 def timeline_simulator(cache_dir: str | None = None) -> TimelineSimulator:
-    """The real simulator on the specs recorded in the outcome, with the timeline on, reading
-    traces from the on-disk trace cache (``cache_dir``, or the default cache folder)."""
+    """The real simulator on the specs recorded in the outcome (its software stack too: a plan is timed
+    with the stack it was searched with), with the timeline on, reading traces from the on-disk trace
+    cache (``cache_dir``, or the default cache folder)."""
 
-    def run(model: dict, cluster: dict, plan: dict) -> StepResult:
+    def run(model: dict, cluster: dict, plan: dict, stack: dict) -> StepResult:
         return simulate(ModelSpec.build(dict(model), "model in the result"),
                         ClusterSpec.build(dict(cluster), "cluster in the result"),
-                        PlanSpec.build(dict(plan), "recommended plan"), cache=TraceCache(cache_dir), timeline=True)
+                        PlanSpec.build(dict(plan), "recommended plan"),
+                        stack=SoftwareSpec.build(dict(stack), "stack in the result") if stack else None,
+                        cache=TraceCache(cache_dir), timeline=True)
 
     return run
 
@@ -46,7 +50,7 @@ def search_with_timeline(outcome: SearchOutcome, simulator: TimelineSimulator | 
         return outcome, None
     sim = simulator or timeline_simulator()
     try:
-        again = sim(outcome.model, outcome.cluster, best.plan)
+        again = sim(outcome.model, outcome.cluster, best.plan, outcome.stack)
     except EchoPlanError as exc:
         return outcome, f"No timeline: the stored result has none and simulating the plan again failed ({exc})."
     except ImportError as exc:

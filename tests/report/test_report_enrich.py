@@ -6,7 +6,7 @@ import pytest
 from report_synthetic import compare_outcome, search_outcome, with_timeline
 
 from echo_plan.errors import SpecError
-from echo_plan.report.enrich import compare_with_timeline, search_with_timeline
+from echo_plan.report.enrich import compare_with_timeline, search_with_timeline, timeline_simulator
 from echo_plan.report.render import detail_row
 
 
@@ -20,7 +20,7 @@ def bare():
 def test_missing_timeline_is_simulated_once_for_the_best_plan(bare):
     calls = []
 
-    def sim(model, cluster, plan):
+    def sim(model, cluster, plan, stack):
         calls.append(plan)
         return with_timeline(bare.best)
 
@@ -71,8 +71,29 @@ def test_compare_fills_the_size_shown_in_detail():
                  for r in c.rows)
     bare = replace(c, rows=rows)
     size = detail_row(bare).num_gpus
-    filled, note = compare_with_timeline(bare, size, lambda m, cl, p: with_timeline(
+    filled, note = compare_with_timeline(bare, size, lambda m, cl, p, st: with_timeline(
         next(r.outcome.best for r in bare.rows if r.num_gpus == size)))
     assert note
     for row in filled.rows:
         assert bool(row.outcome.best.timeline) is (row.num_gpus == size)
+
+
+def test_the_timeline_is_simulated_with_the_stack_the_search_used(tmp_path):
+    """A search with a stack of its own (here torchtitan's FSDP) is timed again with that stack, not the
+    default one, so the report's chart and its table give the same step."""
+    from echo_plan.simulate import simulate
+    from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
+    from echo_plan.trace.cache import TraceCache
+
+    model, cluster = load_model("llama3-8b"), load_cluster("h100-gt").resized(gpus=8)
+    stack = load_stack("torchtitan")
+    plan = PlanSpec.build({"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1, "global_batch_size": 8,
+                           "recompute": "full", "sharding": "parameters"})
+    searched = simulate(model, cluster, plan, stack=stack, cache=TraceCache(str(tmp_path)))
+    default = simulate(model, cluster, plan, cache=TraceCache(str(tmp_path)))
+    assert abs(default.step_time_s / searched.step_time_s - 1) > 0.01  # the stack matters for this plan
+    dump = {"model": model.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json")}
+    bare = replace(search_outcome(20, seed=3, timeline=False, gbs=256), ranked=(replace(searched, timeline=()),),
+                   stack=stack.model_dump(mode="json"), **dump)
+    filled, note = search_with_timeline(bare, timeline_simulator(str(tmp_path)), fresh=True)
+    assert filled.best.timeline and note is None  # the same step: nothing to say
