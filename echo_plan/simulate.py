@@ -83,12 +83,15 @@ class SimulationMemo:
             self._defaults["interference"] = load_interference(None)
         return self._defaults["interference"]
 
-    def sm_share(self, interference: "InterferenceModel", total_sms: int, comm_sms: int) -> "InterferenceModel":
+    def sm_share(self, interference: "InterferenceModel", total_sms: int, comm_sms: int,
+                 gemms_sized: bool = False) -> "InterferenceModel":
         """``interference`` with the expert exchange holding ``comm_sms`` SMs, one object per model and share
-        (the layer timings are memoised by the interference model's identity)."""
-        key = ("sm_share", interference, total_sms, comm_sms)
+        (the layer timings are memoised by the interference model's identity). ``gemms_sized``: the stack's
+        GEMMs already run on the rest (``fp8_gemms_leave_comm_sms``), so only attention loses SMs beside it."""
+        key = ("sm_share", interference, total_sms, comm_sms, gemms_sized)
         if key not in self._defaults:
-            self._defaults[key] = interference.with_sm_share(TaskKind.ALL_TO_ALL, total_sms, comm_sms)
+            kinds = (TaskKind.ATTENTION,) if gemms_sized else (TaskKind.GEMM, TaskKind.ATTENTION)
+            self._defaults[key] = interference.with_sm_share(TaskKind.ALL_TO_ALL, total_sms, comm_sms, kinds)
         return self._defaults[key]
 
     def default_compute(self, cluster: ClusterSpec, cluster_key: str | None = None) -> "ComputeModel":
@@ -201,7 +204,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     check_precision(stack, plan.dtype, cluster.gpu, model.is_moe)
     layout = PlanLayout.of(model, plan, stack)  # what follows from the plan alone, once: read by costs and memory
     cluster_key = cluster.model_dump_json()  # once: it keys the compute and comm models and every memo below
-    compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster, cluster_key), stack)
+    compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster, cluster_key), stack,
+                                 stack.fp8_gemm_sms_held(model.is_moe, plan.ep))
     comm = comm if comm is not None else memo.default_comm(cluster, cluster_key)
     if interference is None:
         interference = memo.default_interference()
@@ -211,7 +215,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
             if stack.moe_comm_sms >= cluster.gpu.sm_count:
                 raise SpecError("moe_comm_sms", stack.moe_comm_sms, f"stack {stack.name}: the exchange can hold at "
                                 f"most {cluster.gpu.sm_count - 1} of the {cluster.gpu.name}'s {cluster.gpu.sm_count} SMs")
-            interference = memo.sm_share(interference, cluster.gpu.sm_count, stack.moe_comm_sms)
+            interference = memo.sm_share(interference, cluster.gpu.sm_count, stack.moe_comm_sms,
+                                         gemms_sized=stack.fp8_gemm_sms_held(model.is_moe, plan.ep) > 0)
 
     traces = memo.traces(model, plan, cache, stack)
     timing = memo.timings(traces, compute, comm, cluster, cluster_key, plan, interference)

@@ -45,13 +45,17 @@ class ComputeModel(Protocol):
         ...
 
 
-def with_stack_kernels(compute: Any, stack: Any) -> Any:
-    """``compute`` timing the kernels ``stack`` runs: its fused-attention library (``attention_library``) and
-    its FP8 recipe's scaling (blockwise: the experts' grouped GEMMs too). A model that has no notion of
+def with_stack_kernels(compute: Any, stack: Any, fp8_gemm_sms_held: int = 0) -> Any:
+    """``compute`` timing the kernels ``stack`` runs: its fused-attention library (``attention_library``),
+    its FP8 recipe's scaling (blockwise: the experts' grouped GEMMs too) and the SMs its FP8 GEMMs leave to
+    communication (``fp8_gemm_sms_held``, see ``fp8_gemm_sms_held_of``). A model that has no notion of
     them (a user's own ComputeModel) is returned as it is."""
     kernels = getattr(compute, "with_kernels", None)
     if kernels is not None:
-        return kernels(stack.attention_library.value, stack.fp8_recipe.value == "blockwise")
+        blockwise = stack.fp8_recipe.value == "blockwise"
+        if fp8_gemm_sms_held:
+            return kernels(stack.attention_library.value, blockwise, fp8_gemm_sms_held)
+        return kernels(stack.attention_library.value, blockwise)
     pick = getattr(compute, "with_attention_library", None)
     return compute if pick is None else pick(stack.attention_library.value)
 

@@ -288,7 +288,8 @@ class AnalyticalComputeModel:
     """The roofline kernel model; implements ``ComputeModel``. Results are cached per op shape."""
 
     def __init__(self, constants: ComputeConstants | None = None, *, causal_attention: bool = True,
-                 attention_library: str = "cudnn", grouped_fp8_blockwise: bool = False) -> None:
+                 attention_library: str = "cudnn", grouped_fp8_blockwise: bool = False,
+                 fp8_gemm_sms_held: int = 0) -> None:
         # ModelSpec describes decoder-only transformers, whose attention is causal.
         self.constants = constants or load_compute_constants()
         self.causal_attention = causal_attention
@@ -296,8 +297,13 @@ class AnalyticalComputeModel:
         # the stack's FP8 recipe is blockwise: the experts' grouped FP8 GEMMs, whose operands cannot show
         # their scales' layout, run at the blockwise rate too
         self.grouped_fp8_blockwise = grouped_fp8_blockwise
-        self._siblings: dict[tuple[str, bool], AnalyticalComputeModel] = {
-            (attention_library, grouped_fp8_blockwise): self}
+        # SMs the stack's FP8 GEMMs leave to communication for the whole step: persistent kernels sized to
+        # the rest (DeepSeek's, beside DeepEP's 20 of the H800's 132: grids of 112 in its published profile)
+        if fp8_gemm_sms_held < 0:
+            raise ValueError(f"fp8_gemm_sms_held {fp8_gemm_sms_held}: a count of SMs, 0 or more")
+        self.fp8_gemm_sms_held = fp8_gemm_sms_held
+        self._siblings: dict[tuple[str, bool, int], AnalyticalComputeModel] = {
+            (attention_library, grouped_fp8_blockwise, fp8_gemm_sms_held): self}
         self._cache: dict[tuple[Any, ...], KernelEstimate] = {}
         # Fast path for the replay's hot loop: the same OpRecord and GPUSpec objects come back for
         # every plan. Keyed by identity; the entry holds both objects, so their ids stay theirs.
@@ -306,16 +312,19 @@ class AnalyticalComputeModel:
     def with_attention_library(self, library: str) -> "AnalyticalComputeModel":
         """This model with another library's fused-attention kernels (a software stack's
         ``attention_library``); the same object for the same library, so its caches are kept."""
-        return self.with_kernels(library, self.grouped_fp8_blockwise)
+        return self.with_kernels(library, self.grouped_fp8_blockwise, self.fp8_gemm_sms_held)
 
-    def with_kernels(self, library: str, grouped_fp8_blockwise: bool) -> "AnalyticalComputeModel":
-        """This model timing a software stack's kernels: its fused-attention library and whether its FP8
-        GEMMs are blockwise-scaled; the same object for the same choice, so its caches are kept."""
-        key = (library, grouped_fp8_blockwise)
+    def with_kernels(self, library: str, grouped_fp8_blockwise: bool,
+                     fp8_gemm_sms_held: int = 0) -> "AnalyticalComputeModel":
+        """This model timing a software stack's kernels: its fused-attention library, whether its FP8
+        GEMMs are blockwise-scaled and how many SMs they leave to communication (``fp8_gemm_sms_held``);
+        the same object for the same choice, so its caches are kept."""
+        key = (library, grouped_fp8_blockwise, fp8_gemm_sms_held)
         sib = self._siblings.get(key)
         if sib is None:
             sib = AnalyticalComputeModel(self.constants, causal_attention=self.causal_attention,
-                                         attention_library=library, grouped_fp8_blockwise=grouped_fp8_blockwise)
+                                         attention_library=library, grouped_fp8_blockwise=grouped_fp8_blockwise,
+                                         fp8_gemm_sms_held=fp8_gemm_sms_held)
             sib._siblings = self._siblings
             self._siblings[key] = sib
         return sib
@@ -384,7 +393,8 @@ class AnalyticalComputeModel:
             fp4 = scaling is Scaling.NVFP4 and arch.fp4_asymptotic_eff is not None
             asym, best = (arch.fp4_asymptotic_eff, arch.fp4_max_eff) if fp4 else \
                 (arch.fp8_asymptotic_eff, arch.fp8_max_eff)
-            shape = gemm_shape_efficiency(m, n, k, gpu.sm_count, c.tiles, c.fp4_k_overhead if fp4 else c.fp8_k_overhead,
+            sms = max(1, gpu.sm_count - self.fp8_gemm_sms_held)  # the SMs the kernel is launched on
+            shape = gemm_shape_efficiency(m, n, k, sms, c.tiles, c.fp4_k_overhead if fp4 else c.fp8_k_overhead,
                                           c.min_split_k, c.max_split, batch=batch, stream_k=arch.stream_k_eff)
             if "grouped" in op.name and scaling is Scaling.BLOCKWISE:  # torch's grouped kernel: row-wise scales
                 scaling = Scaling.BLOCKWISE if self.grouped_fp8_blockwise else Scaling.TENSOR
@@ -394,14 +404,15 @@ class AnalyticalComputeModel:
             low = min(best, asym * shape) * block
             # JUDGEMENT: a low-precision GEMM never runs slower than the bf16 GEMM of its shape (same tiles, fewer
             # operand bytes); the FP8 curve's long pipeline fill would say so for short K.
-            bf16 = self._bf16_gemm_eff(arch, m, n, k, batch, gpu) * gpu.peak_bf16_tflops / \
+            bf16 = self._bf16_gemm_eff(arch, m, n, k, batch, gpu, sms) * gpu.peak_bf16_tflops / \
                 gpu.peak_tflops(DType.FP4 if fp4 else DType.FP8)
-            return max(low, bf16), flops
+            return max(low, bf16) * sms / gpu.sm_count, flops
         return self._bf16_gemm_eff(arch, m, n, k, batch, gpu), flops
 
-    def _bf16_gemm_eff(self, arch: ArchParams, m: int, n: int, k: int, batch: int, gpu: GPUSpec) -> float:
+    def _bf16_gemm_eff(self, arch: ArchParams, m: int, n: int, k: int, batch: int, gpu: GPUSpec,
+                       sms: int | None = None) -> float:
         c = self.constants
-        shape = gemm_shape_efficiency(m, n, k, gpu.sm_count, c.tiles, c.k_overhead, c.min_split_k,
+        shape = gemm_shape_efficiency(m, n, k, gpu.sm_count if sms is None else sms, c.tiles, c.k_overhead, c.min_split_k,
                                       c.max_split, batch=batch, stream_k=arch.stream_k_eff)
         return min(arch.max_eff, arch.asymptotic_eff * shape)
 

@@ -241,13 +241,15 @@ class DatabaseComputeModel:
         inner = getattr(self.fallback, "with_attention_library", None)
         return self._with_fallback(inner(library) if inner is not None else self.fallback)
 
-    def with_kernels(self, library: str, grouped_fp8_blockwise: bool) -> "DatabaseComputeModel":
+    def with_kernels(self, library: str, grouped_fp8_blockwise: bool,
+                     fp8_gemm_sms_held: int = 0) -> "DatabaseComputeModel":
         """The fallback model timing a stack's kernels (``AnalyticalComputeModel.with_kernels``); measured
         entries stay measured."""
         inner = getattr(self.fallback, "with_kernels", None)
         if inner is None:
             return self.with_attention_library(library)
-        return self._with_fallback(inner(library, grouped_fp8_blockwise))
+        return self._with_fallback(inner(library, grouped_fp8_blockwise, fp8_gemm_sms_held) if fp8_gemm_sms_held
+                                   else inner(library, grouped_fp8_blockwise))
 
     def _with_fallback(self, fallback: Any) -> "DatabaseComputeModel":
         if fallback is self.fallback:

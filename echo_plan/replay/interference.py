@@ -102,19 +102,20 @@ class InterferenceModel:
             provenance=tuple(self.provenance) + tuple(provenance),
         )
 
-    def with_sm_share(self, comm: TaskKind, total_sms: int, comm_sms: int) -> "InterferenceModel":
+    def with_sm_share(self, comm: TaskKind, total_sms: int, comm_sms: int,
+                      kinds: tuple[TaskKind, ...] = (TaskKind.GEMM, TaskKind.ATTENTION)) -> "InterferenceModel":
         """This model where collectives of ``comm`` hold ``comm_sms`` of the GPU's ``total_sms`` while they run:
-        a tensor-core-bound kernel beside them (GEMM, fused attention) gets the rest, so it takes at least
-        total / (total - comm) times as long; memory-bound kernels keep their factors (HBM, not SMs, bounds
-        them)."""
+        a tensor-core-bound kernel beside them (``kinds``: GEMM, fused attention) gets the rest, so it takes at
+        least total / (total - comm) times as long; memory-bound kernels keep their factors (HBM, not SMs,
+        bounds them), and so do kernels already sized to the rest."""
         if not 0 < comm_sms < total_sms:
             raise ValueError(f"comm_sms {comm_sms}: must be between 1 and {total_sms - 1} (the GPU's SMs less one)")
         floor = total_sms / (total_sms - comm_sms)
         factors = {(k, comm): max(self.compute_slowdown.get((k, comm), 1.0), floor)
-                   for k in (TaskKind.GEMM, TaskKind.ATTENTION)}
+                   for k in kinds}
         return self.with_factors(compute=factors, provenance=(
-            f"{comm.value}: {comm_sms} of {total_sms} SMs held by the exchange (GEMM and attention beside it "
-            f"at least {floor:.3f}x)",))
+            f"{comm.value}: {comm_sms} of {total_sms} SMs held by the exchange "
+            f"({' and '.join(k.value for k in kinds)} beside it at least {floor:.3f}x)",))
 
     # -- queries --------------------------------------------------------------------------------
     @property

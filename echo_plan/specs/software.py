@@ -175,6 +175,12 @@ class SoftwareSpec(Spec):
         description="MoE with the deepep dispatcher: streaming multiprocessors the exchange's kernels hold while "
                     "they run (DeepSeek-V3: 20 of the H800's 132), which GEMMs and attention beside them lose; "
                     "None: the interference model's own all-to-all factors")
+    fp8_gemms_leave_comm_sms: bool = Field(
+        default=False,
+        description="MoE with the deepep dispatcher and moe_comm_sms: the stack's FP8 GEMMs are persistent kernels "
+                    "launched on the SMs the exchange leaves, for the whole step, whether the exchange runs or not "
+                    "(DeepSeek-V3: DeepGEMM-style kernels on 112 of the H800's 132 SMs, the grids of its published "
+                    "profile); False: they take every SM and lose moe_comm_sms only while the exchange runs")
     moe_a2a_overlap: bool = Field(
         default=False, description="MoE: in the steady state each forward runs paired with the next backward, one "
                                    "micro-batch's all-to-all under the other's compute (Megatron-Core "
@@ -226,11 +232,18 @@ class SoftwareSpec(Spec):
 
     @model_validator(mode="after")
     def _deepep_only(self) -> "SoftwareSpec":
-        for name in ("moe_dispatch_fp8", "moe_comm_sms"):
+        for name in ("moe_dispatch_fp8", "moe_comm_sms", "fp8_gemms_leave_comm_sms"):
             if getattr(self, name) and self.moe_dispatcher is not MoEDispatcher.DEEPEP:
                 raise ValueError(f"{name} is DeepEP's (moe_dispatcher: deepep); this stack's dispatcher is "
                                  f"{self.moe_dispatcher.value}")
+        if self.fp8_gemms_leave_comm_sms and not self.moe_comm_sms:
+            raise ValueError("fp8_gemms_leave_comm_sms needs moe_comm_sms (how many SMs the FP8 GEMMs leave)")
         return self
+
+    def fp8_gemm_sms_held(self, is_moe: bool, ep: int) -> int:
+        """SMs this stack's FP8 GEMMs leave to the expert exchange for a plan's whole step (0: they take every
+        SM): moe_comm_sms where fp8_gemms_leave_comm_sms says so and the plan exchanges experts."""
+        return (self.moe_comm_sms or 0) if self.fp8_gemms_leave_comm_sms and is_moe and ep > 1 else 0
 
     @field_validator("recompute_modules")
     @classmethod

@@ -121,3 +121,40 @@ def test_precisions_need_their_tensor_cores_one_line_each():
         check_precision(deepseek.replace(fp8_recipe="mxfp8"), DType.FP8, GB200.gpu, moe=True)
     assert err.value.field in ("moe_dispatch_fp8", "moe_act_input_fp8") and "\n" not in str(err.value)
     check_precision(deepseek, DType.FP8, GB200.gpu, moe=True)
+
+
+H800 = load_cluster("h800")
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=SIZES, k=SIZES, n=SIZES, held=st.integers(min_value=1, max_value=66))
+def test_fp8_gemms_that_leave_sms_to_communication_are_never_faster(m, k, n, held):
+    """A stack whose FP8 GEMMs are persistent kernels on the SMs the expert exchange leaves (DeepSeek's 112 of
+    132) runs each of them on fewer SMs: never faster, at most as much slower as the SMs it gave up, and its
+    bf16 GEMMs keep every SM."""
+    sized = PLAIN.with_kernels("cudnn", False, held)
+    assert sized is PLAIN.with_kernels("cudnn", False, held)  # one sibling per choice: its caches are kept
+    full, fewer = (model.op_time(gemm(m, k, n, "fp8"), H800.gpu, DType.FP8) for model in (PLAIN, sized))
+    sms = H800.gpu.sm_count
+    assert full * (1 - 1e-12) <= fewer
+    assert fewer <= full * sms / (sms - held) * 2  # wave quantisation on fewer SMs, but nothing like a stall
+    bf16 = gemm(m, k, n, "bf16")
+    assert sized.op_time(bf16, H800.gpu, DType.BF16) == PLAIN.op_time(bf16, H800.gpu, DType.BF16)
+
+
+def test_a_large_fp8_gemm_on_112_of_132_sms_takes_about_132_112ths_as_long():
+    big = gemm(16384, 16384, 16384, "fp8")
+    ratio = PLAIN.with_kernels("cudnn", False, 20).op_time(big, H800.gpu, DType.FP8) / PLAIN.op_time(
+        big, H800.gpu, DType.FP8)
+    assert ratio == pytest.approx(132 / 112, rel=0.05)
+
+
+def test_fp8_gemms_leave_sms_only_on_a_deepep_stack_that_says_how_many():
+    assert load_stack("deepseek-v3").fp8_gemm_sms_held(is_moe=True, ep=64) == 20
+    assert load_stack("deepseek-v3").fp8_gemm_sms_held(is_moe=True, ep=1) == 0  # no exchange, every SM
+    assert load_stack("deepseek-v3").fp8_gemm_sms_held(is_moe=False, ep=8) == 0
+    assert load_stack("megatron-core").fp8_gemm_sms_held(is_moe=True, ep=64) == 0
+    with pytest.raises(SpecError, match="needs moe_comm_sms"):
+        load_stack("deepseek-v3", {"moe_comm_sms": None})
+    with pytest.raises(SpecError, match="fp8_gemms_leave_comm_sms is DeepEP's"):
+        load_stack("megatron-core", {"fp8_gemms_leave_comm_sms": True})

@@ -1,0 +1,40 @@
+"""DeepSeek-V3's published DualPipe chunk pair (issue 32), predicted from the CSV: the targets met today.
+
+Not met yet, so not asserted (docs/validation.md says why): the expert exchange (-42%, DeepEP's kernels run
+longer inside training than in DeepEP's own benchmark, and its notify kernels wait on the other ranks), the
+FP8 casts (-36%), attention forward inside the pair (+15.3%; +1% alone).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from echo_plan.validation.chunk_pair import CLASSES, LAYERS, compare, measured, measured_class
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return compare(str(tmp_path_factory.mktemp("traces")))
+
+
+def test_every_profile_kernel_has_a_class_and_the_profile_is_read_whole():
+    by, span = measured()
+    assert set(by) == set(CLASSES)
+    assert 120.0 < span < 140.0  # the 4-layer pair's span, ms
+    assert measured_class("void dpsk::ep::internode::combine<false, 8>") == "expert exchange"
+    assert measured_class("void flash::compute_attn_ws<Flash_fwd_kernel_traits>") == "attention forward"
+
+
+def test_the_chunk_pair_is_within_ten_per_cent(pair):
+    assert abs(pair.pair_error) <= 0.10, f"{pair.predicted_pair_ms:.1f} ms against {pair.measured_pair_ms:.1f}"
+
+
+@pytest.mark.parametrize("cls", ["attention backward", "GEMMs"])
+def test_classes_within_fifteen_per_cent(pair, cls):
+    assert abs(pair.error(cls)) <= 0.15, f"{cls}: {pair.in_pair_ms[cls]:.1f} ms against {pair.measured_ms[cls]:.1f}"
+
+
+def test_inside_the_pair_no_kernel_class_runs_faster_than_alone(pair):
+    for cls in CLASSES:
+        assert pair.in_pair_ms[cls] >= pair.alone_ms[cls] * (1 - 1e-9)
+    assert LAYERS == 4  # the profile's chunks
