@@ -18,6 +18,15 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+from echo_plan.cost.base import with_stack_kernels
+from echo_plan.cost.expert_exchange import deepep_collectives
+from echo_plan.replay.interference import load_interference
+from echo_plan.replay.layer import replay_layer
+from echo_plan.replay.split import pair_replay, replay_split
+from echo_plan.simulate import SimulationMemo
+from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
+from echo_plan.trace.cache import TraceCache
+from echo_plan.trace.records import OpKind, Phase
 from echo_plan.validation.megatron import validation_dir
 
 LAYERS = 4
@@ -70,8 +79,6 @@ def measured() -> tuple[dict[str, float], float]:
 
 
 def _predicted_class(op) -> str:
-    from echo_plan.trace.records import OpKind, Phase
-
     if op.collective is not None:
         return "expert exchange"
     name = op.name.split(".")[1] if "." in op.name else op.name
@@ -84,16 +91,6 @@ def _predicted_class(op) -> str:
 
 def compare(cache_dir: str | None = None) -> ChunkPairComparison:
     """The profile against the replay of the recipe's MoE layer (trace cache: ``cache_dir`` or none)."""
-    from echo_plan.cost.base import with_stack_kernels
-    from echo_plan.cost.expert_exchange import deepep_collectives
-    from echo_plan.replay.interference import load_interference
-    from echo_plan.replay.layer import replay_layer
-    from echo_plan.replay.split import pair_replay, replay_split
-    from echo_plan.simulate import SimulationMemo
-    from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
-    from echo_plan.trace.cache import TraceCache
-    from echo_plan.trace.records import OpKind, Phase
-
     model, cluster = load_model("deepseek-v3"), load_cluster("h800").resized(gpus=2048)
     stack = load_stack("deepseek-v3")
     plan = PlanSpec.build({"tp": 1, "pp": 16, "dp": 128, "ep": 64, "micro_batch_size": 1, "global_batch_size": 15360,
