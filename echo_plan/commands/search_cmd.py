@@ -76,7 +76,8 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
             memory_headroom: Optional[str] = None, dp_comm: Optional[str] = None, density: Optional[float] = None,
             dtype: Optional[str] = None, fp8_recipe: Optional[str] = None, fp8_param_gather: Optional[bool] = None,
             processes: Optional[int] = None, seq_length: Optional[int] = None, cp: Optional[int] = None,
-            routing: Optional[str] = None, flows_per_connection: Optional[int] = None, job=None):
+            routing: Optional[str] = None, flows_per_connection: Optional[int] = None, job=None,
+            cache_dir: Optional[str] = None):
     try:
         kind = SamplerKind(sampler.lower())
     except ValueError:
@@ -117,7 +118,7 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
                         ray_address=ray_address, processes=processes, tokens_budget=tokens,
                         stack=fp8_stack(job.stack if job is not None else resolve_stack(stack), any_fp8, fp8_recipe,
                                         fp8_param_gather),
-                        memory_headroom_bytes=parse_headroom(memory_headroom, c))
+                        memory_headroom_bytes=parse_headroom(memory_headroom, c), cache_dir=cache_dir)
 
 
 def check_outputs(csv: Optional[str], report: Optional[str], cache_dir: Optional[str]) -> None:
@@ -307,7 +308,8 @@ def register(app: typer.Typer) -> None:
                          workers, ray_address, stack=stack, memory_headroom=memory_headroom, dp_comm=dp_comm,
                          density=density, dtype=dtype, fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather,
                          processes=processes, seq_length=seq_length, cp=cp,
-                         routing=routing, flows_per_connection=flows_per_connection, job=job)
+                         routing=routing, flows_per_connection=flows_per_connection, job=job,
+                         cache_dir=cache_dir)
         if dtype is not None and "," in dtype:
             raise SpecError("--dtype", dtype, "one precision for search (compare takes a list: --dtype bf16,fp8)")
         pruned = prune_for(config)
@@ -381,7 +383,7 @@ def register(app: typer.Typer) -> None:
                            ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom,
                            dp_comm=dp_comm, density=density, dtype=dtype, fp8_recipe=fp8_recipe,
                            fp8_param_gather=fp8_param_gather, processes=processes, seq_length=seq_length, cp=cp,
-                           routing=routing, flows_per_connection=flows_per_connection)
+                           routing=routing, flows_per_connection=flows_per_connection, cache_dir=cache_dir)
 
         if len(names) > 1 or listed is not None:
             compare_clusters([config_for(n) for n in names], sizes, prices, cache_dir, progress, csv, report,
@@ -394,7 +396,7 @@ def register(app: typer.Typer) -> None:
                        dp_comm=dp_comm, density=density, dtype=dtype, fp8_recipe=fp8_recipe,
                        fp8_param_gather=fp8_param_gather, processes=processes,
                        seq_length=seq_length, cp=cp, routing=routing,
-                       flows_per_connection=flows_per_connection)
+                       flows_per_connection=flows_per_connection, cache_dir=cache_dir)
         fm = failure_model(failures_per_gpu_day, checkpoint_gbps_per_gpu, restart_min, detect_min)
 
         def run(config, label: str = ""):

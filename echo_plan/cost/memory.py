@@ -253,11 +253,16 @@ def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces:
 
 
 def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec,
-                    headroom_bytes: int | None = None, consts: MemoryConstants | None = None) -> tuple[StageMemory, ...]:
-    """Per-stage peak memory without a trace (closed-form activations), for fast pruning."""
-    saved = {kind: (layer_activation_bytes(model, plan, Recompute.FULL if kind.recomputed else plan.recompute, stack,
-                                           kind.traced),
-                    layer_activation_bytes(model, plan, Recompute.NONE, stack, kind.traced))
+                    headroom_bytes: int | None = None, consts: MemoryConstants | None = None,
+                    activation_scale=None) -> tuple[StageMemory, ...]:
+    """Per-stage peak memory without a trace (closed-form activations), for fast pruning.
+    ``activation_scale(kind, recompute)``: what multiplies a layer's closed form to give its traced bytes
+    (search/activation_scale.py measures it for low-precision plans); None: 1."""
+    def layer(kind, recompute):
+        closed = layer_activation_bytes(model, plan, recompute, stack, kind.traced)
+        return closed if activation_scale is None else int(closed * activation_scale(kind.traced, recompute))
+
+    saved = {kind: (layer(kind, Recompute.FULL if kind.recomputed else plan.recompute), layer(kind, Recompute.NONE))
              for kind in plan_kinds(model, plan)}
     retained = None
     if plan.schedule.split_backward:
@@ -266,7 +271,10 @@ def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stac
         # 0.98-1.02 of it); the embedding keeps its output gradient, the output stage half its saved bytes.
         e = plan.dtype.nbytes
         rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
-        retained = ({k: full for k, (_, full) in saved.items()},
+        kept = {k: full for k, (_, full) in saved.items()} if activation_scale is None else \
+            {k: int(layer_activation_bytes(model, plan, Recompute.NONE, stack, k.traced)
+                    * activation_scale(k.traced, "retained")) for k in saved}  # measured on a traced layer
+        retained = (kept,
                     int(e * model.seq_length * plan.micro_batch_size * model.hidden_size * rep),
                     output_activation_bytes(model, plan) // 2)
     return _assemble(model, plan, cluster, stack, saved,

@@ -40,6 +40,7 @@ class SearchConfig:
     tokens_budget: float | None = None
     stack: SoftwareSpec | None = None  # None: the megatron-core preset
     memory_headroom_bytes: int | None = None  # None: memory.yaml's default fraction of the GPU
+    cache_dir: str | None = None  # the trace cache (None: $ECHO_PLAN_CACHE_DIR or the user cache folder)
 
     @property
     def budget(self) -> int:
@@ -56,7 +57,8 @@ class SearchConfig:
 def prune_for(config: SearchConfig, memory: MemoryEstimator | None = None) -> PrunedSpace:
     """Check every candidate of the config's space (no simulation)."""
     pruner = Pruner(config.model, config.cluster, config.global_batch_size, config.space, memory=memory,
-                    stack=config.software, memory_headroom_bytes=config.memory_headroom_bytes)
+                    stack=config.software, memory_headroom_bytes=config.memory_headroom_bytes,
+                    trace_cache_dir=config.cache_dir)
     return prune_space(pruner)
 
 

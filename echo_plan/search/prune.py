@@ -20,7 +20,9 @@ from echo_plan.specs.plan import (balanced_split, PlanSpec, Recompute, Schedule,
 from echo_plan.specs.software import SoftwareSpec, check_precision, check_stack_supports
 from echo_plan.search.space import Knob, SearchSpace
 from echo_plan.cost.memory import estimate_memory, load_memory_constants
+from echo_plan.search.activation_scale import TracedActivationScale
 from echo_plan.specs.presets import load_stack
+from echo_plan.trace.cache import TraceCache
 
 MemoryEstimator = Callable[[ModelSpec, PlanSpec, ClusterSpec], tuple[StageMemory, ...]]
 
@@ -117,7 +119,7 @@ class Pruner:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space: SearchSpace,
                  memory: MemoryEstimator | None = None, stack: SoftwareSpec | None = None,
-                 memory_headroom_bytes: int | None = None) -> None:
+                 memory_headroom_bytes: int | None = None, trace_cache_dir: str | None = None) -> None:
         if global_batch_size < 1:
             raise SpecError("gbs", global_batch_size, "a positive global batch size (sequences)")
 
@@ -127,11 +129,13 @@ class Pruner:
         self.space = space
         self.stack = stack if stack is not None else load_stack()
         self.headroom = memory_headroom_bytes
+        self.trace_cache_dir = trace_cache_dir  # where the low-precision reference traces go (the search's cache)
         self._memory = memory
 
     def memory_estimator(self) -> MemoryEstimator:
         if self._memory is None:
-            self._memory = closed_form_memory(self.stack, self.headroom)
+            scale = TracedActivationScale(self.model, self.cluster, self.stack, TraceCache(self.trace_cache_dir))
+            self._memory = closed_form_memory(self.stack, self.headroom, scale)
         return self._memory
 
     def check(self, combo: dict[str, Any]) -> Verdict:
@@ -236,14 +240,18 @@ def _long_sequence_oom(model: ModelSpec, worst: StageMemory) -> bool:
     return model.seq_length > LONG_SEQUENCE and worst.activations_bytes >= worst.overflow_bytes
 
 
-def closed_form_memory(stack: SoftwareSpec | None = None, memory_headroom_bytes: int | None = None) -> MemoryEstimator:
+def closed_form_memory(stack: SoftwareSpec | None = None, memory_headroom_bytes: int | None = None,
+                       activation_scale=None) -> MemoryEstimator:
     """``echo_plan.cost.memory.estimate_memory`` for ``stack`` (default: megatron-core) with the given
-    headroom (default: memory.yaml's fraction of the GPU), as a MemoryEstimator."""
+    headroom (default: memory.yaml's fraction of the GPU), as a MemoryEstimator. ``activation_scale(plan)``:
+    None or the (kind, recompute) -> factor that makes the plan's closed-form activations the traced ones
+    (search/activation_scale.py)."""
     stack = stack if stack is not None else load_stack()
     consts = load_memory_constants()
 
     def estimate(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec) -> tuple[StageMemory, ...]:
-        return estimate_memory(model, plan, cluster, stack, memory_headroom_bytes, consts)
+        scale = activation_scale(plan) if activation_scale is not None else None
+        return estimate_memory(model, plan, cluster, stack, memory_headroom_bytes, consts, scale)
 
     return estimate
 
