@@ -10,7 +10,7 @@ from echo_plan.report.plans import short_label
 from echo_plan.report.table import Cell, Table
 from echo_plan.resilience.sensitivity import HEADLINE_SEVERITY, sensitivity
 from echo_plan.simulate import SimulationMemo, simulate
-from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec
+from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec
 from echo_plan.trace.cache import TraceCache
 
 TOP_PLANS = 3
@@ -24,16 +24,18 @@ class SensitivityView:
 
 
 def sensitivity_rows(outcome, cache_dir: str | None = None) -> list[tuple[dict, list]]:
-    """(plan, rows at the headline severities) of the top plans, simulated with each fault."""
+    """(plan, rows at the headline severities) of the top plans, simulated with each fault and the stack the
+    search used."""
     model = ModelSpec.build(dict(outcome.model), "model in the result")
     cluster = ClusterSpec.build(dict(outcome.cluster), "cluster in the result")
+    stack = SoftwareSpec.build(dict(outcome.stack), "stack in the result") if outcome.stack else None
     memo, cache = SimulationMemo(), TraceCache(cache_dir)
     out = []
     for result in outcome.ranked[:TOP_PLANS]:
         plan = PlanSpec.build(dict(result.plan), "ranked plan")
 
         def step(faults, plan=plan):
-            return simulate(model, cluster, plan, cache=cache, memo=memo, faults=faults).step_time_s
+            return simulate(model, cluster, plan, stack=stack, cache=cache, memo=memo, faults=faults).step_time_s
 
         _, rows = sensitivity(plan, cluster, step, severities={k: (v,) for k, v in HEADLINE_SEVERITY.items()})
         out.append((result.plan, list(rows)))

@@ -97,3 +97,25 @@ def test_the_timeline_is_simulated_with_the_stack_the_search_used(tmp_path):
                    stack=stack.model_dump(mode="json"), **dump)
     filled, note = search_with_timeline(bare, timeline_simulator(str(tmp_path)), fresh=True)
     assert filled.best.timeline and note is None  # the same step: nothing to say
+
+
+def test_the_fault_sensitivity_is_simulated_with_the_stack_the_search_used(monkeypatch):
+    """Each top plan's faults are timed with the search's stack (deepseek-v3 here), not the default one."""
+    from types import SimpleNamespace
+
+    from echo_plan.report import sensitivity_view as view
+    from echo_plan.specs import load_stack
+
+    stacks = []
+
+    def fake(model, cluster, plan, stack=None, **kw):
+        stacks.append(None if stack is None else stack.name)
+        return SimpleNamespace(step_time_s=1.0)
+
+    monkeypatch.setattr(view, "simulate", fake)
+    o = search_outcome(20, seed=3, timeline=False, gbs=256)
+    view.sensitivity_rows(replace(o, stack=load_stack("torchtitan").model_dump(mode="json")))
+    assert stacks and set(stacks) == {"torchtitan"}
+    stacks.clear()
+    view.sensitivity_rows(replace(o, stack={}))  # a result that recorded no stack: the default, as before
+    assert stacks and set(stacks) == {None}
