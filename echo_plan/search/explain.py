@@ -106,8 +106,12 @@ def explain_top(ranked: tuple[StepResult, ...]) -> list[str]:
     if len(ranked) < 2:
         return lines
     runner = ranked[1]
+    def implied(plan: dict, k: str) -> bool:  # expert TP that only follows tp (its default; a dense model's)
+        return k == "etp" and plan.get("etp") in (None, plan.get("tp"))
+
     diffs = [f"{k} {_value_label(best.plan.get(k))} -> {_value_label(runner.plan.get(k))}"
-             for k in tuple(kn.value for kn in Knob) + ("dp",) if best.plan.get(k) != runner.plan.get(k)]
+             for k in tuple(kn.value for kn in Knob) + ("dp",) if best.plan.get(k) != runner.plan.get(k)
+             and not (implied(best.plan, k) and implied(runner.plan, k))]
     rparts = runner.breakdown.as_json()
     moves = sorted(((k, rparts[k] - parts[k]) for k in parts), key=lambda kv: -abs(kv[1]))
     moved = [f"{_PART_NAMES[k]} {d * 1000:+.1f} ms" for k, d in moves[:3] if abs(d) > 1e-6]
