@@ -252,12 +252,16 @@ def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces:
                      retained=retained, layout=layout if layout is not None else PlanLayout.of(model, plan, stack))
 
 
+RETAINED = "retained"  # activation_scale's key for what a split backward keeps from B until W
+
+
 def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: SoftwareSpec,
                     headroom_bytes: int | None = None, consts: MemoryConstants | None = None,
                     activation_scale=None) -> tuple[StageMemory, ...]:
     """Per-stage peak memory without a trace (closed-form activations), for fast pruning.
     ``activation_scale(kind, recompute)``: what multiplies a layer's closed form to give its traced bytes
-    (search/activation_scale.py measures it for low-precision plans); None: 1."""
+    (search/activation_scale.py measures it for low-precision plans; recompute RETAINED: what a split backward
+    keeps for W); None: 1."""
     def layer(kind, recompute):
         closed = layer_activation_bytes(model, plan, recompute, stack, kind.traced)
         return closed if activation_scale is None else int(closed * activation_scale(kind.traced, recompute))
@@ -273,7 +277,7 @@ def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stac
         rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
         kept = {k: full for k, (_, full) in saved.items()} if activation_scale is None else \
             {k: int(layer_activation_bytes(model, plan, Recompute.NONE, stack, k.traced)
-                    * activation_scale(k.traced, "retained")) for k in saved}  # measured on a traced layer
+                    * activation_scale(k.traced, RETAINED)) for k in saved}  # measured on a traced layer
         retained = (kept,
                     int(e * model.seq_length * plan.micro_batch_size * model.hidden_size * rep),
                     output_activation_bytes(model, plan) // 2)

@@ -13,15 +13,17 @@ For each low precision, tensor-parallel layout and recompute mode the candidates
 each kind is traced (tp, sequence parallelism and recompute as the candidate's; micro-batch 1, no context
 parallelism, every expert local), and the ratio of its saved bytes to the closed form's scales the closed
 form of every candidate with that layout; so does the ratio of what a split backward keeps from B until W
-(zero-bubble and DualPipe schedules) to the closed form's stand-in for it. The ratio depends on the tensor-parallel split (which tensors are
-replicated), not on the micro-batch, the sequence or the expert layout (the routing is balanced): measured
-on DeepSeek-V3's MoE layer, 1.60 at tp 1 with ep 8 and ep 64, 1.68 at tp 2, 1.75 at tp 4. The reference
-traces go to the search's trace cache, where the plans simulated later find them.
+(zero-bubble and DualPipe schedules) to the closed form's stand-in for it. The ratio depends on the
+tensor-parallel split (which tensors are replicated), not on the micro-batch, the sequence or the expert
+layout (the routing is balanced): measured on DeepSeek-V3's MoE layer, 1.60 at tp 1 with ep 8 and ep 64,
+1.68 at tp 2, 1.75 at tp 4. The reference traces go to the search's trace cache, where the plans simulated
+later with the same layout find them. benchmarks/estimate_accuracy.py prints estimate against simulation.
 """
 
 from __future__ import annotations
 
 from echo_plan.cost.activation_memory import layer_activation_bytes
+from echo_plan.cost.memory import RETAINED
 from echo_plan.layout.backward_split import retained_bytes, split_backward
 from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec
@@ -31,7 +33,6 @@ from echo_plan.specs.software import SoftwareSpec
 from echo_plan.trace.cache import TraceCache
 
 EXACT = (DType.BF16, DType.FP16, DType.FP32)  # the closed form is the traced bytes there
-RETAINED = "retained"  # the key of the weight-gradient pass's retained bytes
 
 
 class TracedActivationScale:
