@@ -204,8 +204,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     check_precision(stack, plan.dtype, cluster.gpu, model.is_moe)
     layout = PlanLayout.of(model, plan, stack)  # what follows from the plan alone, once: read by costs and memory
     cluster_key = cluster.model_dump_json()  # once: it keys the compute and comm models and every memo below
+    held = stack.fp8_gemm_sms_held(model.is_moe, plan.ep, plan.dtype)  # SMs its FP8 GEMMs leave to the exchange
     compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster, cluster_key), stack,
-                                 stack.fp8_gemm_sms_held(model.is_moe, plan.ep))
+                                 held)
     comm = comm if comm is not None else memo.default_comm(cluster, cluster_key)
     if interference is None:
         interference = memo.default_interference()
@@ -216,7 +217,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                 raise SpecError("moe_comm_sms", stack.moe_comm_sms, f"stack {stack.name}: the exchange can hold at "
                                 f"most {cluster.gpu.sm_count - 1} of the {cluster.gpu.name}'s {cluster.gpu.sm_count} SMs")
             interference = memo.sm_share(interference, cluster.gpu.sm_count, stack.moe_comm_sms,
-                                         gemms_sized=stack.fp8_gemm_sms_held(model.is_moe, plan.ep) > 0)
+                                         gemms_sized=held > 0)
 
     traces = memo.traces(model, plan, cache, stack)
     timing = memo.timings(traces, compute, comm, cluster, cluster_key, plan, interference)
@@ -278,6 +279,10 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                    if op.collective.kind is CollectiveKind.ALL_TO_ALL), None)
         if ep is not None:
             notes.append(deepep_note(model, ep, cluster.domain_gpus))
+    if held:
+        notes.append(f"stack {stack.name}: its FP8 GEMMs run on {cluster.gpu.sm_count - held} of the "
+                     f"{cluster.gpu.name}'s {cluster.gpu.sm_count} SMs for the whole step, leaving {held} to the "
+                     "expert exchange (fp8_gemms_leave_comm_sms)")
     if step.extrapolated:
         notes.append("steady state verified periodic at {} micro-batches and extrapolated exactly".format(
             ", ".join(map(str, step.sampled[-3:]))))

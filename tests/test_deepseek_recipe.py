@@ -68,3 +68,16 @@ def test_an_exchange_holding_all_the_sms_is_a_one_line_error(small_moe):
     with pytest.raises(SpecError, match="moe_comm_sms.*at most 131") as err:
         simulate(small_moe, cluster, plan, stack=stack)
     assert "\n" not in str(err.value)
+
+
+def test_fp8_gemms_sized_to_the_exchange_are_said_and_leave_bf16_plans_alone(small_moe):
+    cluster = load_cluster("h800").resized(gpus=16)
+    plan = {"tp": 1, "pp": 1, "dp": 16, "ep": 4, "micro_batch_size": 1, "global_batch_size": 32}
+    sized, every_sm = load_stack("deepseek-v3"), load_stack("deepseek-v3", {"fp8_gemms_leave_comm_sms": False})
+    fp8 = simulate(small_moe, cluster, PlanSpec.build({**plan, "dtype": "fp8"}), stack=sized)
+    assert any("FP8 GEMMs run on 112 of" in n for n in fp8.notes)
+    assert fp8.step_time_s >= simulate(small_moe, cluster, PlanSpec.build({**plan, "dtype": "fp8"}),
+                                       stack=every_sm).step_time_s
+    bf16 = [simulate(small_moe, cluster, PlanSpec.build(plan), stack=s) for s in (sized, every_sm)]
+    assert bf16[0].step_time_s == bf16[1].step_time_s  # no FP8 GEMMs: nothing sized
+    assert not any("FP8 GEMMs run" in n for n in bf16[0].notes)

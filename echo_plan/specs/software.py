@@ -240,10 +240,12 @@ class SoftwareSpec(Spec):
             raise ValueError("fp8_gemms_leave_comm_sms needs moe_comm_sms (how many SMs the FP8 GEMMs leave)")
         return self
 
-    def fp8_gemm_sms_held(self, is_moe: bool, ep: int) -> int:
+    def fp8_gemm_sms_held(self, is_moe: bool, ep: int, dtype: DType) -> int:
         """SMs this stack's FP8 GEMMs leave to the expert exchange for a plan's whole step (0: they take every
-        SM): moe_comm_sms where fp8_gemms_leave_comm_sms says so and the plan exchanges experts."""
-        return (self.moe_comm_sms or 0) if self.fp8_gemms_leave_comm_sms and is_moe and ep > 1 else 0
+        SM): moe_comm_sms where fp8_gemms_leave_comm_sms says so, the plan exchanges experts and its GEMMs are
+        FP8."""
+        on = self.fp8_gemms_leave_comm_sms and is_moe and ep > 1 and DType(dtype) is DType.FP8
+        return (self.moe_comm_sms or 0) if on else 0
 
     @field_validator("recompute_modules")
     @classmethod

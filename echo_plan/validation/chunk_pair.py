@@ -98,7 +98,7 @@ def compare(cache_dir: str | None = None) -> ChunkPairComparison:
                            "recompute": "selective"})
     memo = SimulationMemo()
     trace = next(t for kind, t in memo.traces(model, plan, TraceCache(cache_dir), stack).blocks if kind.moe)
-    held = stack.fp8_gemm_sms_held(model.is_moe, plan.ep)  # as simulate runs the stack
+    held = stack.fp8_gemm_sms_held(model.is_moe, plan.ep, plan.dtype)  # as simulate runs the stack
     compute = with_stack_kernels(memo.default_compute(cluster), stack, held)
     comm = deepep_collectives(memo.default_comm(cluster), model)
     interference = memo.sm_share(load_interference(None), cluster.gpu.sm_count, stack.moe_comm_sms, held > 0)

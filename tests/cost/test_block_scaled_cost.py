@@ -150,10 +150,12 @@ def test_a_large_fp8_gemm_on_112_of_132_sms_takes_about_132_112ths_as_long():
 
 
 def test_fp8_gemms_leave_sms_only_on_a_deepep_stack_that_says_how_many():
-    assert load_stack("deepseek-v3").fp8_gemm_sms_held(is_moe=True, ep=64) == 20
-    assert load_stack("deepseek-v3").fp8_gemm_sms_held(is_moe=True, ep=1) == 0  # no exchange, every SM
-    assert load_stack("deepseek-v3").fp8_gemm_sms_held(is_moe=False, ep=8) == 0
-    assert load_stack("megatron-core").fp8_gemm_sms_held(is_moe=True, ep=64) == 0
+    fp8 = DType.FP8
+    assert load_stack("deepseek-v3").fp8_gemm_sms_held(is_moe=True, ep=64, dtype=fp8) == 20
+    assert load_stack("deepseek-v3").fp8_gemm_sms_held(is_moe=True, ep=1, dtype=fp8) == 0  # no exchange, every SM
+    assert load_stack("deepseek-v3").fp8_gemm_sms_held(is_moe=False, ep=8, dtype=fp8) == 0
+    assert load_stack("deepseek-v3").fp8_gemm_sms_held(is_moe=True, ep=64, dtype=DType.BF16) == 0  # no FP8 GEMMs
+    assert load_stack("megatron-core").fp8_gemm_sms_held(is_moe=True, ep=64, dtype=fp8) == 0
     with pytest.raises(SpecError, match="needs moe_comm_sms"):
         load_stack("deepseek-v3", {"moe_comm_sms": None})
     with pytest.raises(SpecError, match="fp8_gemms_leave_comm_sms is DeepEP's"):
