@@ -3,7 +3,8 @@
 Run: .venv/bin/python benchmarks/estimate_accuracy.py
 
 The search prunes every candidate whose estimate (cost/memory.py estimate_memory: closed-form activations,
-scaled to traced reference layers for FP8 and NVFP4, search/activation_scale.py) does not fit, before it
+scaled to traced reference layers for FP8 and NVFP4 and, for a split backward, what W keeps in any precision:
+search/activation_scale.py) does not fit, before it
 simulates any; an estimate above the simulated memory hides a plan that fits (issue 31), one below it costs a
 simulation that then says "does not fit". Printed: the fullest stage's estimate, its simulated memory and the
 ratio (and the closed form's unscaled, as the search had it before the reference layers), over plans of several stacks, precisions and schedules. Nothing is asserted here
@@ -37,6 +38,10 @@ CASES = [  # (model, cluster, gpus, stack, plan)
                                                      "dtype": "fp8", "recompute": "none", **MEGATRON}),
     ("llama3-70b", "dgx-h100", 64, "megatron-core", {"tp": 8, "pp": 4, "mbs": 1, "gbs": 128, "dtype": "fp8",
                                                      "schedule": "zb-h1", "recompute": "none", **MEGATRON}),
+    ("gpt3-175b", "h800", 96, "megatron-core", {"tp": 8, "pp": 3, "mbs": 1, "gbs": 1536, "dtype": "bf16",
+                                                 "schedule": "zb-h1", "recompute": "none", **MEGATRON}),
+    ("gpt3-175b", "h800", 96, "megatron-core", {"tp": 8, "pp": 3, "vpp": 2, "mbs": 1, "gbs": 1536, "dtype": "bf16",
+                                                 "schedule": "zb-v", "recompute": "none", **MEGATRON}),
     ("llama3-8b", "dgx-h100", 16, "megatron-core", {"tp": 2, "cp": 4, "mbs": 1, "gbs": 8, "dtype": "fp8",
                                                     "seq": 65536, "recompute": "selective", **MEGATRON}),
     ("llama3-8b", "h100-gt", 8, "torchtitan", {"tp": 1, "mbs": 2, "gbs": 16, "dtype": "fp8", "recompute": "selective",
