@@ -17,6 +17,17 @@ from echo_plan.trace.cache import TraceCache
 from echo_plan.trace.tracer import trace_model
 
 
+@pytest.fixture(scope="module")
+def small_dense():
+    """A four-layer Llama-style model small enough to trace and simulate in a blink."""
+    from echo_plan.specs import ModelSpec
+
+    return ModelSpec.build(dict(
+        name="small-dense", num_layers=4, hidden_size=1024, num_attention_heads=8, num_kv_heads=4, vocab_size=4096,
+        seq_length=1024, activation="swiglu", norm="rmsnorm", position_embedding="rotary", ffn_hidden_size=2816,
+        tied_embeddings=False))
+
+
 def _plan(**kw):
     base = {"tp": 2, "pp": 2, "dp": 4, "micro_batch_size": 1, "global_batch_size": 16, "dtype": "fp8",
             "recompute": "selective", "sequence_parallel": True, "distributed_optimizer": True}
@@ -24,15 +35,15 @@ def _plan(**kw):
 
 
 @pytest.mark.parametrize("model_name,stack_name,extra", [
-    ("llama3-8b", "megatron-core", {}),
-    ("llama3-8b", "megatron-core", {"recompute": "none", "tp": 1, "sequence_parallel": False, "dp": 8}),
-    ("llama3-8b", "megatron-core", {"schedule": "zb-h1"}),
-    ("llama3-8b", "megatron-core", {"schedule": "zb-h1", "dtype": "bf16", "recompute": "none"}),
+    ("small-dense", "megatron-core", {}),
+    ("small-dense", "megatron-core", {"recompute": "none", "tp": 1, "sequence_parallel": False, "dp": 8}),
+    ("small-dense", "megatron-core", {"schedule": "zb-h1"}),
+    ("small-dense", "megatron-core", {"schedule": "zb-h1", "dtype": "bf16", "recompute": "none"}),
     ("small-moe", "megatron-core", {"ep": 4}),
 ])
 def test_the_estimate_of_a_low_precision_plan_is_the_simulated_memory(model_name, stack_name, extra, small_moe,
-                                                                       tmp_path):
-    model = small_moe if model_name == "small-moe" else load_model(model_name)
+                                                                       small_dense, tmp_path):
+    model = small_moe if model_name == "small-moe" else small_dense
     cluster, stack = load_cluster("dgx-h100").resized(gpus=16), load_stack(stack_name)
     plan = _plan(**extra)
     cache = TraceCache(tmp_path)
@@ -46,16 +57,16 @@ def test_the_estimate_of_a_low_precision_plan_is_the_simulated_memory(model_name
             assert c.activations_bytes > s.activations_bytes  # the closed form alone keeps every tensor in bf16
 
 
-def test_bf16_plans_need_no_trace_without_a_split_backward(tmp_path):
-    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100").resized(gpus=16)
+def test_bf16_plans_need_no_trace_without_a_split_backward(small_dense, tmp_path):
+    model, cluster = small_dense, load_cluster("dgx-h100").resized(gpus=16)
     scale = TracedActivationScale(model, cluster, load_stack("megatron-core"), TraceCache(tmp_path))
     assert scale(_plan(dtype="bf16")) is None
     assert not list(tmp_path.iterdir())  # nothing traced
     assert scale(_plan(dtype="bf16", schedule="zb-h1")) is not None  # what W keeps is measured in any precision
 
 
-def test_the_ratios_are_the_traced_bytes_over_the_closed_form(tmp_path):
-    model, cluster, stack = load_model("llama3-8b"), load_cluster("dgx-h100").resized(gpus=16), load_stack()
+def test_the_ratios_are_the_traced_bytes_over_the_closed_form(small_dense, tmp_path):
+    model, cluster, stack = small_dense, load_cluster("dgx-h100").resized(gpus=16), load_stack()
     plan = _plan(tp=1, sequence_parallel=False, dp=8)
     cache = TraceCache(tmp_path)
     ratio = TracedActivationScale(model, cluster, stack, cache)(plan)
