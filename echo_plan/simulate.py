@@ -176,6 +176,29 @@ def fault_hooks(faults: tuple[Fault, ...], cluster: ClusterSpec, cluster_key: st
     return effects, (scale if any(x != 1.0 for x in scale) else work_scale), stage_timing, stage_comm
 
 
+def stack_models(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, stack: SoftwareSpec, memo: SimulationMemo,
+                 cluster_key: str | None = None, compute=None, comm=None, interference=None):
+    """(compute, collective, interference) models as ``stack`` (as run: ``SoftwareSpec.as_run``) runs ``plan``:
+    its kernels (and the SMs its FP8 GEMMs leave to the exchange), DeepEP's exchange for the expert all-to-alls
+    and the SMs it holds. ``compute``, ``comm``, ``interference``: the caller's, or None for the defaults."""
+    cluster_key = cluster_key or cluster.model_dump_json()
+    held = stack.fp8_gemm_sms_held(model.is_moe, plan.ep, plan.dtype)
+    compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster, cluster_key), stack,
+                                 held)
+    comm = comm if comm is not None else memo.default_comm(cluster, cluster_key)
+    if interference is None:
+        interference = memo.default_interference()
+    if model.is_moe and stack.moe_dispatcher is MoEDispatcher.DEEPEP:
+        comm = deepep_collectives(comm, model)  # the expert-parallel all-to-alls as DeepEP's exchange
+        if stack.moe_comm_sms and plan.ep > 1:  # the SMs its kernels hold, lost to what runs beside them
+            if stack.moe_comm_sms >= cluster.gpu.sm_count:
+                raise SpecError("moe_comm_sms", stack.moe_comm_sms, f"stack {stack.name}: the exchange can hold at "
+                                f"most {cluster.gpu.sm_count - 1} of the {cluster.gpu.name}'s {cluster.gpu.sm_count} SMs")
+            interference = memo.sm_share(interference, cluster.gpu.sm_count, stack.moe_comm_sms,
+                                         gemms_sized=held > 0)
+    return compute, comm, interference
+
+
 def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: SoftwareSpec | None = None,
              cache: "TraceCache | None" = None,
              compute: "ComputeModel | None" = None, comm: "CollectiveModel | None" = None,
@@ -205,19 +228,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     layout = PlanLayout.of(model, plan, stack)  # what follows from the plan alone, once: read by costs and memory
     cluster_key = cluster.model_dump_json()  # once: it keys the compute and comm models and every memo below
     held = stack.fp8_gemm_sms_held(model.is_moe, plan.ep, plan.dtype)  # SMs its FP8 GEMMs leave to the exchange
-    compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster, cluster_key), stack,
-                                 held)
-    comm = comm if comm is not None else memo.default_comm(cluster, cluster_key)
-    if interference is None:
-        interference = memo.default_interference()
-    if model.is_moe and stack.moe_dispatcher is MoEDispatcher.DEEPEP:
-        comm = deepep_collectives(comm, model)  # the expert-parallel all-to-alls as DeepEP's exchange
-        if stack.moe_comm_sms and plan.ep > 1:  # the SMs its kernels hold, lost to what runs beside them
-            if stack.moe_comm_sms >= cluster.gpu.sm_count:
-                raise SpecError("moe_comm_sms", stack.moe_comm_sms, f"stack {stack.name}: the exchange can hold at "
-                                f"most {cluster.gpu.sm_count - 1} of the {cluster.gpu.name}'s {cluster.gpu.sm_count} SMs")
-            interference = memo.sm_share(interference, cluster.gpu.sm_count, stack.moe_comm_sms,
-                                         gemms_sized=held > 0)
+    compute, comm, interference = stack_models(model, cluster, plan, stack, memo, cluster_key, compute, comm,
+                                               interference)
 
     traces = memo.traces(model, plan, cache, stack)
     timing = memo.timings(traces, compute, comm, cluster, cluster_key, plan, interference)

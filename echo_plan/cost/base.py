@@ -48,7 +48,7 @@ class ComputeModel(Protocol):
 def with_stack_kernels(compute: Any, stack: Any, fp8_gemm_sms_held: int = 0) -> Any:
     """``compute`` timing the kernels ``stack`` runs: its fused-attention library (``attention_library``),
     its FP8 recipe's scaling (blockwise: the experts' grouped GEMMs too) and the SMs its FP8 GEMMs leave to
-    communication (``fp8_gemm_sms_held``, see ``fp8_gemm_sms_held_of``). A model that has no notion of
+    communication (``fp8_gemm_sms_held``: ``SoftwareSpec.fp8_gemm_sms_held``). A model that has no notion of
     them (a user's own ComputeModel) is returned as it is."""
     kernels = getattr(compute, "with_kernels", None)
     if kernels is not None:

@@ -262,12 +262,16 @@ def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stac
     ``activation_scale(kind, recompute)``: what multiplies a layer's closed form to give its traced bytes
     (search/activation_scale.py measures it for low-precision plans; recompute RETAINED: what a split backward
     keeps for W); None: 1."""
-    def layer(kind, recompute):
-        closed = layer_activation_bytes(model, plan, recompute, stack, kind.traced)
-        return closed if activation_scale is None else int(closed * activation_scale(kind.traced, recompute))
+    def scaled(kind, closed, mode):
+        return closed if activation_scale is None else int(closed * activation_scale(kind.traced, mode))
 
-    saved = {kind: (layer(kind, Recompute.FULL if kind.recomputed else plan.recompute), layer(kind, Recompute.NONE))
-             for kind in plan_kinds(model, plan)}
+    without = {kind: layer_activation_bytes(model, plan, Recompute.NONE, stack, kind.traced)
+               for kind in plan_kinds(model, plan)}  # each kind's closed form without recompute, once
+    saved = {}
+    for kind, none in without.items():
+        mode = Recompute.FULL if kind.recomputed else plan.recompute
+        part = none if mode is Recompute.NONE else layer_activation_bytes(model, plan, mode, stack, kind.traced)
+        saved[kind] = (scaled(kind, part, mode), scaled(kind, none, Recompute.NONE))
     retained = None
     if plan.schedule.split_backward:
         # Judgement for the estimate: W reads every linear's input and its output's gradient, about
@@ -275,10 +279,7 @@ def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stac
         # 0.98-1.02 of it); the embedding keeps its output gradient, the output stage half its saved bytes.
         e = plan.dtype.nbytes
         rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
-        kept = {k: full for k, (_, full) in saved.items()} if activation_scale is None else \
-            {k: int(layer_activation_bytes(model, plan, Recompute.NONE, stack, k.traced)
-                    * activation_scale(k.traced, RETAINED)) for k in saved}  # measured on a traced layer
-        retained = (kept,
+        retained = ({k: scaled(k, none, RETAINED) for k, none in without.items()},  # traced ratio if given
                     int(e * model.seq_length * plan.micro_batch_size * model.hidden_size * rep),
                     output_activation_bytes(model, plan) // 2)
     return _assemble(model, plan, cluster, stack, saved,

@@ -18,12 +18,9 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from echo_plan.cost.base import with_stack_kernels
-from echo_plan.cost.expert_exchange import deepep_collectives
-from echo_plan.replay.interference import load_interference
 from echo_plan.replay.layer import replay_layer
 from echo_plan.replay.split import pair_replay, replay_split
-from echo_plan.simulate import SimulationMemo
+from echo_plan.simulate import SimulationMemo, stack_models
 from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
 from echo_plan.trace.cache import TraceCache
 from echo_plan.trace.records import OpKind, Phase
@@ -98,10 +95,7 @@ def compare(cache_dir: str | None = None) -> ChunkPairComparison:
                            "recompute": "selective"})
     memo = SimulationMemo()
     trace = next(t for kind, t in memo.traces(model, plan, TraceCache(cache_dir), stack).blocks if kind.moe)
-    held = stack.fp8_gemm_sms_held(model.is_moe, plan.ep, plan.dtype)  # as simulate runs the stack
-    compute = with_stack_kernels(memo.default_compute(cluster), stack, held)
-    comm = deepep_collectives(memo.default_comm(cluster), model)
-    interference = memo.sm_share(load_interference(None), cluster.gpu.sm_count, stack.moe_comm_sms, held > 0)
+    compute, comm, interference = stack_models(model, cluster, plan, stack.as_run(plan, cluster.gpu.sm_arch), memo)
     paired = pair_replay(trace, compute, comm, cluster, plan.dtype, interference, layers=LAYERS)
     in_pair = {i: paired.end_at[k] - paired.start_at[k] for k, i in enumerate(paired.ids)} if paired else {}
     width = 1 + max(op.index for op in trace.ops)
