@@ -83,9 +83,9 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
         attn += 0 if RecomputeModule.CORE_ATTN in modules else 4 * b * a * s / t  # fp32 log-sum-exp
     elif RecomputeModule.CORE_ATTN not in modules:  # softmax output (+ dropout mask and output)
         attn += (5 if stack.attention_dropout > 0 else 2) * a * s * s * b / t
-    if RecomputeModule.MLP in modules:
+    if RecomputeModule.MLP in modules and not moe:  # Megatron-Core's 'mlp' module skips MoE layers
         mlp = norm_out  # the checkpointed MLP keeps its input only
-    elif kind.moe and model.moe is not None:
+    elif moe:
         mlp = norm_out + moe_activation_bytes(model, plan, RecomputeModule.MOE_ACT in modules, stack)
     else:
         # fc1's output and fc2's input; a gated unit's fused kernel keeps only its 2f input, the unfused ops also

@@ -46,7 +46,7 @@ class RecomputeModule(str, Enum):
     """What ``recompute: selective`` re-runs in backward (Megatron-Core's ``--recompute-modules``)."""
 
     CORE_ATTN = "core_attn"  # the attention core (scores, softmax, dropout, weighted sum)
-    MLP = "mlp"  # the whole MLP (its linears and activation)
+    MLP = "mlp"  # a dense layer's whole MLP (its linears and activation); MoE layers are not recomputed by it
     LAYERNORM = "layernorm"  # the input and pre-MLP norms
     MLA_UP_PROJ = "mla_up_proj"  # MLA's query/key-value up-projections (their outputs freed, recomputed)
     MOE_ACT = "moe_act"  # the routed experts' activation (its output freed after FC2, recomputed)

@@ -185,7 +185,9 @@ class TransformerBlock(nn.Module):
             self.mlp = MLP(model, group, sequence_parallel, dtype, stack, unfused_acc, overlap)
         self.hidden_dropout = stack.hidden_dropout
         self.fused = stack.fused_elementwise
-        self.recompute_mlp = RecomputeModule.MLP in selective
+        # Megatron-Core's 'mlp' recompute module checkpoints dense MLPs only, never an MoE layer
+        # (transformer_layer.py: `if not isinstance(self.mlp, MoELayer)`, core_v0.12 onwards; 'moe' is another module)
+        self.recompute_mlp = RecomputeModule.MLP in selective and not isinstance(self.mlp, MoELayer)
         self.recompute_norms = RecomputeModule.LAYERNORM in selective and discard is not None
         self.discard = discard
         self.full_recompute = recompute is Recompute.FULL

@@ -220,3 +220,28 @@ def test_blockwise_fp8_round_trip_keeps_the_values():
     q, s, _, _ = fp8_block_cast(x, False, False)
     back = fp8_block_dequant(q, s, 300).float()
     assert back.shape == x.shape and torch.allclose(back, x.float(), rtol=0.07, atol=0.02)
+
+
+def test_mlp_recompute_checkpoints_dense_layers_only():
+    """Megatron-Core's 'mlp' recompute module skips MoE layers (transformer_layer.py): an MoE layer traces and
+    keeps the same with it as without, while a dense layer of the same model is recomputed and keeps less."""
+    from echo_plan.cost.activation_memory import layer_activation_bytes
+    from echo_plan.specs.plan import Recompute
+
+    def traced(kind, modules):
+        stack = load_stack("megatron-core", {"recompute_modules": modules})
+        return trace_stage(tiny(), StageKind.BLOCK, tp=1, sequence_parallel=False, micro_batch_size=1, dtype="bf16",
+                           recompute="selective", kind=kind, layout=ExpertLayout(1, 1, 1.0), stack=stack)
+
+    dense = LayerKind(moe=False)
+    moe_plain, moe_mlp = traced(MOE, []), traced(MOE, ["mlp"])
+    assert moe_mlp.saved_bytes == moe_plain.saved_bytes
+    assert len(moe_mlp.ops) == len(moe_plain.ops)  # nothing re-run in backward
+    dense_plain, dense_mlp = traced(dense, []), traced(dense, ["mlp"])
+    assert dense_mlp.saved_bytes < dense_plain.saved_bytes and len(dense_mlp.ops) > len(dense_plain.ops)
+    plan = PlanSpec.build(dict(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=1, recompute="selective"))
+    for kind in (MOE, dense):  # the closed form agrees on which layers it applies to
+        a, b = (layer_activation_bytes(tiny(), plan, Recompute.SELECTIVE,
+                                       load_stack("megatron-core", {"recompute_modules": m}), kind)
+                for m in ([], ["mlp"]))
+        assert (a == b) if kind.moe else (b < a)
