@@ -332,6 +332,8 @@ def _stack_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
     for col in ("tp_comm_overlap", "torch_compile", "fp8_param_gather", "fp4_param_gather"):
         if rec.get(col):
             out[col] = _bool(rec[col], col, path, line)
+    if rec.get("recompute_modules"):  # what selective recompute re-runs, joined by '+' (e.g. layernorm+moe_act)
+        out["recompute_modules"] = tuple(m.strip() for m in rec["recompute_modules"].split("+") if m.strip())
     grad = (rec.get("grad_sync_dtype") or "").lower()
     if grad in ("bf16", "fp32", "fp16"):
         out["grad_reduce_dtype"] = grad

@@ -17,7 +17,8 @@ import pytest
 from echo_plan.cli import main
 from echo_plan.errors import FileFormatError
 from echo_plan.validation.megatron import TABLE, read_tflops_table, validation_dir
-from echo_plan.validation.registry import training_suite
+from echo_plan.validation.registry import training_rows, training_suite
+from echo_plan.validation.predict import RowSimulator
 from echo_plan.validation.rows import read_step_times
 from echo_plan.validation.suites import discover
 
@@ -93,6 +94,31 @@ def test_rows_name_the_release_they_come_from():
     sources = {r.source for r in rows}
     assert "Megatron-Bridge 26.04" in sources and all(s.startswith("Megatron-Bridge ") for s in sources)
     assert all(r.label.endswith(f"({r.source})") for r in rows if "405b" in r.label)
+
+
+def test_the_gb200_moe_rows_carry_their_releases_settings():
+    """moe_gb200: each row runs its release's config (recompute modules per row), throughput becomes step time,
+    and the rows of 26.06 on whose configs turn on what is not modelled are kept with the reason."""
+    suite = training_suite(validation_dir() / "moe_gb200.csv")
+    assert suite.cluster == "gb200-nvl72" and suite.held_out_mean == 0.15
+    rows = {r.label: r for r in training_rows(suite)}
+    ds = {r.source: r for r in rows.values() if r.label.startswith("deepseek-v3")}
+    assert ds["Megatron-Bridge 26.02"].stack_overrides["recompute_modules"] == ("mla_up_proj",)
+    assert ds["Megatron-Bridge 26.04"].stack_overrides["recompute_modules"] == ("mlp",)
+    assert ds["Megatron-Bridge 26.04"].plan["recompute"] == "selective"
+    late = [r for r in rows.values() if r.source >= "Megatron-Bridge 26.06"]
+    assert late and all(bool(r.not_modelled) == (not r.label.startswith("gpt-oss")) for r in late)
+    assert all("full-iteration CUDA graphs" in r.not_modelled for r in late if r.not_modelled)
+    import csv
+
+    lines = [ln for ln in (validation_dir() / "moe_gb200.csv").read_text().splitlines() if not ln.startswith("#")]
+    for rec in csv.DictReader(lines):  # the table's tokens/s/GPU as a step time: gbs x seq / (tokens/s/GPU x gpus)
+        step = int(rec["gbs"]) * int(rec["seq_length"]) / (float(rec["tokens_per_s_per_gpu"]) * int(rec["gpus"]))
+        assert float(rec["step_time_s"]) == pytest.approx(step, abs=1e-4)
+    sim = RowSimulator(suite.cluster, suite.stack, model_settings=suite.model_settings)
+    row = ds["Megatron-Bridge 26.02"]
+    assert sim.plan_for(row).layer_split == (4,) + (4,) * 14 + (1,)  # the recipe's PP 4 x VP 4 layout
+    assert sim.model_for(row).mtp_layers == 1
 
 
 def test_cli_unknown_suite_and_missing_dir(tmp_path, capsys):
@@ -356,7 +382,7 @@ def test_the_gpt_oss_25_11_row_runs_its_configs_micro_batch():
 # ---- the shipped suites, the folders that add more, and the exit status ---------------------------
 
 SHIPPED = ("fsdp_torchtitan_a100", "fsdp_torchtitan_h100", "fsdp_torchtitan_h200", "long_context_h100", "megatron_bridge_b200", "megatron_bridge_gb200", "megatron_bridge_gb300",
-           "megatron_bridge_h100", "megatron_weak_scaling_a100", "moe_h100", "nemo_h100_dgxc",
+           "megatron_bridge_h100", "megatron_weak_scaling_a100", "moe_gb200", "moe_h100", "nemo_h100_dgxc",
            "deepep/h800", "nccl-tests/azure-nd-a100-v4")
 
 
