@@ -329,7 +329,9 @@ def _stack_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
     if rec.get("dropout"):
         p = _num(rec, "dropout", path, line, float)
         out.update(hidden_dropout=p, attention_dropout=p)
-    for col in ("tp_comm_overlap", "torch_compile", "fp8_param_gather", "fp4_param_gather"):
+    if rec.get("moe_dispatcher"):  # how tokens reach their experts: alltoall, allgather, deepep
+        out["moe_dispatcher"] = rec["moe_dispatcher"].strip().lower()
+    for col in ("tp_comm_overlap", "torch_compile", "fp8_param_gather", "fp4_param_gather", "moe_a2a_overlap"):
         if rec.get(col):
             out[col] = _bool(rec[col], col, path, line)
     if rec.get("recompute_modules"):  # what selective recompute re-runs, joined by '+' (e.g. layernorm+moe_act)

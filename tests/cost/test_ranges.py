@@ -113,8 +113,10 @@ def test_the_shipped_ranges_are_leave_one_suite_out_and_say_so():
             "megatron-lm-2021" if "a100" in name else "megatron-core")).basis
     groups = moe_residuals(load_cluster("dgx-h100").calibration)
     assert set(groups) == {"megatron-core"} and all(r.startswith("moe_h100: ") for r in groups["megatron-core"].rows)
-    for name in ("gb200-nvl72", "b200"):  # Blackwell MoE predictions: from the GB200 MoE runs, not the H100's
+    # Blackwell MoE predictions: from the MoE runs of the same die, not the H100's
+    for name, suites in (("gb200-nvl72", ("moe_gb200", "moe_b200")), ("b200", ("moe_gb200", "moe_b200")),
+                         ("gb300-nvl72", ("moe_gb300",)), ("b300", ("moe_gb300",))):
         groups = moe_residuals(load_cluster(name).calibration)
-        assert all(r.startswith("moe_gb200: ") for r in groups["megatron-core"].rows)
+        assert {r.split(":")[0] for r in groups["megatron-core"].rows} == set(suites)
         basis = prediction_range(load_cluster(name), load_stack("megatron-core"), moe=True).basis
-        assert "mixture-of-experts validation rows" in basis and "moe_gb200" in basis
+        assert "mixture-of-experts validation rows" in basis and all(s in basis for s in suites)

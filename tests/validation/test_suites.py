@@ -119,6 +119,34 @@ def test_the_gb200_moe_rows_carry_their_releases_settings():
     row = ds["Megatron-Bridge 26.02"]
     assert sim.plan_for(row).layer_split == (4,) + (4,) * 14 + (1,)  # the recipe's PP 4 x VP 4 layout
     assert sim.model_for(row).mtp_layers == 1
+    for name in ("moe_gb300", "moe_b200"):  # the same 16-chunk layout over PP 2 x VP 8, PP 16 and PP 8 x VP 2
+        other = training_suite(validation_dir() / f"{name}.csv")
+        osim = RowSimulator(other.cluster, other.stack, model_settings=other.model_settings)
+        for r in training_rows(other):
+            if r.label.startswith("deepseek-v3") and not r.not_modelled:
+                assert osim.plan_for(r).layer_split == (4,) * 15 + (1,), r.label
+
+
+def test_the_b200_deepseek_row_of_26_04_01_runs_deepep_with_the_exchange_overlapped():
+    """Per-row dispatcher and EP overlap (moe_b200: the one release whose config sets DeepEP and moe_a2a_overlap)."""
+    suite = training_suite(validation_dir() / "moe_b200.csv")
+    rows = [r for r in training_rows(suite) if r.label.startswith("deepseek-v3")]
+    last = [r for r in rows if r.source == "Megatron-Bridge 26.04.01"]
+    assert len(last) == 1 and last[0].stack_overrides["moe_dispatcher"] == "deepep"
+    assert last[0].stack_overrides["moe_a2a_overlap"] is True
+    assert last[0].stack_overrides["recompute_modules"] == ("mla_up_proj", "mlp")
+    assert all("moe_dispatcher" not in r.stack_overrides for r in rows if r is not last[0])
+    stack = RowSimulator(suite.cluster, suite.stack, model_settings=suite.model_settings).stack_for(last[0])
+    assert stack.moe_dispatcher.value == "deepep" and stack.moe_a2a_overlap
+
+
+def test_a_bad_dispatcher_in_a_row_is_named(tmp_path, capsys):
+    lines = [ln for ln in (validation_dir() / "moe_b200.csv").read_text().splitlines() if not ln.startswith("#")]
+    bad = [ln.replace(",deepep,true,", ",pigeon,true,") for ln in lines if ",deepep,true," in ln]
+    (tmp_path / "bad.csv").write_text("\n".join(["# echo-plan: cluster=b200 stack=megatron-core", lines[0]] + bad) + "\n")
+    main(["validate", "--dir", str(tmp_path), "--suite", "bad", "--no-loso", "--cache-dir", str(tmp_path / "c")])
+    out = capsys.readouterr().out
+    assert "cannot simulate" in out and "pigeon" in out
 
 
 def test_cli_unknown_suite_and_missing_dir(tmp_path, capsys):
@@ -382,7 +410,8 @@ def test_the_gpt_oss_25_11_row_runs_its_configs_micro_batch():
 # ---- the shipped suites, the folders that add more, and the exit status ---------------------------
 
 SHIPPED = ("fsdp_torchtitan_a100", "fsdp_torchtitan_h100", "fsdp_torchtitan_h200", "long_context_h100", "megatron_bridge_b200", "megatron_bridge_gb200", "megatron_bridge_gb300",
-           "megatron_bridge_h100", "megatron_weak_scaling_a100", "moe_gb200", "moe_h100", "nemo_h100_dgxc",
+           "megatron_bridge_h100", "megatron_weak_scaling_a100", "moe_b200", "moe_gb200", "moe_gb300", "moe_h100",
+           "nemo_h100_dgxc",
            "deepep/h800", "nccl-tests/azure-nd-a100-v4")
 
 
