@@ -44,6 +44,7 @@ from echo_plan.cost.compute import load_compute_constants
 from echo_plan.cost.ranges import prediction_range
 from echo_plan.cost.collectives import collective_model_for
 from echo_plan.trace.tracer import trace_model
+from echo_plan.replay.host import host_issue_for
 from echo_plan.replay.layer import replay_layer
 from echo_plan.replay.split import split_timings
 
@@ -126,23 +127,25 @@ class SimulationMemo:
             hit = self._traces[key] = trace_model(model, plan, cache, stack)
         return hit
 
-    def layer(self, trace, compute, comm, cluster: ClusterSpec, cluster_key: str, plan: PlanSpec, interference):
-        key = (trace.key.digest(), compute, comm, cluster_key, plan.dtype, interference)
+    def layer(self, trace, compute, comm, cluster: ClusterSpec, cluster_key: str, plan: PlanSpec, interference,
+              host=None):
+        key = (trace.key.digest(), compute, comm, cluster_key, plan.dtype, interference, host)
         hit = self._layers.get(key)
         if hit is None:
             self.layer_misses += 1
-            hit = self._layers[key] = replay_layer(trace, compute, comm, cluster, plan.dtype, interference)
+            hit = self._layers[key] = replay_layer(trace, compute, comm, cluster, plan.dtype, interference, host)
         else:
             self.layer_hits += 1
         return hit
 
     def timings(self, traces, compute, comm, cluster: ClusterSpec, cluster_key: str, plan: PlanSpec,
-                interference) -> dict:
+                interference, host=None) -> dict:
         """Level-1 timing of every traced stage of ``traces``: block, embedding, output, and each
-        layer kind (``blocks``), on ``cluster`` (a fault may hand a stage a slowed copy of it)."""
-        out = {name: self.layer(getattr(traces, name), compute, comm, cluster, cluster_key, plan, interference)
+        layer kind (``blocks``), on ``cluster`` (a fault may hand a stage a slowed copy of it); ``host``: the
+        host's pace after an MoE dispatcher's synchronisation (replay/host.py), or None."""
+        out = {name: self.layer(getattr(traces, name), compute, comm, cluster, cluster_key, plan, interference, host)
                for name in ("block", "embedding", "output")}
-        out["blocks"] = {kind: self.layer(t, compute, comm, cluster, cluster_key, plan, interference)
+        out["blocks"] = {kind: self.layer(t, compute, comm, cluster, cluster_key, plan, interference, host)
                          for kind, t in traces.blocks}
         return out
 
@@ -162,7 +165,7 @@ class SimulationMemo:
 
 
 def fault_hooks(faults: tuple[Fault, ...], cluster: ClusterSpec, cluster_key: str, plan: PlanSpec, traces,
-                timing: dict, work_scale, memo: SimulationMemo, compute, comm, interference):
+                timing: dict, work_scale, memo: SimulationMemo, compute, comm, interference, host=None):
     """(effects, work_scale, stage_timing, stage_comm) for ``step_costs``: per pipeline stage, its level-1
     timings and collective times on the cluster as that stage sees it (the healthy ones where it is)."""
     check_faults(faults, plan, cluster)
@@ -170,7 +173,8 @@ def fault_hooks(faults: tuple[Fault, ...], cluster: ClusterSpec, cluster_key: st
     scale = tuple((work_scale[i] if work_scale else 1.0) * e.compute_scale for i, e in enumerate(effects))
     clusters = [slowed_cluster(cluster, e) for e in effects]
     keys = [c.model_dump_json() if c is not cluster else cluster_key for c in clusters]
-    stage_timing = tuple(timing if c is cluster else memo.timings(traces, compute, comm, c, k, plan, interference)
+    stage_timing = tuple(timing if c is cluster else memo.timings(traces, compute, comm, c, k, plan, interference,
+                                                                  host)
                          for c, k in zip(clusters, keys))
     stage_comm = tuple(memo.comm_times(comm, k, c) for c, k in zip(clusters, keys))
     return effects, (scale if any(x != 1.0 for x in scale) else work_scale), stage_timing, stage_comm
@@ -232,7 +236,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                                                interference)
 
     traces = memo.traces(model, plan, cache, stack)
-    timing = memo.timings(traces, compute, comm, cluster, cluster_key, plan, interference)
+    host = host_issue_for(stack, cluster, model.is_moe)  # the host's pace after an MoE dispatcher's synchronisation
+    timing = memo.timings(traces, compute, comm, cluster, cluster_key, plan, interference, host)
     paired = ep_overlap_pairs(model, plan, stack)  # the stack's MoE all-to-all overlap: F/B pairs
     if plan.schedule.split_backward or paired:  # (the pairs' savings come with the split timings)
         timing = dict(timing, split=memo.split_timings(traces, timing, compute, comm, cluster, cluster_key, plan,
@@ -242,7 +247,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     stage_timing = stage_comm = effects = None
     if faults:
         effects, work_scale, stage_timing, stage_comm = fault_hooks(
-            faults, cluster, cluster_key, plan, traces, timing, work_scale, memo, compute, comm, interference)
+            faults, cluster, cluster_key, plan, traces, timing, work_scale, memo, compute, comm, interference, host)
     # the stage costs need the schedule's layout only; its action lists are built (and kept in the
     # memo) for the micro-batch counts replayed, which the steady state keeps short
     base = step_costs(model, cluster, plan, timing, compute, comm_time, work_scale, schedule_shape, stack,
@@ -291,6 +296,11 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                    if op.collective.kind is CollectiveKind.ALL_TO_ALL), None)
         if ep is not None:
             notes.append(deepep_note(model, ep, cluster.domain_gpus))
+    if host is not None:
+        graphs = ", ".join(g.value for g in host.graphs) or "none"
+        notes.append(f"stack {stack.name}: the MoE dispatcher waits for the GPU before each token permutation; the "
+                     f"host then issues the layer's kernels at {host.op_s * 1e6:.0f} us each (the {cluster.name} "
+                     f"calibration's host issue time; CUDA-graphed parts: {graphs})")
     if held:
         notes.append(f"stack {stack.name}: its FP8 GEMMs run on {cluster.gpu.sm_count - held} of the "
                      f"{cluster.gpu.name}'s {cluster.gpu.sm_count} SMs for the whole step, leaving {held} to the "

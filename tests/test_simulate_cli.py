@@ -24,7 +24,7 @@ def test_json_has_the_issue_keys(capsys, cache_args):
                 "memory_peak_gib", "fits", "breakdown"):
         assert key in out
     assert out["plan"]["dp"] == 2  # 32 GPUs / (8 x 2)
-    assert set(out["breakdown"]) == {"compute", "tp_comm_exposed", "ep_comm_exposed", "pp_comm_exposed",
+    assert set(out["breakdown"]) == {"compute", "tp_comm_exposed", "ep_comm_exposed", "host_exposed", "pp_comm_exposed",
                                      "dp_comm_exposed", "bubble", "interference", "optimizer"}
     assert out["breakdown"]["ep_comm_exposed"] == 0.0  # a dense model has no expert exchange
     assert sum(out["breakdown"].values()) == pytest.approx(out["step_time_s"], rel=1e-9)

@@ -2,8 +2,8 @@
 
 The recipes (``calibration_recipes`` in ``echo_plan/data/validation_suites.yaml``) say which
 rows fit which figures and which presets receive them. The network recipe runs first, so the
-compute fits see the calibrated collectives; the all-to-all recipe (``calibrate.a2a_fit``) runs
-last, on top of the compute calibration. ``build_blocks(leave_out=...)`` makes them as they would
+compute fits see the calibrated collectives; the host recipe (``calibrate.host_fit``) runs on top of
+the compute calibration, and the all-to-all recipe (``calibrate.a2a_fit``) last, on top of both. ``build_blocks(leave_out=...)`` makes them as they would
 be had one suite never been measured (``calibrate/loso.py``).
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 from echo_plan import __version__
 from echo_plan.calibrate.a2a_fit import a2a_block, merge as merge_a2a
 from echo_plan.calibrate.fp8_fit import fp8_block, is_fp8, merge
+from echo_plan.calibrate.host_fit import host_block, merge as merge_host
 from echo_plan.calibrate.preset_files import fit_labels, recipes, recipes_without, rule_words
 from echo_plan.errors import EchoPlanError
 from echo_plan.interop.nccl_tests import parse_nccl_tests
@@ -117,7 +118,16 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None, leave_out: str | 
                 merged = {"from": recipe["inherit"], **merged}
             blocks[preset] = merged
 
-    for name, recipe in every.items():  # last: on top of the compute calibration it needs
+    for name, recipe in every.items():  # the host's issue time, on top of the compute calibration
+        if "host_suite" not in recipe:
+            continue
+        first = recipe["presets"][0]  # the cluster of its suite
+        got = host_block(recipe, vdir, load_cluster(first).replace(calibration=blocks.get(first, {})), cache, progress)
+        for preset in recipe["presets"]:
+            merged = dict(blocks.get(preset, {}))
+            merged["host"] = merge_host(dict(merged.get("host") or {}), got)
+            blocks[preset] = merged
+    for name, recipe in every.items():  # last: on top of the compute and host calibration
         if "a2a_suite" not in recipe:
             continue
         first = recipe["presets"][0]

@@ -79,7 +79,7 @@ def family(preset: str) -> frozenset[str]:
 
 def fed_by(suite: str) -> list[str]:
     """The recipes fitted on ``suite``."""
-    return [name for name, r in recipes().items() if suite in (r.get("suite"), r.get("a2a_suite"))]
+    return [name for name, r in recipes().items() if suite in (r.get("suite"), r.get("a2a_suite"), r.get("host_suite"))]
 
 
 def predict_without(path: Path, vdir: Path, cache: Any = None,

@@ -26,7 +26,7 @@ def recipes_without(every: dict[str, Any], suite: str) -> dict[str, Any]:
     without one, is dropped, so the presets it feeds get no such figures at all."""
     out: dict[str, Any] = {}
     for name, recipe in every.items():
-        if recipe.get("suite") == suite or recipe.get("a2a_suite") == suite:
+        if suite in (recipe.get("suite"), recipe.get("a2a_suite"), recipe.get("host_suite")):
             stand_in = recipe.get("stand_in")
             if stand_in and stand_in.get("suite") != suite and "suite" in recipe:
                 out[name] = {**recipe, "suite": stand_in["suite"], "fit_rows": stand_in["fit_rows"]}

@@ -34,7 +34,7 @@ def critical_rank(result: ReplayResult, pp: int) -> int:
 def step_breakdown(step: StepTasks, result: ReplayResult, rank: int) -> Breakdown:
     info = step.info
     start, end, work = result.start_at, result.end_at, result.work_at
-    compute = tp = pp_s = dp_s = bubble = inter = opt = ep = 0.0
+    compute = tp = pp_s = dp_s = bubble = inter = opt = ep = host = 0.0
     step_end = result.device_end_s.get(rank, 0.0)
     OPT = Category.OPTIMIZER
     for i in result.queue(rank, COMPUTE):
@@ -48,6 +48,7 @@ def step_breakdown(step: StepTasks, result: ReplayResult, rank: int) -> Breakdow
             compute += ph.compute_s * ti.share
             tp += ph.tp_comm_exposed_s * ti.share
             ep += ph.ep_comm_exposed_s * ti.share
+            host += ph.host_exposed_s * ti.share
             inter += ph.interference_s * ti.share
         inter += actual - w
 
@@ -78,4 +79,5 @@ def step_breakdown(step: StepTasks, result: ReplayResult, rank: int) -> Breakdow
             bubble += cursor - gap_start
 
     return Breakdown(compute_s=compute, tp_comm_exposed_s=tp, pp_comm_exposed_s=pp_s, dp_comm_exposed_s=dp_s,
-                     bubble_s=bubble, interference_s=inter, optimizer_s=opt, ep_comm_exposed_s=ep)
+                     bubble_s=bubble, interference_s=inter, optimizer_s=opt, ep_comm_exposed_s=ep,
+                     host_exposed_s=host)

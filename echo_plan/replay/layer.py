@@ -22,8 +22,9 @@ waits for communication *without* interference (the no-interference replay's dur
 combine on the expert-parallel group and the expert-TP gathers: the no-interference replay with
 those collectives taking no time is that much shorter), and ``tp_comm_exposed_s``, the rest;
 ``interference_s`` is what interference adds (the real replay's duration minus the no-interference
-one, never negative). Hence ``duration_s == compute_s + tp_comm_exposed_s + ep_comm_exposed_s +
-interference_s``.
+one, never negative); ``host_exposed_s``, what the host adds to an MoE layer's forward after the
+dispatcher's synchronisation (``host.py``). Hence ``duration_s == compute_s + tp_comm_exposed_s +
+ep_comm_exposed_s + interference_s + host_exposed_s``.
 
 Nothing is cached here; callers may cache a LayerTiming by the trace key plus the models.
 """
@@ -34,6 +35,7 @@ from dataclasses import dataclass, replace
 
 from echo_plan.cost.base import CollectiveModel, ComputeModel
 from echo_plan.replay.engine import ReplayResult, Task, replay
+from echo_plan.replay.host import HostIssue, host_exposed_s
 from echo_plan.replay.interference import InterferenceModel, Mix
 from echo_plan.replay.kinds import TaskKind
 from echo_plan.specs.cluster import ClusterSpec, DType
@@ -66,6 +68,7 @@ class PhaseTiming:
     spans: tuple[Span, ...]
     ops: int = 0  # kernels replayed (views left out)
     ep_comm_exposed_s: float = 0.0  # compute stream waiting on the expert exchange (MoE dispatch/combine)
+    host_exposed_s: float = 0.0  # GPU waiting for the host after the MoE dispatcher's synchronisation (replay/host.py)
 
     @property
     def mix(self) -> Mix | None:
@@ -93,14 +96,15 @@ class LayerTiming:
 
 
 def replay_layer(trace: LayerTrace, compute: ComputeModel, comm: CollectiveModel, cluster: ClusterSpec,
-                 dtype: DType, interference: InterferenceModel) -> LayerTiming:
-    """Forward and backward timing of one traced stage on one GPU (rules in the module docstring)."""
+                 dtype: DType, interference: InterferenceModel, host: HostIssue | None = None) -> LayerTiming:
+    """Forward and backward timing of one traced stage on one GPU (rules in the module docstring); ``host``: the
+    pace at which the host issues an MoE layer's forward after the dispatcher's synchronisation (replay/host.py)."""
     fwd = [op for op in trace.ops if op.phase is Phase.FORWARD]
     bwd = [op for op in trace.ops if op.phase in (Phase.BACKWARD, Phase.RECOMPUTE)]
     once = sum(compute.op_time(op, cluster.gpu, dtype) for op in trace.ops
                if op.phase is Phase.STEP and op.kind is not OpKind.VIEW)
     return LayerTiming(
-        forward=_phase(fwd, compute, comm, cluster, dtype, interference),
+        forward=_phase(fwd, compute, comm, cluster, dtype, interference, host),
         backward=_phase(bwd, compute, comm, cluster, dtype, interference),
         per_step_s=once,
     )
@@ -148,8 +152,9 @@ def phase_tasks(ops: list[OpRecord], compute: ComputeModel, comm: CollectiveMode
 
 
 def _phase(ops: list[OpRecord], compute: ComputeModel, comm: CollectiveModel, cluster: ClusterSpec,
-           dtype: DType, interference: InterferenceModel) -> PhaseTiming:
+           dtype: DType, interference: InterferenceModel, host: HostIssue | None = None) -> PhaseTiming:
     tasks = phase_tasks(ops, compute, comm, cluster, dtype)
+    host_s = host_exposed_s(ops, tasks, host) if host is not None else 0.0
     plain = replay(tasks, InterferenceModel.none())
     real = plain if interference.is_none else replay(tasks, interference)
     expert = {op.index for op in ops if op.collective is not None and op.collective.group.kind in EXPERT_GROUPS}
@@ -168,7 +173,7 @@ def _phase(ops: list[OpRecord], compute: ComputeModel, comm: CollectiveModel, cl
     exposed = max(0.0, plain.makespan_s - compute_s)
     ep_exposed = min(ep_exposed, exposed)
     return PhaseTiming(
-        duration_s=real.makespan_s,
+        duration_s=real.makespan_s + host_s,
         compute_s=compute_s,
         tp_comm_exposed_s=exposed - ep_exposed,
         ep_comm_exposed_s=ep_exposed,
@@ -178,6 +183,7 @@ def _phase(ops: list[OpRecord], compute: ComputeModel, comm: CollectiveModel, cl
                            if k in by_kind),
         spans=_spans(real),
         ops=len(tasks),
+        host_exposed_s=host_s,
     )
 
 

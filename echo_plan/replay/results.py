@@ -21,17 +21,20 @@ class Breakdown:
     interference_s: float
     optimizer_s: float
     ep_comm_exposed_s: float = 0.0  # the MoE expert exchange (dispatch, combine) the compute waited on
+    host_exposed_s: float = 0.0  # the GPU waiting for the host after the MoE dispatcher's synchronisation
 
     @property
     def total_s(self) -> float:
         return (self.compute_s + self.tp_comm_exposed_s + self.pp_comm_exposed_s + self.dp_comm_exposed_s
-                + self.bubble_s + self.interference_s + self.optimizer_s + self.ep_comm_exposed_s)
+                + self.bubble_s + self.interference_s + self.optimizer_s + self.ep_comm_exposed_s
+                + self.host_exposed_s)
 
     def as_json(self) -> dict[str, float]:
         return {
             "compute": self.compute_s,
             "tp_comm_exposed": self.tp_comm_exposed_s,
             "ep_comm_exposed": self.ep_comm_exposed_s,
+            "host_exposed": self.host_exposed_s,
             "pp_comm_exposed": self.pp_comm_exposed_s,
             "dp_comm_exposed": self.dp_comm_exposed_s,
             "bubble": self.bubble_s,

@@ -31,19 +31,20 @@ if TYPE_CHECKING:
 
 def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
     """Sum of level-1 phase timings, each taken ``count`` times, as one aggregated chunk cost."""
-    work = compute = tp = ep = inter = 0.0
+    work = compute = tp = ep = inter = host = 0.0
     mix: dict = {}
     for ph, count in parts:
         work += ph.duration_s * count
         compute += ph.compute_s * count
         tp += ph.tp_comm_exposed_s * count
         ep += ph.ep_comm_exposed_s * count
+        host += getattr(ph, "host_exposed_s", 0.0) * count
         inter += ph.interference_s * count
         for kind, sec in ph.work_by_kind:
             if kind.is_compute:
                 mix[kind] = mix.get(kind, 0.0) + sec * count
     mix_t = tuple(sorted(((k, v) for k, v in mix.items() if v > 0), key=lambda kv: kv[0].value)) or None
-    return PhaseCost(work, compute, tp, inter, mix_t, ep)
+    return PhaseCost(work, compute, tp, inter, mix_t, ep, host)
 
 
 def gather_bytes(plan: PlanSpec, stack: SoftwareSpec, params: int, layer_params: int) -> tuple[float, float]:

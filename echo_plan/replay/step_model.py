@@ -23,6 +23,7 @@ class PhaseCost:
     interference_s: float
     mix: Mix | None = None
     ep_comm_exposed_s: float = 0.0  # part of ``work_s``: waiting on the expert exchange
+    host_exposed_s: float = 0.0  # part of ``work_s``: waiting on the host after the MoE dispatcher's synchronisation
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,4 +85,4 @@ def hide(p: PhaseCost, s: float) -> PhaseCost:
     tp = min(p.tp_comm_exposed_s, s - ep)
     inter = min(p.interference_s, s - ep - tp)
     return PhaseCost(p.work_s - ep - tp - inter, p.compute_s, p.tp_comm_exposed_s - tp, p.interference_s - inter,
-                     p.mix, p.ep_comm_exposed_s - ep)
+                     p.mix, p.ep_comm_exposed_s - ep, p.host_exposed_s)

@@ -14,6 +14,7 @@ from echo_plan.search.space import Knob
 _PART_NAMES = {
     "compute": "compute", "tp_comm_exposed": "exposed tensor-parallel communication",
     "ep_comm_exposed": "exposed expert exchange (MoE dispatch and combine)",
+    "host_exposed": "GPU waiting for the host to issue kernels after the MoE dispatcher's synchronisation",
     "pp_comm_exposed": "exposed pipeline point-to-point communication",
     "dp_comm_exposed": "exposed data-parallel gradient/parameter communication",
     "bubble": "pipeline bubble", "interference": "slow-down from compute/communication interference",

@@ -21,9 +21,9 @@ VERSION = 1
 _BREAKDOWN_KEYS = {
     "compute": "compute_s", "tp_comm_exposed": "tp_comm_exposed_s", "pp_comm_exposed": "pp_comm_exposed_s",
     "dp_comm_exposed": "dp_comm_exposed_s", "bubble": "bubble_s", "interference": "interference_s",
-    "optimizer": "optimizer_s", "ep_comm_exposed": "ep_comm_exposed_s",
+    "optimizer": "optimizer_s", "ep_comm_exposed": "ep_comm_exposed_s", "host_exposed": "host_exposed_s",
 }
-_BREAKDOWN_SINCE = {"ep_comm_exposed"}  # added later: a stored outcome without it had none (0)
+_BREAKDOWN_SINCE = {"ep_comm_exposed", "host_exposed"}  # added later: a stored outcome without it had none (0)
 _MEMORY_FIELDS = ("stage", "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
                   "buffers_bytes", "capacity_bytes")
 

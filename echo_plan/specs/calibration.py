@@ -29,8 +29,12 @@ from typing import Any, Mapping, Sequence
 
 from echo_plan.errors import SpecError
 
-SECTIONS = ("compute", "nccl", "ranges", "from")  # from: where inherited sections came from (presets.load_cluster)
-INHERITED = ("compute", "ranges")  # what a cluster of one's own takes from the preset of its GPU
+SECTIONS = ("compute", "nccl", "ranges", "host", "from")  # from: where inherited sections came from (presets.load_cluster)
+INHERITED = ("compute", "ranges")  # what a preset takes from the preset it names (calibration.from)
+# what a cluster of one's own takes from the preset it names or that has its GPU: also the host's issue time, which a
+# preset of another host (GB200's Grace, after dgx-h100's compute figures) does not take from its ``from``
+USER_INHERITED = INHERITED + ("host",)
+HOST_OP_US = (0.0, 5000.0)  # calibration.host.op_us: the host's issue time per traced kernel (calibrate/host_fit.py)
 # field -> (lower bound, upper bound): a scale outside these is not a calibration but a mistake
 COMPUTE_FIELDS: dict[str, tuple[float, float]] = {
     "gemm_efficiency_scale": (0.2, 1.5),
@@ -60,6 +64,14 @@ def check_calibration(calibration: Mapping[str, Any], context: str = "calibratio
         raise SpecError("calibration.from", calibration["from"], "the name of a cluster preset", context)
     if "nccl" in calibration:
         check_nccl_section(calibration["nccl"], context)
+    if "host" in calibration:
+        host = calibration["host"]
+        if not isinstance(host, Mapping) or "op_us" not in host:
+            raise SpecError("calibration.host", host, "a mapping with op_us (microseconds per traced kernel)", context)
+        op = host["op_us"]
+        if isinstance(op, bool) or not isinstance(op, (int, float)) or not (HOST_OP_US[0] < op <= HOST_OP_US[1]):
+            raise SpecError("calibration.host.op_us", op, f"a number in ({HOST_OP_US[0]:g}, {HOST_OP_US[1]:g}]",
+                            context)
 
 
 def check_nccl_section(nccl: Any, context: str = "calibration") -> None:

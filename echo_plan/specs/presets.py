@@ -8,7 +8,7 @@ from pathlib import Path
 
 from echo_plan.files import safe_load
 
-from echo_plan.specs.calibration import INHERITED
+from echo_plan.specs.calibration import INHERITED, USER_INHERITED
 from echo_plan.errors import EchoPlanError, UnknownPresetError
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.loaders import is_hf_config, model_fields_from_hf, read_mapping
@@ -96,7 +96,7 @@ def load_cluster(ref: str, nodes: int | None = None, gpus: int | None = None) ->
     data.setdefault("name", path.stem)
     cal = data.get("calibration")
     if _looks_like_path(ref) or (isinstance(cal, dict) and "from" in cal):  # a preset may name another's too
-        data = _with_inherited_calibration(data, str(path))
+        data = _with_inherited_calibration(data, str(path), USER_INHERITED if _looks_like_path(ref) else INHERITED)
     cluster = ClusterSpec.build(data, context=str(path))
     return cluster.resized(nodes=nodes, gpus=gpus)
 
@@ -125,9 +125,10 @@ def _gpu_arch(data: dict) -> object:
     return gpu.get("sm_arch") if isinstance(gpu, dict) else None
 
 
-def _with_inherited_calibration(data: dict, context: str) -> dict:
-    """A cluster file of one's own: ``calibration: {from: PRESET}`` takes that preset's compute figures and
-    ranges (the file's own sections win); with no calibration at all, the preset with the same GPU gives them,
+def _with_inherited_calibration(data: dict, context: str, inherited: tuple[str, ...] = USER_INHERITED) -> dict:
+    """A cluster file of one's own: ``calibration: {from: PRESET}`` takes that preset's compute figures,
+    ranges and host issue time (a preset naming another takes ``inherited``: not the host's, which is the
+    server's own; the file's own sections win); with no calibration at all, the preset with the same GPU gives them,
     and ``calibration.from`` says which. A GPU no preset has stays uncalibrated (and says so)."""
     cal = data.get("calibration")
     if isinstance(cal, dict) and isinstance(cal.get("from"), str):
@@ -138,7 +139,7 @@ def _with_inherited_calibration(data: dict, context: str) -> dict:
         other_arch = _gpu_arch(read_mapping(clusters_dir() / f"{source}.yaml")) != _gpu_arch(data)
         # another GPU generation: its sustained shares of the kernel model are a prior, not a measurement of this
         # GPU, so its ranges (errors measured on its own runs) are not taken: the uncalibrated ones say how unsure
-        kinds = tuple(k for k in INHERITED if not (other_arch and k == "ranges"))
+        kinds = tuple(k for k in inherited if not (other_arch and k == "ranges"))
         merged = {k: got[k] for k in kinds if k in got}
         merged.update({k: v for k, v in cal.items() if k != "from"})
         taken = ", ".join(k for k in kinds if k in got and k not in cal)
@@ -155,7 +156,7 @@ def _with_inherited_calibration(data: dict, context: str) -> dict:
         pre_gpu = (got.get("gpu") or {}).get("name")
         cal_p = got.get("calibration") or {}
         if name and pre_gpu == name and "compute" in cal_p:
-            merged = {k: cal_p[k] for k in INHERITED if k in cal_p}
+            merged = {k: cal_p[k] for k in inherited if k in cal_p}
             merged["from"] = f"{preset} (same GPU {name}: {', '.join(merged)})"
             return {**data, "calibration": merged}
     return data

@@ -42,6 +42,15 @@ class CudaAllocator(str, Enum):
     EXPANDABLE_SEGMENTS = "expandable_segments"  # segments that grow in place (expandable_segments:True)
 
 
+class CudaGraphScope(str, Enum):
+    """What Transformer Engine's CUDA graphs capture in each layer (Megatron-Core's ``--cuda-graph-scope`` with
+    ``cuda_graph_impl: transformer_engine``): the host launches a captured region as one graph."""
+
+    ATTN = "attn"  # the input norm, the attention and its residual add
+    MOE_ROUTER = "moe_router"  # the pre-MLP norm and the router
+    MOE_PREPROCESS = "moe_preprocess"  # the dispatcher's work before its synchronisation
+
+
 class RecomputeModule(str, Enum):
     """What ``recompute: selective`` re-runs in backward (Megatron-Core's ``--recompute-modules``)."""
 
@@ -203,6 +212,16 @@ class SoftwareSpec(Spec):
                                    "with Transformer Engine >= 2.6, set_save_original_input: the attention output "
                                    "projection and the shared experts' FC1 under non-delayed recipes, the linears "
                                    "after a recomputed norm, the experts' FC2 under moe_act recompute)")
+    moe_host_sync: bool = Field(
+        default=False,
+        description="MoE: the dispatcher copies each expert's token count to the host before the token permutation "
+                    "and the host waits for the GPU there (Megatron-Core's dropless alltoall, allgather and flex "
+                    "dispatchers: Transformer Engine's grouped GEMM takes its splits as a host list), so the kernels "
+                    "after it are released at the host's pace (replay/host.py, with the cluster's calibrated host "
+                    "issue time); false: the host always runs ahead of the GPU")
+    cuda_graph_scope: tuple[CudaGraphScope, ...] = Field(
+        default=(), description="parts of each layer captured in CUDA graphs (launched by the host as one); "
+                                "read with moe_host_sync")
     cuda_allocator: CudaAllocator = Field(
         default=CudaAllocator.DEFAULT,
         description="PyTorch's caching allocator as the framework's launch sets it: default or expandable_segments "

@@ -329,6 +329,9 @@ def _stack_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
     if rec.get("dropout"):
         p = _num(rec, "dropout", path, line, float)
         out.update(hidden_dropout=p, attention_dropout=p)
+    if rec.get("cuda_graph_scope"):  # the parts of each layer the run captured in CUDA graphs, joined by '+'; none
+        scope = rec["cuda_graph_scope"].strip().lower()
+        out["cuda_graph_scope"] = () if scope == "none" else tuple(m.strip() for m in scope.split("+") if m.strip())
     if rec.get("moe_dispatcher"):  # how tokens reach their experts: alltoall, allgather, deepep
         out["moe_dispatcher"] = rec["moe_dispatcher"].strip().lower()
     for col in ("tp_comm_overlap", "torch_compile", "fp8_param_gather", "fp4_param_gather", "moe_a2a_overlap"):

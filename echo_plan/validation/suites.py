@@ -251,12 +251,13 @@ def headroom_bounds(results: Any, skip_known_gaps: bool = True) -> list[Headroom
 
 
 def fitted_rows(cluster: Any, suite_name: str) -> set[str]:
-    """Labels of the suite's rows the cluster's calibration was fitted on: its compute figures, and
-    the all-to-all share of its NCCL figures (``calibrate.a2a_fit``)."""
+    """Labels of the suite's rows the cluster's calibration was fitted on: its compute figures, the
+    all-to-all share of its NCCL figures (``calibrate.a2a_fit``) and its host issue time (``calibrate.host_fit``)."""
     cal = cluster.calibration or {}
     fitted = (cal.get("compute") or {}).get("fitted_on") or {}
     a2a = (((cal.get("nccl") or {}).get("provenance") or {}).get("all_to_all_fit") or {}).get("fitted_on") or {}
-    return {str(x) for x in fitted.get(suite_name, ())} | {str(x) for x in a2a.get(suite_name, ())}
+    host = (((cal.get("host") or {}).get("provenance") or {}).get("fitted_on")) or {}
+    return {str(x) for x in (*fitted.get(suite_name, ()), *a2a.get(suite_name, ()), *host.get(suite_name, ()))}
 
 
 def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int, str], None] | None = None) -> SuiteResult:

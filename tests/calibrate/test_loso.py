@@ -22,6 +22,18 @@ def test_a_left_out_suite_takes_its_recipes_with_it_or_hands_them_to_its_stand_i
     assert recipes_without(every, "long_context_h100") == every  # it fed nothing
     assert fed_by("long_context_h100") == [] and fed_by("moe_h100") == ["all-to-all-sm90"]
     assert family("h800") == family("dgx-h100") == {"dgx-h100", "h800"}
+    assert fed_by("moe_b200") == ["host-issue-x86"]  # the host's issue time: no stand-in, dropped with its suite
+    assert "host-issue-x86" not in recipes_without(every, "moe_b200") and "host-issue-x86" in without_nemo
+
+
+def test_the_rows_the_host_time_was_fitted_on_are_not_held_out():
+    from echo_plan.specs import load_cluster
+    from echo_plan.validation.suites import fitted_rows
+
+    fitted = recipes()["host-issue-x86"]["fit_rows"]
+    for preset in recipes()["host-issue-x86"]["presets"]:
+        assert set(fitted) <= fitted_rows(load_cluster(preset), "moe_b200")
+    assert fitted_rows(load_cluster("gb200-nvl72"), "moe_b200") == set()  # no host figure there
 
 
 def _suite(name, residuals, cluster="dgx-h100", moe=False, stack="megatron-core"):

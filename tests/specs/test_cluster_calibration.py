@@ -90,3 +90,20 @@ def test_h100_is_another_name_for_dgx_h100(capsys):
     assert load_cluster("h100") == load_cluster("dgx-h100")
     assert main(["presets"]) == 0
     assert "another name for dgx-h100" in capsys.readouterr().out
+
+
+def test_a_file_of_ones_own_takes_the_host_time_of_its_presets_server_and_presets_do_not_pass_it_on(tmp_path):
+    """calibration.host is the server's host (x86 DGX), not the GPU's: a file of one's own with the H100 takes
+    dgx-h100's; a preset naming another for its compute figures (gb200-nvl72, h200) does not take it."""
+    mine = load_cluster(_own(tmp_path, "mine"))
+    assert mine.calibration["host"]["op_us"] == load_cluster("dgx-h100").calibration["host"]["op_us"] > 0
+    named = load_cluster(_own(tmp_path, "named", calibration={"from": "b200"}, gpu_name="B200"))
+    assert named.calibration["host"] == load_cluster("b200").calibration["host"]
+    for preset in ("gb200-nvl72", "gb300-nvl72", "h200"):
+        assert "host" not in (load_cluster(preset).calibration or {})
+
+
+@pytest.mark.parametrize("host", [{"op_us": -1}, {"op_us": "fast"}, {"op_us": 1e9}, {"op_us": True}, {}, "x"])
+def test_a_bad_host_time_is_a_clear_error(tmp_path, host):
+    with pytest.raises(EchoPlanError, match="calibration.host"):
+        load_cluster(_own(tmp_path, "bad", calibration={"host": host}))

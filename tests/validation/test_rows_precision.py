@@ -35,3 +35,14 @@ def test_one_layer_per_virtual_stage_leaves_the_end_chunks_to_the_embedding_and_
                             "global_batch_size": 1536})
     split = sim.plan_for(row).layer_split
     assert split[0] == split[-1] == 0 and set(split[1:-1]) == {1} and sum(split) == 126
+
+
+def test_a_rows_cuda_graph_scope_is_read_and_none_means_no_graphs(tmp_path):
+    from echo_plan.validation.rows import read_step_times
+
+    head = "model,gpus,tp,pp,ep,mbs,gbs,seq_length,step_time_s,cuda_graph_scope\n"
+    (tmp_path / "g.csv").write_text(head + "qwen3-30b-a3b,8,1,1,8,1,512,4096,10,attn+moe_router\n"
+                                    "qwen3-30b-a3b,8,1,1,8,4,512,4096,9,none\n")
+    a, b = read_step_times(tmp_path / "g.csv")
+    assert a.stack_overrides["cuda_graph_scope"] == ("attn", "moe_router")
+    assert b.stack_overrides["cuda_graph_scope"] == ()

@@ -271,12 +271,12 @@ def _stage_arrays(costs: StepCosts, pp: int, v: int) -> tuple | None:
 
 
 def _phase_arrays(phases: list) -> tuple:
-    """Per cost slot: compute, exposed TP communication, interference and exposed expert exchange seconds
+    """Per cost slot: compute, exposed TP communication, interference, exposed expert exchange and host seconds
     (0 for an empty slot)."""
     import numpy as np
 
     return tuple(np.asarray([getattr(ph, name) if ph is not None else 0.0 for ph in phases], dtype=np.float64)
-                 for name in ("compute_s", "tp_comm_exposed_s", "interference_s", "ep_comm_exposed_s"))
+                 for name in ("compute_s", "tp_comm_exposed_s", "interference_s", "ep_comm_exposed_s", "host_exposed_s"))
 
 
 def _profile(kind: TaskKind, mix) -> tuple | None:

@@ -16,10 +16,10 @@ from numba import njit
 
 @njit(cache=True, nogil=True)
 def breakdown(pp, n, dev, skind, sid, keys, qptr, order, start, end, work, dep_end, dep_last, cat, islot, ishare,
-              ph_compute, ph_tp, ph_inter, ph_ep):
+              ph_compute, ph_tp, ph_inter, ph_ep, ph_host):
     """``replay/breakdown.py``'s critical rank and step breakdown on the replay's arrays, with the same
     floating-point operations in the same order. Returns (rank, step end of the rank, compute, tp,
-    pp, dp, bubble, interference, optimizer, expert exchange), and the previous task of each stream and the dependency
+    pp, dp, bubble, interference, optimizer, expert exchange, host), and the previous task of each stream and the dependency
     that released each task (``ReplayResult.prev_at`` / ``waited_at``)."""
     ns = len(qptr) - 1
     prev = np.full(n, -1, dtype=np.int64)
@@ -54,7 +54,7 @@ def breakdown(pp, n, dev, skind, sid, keys, qptr, order, start, end, work, dep_e
     for s in range(ns):
         if keys[s] == rank * 5:
             cs = s
-    compute = tp = pp_s = dp_s = bubble = inter = opt = ep = 0.0
+    compute = tp = pp_s = dp_s = bubble = inter = opt = ep = host = 0.0
     if cs >= 0:
         for q in range(qptr[cs], qptr[cs + 1]):
             i = order[q]
@@ -67,6 +67,7 @@ def breakdown(pp, n, dev, skind, sid, keys, qptr, order, start, end, work, dep_e
                 compute += ph_compute[sl] * ishare[i]
                 tp += ph_tp[sl] * ishare[i]
                 ep += ph_ep[sl] * ishare[i]
+                host += ph_host[sl] * ishare[i]
                 inter += ph_inter[sl] * ishare[i]
             inter += actual - w
         # the gaps of the compute stream, each with the task it waited on (idle_intervals)
@@ -118,7 +119,7 @@ def breakdown(pp, n, dev, skind, sid, keys, qptr, order, start, end, work, dep_e
                 x = released if released >= 0 else prev[x]
             if cursor > gap_start:
                 bubble += cursor - gap_start
-    return rank, step_end, compute, tp, pp_s, dp_s, bubble, inter, opt, ep, prev, waited
+    return rank, step_end, compute, tp, pp_s, dp_s, bubble, inter, opt, ep, host, prev, waited
 
 
 @njit(cache=True, nogil=True)

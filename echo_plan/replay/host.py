@@ -1,0 +1,106 @@
+"""The host that issues an MoE layer's kernels, where the dispatcher's synchronisation makes it matter.
+
+Megatron-Core's dropless MoE dispatchers (alltoall, allgather, flex) copy the tokens each expert
+receives to the host when they are counted, before the token permutation, and the host waits for
+that copy before the all-to-all (Transformer Engine's grouped GEMM takes its splits as a host list;
+the all-to-all its split sizes: ``token_dispatcher.py`` ``cuda_sync_point``), i.e. until the GPU has
+run everything queued before the permutation (stack ``moe_host_sync``). From that point the GPU runs only what the
+host has issued since, so until the next MoE layer's synchronisation each kernel is released one
+host issue time after the one before (the cluster's ``calibration.host``: seconds per traced
+kernel, fitted on named runs; a kernel the trace records stands for the several small ops eager
+PyTorch launches around it). A part of the layer captured in a CUDA graph (stack
+``cuda_graph_scope``) is released as one launch. Where a layer's kernels are short (small experts,
+few tokens per micro-batch) the GPU waits for the host; where they are long it does not.
+
+``host_exposed_s`` replays one MoE layer's forward in steady state: the cycle from its
+synchronisation to the next layer's (the layer's ops from the first token permutation on, then the
+ops before it, which the next layer repeats), gated by a host stream, against the same cycle with
+the host always ahead; the difference is what the host adds to the layer's forward. The backward
+is issued by autograd's engine without a synchronisation and runs ahead. Not gated here: recomputed
+forwards, and the paired passes of an EP overlap (``replay/split.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+from echo_plan.replay.engine import Task, replay
+from echo_plan.replay.interference import InterferenceModel
+from echo_plan.replay.kinds import TaskKind
+from echo_plan.specs.software import CudaGraphScope
+
+__all__ = ["HostIssue", "host_exposed_s", "sync_position", "host_issue_for"]
+
+SYNC_OP = "moe_permute"  # the first token permutation of the layer: the dispatcher synchronises just before it
+HOST_DEVICE = -1  # host tasks on a device of their own: they neither suffer nor cause interference
+
+
+@dataclass(frozen=True, slots=True)
+class HostIssue:
+    """The host's pace after an MoE dispatcher's synchronisation: seconds per traced kernel, and the parts of
+    the layer its CUDA graphs launch at once."""
+
+    op_s: float
+    graphs: tuple[CudaGraphScope, ...] = ()
+
+
+def host_issue_for(stack: Any, cluster: Any, is_moe: bool) -> HostIssue | None:
+    """The host model of ``stack`` on ``cluster``: None unless the stack's dispatcher synchronises, the model has
+    experts and the cluster's calibration has a host issue time (``calibration.host.op_us``)."""
+    if not (is_moe and getattr(stack, "moe_host_sync", False)):
+        return None
+    host = (getattr(cluster, "calibration", None) or {}).get("host") or {}
+    op_us = host.get("op_us")
+    if not op_us or float(op_us) <= 0.0:
+        return None
+    return HostIssue(float(op_us) * 1e-6, tuple(stack.cuda_graph_scope))
+
+
+def sync_position(tasks: Sequence[Task]) -> int | None:
+    """Position in ``tasks`` (a forward phase, trace order) of the first token permutation, or None."""
+    return next((i for i, t in enumerate(tasks) if SYNC_OP in t.name), None)
+
+
+def _captured(ops: Sequence[Any], tasks: Sequence[Task], at: int, graphs: tuple[CudaGraphScope, ...]) -> set[int]:
+    """Ids of the tasks a CUDA graph of ``graphs`` launches: before the pre-MLP norm (the input norm, the
+    attention, its residual add) for ``attn``; from the pre-MLP norm to the synchronisation (the norm, the
+    router, the dispatcher's counting) for ``moe_router`` / ``moe_preprocess``."""
+    if not graphs:
+        return set()
+    module = {op.index: op.module for op in ops}
+    ids = [t.id for t in tasks]
+    norm = next((i for i, tid in enumerate(ids) if module.get(tid) == "mlp_norm"), at)
+    out: set[int] = set()
+    if CudaGraphScope.ATTN in graphs:
+        out.update(ids[:norm])
+    if CudaGraphScope.MOE_ROUTER in graphs or CudaGraphScope.MOE_PREPROCESS in graphs:
+        out.update(ids[norm:at])
+    return out
+
+
+def host_exposed_s(ops: Sequence[Any], tasks: list[Task], host: HostIssue) -> float:
+    """Seconds the host adds to one MoE layer's forward in steady state (module docstring); 0 without a token
+    permutation in ``tasks``."""
+    at = sync_position(tasks)
+    if at is None or host.op_s <= 0.0:
+        return 0.0
+    captured = _captured(ops, tasks, at, host.graphs)
+    cycle = tasks[at:] + tasks[:at]  # from this layer's synchronisation to the next layer's
+    # deps inside the cycle only: the inputs of the ops after the synchronisation that come before it are done
+    # (the host waited for them), and the next layer's ops before its synchronisation follow on the same streams
+    after = {t.id for t in tasks[at:]}
+    kept = [replace(t, deps=tuple(d for d in t.deps if (d in after) == (t.id in after))) for t in cycle]
+    free = replay(kept, InterferenceModel.none()).makespan_s
+    base = max(t.id for t in tasks) + 1
+    gated: list[Task] = []
+    previous_captured = False
+    for k, t in enumerate(kept):
+        graphed = t.id in captured
+        # the permutation itself was issued before the host blocked (Megatron-Core copies the counts to the host
+        # before it and waits for them before the all-to-all); a graph is one launch
+        cost = 0.0 if k == 0 or (graphed and previous_captured) else host.op_s
+        previous_captured = graphed
+        gated.append(Task(base + k, HOST_DEVICE, "host", cost, TaskKind.DELAY, name="host issue"))
+        gated.append(replace(t, deps=t.deps + (base + k,)))
+    return max(0.0, replay(gated, InterferenceModel.none()).makespan_s - free)
