@@ -115,7 +115,7 @@ def test_the_shipped_ranges_are_leave_one_suite_out_and_say_so():
     assert set(groups) == {"megatron-core"} and all(r.startswith("moe_h100: ") for r in groups["megatron-core"].rows)
     # Blackwell MoE predictions: from the MoE runs of the same die, not the H100's
     for name, suites in (("gb200-nvl72", ("moe_gb200", "moe_b200")), ("b200", ("moe_gb200", "moe_b200")),
-                         ("gb300-nvl72", ("moe_gb300",)), ("b300", ("moe_gb300",))):
+                         ("gb300-nvl72", ("moe_gb300", "moe_b300")), ("b300", ("moe_gb300", "moe_b300"))):
         groups = moe_residuals(load_cluster(name).calibration)
         assert {r.split(":")[0] for r in groups["megatron-core"].rows} == set(suites)
         basis = prediction_range(load_cluster(name), load_stack("megatron-core"), moe=True).basis
