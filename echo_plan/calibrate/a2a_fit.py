@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from echo_plan.calibrate.preset_files import recipes
-from echo_plan.calibrate.row_fit import bisect_figure, fit_main, fit_record, log_residuals
-from echo_plan.errors import EchoPlanError
-from echo_plan.validation.predict import RowSimulator
+from echo_plan.calibrate.row_fit import bisect_figure, fit_main, fit_record, named_rows, simulator_residuals
 from echo_plan.validation.registry import training_rows, training_suite
 
 SHARE_RANGE = (0.2, 1.0)
@@ -41,15 +39,8 @@ def a2a_fit(rows: Sequence[Any], fit_labels: Sequence[str], cluster: Any, stack_
             model_settings: Any = None, cache: Any = None,
             progress: Callable[[int, str], None] | None = None, iterations: int = 18) -> dict[str, Any]:
     """The fitted share and each modelled row's error: {share, fitted_on, held_out, residuals}."""
-    modelled = [r for r in rows if not r.not_modelled]
-    fit = [r for r in modelled if r.label in set(fit_labels)]
-    missing = sorted(set(fit_labels) - {r.label for r in fit})
-    if missing or not fit:
-        raise EchoPlanError(f"all-to-all fit: no modelled row labelled {', '.join(missing) or 'at all'}")
-
-    def residuals(share: float, which: Sequence[Any]) -> list[float]:
-        sim = RowSimulator(with_share(cluster, share), stack_name, cache, model_settings=model_settings)
-        return log_residuals(sim.predict, which)
+    modelled, fit = named_rows(rows, fit_labels, "all-to-all fit")
+    residuals = simulator_residuals(lambda share: with_share(cluster, share), stack_name, model_settings, cache)
 
     lo, hi = SHARE_RANGE
     if sum(residuals(hi, fit)) > 0:  # too slow even at NCCL's own figure: nothing to fit

@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from echo_plan.calibrate.preset_files import recipes
-from echo_plan.calibrate.row_fit import bisect_figure, fit_main, fit_record, log_residuals
-from echo_plan.errors import EchoPlanError
-from echo_plan.validation.predict import RowSimulator
+from echo_plan.calibrate.row_fit import bisect_figure, fit_main, fit_record, named_rows, simulator_residuals
 from echo_plan.validation.registry import training_rows, training_suite
 
 OP_US_RANGE = (5.0, 2000.0)
@@ -40,15 +38,8 @@ def host_fit(rows: Sequence[Any], fit_labels: Sequence[str], cluster: Any, stack
              model_settings: Any = None, cache: Any = None,
              progress: Callable[[int, str], None] | None = None, iterations: int = 16) -> dict[str, Any]:
     """The fitted issue time and each modelled row's error: {op_us, fitted_on, held_out, residuals}."""
-    modelled = [r for r in rows if not r.not_modelled]
-    fit = [r for r in modelled if r.label in set(fit_labels)]
-    missing = sorted(set(fit_labels) - {r.label for r in fit})
-    if missing or not fit:
-        raise EchoPlanError(f"host fit: no modelled row labelled {', '.join(missing) or 'at all'}")
-
-    def residuals(op_us: float, which: Sequence[Any]) -> list[float]:
-        sim = RowSimulator(with_host(cluster, op_us), stack_name, cache, model_settings=model_settings)
-        return log_residuals(sim.predict, which)
+    modelled, fit = named_rows(rows, fit_labels, "host fit")
+    residuals = simulator_residuals(lambda op_us: with_host(cluster, op_us), stack_name, model_settings, cache)
 
     lo, hi = OP_US_RANGE
     if sum(residuals(lo, fit)) > 0:  # too slow even with the host nearly free: nothing to fit

@@ -18,6 +18,27 @@ from echo_plan.trace.cache import TraceCache
 from echo_plan.validation.megatron import validation_dir
 
 
+def named_rows(rows: Sequence[Any], fit_labels: Sequence[str], what: str) -> tuple[list, list]:
+    """(the modelled rows, those of them named to fit); a name that is not a modelled row is an error."""
+    modelled = [r for r in rows if not r.not_modelled]
+    fit = [r for r in modelled if r.label in set(fit_labels)]
+    missing = sorted(set(fit_labels) - {r.label for r in fit})
+    if missing or not fit:
+        raise EchoPlanError(f"{what}: no modelled row labelled {', '.join(missing) or 'at all'}")
+    return modelled, fit
+
+
+def simulator_residuals(cluster_with: Callable[[float], Any], stack_name: str, model_settings: Any,
+                        cache: Any) -> Callable[[float, Sequence[Any]], list[float]]:
+    """``residuals(figure, rows)``: each row's log residual on ``cluster_with(figure)``."""
+    from echo_plan.validation.predict import RowSimulator
+
+    def residuals(figure: float, which: Sequence[Any]) -> list[float]:
+        sim = RowSimulator(cluster_with(figure), stack_name, cache, model_settings=model_settings)
+        return log_residuals(sim.predict, which)
+    return residuals
+
+
 def log_residuals(predict: Callable[[Any], Any], rows: Sequence[Any]) -> list[float]:
     """log(predicted / measured step) of each row; a row the simulator cannot predict is an error."""
     out = []
