@@ -16,6 +16,7 @@ from echo_plan.specs import load_cluster
 from echo_plan.specs.presets import clusters_dir
 from echo_plan.trace.cache import TraceCache
 from echo_plan.validation.megatron import validation_dir
+from echo_plan.validation.predict import RowSimulator
 
 
 def named_rows(rows: Sequence[Any], fit_labels: Sequence[str], what: str) -> tuple[list, list]:
@@ -31,8 +32,6 @@ def named_rows(rows: Sequence[Any], fit_labels: Sequence[str], what: str) -> tup
 def simulator_residuals(cluster_with: Callable[[float], Any], stack_name: str, model_settings: Any,
                         cache: Any) -> Callable[[float, Sequence[Any]], list[float]]:
     """``residuals(figure, rows)``: each row's log residual on ``cluster_with(figure)``."""
-    from echo_plan.validation.predict import RowSimulator
-
     def residuals(figure: float, which: Sequence[Any]) -> list[float]:
         sim = RowSimulator(cluster_with(figure), stack_name, cache, model_settings=model_settings)
         return log_residuals(sim.predict, which)
