@@ -17,7 +17,10 @@ synchronisation to the next layer's (the layer's ops from the first token permut
 ops before it, which the next layer repeats), gated by a host stream, against the same cycle with
 the host always ahead; the difference is what the host adds to the layer's forward. The backward
 is issued by autograd's engine without a synchronisation and runs ahead. Not gated here: recomputed
-forwards, and the paired passes of an EP overlap (``replay/split.py``).
+forwards and the Chakra export's level-1 timings. The paired passes of an EP overlap (``replay/split.py``) are
+replayed without a host; their saving is measured against the passes apart, the forward's wait included, and
+hides what the pair exposed (exchange, then TP, then interference), so there the other pass's kernels may cover
+part of the wait, as they can in Megatron-Core's combined schedule (not checked against a profile).
 """
 
 from __future__ import annotations

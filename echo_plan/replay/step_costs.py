@@ -38,7 +38,7 @@ def _phase(parts: list[tuple[Any, float]]) -> PhaseCost:
         compute += ph.compute_s * count
         tp += ph.tp_comm_exposed_s * count
         ep += ph.ep_comm_exposed_s * count
-        host += getattr(ph, "host_exposed_s", 0.0) * count
+        host += ph.host_exposed_s * count
         inter += ph.interference_s * count
         for kind, sec in ph.work_by_kind:
             if kind.is_compute:
