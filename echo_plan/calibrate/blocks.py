@@ -3,8 +3,9 @@
 The recipes (``calibration_recipes`` in ``echo_plan/data/validation_suites.yaml``) say which
 rows fit which figures and which presets receive them. The network recipe runs first, so the
 compute fits see the calibrated collectives; the host recipe (``calibrate.host_fit``) runs on top of
-the compute calibration, and the all-to-all recipe (``calibrate.a2a_fit``) last, on top of both. ``build_blocks(leave_out=...)`` makes them as they would
-be had one suite never been measured (``calibrate/loso.py``).
+the compute calibration, and the all-to-all recipe (``calibrate.a2a_fit``) last, on top of both.
+``build_blocks(leave_out=...)`` makes them as they would be had one suite never been measured
+(``calibrate/loso.py``).
 """
 
 from __future__ import annotations
@@ -118,22 +119,23 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None, leave_out: str | 
                 merged = {"from": recipe["inherit"], **merged}
             blocks[preset] = merged
 
-    for name, recipe in every.items():  # the host's issue time, on top of the compute calibration
-        if "host_suite" not in recipe:
-            continue
-        first = recipe["presets"][0]  # the cluster of its suite
-        got = host_block(recipe, vdir, load_cluster(first).replace(calibration=blocks.get(first, {})), cache, progress)
-        for preset in recipe["presets"]:
-            merged = dict(blocks.get(preset, {}))
-            merged["host"] = merge_host(dict(merged.get("host") or {}), got)
-            blocks[preset] = merged
-    for name, recipe in every.items():  # last: on top of the compute and host calibration
-        if "a2a_suite" not in recipe:
+    # the figures fitted on named rows, each on top of what its presets already carry: the host's issue time on the
+    # compute calibration, then the all-to-all share on both
+    _named_fits(blocks, every, "host_suite", host_block, "host", merge_host, vdir, cache, progress)
+    _named_fits(blocks, every, "a2a_suite", a2a_block, "nccl", merge_a2a, vdir, cache, progress)
+    return blocks
+
+
+def _named_fits(blocks: dict[str, dict[str, Any]], every: dict[str, Any], suite_key: str, fit_block, section: str,
+                merge_fn, vdir: Path, cache: Any, progress) -> None:
+    """Each recipe with ``suite_key``: its figure fitted on the first preset it feeds (the cluster of its suite) as
+    ``blocks`` has it, merged into ``section`` of every preset it feeds."""
+    for recipe in every.values():
+        if suite_key not in recipe:
             continue
         first = recipe["presets"][0]
-        got = a2a_block(recipe, vdir, load_cluster(first).replace(calibration=blocks.get(first, {})), cache, progress)
+        got = fit_block(recipe, vdir, load_cluster(first).replace(calibration=blocks.get(first, {})), cache, progress)
         for preset in recipe["presets"]:
             merged = dict(blocks.get(preset, {}))
-            merged["nccl"] = merge_a2a(dict(merged.get("nccl") or {}), got)
+            merged[section] = merge_fn(dict(merged.get(section) or {}), got)
             blocks[preset] = merged
-    return blocks

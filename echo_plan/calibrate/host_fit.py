@@ -9,9 +9,9 @@ and PyTorch's eager dispatch and on how many small ops the framework launches ar
 trace records; no published measurement says. A recipe (``calibration_recipes`` with ``host_suite``
 in ``validation_suites.yaml``) names the rows that fit ``calibration.host.op_us`` (microseconds per
 traced kernel); every other row stays held out. The figure solves "mean log residual of the fitted
-rows = 0" by bisection: the predicted step grows with it. The fit runs last, on top of the compute
-and network calibration; it changes nothing but the MoE layers' forward after the synchronisation,
-so dense models are untouched.
+rows = 0" by bisection: the predicted step grows with it. The fit runs on top of the compute and
+network calibration, before the all-to-all share (``calibrate.blocks``); it changes nothing but the MoE
+layers' forward after the synchronisation, so dense models are untouched.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from echo_plan.calibrate.blocks import build_blocks
-from echo_plan.calibrate.preset_files import recipes, recipes_without
+from echo_plan.calibrate.preset_files import fitted_on, recipes, recipes_without
 from echo_plan.cost.ranges import NOMINAL_COVERAGE, RangeMethod, RangeTable, prediction_range
 from echo_plan.specs import load_cluster, load_stack
 from echo_plan.validation.predict import RowSimulator
@@ -79,7 +79,7 @@ def family(preset: str) -> frozenset[str]:
 
 def fed_by(suite: str) -> list[str]:
     """The recipes fitted on ``suite``."""
-    return [name for name, r in recipes().items() if suite in (r.get("suite"), r.get("a2a_suite"), r.get("host_suite"))]
+    return [name for name, r in recipes().items() if fitted_on(r, suite)]
 
 
 def predict_without(path: Path, vdir: Path, cache: Any = None,

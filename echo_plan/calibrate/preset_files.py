@@ -16,6 +16,14 @@ from echo_plan.validation.registry import _registry
 MARKER = "# --- calibration: written by `python -m echo_plan.calibrate.presets` from echo_plan/data/validation; do not edit ---"
 
 
+SUITE_KEYS = ("suite", "a2a_suite", "host_suite")  # where a recipe names the suite it is fitted on
+
+
+def fitted_on(recipe: dict[str, Any], suite: str) -> bool:
+    """Whether ``recipe`` is fitted on ``suite`` (its compute, all-to-all or host figures)."""
+    return suite in (recipe.get(k) for k in SUITE_KEYS)
+
+
 def recipes() -> dict[str, Any]:
     return dict(_registry().get("calibration_recipes") or {})
 
@@ -26,7 +34,7 @@ def recipes_without(every: dict[str, Any], suite: str) -> dict[str, Any]:
     without one, is dropped, so the presets it feeds get no such figures at all."""
     out: dict[str, Any] = {}
     for name, recipe in every.items():
-        if suite in (recipe.get("suite"), recipe.get("a2a_suite"), recipe.get("host_suite")):
+        if fitted_on(recipe, suite):
             stand_in = recipe.get("stand_in")
             if stand_in and stand_in.get("suite") != suite and "suite" in recipe:
                 out[name] = {**recipe, "suite": stand_in["suite"], "fit_rows": stand_in["fit_rows"]}

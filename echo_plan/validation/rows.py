@@ -320,6 +320,12 @@ def row_dtype(precision: str) -> str:
     return RECIPE_PRECISIONS.get(precision.lower(), (precision, None))[0]
 
 
+def _plus_list(value: str) -> tuple[str, ...]:
+    """A column of names joined by '+' (``layernorm+moe_act``); ``none``: the empty list."""
+    value = value.strip().lower()
+    return () if value == "none" else tuple(m.strip() for m in value.split("+") if m.strip())
+
+
 def _stack_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
     """The row's own software settings, on top of the suite's stack."""
     out: dict[str, Any] = {}
@@ -329,16 +335,15 @@ def _stack_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
     if rec.get("dropout"):
         p = _num(rec, "dropout", path, line, float)
         out.update(hidden_dropout=p, attention_dropout=p)
-    if rec.get("cuda_graph_scope"):  # the parts of each layer the run captured in CUDA graphs, joined by '+'; none
-        scope = rec["cuda_graph_scope"].strip().lower()
-        out["cuda_graph_scope"] = () if scope == "none" else tuple(m.strip() for m in scope.split("+") if m.strip())
+    if rec.get("cuda_graph_scope"):  # the parts of each layer the run captured in CUDA graphs
+        out["cuda_graph_scope"] = _plus_list(rec["cuda_graph_scope"])
     if rec.get("moe_dispatcher"):  # how tokens reach their experts: alltoall, allgather, deepep
         out["moe_dispatcher"] = rec["moe_dispatcher"].strip().lower()
     for col in ("tp_comm_overlap", "torch_compile", "fp8_param_gather", "fp4_param_gather", "moe_a2a_overlap"):
         if rec.get(col):
             out[col] = _bool(rec[col], col, path, line)
-    if rec.get("recompute_modules"):  # what selective recompute re-runs, joined by '+' (e.g. layernorm+moe_act)
-        out["recompute_modules"] = tuple(m.strip() for m in rec["recompute_modules"].split("+") if m.strip())
+    if rec.get("recompute_modules"):  # what selective recompute re-runs (e.g. layernorm+moe_act)
+        out["recompute_modules"] = _plus_list(rec["recompute_modules"])
     grad = (rec.get("grad_sync_dtype") or "").lower()
     if grad in ("bf16", "fp32", "fp16"):
         out["grad_reduce_dtype"] = grad
