@@ -575,3 +575,14 @@ def test_a_suite_with_an_unknown_peak_kind_is_a_file_format_error(monkeypatch):
     monkeypatch.setattr(registry, "_registry", lambda: fake)
     with pytest.raises(FileFormatError, match="published_peak 'nvidia-smi'"):
         registry.training_suite(SHARED / "nemo_h100_dgxc.csv")
+
+
+def test_the_h100_qwen3_30b_rows_run_their_configs_exchange():
+    """moe_h100 is the workspace's copy, so settings its columns lack come from the registry: Qwen3-30B-A3B's
+    configs overlap the exchange in both releases and use DeepEP in 26.02."""
+    suite = training_suite(validation_dir() / "moe_h100.csv")
+    rows = {r.label: r for r in training_rows(suite) if r.label.startswith("qwen3-30b-a3b")}
+    assert len(rows) == 2 and all(r.stack_overrides["moe_a2a_overlap"] is True for r in rows.values())
+    dispatchers = sorted(r.stack_overrides["moe_dispatcher"] for r in rows.values())
+    assert dispatchers == ["alltoall", "deepep"]
+    assert all("moe_a2a_overlap" not in r.stack_overrides for r in training_rows(suite) if r.label not in rows)
