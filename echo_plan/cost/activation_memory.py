@@ -8,7 +8,7 @@ from __future__ import annotations
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Recompute
-from echo_plan.specs.software import AttentionKernel, RecomputeModule, RecomputePolicy, SoftwareSpec
+from echo_plan.specs.software import AttentionKernel, CrossEntropy, RecomputeModule, RecomputePolicy, SoftwareSpec
 from echo_plan.specs.moe import ExpertLayout
 from echo_plan.specs.model import Activation, PositionEmbedding
 
@@ -129,9 +129,11 @@ def embedding_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: Software
     return int(8 * sb + (sb * model.hidden_size * rep if stack.hidden_dropout > 0 else 0))
 
 
-def output_activation_bytes(model: ModelSpec, plan: PlanSpec) -> int:
-    """Final norm and output-linear inputs, and the fp32 softmax of the vocab-parallel loss."""
+def output_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> int:
+    """Final norm and output-linear inputs, and what the loss keeps: the fp32 softmax of the unfused
+    vocab-parallel loss, or the logits' own bf16 storage holding their gradient (Transformer Engine's)."""
     sb = model.seq_length // plan.cp * plan.micro_batch_size  # each CP rank holds seq / cp tokens
     rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
     e = plan.param_dtype.nbytes
-    return int(2 * e * sb * model.hidden_size * rep + 4 * sb * model.vocab_size / plan.tp)
+    per_logit = e if stack.cross_entropy is CrossEntropy.TE else 4
+    return int(2 * e * sb * model.hidden_size * rep + per_logit * sb * model.vocab_size / plan.tp)

@@ -59,7 +59,7 @@ from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
 from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule
-from echo_plan.specs.software import CudaAllocator, SoftwareSpec
+from echo_plan.specs.software import CrossEntropy, CudaAllocator, SoftwareSpec
 from echo_plan.cost.activation_memory import (embedding_activation_bytes, layer_activation_bytes,
                                                output_activation_bytes)
 from echo_plan.trace.records import LayerTrace
@@ -88,7 +88,7 @@ class MemoryConstants:
     cuda_context_bytes: int
     nccl_per_communicator_bytes: int
     fragmentation_fraction: Mapping[str, float]  # per CudaAllocator value: reserved-but-free share of activations
-    logits_transient_bytes_per_element: float
+    logits_transient_bytes_per_element: Mapping[str, float]  # per CrossEntropy value
     default_headroom_fraction: float
 
 
@@ -107,11 +107,23 @@ def load_memory_constants(text: str | None = None, origin: str = "memory.yaml",
             cuda_context_bytes=int(float(b["cuda_context_GiB"]) * GiB),
             nccl_per_communicator_bytes=int(float(b["nccl_per_communicator_GiB"]) * GiB),
             fragmentation_fraction=MappingProxyType(_fractions(b["fragmentation_fraction"])),
-            logits_transient_bytes_per_element=float(b["logits_transient_bytes_per_element"]),
+            logits_transient_bytes_per_element=MappingProxyType(_per_loss(b["logits_transient_bytes_per_element"])),
             default_headroom_fraction=float(raw["default_headroom_fraction"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid memory-model constants: {exc!r}") from None
+
+
+def _per_loss(raw: Any) -> dict[str, float]:
+    """Bytes per logit each loss kernel (CrossEntropy) holds beyond what it saves; one number: every kernel."""
+    if not isinstance(raw, dict):
+        return {c.value: float(raw) for c in CrossEntropy}
+    valid = [c.value for c in CrossEntropy]
+    got = {str(k): float(v) for k, v in raw.items()}
+    if set(got) != set(valid) or not all(v >= 0.0 for v in got.values()):
+        raise ValueError(f"logits_transient_bytes_per_element needs bytes >= 0 for each of {', '.join(valid)} "
+                         f"and nothing else; got {got}")
+    return got
 
 
 def _fractions(raw: Any) -> dict[str, float]:
@@ -281,10 +293,10 @@ def estimate_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stac
         rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
         retained = ({k: scaled(k, none, RETAINED) for k, none in without.items()},  # traced ratio if given
                     int(e * model.seq_length * plan.micro_batch_size * model.hidden_size * rep),
-                    output_activation_bytes(model, plan) // 2)
+                    output_activation_bytes(model, plan, stack) // 2)
     return _assemble(model, plan, cluster, stack, saved,
                      embedding_activation_bytes(model, plan, stack),
-                     output_activation_bytes(model, plan), consts=consts, headroom_bytes=headroom_bytes,
+                     output_activation_bytes(model, plan, stack), consts=consts, headroom_bytes=headroom_bytes,
                      retained=retained)
 
 
@@ -366,8 +378,8 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
             mtp = model.mtp_layers * (saved.get(model.mtp_kind, first)[0] + output_saved) if model.mtp_layers else 0
             if sched is None:
                 act += (output_saved + mtp) * inflight_on_chunk(plan, i, v - 1)
-            transient = (c.logits_transient_bytes_per_element * (model.seq_length // plan.cp) * plan.micro_batch_size
-                         * model.vocab_size / plan.tp)
+            transient = (c.logits_transient_bytes_per_element[stack.cross_entropy.value]
+                         * (model.seq_length // plan.cp) * plan.micro_batch_size * model.vocab_size / plan.tp)
         outside = c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes  # not the caching allocator's
         buffers = outside + c.fragmentation_fraction[stack.cuda_allocator.value] * act + transient
         out.append(StageMemory(

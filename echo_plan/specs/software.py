@@ -61,6 +61,14 @@ class RecomputeModule(str, Enum):
     MOE_ACT = "moe_act"  # the routed experts' activation (its output freed after FC2, recomputed)
 
 
+class CrossEntropy(str, Enum):
+    """How the loss over the vocabulary runs (Megatron-Core's ``--cross-entropy-loss-fusion`` and
+    ``--cross-entropy-fusion-impl``)."""
+
+    UNFUSED = "unfused"  # Megatron-LM's vocab-parallel cross entropy on an fp32 copy of the logits, softmax kept in fp32
+    TE = "te"  # Transformer Engine's Triton kernels: bf16 logits read twice, the gradient written over them in place
+
+
 class MoEDispatcher(str, Enum):
     """How MoE tokens reach their experts (Megatron-Core's ``--moe-token-dispatcher-type``)."""
 
@@ -227,6 +235,11 @@ class SoftwareSpec(Spec):
         description="PyTorch's caching allocator as the framework's launch sets it: default or expandable_segments "
                     "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which fragments less")
     cp_comm: CPComm = Field(default=CPComm.P2P, description="context-parallel attention: ring p2p or all-gather")
+    cross_entropy: CrossEntropy = Field(
+        default=CrossEntropy.UNFUSED,
+        description="the loss kernels: unfused (Megatron-Core's default: the logits upcast to fp32, the fp32 softmax "
+                    "kept for backward) or te (--cross-entropy-loss-fusion with --cross-entropy-fusion-impl te, "
+                    "which Megatron-Bridge's recipes set: the bf16 logits keep their own gradient, no fp32 copy)")
     sources: tuple[str, ...] = ()
 
     @field_validator("grad_reduce_dtype")
@@ -294,7 +307,8 @@ class SoftwareSpec(Spec):
                 + (",act-in-fp8" if self.moe_act_input_fp8 else "")
                 + (",fp8-dispatch" if self.moe_dispatch_fp8 else "")
                 + ("" if self.cp_comm is CPComm.P2P else f";cp={self.cp_comm.value}")
-                + ("" if self.fused_projections else ";split-proj"))
+                + ("" if self.fused_projections else ";split-proj")
+                + ("" if self.cross_entropy is CrossEntropy.UNFUSED else f";ce={self.cross_entropy.value}"))
 
     def fp8_signature(self) -> str:
         """The FP8 settings that change an fp8 trace (appended to its cache key; bf16 traces ignore them)."""

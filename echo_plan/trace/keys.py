@@ -22,7 +22,7 @@ TRACED_MODULES = (
     "block.py", "attention.py", "kernels.py", "overlap.py", "layers.py", "parallel.py", "stages.py", "fake_pg.py",
     "capture.py", "recorder.py", "opinfo.py", "modtrack.py", "records.py", "moe.py", "mla.py", "moe_kernels.py",
     "fp8.py", "fp8_kernels.py", "quant_state.py", "mx_kernels.py", "fused_elementwise.py",
-    "context_parallel.py", "linears.py",
+    "context_parallel.py", "linears.py", "loss_kernels.py",
 )
 TRACE_DTYPES = (DType.BF16, DType.FP16, DType.FP8, DType.FP4)
 

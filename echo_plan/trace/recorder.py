@@ -36,6 +36,20 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
+def _written_in_place(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Tensors one of our kernels (namespace echo_plan) writes in place without returning them (its schema marks
+    them ``Tensor(a!)``: Transformer Engine's cross entropy stores the gradient over the logits). Written bytes
+    and the next reader's dependency then count them; aten's in-place ops return what they write already."""
+    if func.namespace != "echo_plan":
+        return []
+    out = []
+    for i, arg in enumerate(func._schema.arguments):
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor):
+            out.append(value)
+    return out
+
+
 class Recorder(TorchDispatchMode):
     """Records ops into ``self.ops``; ``phase`` and ``module`` label what is recorded next."""
 
@@ -68,7 +82,7 @@ class Recorder(TorchDispatchMode):
 
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         inputs = _tensors((args, {k: v for k, v in kwargs.items() if k != "out"}))  # out= is written, not read
-        outputs = _tensors(out)
+        outputs = _tensors(out) + _written_in_place(func, args, kwargs)
         kind = op_kind(func)
         index = len(self.ops)
         deps = sorted({self._writer[k] for k in map(_storage_key, inputs) if k in self._writer})

@@ -15,9 +15,11 @@ import torch
 from torch import nn
 
 from echo_plan.specs import ModelSpec, PositionEmbedding, SoftwareSpec
+from echo_plan.specs.software import CrossEntropy
 from echo_plan.trace import kernels, linears, parallel
 from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.layers import VocabParallelEmbedding, make_norm, padded_vocab, vocab_parallel_cross_entropy
+from echo_plan.trace.loss_kernels import te_cross_entropy
 
 
 class EmbeddingStage(nn.Module):
@@ -59,13 +61,16 @@ class OutputStage(nn.Module):
         self.output_weight = nn.Parameter(
             torch.empty(padded_vocab(model.vocab_size, tp) // tp, model.hidden_size, dtype=dtype))
         self.shared_weight = model.tied_embeddings
+        self.te_loss = stack.cross_entropy is CrossEntropy.TE
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:  # x: [s(/tp), b, h], labels [b, s]
         x = self.norm(x)
         logits = linears.column_parallel_linear(x, self.output_weight, None, self.group, self.sp,
                                                  self.accumulate_unfused)
-        losses = vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous(), self.group)
-        return losses.mean()
+        target = labels.transpose(0, 1).contiguous()
+        if self.te_loss:  # Transformer Engine's kernels on the bf16 logits (loss_kernels.py)
+            return te_cross_entropy(logits, target, self.group).mean()
+        return vocab_parallel_cross_entropy(logits.float(), target, self.group).mean()
 
     def owned_parameters(self) -> int:
         """Parameters this stage adds to the model (the tied projection belongs to the embedding)."""

@@ -192,7 +192,7 @@ def test_trace_and_estimate_agree_when_saved_bytes_agree(p):
         _trace(StageKind.BLOCK, layer_activation_bytes(GPT, p, p.recompute, STACK),
                {"none": layer_activation_bytes(GPT, p, Recompute.NONE, STACK)}),
         _trace(StageKind.EMBEDDING, embedding_activation_bytes(GPT, p, STACK)),
-        _trace(StageKind.OUTPUT, output_activation_bytes(GPT, p)),
+        _trace(StageKind.OUTPUT, output_activation_bytes(GPT, p, load_stack())),
     )
     for a, b in zip(stage_memory(GPT, p, CLUSTER, traces, STACK), estimate(GPT, p)):
         assert a == b
@@ -297,3 +297,37 @@ def test_the_allocator_holds_all_but_the_context_and_nccl(p):
         assert outside == m.outside_allocator_bytes
         assert consts.cuda_context_bytes <= outside < m.buffers_bytes
         assert (outside - consts.cuda_context_bytes) % consts.nccl_per_communicator_bytes == 0
+
+
+@pytest.mark.parametrize("p", PLANS)
+def test_the_te_loss_never_needs_more_memory_and_saves_the_fp32_logits_on_the_last_stage(p):
+    """Transformer Engine's cross entropy keeps the bf16 logits (their gradient) instead of an fp32 softmax and
+    makes no fp32 copy: the last stage needs 2 + 6 bytes per logit less, the other stages the same."""
+    te = load_stack("megatron-core", {"cross_entropy": "te"})
+    a, b = estimate(LLAMA, p, stack=STACK), estimate(LLAMA, p, stack=te)
+    logits = LLAMA.seq_length * p.micro_batch_size * LLAMA.vocab_size / p.tp
+    for sa, sb in zip(a, b):
+        assert sb.total_bytes <= sa.total_bytes
+        if sa.stage == p.pp - 1:
+            frag = load_memory_constants().fragmentation_fraction[STACK.cuda_allocator.value]
+            fewer = sa.activations_bytes - sb.activations_bytes  # the saved fp32 softmax against bf16 logits
+            assert fewer > 0
+            assert sa.buffers_bytes - sb.buffers_bytes - frag * fewer == pytest.approx(6 * logits, rel=0.01)
+        else:
+            assert sa.total_bytes == sb.total_bytes
+
+
+def test_the_logits_transient_is_per_loss_kernel_or_one_number():
+    from importlib import resources
+
+    text = (resources.files("echo_plan") / "data" / "memory.yaml").read_text()
+    line = "  logits_transient_bytes_per_element: {unfused: 6, te: 0}\n"
+    assert line in text
+    assert dict(load_memory_constants().logits_transient_bytes_per_element) == {"unfused": 6.0, "te": 0.0}
+    one = load_memory_constants(text.replace(line, "  logits_transient_bytes_per_element: 5\n"), "mine.yaml")
+    assert dict(one.logits_transient_bytes_per_element) == {"unfused": 5.0, "te": 5.0}
+    with pytest.raises(FileFormatError, match="te"):
+        load_memory_constants(text.replace(line, "  logits_transient_bytes_per_element: {unfused: 6}\n"), "mine.yaml")
+    with pytest.raises(FileFormatError, match="fused"):
+        load_memory_constants(text.replace(line, "  logits_transient_bytes_per_element: {unfused: 6, te: 0, x: 1}\n"),
+                              "mine.yaml")

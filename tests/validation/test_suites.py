@@ -586,3 +586,18 @@ def test_the_h100_qwen3_30b_rows_run_their_configs_exchange():
     dispatchers = sorted(r.stack_overrides["moe_dispatcher"] for r in rows.values())
     assert dispatchers == ["alltoall", "deepep"]
     assert all("moe_a2a_overlap" not in r.stack_overrides for r in training_rows(suite) if r.label not in rows)
+
+
+def test_the_megatron_bridge_rows_run_transformer_engines_loss():
+    """Megatron-Bridge's performance scripts set cross_entropy_fusion_impl "te" for every run (utils/helpers.py,
+    overrides.py, perf_recipes/_common.py); the other suites keep the unfused loss."""
+    for name in ("megatron_bridge_h100", "megatron_bridge_b200", "megatron_bridge_gb200", "megatron_bridge_gb300",
+                 "moe_gb200", "moe_gb300", "moe_b200", "moe_b300", "moe_h100", "nemo_h100_dgxc"):
+        suite = training_suite(validation_dir() / f"{name}.csv")
+        sim = RowSimulator(suite.cluster, suite.stack, model_settings=suite.model_settings)
+        for row in training_rows(suite):
+            if row.not_modelled:
+                continue
+            bridge = name != "nemo_h100_dgxc" and not row.label.startswith("deepseek-v3 bf16")
+            bridge = bridge and not (name == "moe_h100" and row.label.startswith("deepseek-v3"))
+            assert (sim.stack_for(row).cross_entropy.value == "te") == bridge, (name, row.label)
