@@ -30,6 +30,7 @@ from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
 from echo_plan.specs.software import MoEDispatcher, SoftwareSpec, check_precision, check_stack_supports
 from echo_plan.trace.records import CollectiveKind, CommGroup
 from echo_plan.cost.base import with_stack_kernels
+from echo_plan.cost.activation_memory import loss_note
 from echo_plan.cost.memory import allocator_note, stage_memory
 from echo_plan.errors import SpecError
 from echo_plan.replay.no_gc import paused_gc
@@ -268,6 +269,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
              f"level-2 tasks: {step.tasks_replayed}", f"software stack: {stack.name}"]
     notes += stack_notes(plan, stack)
     notes.append(allocator_note(stack))
+    loss = loss_note(model, plan, stack)
+    if loss:
+        notes.append(loss)
     measured = database_note(compute, traces, cluster, plan.dtype)
     if measured:
         notes.append(measured)

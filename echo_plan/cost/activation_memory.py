@@ -129,6 +129,21 @@ def embedding_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: Software
     return int(8 * sb + (sb * model.hidden_size * rep if stack.hidden_dropout > 0 else 0))
 
 
+def loss_note(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> str:
+    """What the loss holds on the last stage per micro-batch, in words, where the choice of loss kernel moves it by
+    a GiB or more ("" otherwise); the unfused one names the fused alternative Megatron-Bridge runs."""
+    logits = model.seq_length // plan.cp * plan.micro_batch_size * model.vocab_size / plan.tp
+    if 8 * logits < 2**30:
+        return ""
+    if stack.cross_entropy is CrossEntropy.TE:
+        return (f"loss: Transformer Engine's fused cross entropy keeps the bf16 logits, {2 * logits / 2**30:.1f} GiB "
+                f"per micro-batch on the last stage (stack {stack.name}: cross_entropy te)")
+    return (f"loss: the unfused cross entropy keeps an fp32 softmax and briefly an fp32 copy of the logits, "
+            f"{10 * logits / 2**30:.1f} GiB per micro-batch on the last stage (stack {stack.name}); Transformer "
+            f"Engine's fused loss, which Megatron-Bridge's recipes run (stack field cross_entropy: te), keeps "
+            f"{2 * logits / 2**30:.1f} GiB")
+
+
 def output_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> int:
     """Final norm and output-linear inputs, and what the loss keeps: the fp32 softmax of the unfused
     vocab-parallel loss, or the logits' own bf16 storage holding their gradient (Transformer Engine's)."""

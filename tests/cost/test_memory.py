@@ -331,3 +331,15 @@ def test_the_logits_transient_is_per_loss_kernel_or_one_number():
     with pytest.raises(FileFormatError, match="fused"):
         load_memory_constants(text.replace(line, "  logits_transient_bytes_per_element: {unfused: 6, te: 0, x: 1}\n"),
                               "mine.yaml")
+
+
+def test_simulate_says_what_the_loss_holds_and_names_the_fused_one():
+    from echo_plan.cost.activation_memory import loss_note
+
+    gpt_oss, p = load_model("gpt-oss-120b"), PlanSpec.build(dict(tp=1, pp=4, dp=16, ep=8, global_batch_size=1280))
+    unfused = loss_note(gpt_oss, p, STACK)
+    assert "unfused" in unfused and "cross_entropy: te" in unfused and "7.7 GiB" in unfused and "1.5 GiB" in unfused
+    fused = loss_note(gpt_oss, p, load_stack("megatron-core", {"cross_entropy": "te"}))
+    assert fused.startswith("loss: Transformer Engine's") and "1.5 GiB" in fused
+    small = load_model("gpt3-175b").replace(vocab_size=256)  # a loss too small to matter says nothing
+    assert loss_note(small, plan(), STACK) == ""
