@@ -20,7 +20,8 @@
   ``fp4_param_gather`` they replace the bf16 weight. Master weights, gradients and Adam states are
   unchanged. Quantised activations saved for backward come with the trace's saved bytes.
 * Buffers: CUDA context, NCCL buffers per communicator, allocator fragmentation, and the loss's
-  transient fp32 logits on the last stage.
+  transient logits on the last stage (per loss kernel, stack ``cross_entropy``: the unfused loss's fp32
+  copy; none for Transformer Engine's, which writes the gradient over the logits).
 * Headroom: a plan fits when every GPU keeps ``headroom_bytes`` free below capacity
   (``--memory-headroom``; default a share of the GPU's memory, memory.yaml).
 
