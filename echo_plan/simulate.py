@@ -30,8 +30,8 @@ from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
 from echo_plan.specs.software import MoEDispatcher, SoftwareSpec, check_precision, check_stack_supports
 from echo_plan.trace.records import CollectiveKind, CommGroup
 from echo_plan.cost.base import with_stack_kernels
-from echo_plan.cost.activation_memory import loss_note
-from echo_plan.cost.memory import allocator_note, stage_memory
+from echo_plan.cost.memory import stage_memory
+from echo_plan.cost.memory_notes import allocator_note, loss_note
 from echo_plan.errors import SpecError
 from echo_plan.replay.no_gc import paused_gc
 from echo_plan.replay.steady import steady_state_step

@@ -129,19 +129,10 @@ def embedding_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: Software
     return int(8 * sb + (sb * model.hidden_size * rep if stack.hidden_dropout > 0 else 0))
 
 
-def loss_note(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> str:
-    """What the loss holds on the last stage per micro-batch, in words, where the choice of loss kernel moves it by
-    a GiB or more ("" otherwise); the unfused one names the fused alternative Megatron-Bridge runs."""
-    logits = model.seq_length // plan.cp * plan.micro_batch_size * model.vocab_size / plan.tp
-    if 8 * logits < 2**30:
-        return ""
-    if stack.cross_entropy is CrossEntropy.TE:
-        return (f"loss: Transformer Engine's fused cross entropy keeps the bf16 logits, {2 * logits / 2**30:.1f} GiB "
-                f"per micro-batch on the last stage (stack {stack.name}: cross_entropy te)")
-    return (f"loss: the unfused cross entropy keeps an fp32 softmax and briefly an fp32 copy of the logits, "
-            f"{10 * logits / 2**30:.1f} GiB per micro-batch on the last stage (stack {stack.name}); Transformer "
-            f"Engine's fused loss, which Megatron-Bridge's recipes run (stack field cross_entropy: te), keeps "
-            f"{2 * logits / 2**30:.1f} GiB")
+def loss_saved_bytes_per_logit(plan: PlanSpec, kernel: CrossEntropy) -> int:
+    """What the loss keeps per logit for backward: the unfused loss's fp32 softmax, or Transformer Engine's
+    gradient written over the logits in their own dtype."""
+    return plan.param_dtype.nbytes if kernel is CrossEntropy.TE else 4
 
 
 def output_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> int:
@@ -150,5 +141,5 @@ def output_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpe
     sb = model.seq_length // plan.cp * plan.micro_batch_size  # each CP rank holds seq / cp tokens
     rep = 1.0 / plan.tp if plan.sequence_parallel else 1.0
     e = plan.param_dtype.nbytes
-    per_logit = e if stack.cross_entropy is CrossEntropy.TE else 4
+    per_logit = loss_saved_bytes_per_logit(plan, stack.cross_entropy)
     return int(2 * e * sb * model.hidden_size * rep + per_logit * sb * model.vocab_size / plan.tp)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from types import MappingProxyType
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from echo_plan.files import safe_load
 import yaml
@@ -107,33 +107,28 @@ def load_memory_constants(text: str | None = None, origin: str = "memory.yaml",
             bytes_per_param=MappingProxyType(bpp),
             cuda_context_bytes=int(float(b["cuda_context_GiB"]) * GiB),
             nccl_per_communicator_bytes=int(float(b["nccl_per_communicator_GiB"]) * GiB),
-            fragmentation_fraction=MappingProxyType(_fractions(b["fragmentation_fraction"])),
-            logits_transient_bytes_per_element=MappingProxyType(_per_loss(b["logits_transient_bytes_per_element"])),
+            fragmentation_fraction=MappingProxyType(_per_setting(
+                b["fragmentation_fraction"], CudaAllocator, "fragmentation_fraction", "a fraction in [0, 1)",
+                lambda v: 0.0 <= v < 1.0)),
+            logits_transient_bytes_per_element=MappingProxyType(_per_setting(
+                b["logits_transient_bytes_per_element"], CrossEntropy, "logits_transient_bytes_per_element",
+                "bytes >= 0", lambda v: v >= 0.0, one_for_all=True)),
             default_headroom_fraction=float(raw["default_headroom_fraction"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid memory-model constants: {exc!r}") from None
 
 
-def _per_loss(raw: Any) -> dict[str, float]:
-    """Bytes per logit each loss kernel (CrossEntropy) holds beyond what it saves; one number: every kernel."""
-    if not isinstance(raw, dict):
-        return {c.value: float(raw) for c in CrossEntropy}
-    valid = [c.value for c in CrossEntropy]
-    got = {str(k): float(v) for k, v in raw.items()}
-    if set(got) != set(valid) or not all(v >= 0.0 for v in got.values()):
-        raise ValueError(f"logits_transient_bytes_per_element needs bytes >= 0 for each of {', '.join(valid)} "
-                         f"and nothing else; got {got}")
-    return got
-
-
-def _fractions(raw: Any) -> dict[str, float]:
-    """The fragmentation fraction of every allocator setting (CudaAllocator), each in [0, 1)."""
-    got = {CudaAllocator(k).value: float(v) for k, v in dict(raw).items()}
-    missing = [a.value for a in CudaAllocator if a.value not in got]
-    if missing or not all(0.0 <= v < 1.0 for v in got.values()):
-        raise ValueError(f"fragmentation_fraction needs a fraction in [0, 1) for each of "
-                         f"{', '.join(a.value for a in CudaAllocator)}; got {got}")
+def _per_setting(raw: Any, enum: Any, field: str, want: str, ok: Callable[[float], bool],
+                 one_for_all: bool = False) -> dict[str, float]:
+    """memory.yaml's ``field``: a number for every value of ``enum`` and no other, each ``want`` (``ok``);
+    ``one_for_all``: a single number stands for every value."""
+    valid = [e.value for e in enum]
+    if one_for_all and not isinstance(raw, dict):
+        return {v: float(raw) for v in valid}
+    got = {str(k): float(v) for k, v in dict(raw).items()}
+    if set(got) != set(valid) or not all(ok(v) for v in got.values()):
+        raise ValueError(f"{field} needs {want} for each of {', '.join(valid)} and nothing else; got {got}")
     return got
 
 
@@ -141,18 +136,6 @@ def _fractions(raw: Any) -> dict[str, float]:
 def _packaged_constants() -> MemoryConstants:
     text = (resources.files("echo_plan") / "data" / "memory.yaml").read_text(encoding="utf-8")
     return load_memory_constants(text, "echo_plan/data/memory.yaml", packaged=True)
-
-
-def allocator_note(stack: SoftwareSpec, consts: MemoryConstants | None = None) -> str:
-    """What the memory counts for the caching allocator, and the launch setting that counts on (in words)."""
-    c = consts or load_memory_constants()
-    share = c.fragmentation_fraction[stack.cuda_allocator.value]
-    if stack.cuda_allocator is CudaAllocator.EXPANDABLE_SEGMENTS:
-        return (f"memory counts the allocator's fragmentation at {share:.1%} of the activations (stack {stack.name}: "
-                f"expandable segments; launch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, without it "
-                f"{c.fragmentation_fraction[CudaAllocator.DEFAULT.value]:.1%})")
-    return (f"memory counts the allocator's fragmentation at {share:.1%} of the activations (stack {stack.name}: "
-            f"PyTorch's default allocator)")
 
 
 # -- parameters ---------------------------------------------------------------------------------

@@ -281,7 +281,7 @@ def test_a_fragmentation_table_missing_a_setting_is_a_file_format_error():
 
 
 def test_the_allocator_note_says_what_is_counted_and_what_the_launch_must_set():
-    from echo_plan.cost.memory import allocator_note
+    from echo_plan.cost.memory_notes import allocator_note
 
     note = allocator_note(load_stack("megatron-core"))
     assert "3.2%" in note and "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in note and "13.8%" in note
@@ -334,7 +334,7 @@ def test_the_logits_transient_is_per_loss_kernel_or_one_number():
 
 
 def test_simulate_says_what_the_loss_holds_and_names_the_fused_one():
-    from echo_plan.cost.activation_memory import loss_note
+    from echo_plan.cost.memory_notes import loss_note
 
     gpt_oss, p = load_model("gpt-oss-120b"), PlanSpec.build(dict(tp=1, pp=4, dp=16, ep=8, global_batch_size=1280))
     unfused = loss_note(gpt_oss, p, STACK)

@@ -1,0 +1,47 @@
+"""What the memory model counts, in words for ``simulate``'s notes: the caching allocator's fragmentation and
+what the loss holds on the last stage, from the constants ``cost/memory.py`` counts with (memory.yaml)."""
+
+from __future__ import annotations
+
+from echo_plan.cost.activation_memory import loss_saved_bytes_per_logit
+from echo_plan.cost.memory import MemoryConstants, load_memory_constants
+from echo_plan.specs.model import ModelSpec
+from echo_plan.specs.plan import PlanSpec
+from echo_plan.specs.software import CrossEntropy, CudaAllocator, SoftwareSpec
+
+__all__ = ["allocator_note", "loss_note"]
+
+
+def allocator_note(stack: SoftwareSpec, consts: MemoryConstants | None = None) -> str:
+    """What the memory counts for the caching allocator, and the launch setting that counts on (in words)."""
+    c = consts or load_memory_constants()
+    share = c.fragmentation_fraction[stack.cuda_allocator.value]
+    if stack.cuda_allocator is CudaAllocator.EXPANDABLE_SEGMENTS:
+        return (f"memory counts the allocator's fragmentation at {share:.1%} of the activations (stack {stack.name}: "
+                f"expandable segments; launch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, without it "
+                f"{c.fragmentation_fraction[CudaAllocator.DEFAULT.value]:.1%})")
+    return (f"memory counts the allocator's fragmentation at {share:.1%} of the activations (stack {stack.name}: "
+            f"PyTorch's default allocator)")
+
+
+def loss_note(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, consts: MemoryConstants | None = None) -> str:
+    """What the loss holds on the last stage per micro-batch (what it saves and its transient at the peak), in
+    words, where the choice of loss kernel moves it by a GiB or more ("" otherwise); the unfused one names the
+    fused alternative Megatron-Bridge runs."""
+    c = consts or load_memory_constants()
+    logits = model.seq_length // plan.cp * plan.micro_batch_size * model.vocab_size / plan.tp
+
+    def held_gib(kernel: CrossEntropy) -> float:
+        per_logit = loss_saved_bytes_per_logit(plan, kernel) + c.logits_transient_bytes_per_element[kernel.value]
+        return per_logit * logits / 2**30
+
+    unfused, fused = held_gib(CrossEntropy.UNFUSED), held_gib(CrossEntropy.TE)
+    if unfused - fused < 1.0:
+        return ""
+    if stack.cross_entropy is CrossEntropy.TE:
+        return (f"loss: Transformer Engine's fused cross entropy keeps the bf16 logits, {fused:.1f} GiB "
+                f"per micro-batch on the last stage (stack {stack.name}: cross_entropy te)")
+    return (f"loss: the unfused cross entropy keeps an fp32 softmax and briefly an fp32 copy of the logits, "
+            f"{unfused:.1f} GiB per micro-batch on the last stage (stack {stack.name}); Transformer "
+            f"Engine's fused loss, which Megatron-Bridge's recipes run (stack field cross_entropy: te), keeps "
+            f"{fused:.1f} GiB")
