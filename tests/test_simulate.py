@@ -202,3 +202,22 @@ def test_flash_attention_2_slows_long_sequences_more_and_never_speeds_a_step(env
         assert b.memory == a.memory
         slowdown.append(b.step_time_s / a.step_time_s)
     assert slowdown[1] > slowdown[0]
+
+
+def test_a_yarn_rope_that_megatron_core_runs_unfused_is_named_and_never_speeds_the_step(env):
+    """GPT-OSS-like RoPE factor on the megatron-core stack: the unfused RoPE is said and costs time; a stack whose
+    fused kernel takes the factor (or a model without one) says nothing."""
+    from echo_plan.specs import ModelSpec, load_stack
+
+    cache, memo = env
+    base = load_model("llama3-8b").model_dump()
+    yarn = ModelSpec(**{**base, "name": "llama3-8b-yarn", "rope_attention_factor": 1.3466})
+    cluster, plan = load_cluster("h800", gpus=8), PlanSpec(tp=1, pp=1, dp=8, micro_batch_size=1, global_batch_size=16)
+    core, scaling = load_stack("megatron-core"), load_stack("megatron-core").replace(fused_rope_scales=True)
+    runs = {(m.name, s.fused_rope_scales): simulate(m, cluster, plan, stack=s, cache=cache, memo=memo)
+            for m in (ModelSpec(**base), yarn) for s in (core, scaling)}
+    said = {k: any("RoPE" in n and "unfused" in n for n in r.notes) for k, r in runs.items()}
+    assert said == {("llama3-8b", False): False, ("llama3-8b", True): False,
+                    ("llama3-8b-yarn", False): True, ("llama3-8b-yarn", True): False}
+    assert runs[("llama3-8b-yarn", False)].step_time_s > runs[("llama3-8b-yarn", True)].step_time_s
+    assert runs[("llama3-8b-yarn", True)].step_time_s == pytest.approx(runs[("llama3-8b", True)].step_time_s)

@@ -64,6 +64,10 @@ class ModelSpec(Spec):
     tied_embeddings: bool = True
     bias: bool | None = Field(default=None, description="linear layers carry biases; default: GELU models do")
     rotary_percent: float = Field(default=1.0, gt=0.0, le=1.0, description="fraction of each head's dims rotated")
+    rope_attention_factor: float = Field(
+        default=1.0, gt=0.0, le=10.0,
+        description="what cos and sin are multiplied by (YaRN's attention factor, 0.1 ln(factor) + 1 unless the "
+                    "config gives one; GPT-OSS: 1.3466); 1: plain RoPE")
     attention_head_dim: int | None = Field(default=None, gt=0, le=4096,
                                            description="per-head width when not hidden_size / heads (Qwen3, GPT-OSS)")
     qk_norm: bool = Field(default=False, description="RMSNorm on each query and key head (Qwen3)")
@@ -91,6 +95,8 @@ class ModelSpec(Spec):
             object.__setattr__(self, "bias", self.activation is Activation.GELU)  # GPT-style blocks carry biases
         if self.rotary_percent < 1.0 and self.position_embedding is not PositionEmbedding.ROTARY:
             raise ValueError(f"rotary_percent {self.rotary_percent} needs position_embedding rotary")
+        if self.rope_attention_factor != 1.0 and self.position_embedding is not PositionEmbedding.ROTARY:
+            raise ValueError(f"rope_attention_factor {self.rope_attention_factor} needs position_embedding rotary")
         if self.position_embedding is PositionEmbedding.ROTARY and self.rotary_dims % 2:
             raise ValueError(f"rotary_percent {self.rotary_percent} of head_dim {self.head_dim} must give an even "
                              f"number of rotated dims, not {self.rotary_dims}")

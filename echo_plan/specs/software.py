@@ -240,6 +240,17 @@ class SoftwareSpec(Spec):
         description="the loss kernels: unfused (Megatron-Core's default: the logits upcast to fp32, the fp32 softmax "
                     "kept for backward) or te (--cross-entropy-loss-fusion with --cross-entropy-fusion-impl te, "
                     "which Megatron-Bridge's recipes set: the bf16 logits keep their own gradient, no fp32 copy)")
+    fused_bias_dropout_add: bool | None = Field(
+        default=None,
+        description="bias + dropout + residual add as one kernel; None: as fused_elementwise says (Megatron-Core's "
+                    "bias_dropout_fusion apart from bias_activation_fusion: Megatron-Bridge's GPT-OSS provider turns "
+                    "only the first off)")
+    fused_rope_scales: bool = Field(
+        default=True,
+        description="the fused RoPE kernel also applies a model's rope_attention_factor (YaRN); false "
+                    "(Megatron-Core: Transformer Engine's fused RoPE takes no such factor, so apply_rotary_pos_emb "
+                    "falls back to its unfused ops, scaling cos and sin on every call): a model whose factor is not "
+                    "1 runs the unfused RoPE whatever fused_elementwise says")
     sources: tuple[str, ...] = ()
 
     @field_validator("grad_reduce_dtype")
@@ -294,6 +305,11 @@ class SoftwareSpec(Spec):
             return self.grad_reduce_dtype.nbytes
         return 4 if param_dtype is DType.BF16 else 2  # Megatron-LM: fp32 main grads with bf16, fp16 grads with fp16
 
+    @property
+    def bias_dropout_add_fused(self) -> bool:
+        """Whether bias + dropout + residual add runs as one kernel."""
+        return self.fused_elementwise if self.fused_bias_dropout_add is None else self.fused_bias_dropout_add
+
     def trace_signature(self) -> str:
         """The settings that change what the tracer records (part of every trace's cache key)."""
         modules = (",".join(m.value for m in self.recompute_modules) or "-") if self.recompute_policy is \
@@ -308,7 +324,10 @@ class SoftwareSpec(Spec):
                 + (",fp8-dispatch" if self.moe_dispatch_fp8 else "")
                 + ("" if self.cp_comm is CPComm.P2P else f";cp={self.cp_comm.value}")
                 + ("" if self.fused_projections else ";split-proj")
-                + ("" if self.cross_entropy is CrossEntropy.UNFUSED else f";ce={self.cross_entropy.value}"))
+                + ("" if self.cross_entropy is CrossEntropy.UNFUSED else f";ce={self.cross_entropy.value}")
+                + ("" if self.fused_rope_scales else ";rope-unscaled")
+                + ("" if self.fused_bias_dropout_add in (None, self.fused_elementwise)
+                   else f";bda-fused={self.fused_bias_dropout_add}"))
 
     def fp8_signature(self) -> str:
         """The FP8 settings that change an fp8 trace (appended to its cache key; bf16 traces ignore them)."""

@@ -184,7 +184,7 @@ class TransformerBlock(nn.Module):
         else:
             self.mlp = MLP(model, group, sequence_parallel, dtype, stack, unfused_acc, overlap)
         self.hidden_dropout = stack.hidden_dropout
-        self.fused = stack.fused_elementwise
+        self.fused_bda = stack.bias_dropout_add_fused
         # Megatron-Core's 'mlp' recompute module checkpoints dense MLPs only, never an MoE layer
         # (transformer_layer.py: `if not isinstance(self.mlp, MoELayer)`, core_v0.12 onwards; 'moe' is another module)
         self.recompute_mlp = RecomputeModule.MLP in selective and not isinstance(self.mlp, MoELayer)
@@ -210,12 +210,12 @@ class TransformerBlock(nn.Module):
         out, bias = self.attention(normed)
         if self.recompute_norms:
             self.discard(normed)
-        x = bias_dropout_add(out, bias, x, self.hidden_dropout, self.fused)
+        x = bias_dropout_add(out, bias, x, self.hidden_dropout, self.fused_bda)
         normed = self._norm(self.mlp_norm, x)
         out, bias = self._ckpt(self.mlp, normed) if self.recompute_mlp else self.mlp(normed)
         if self.recompute_norms:
             self.discard(normed)
-        return bias_dropout_add(out, bias, x, self.hidden_dropout, self.fused)
+        return bias_dropout_add(out, bias, x, self.hidden_dropout, self.fused_bda)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.full_recompute:

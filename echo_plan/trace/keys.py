@@ -49,6 +49,8 @@ def structure(model: ModelSpec, stage: StageKind) -> str:
         f"position={model.position_embedding.value}", f"seq={model.seq_length}",
         f"bias={model.has_bias}", f"rotary_dims={model.rotary_dims}",
     ]
+    if model.rope_attention_factor != 1.0:
+        fields.append(f"rope_factor={model.rope_attention_factor}")
     if model.attention_head_dim is not None or model.qk_norm:
         fields += [f"head_dim={model.head_dim}", f"qk_norm={model.qk_norm}"]
     if model.mla is not None:

@@ -102,22 +102,37 @@ def make_norm(norm: Norm, hidden: int, dtype: torch.dtype) -> nn.Module:
 class Rotary(nn.Module):
     """Rotary position embedding (Su et al. 2021), rotate-half form as in Megatron-LM/Llama, on the
     first ``rotary_dims`` dims of each head (Megatron-Core's ``rotary_percent``). ``fused``: one
-    kernel forward and one backward (Transformer Engine's fused RoPE); else the unfused ops."""
+    kernel forward and one backward (Transformer Engine's fused RoPE); else the unfused ops.
+    ``scale_per_call`` (a YaRN attention factor the fused kernel cannot take): Megatron-Core's
+    ``_apply_rotary_pos_emb_bshd`` as it runs then, cos and sin of the fp32 angles scaled and cast on
+    every call, the rotated part concatenated with the unrotated rest (a copy even when that is empty)."""
 
-    def __init__(self, seq: int, rotary_dims: int, dtype: torch.dtype, fused: bool = True) -> None:
+    def __init__(self, seq: int, rotary_dims: int, dtype: torch.dtype, fused: bool = True,
+                 scale_per_call: float | None = None) -> None:
         super().__init__()
         self.register_buffer("cos", torch.empty(seq, 1, 1, rotary_dims, dtype=dtype), persistent=False)
         self.register_buffer("sin", torch.empty(seq, 1, 1, rotary_dims, dtype=dtype), persistent=False)
-        self.fused = fused
+        self.scale_per_call = scale_per_call
+        if scale_per_call is not None:
+            self.register_buffer("angles", torch.empty(seq, 1, 1, rotary_dims, dtype=torch.float32), persistent=False)
+        self.fused = fused and scale_per_call is None
+
+    @staticmethod
+    def _turned(head: torch.Tensor) -> torch.Tensor:
+        half = head.shape[-1] // 2
+        return torch.cat((-head[..., half:], head[..., :half]), dim=-1)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:  # t: [s, b, heads, d]
         if self.fused:
             return kernels.rope(t, self.cos, self.sin)
         rot = self.cos.shape[-1]
+        if self.scale_per_call is not None:
+            cos = (torch.cos(self.angles) * self.scale_per_call).to(t.dtype)
+            sin = (torch.sin(self.angles) * self.scale_per_call).to(t.dtype)
+            head, rest = t[..., :rot], t[..., rot:]
+            return torch.cat((head * cos + self._turned(head) * sin, rest), dim=-1)
         head = t[..., :rot] if rot < t.shape[-1] else t
-        half = rot // 2
-        rotated = torch.cat((-head[..., half:], head[..., :half]), dim=-1)
-        head = head * self.cos + rotated * self.sin
+        head = head * self.cos + self._turned(head) * self.sin
         return torch.cat((head, t[..., rot:]), dim=-1) if rot < t.shape[-1] else head
 
 

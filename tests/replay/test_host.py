@@ -66,6 +66,23 @@ def test_a_host_far_slower_than_the_gpu_sets_the_pace(forward):
     assert exposed == pytest.approx((len(tasks) - 1) * op_s, rel=1e-3)  # the permutation was issued before the wait
 
 
+def test_an_unfused_rope_costs_the_host_one_issue_not_one_per_op():
+    """Megatron-Core's RoPE under a YaRN factor runs as plain PyTorch ops; the host figure was fitted per kernel
+    of stacks that ran it as one fused kernel, so the run is one issue (and a slower host still never helps)."""
+    cluster = load_cluster("h800", gpus=16)
+    trace = trace_stage(tiny(rope_attention_factor=1.3466), StageKind.BLOCK, tp=1, sequence_parallel=False,
+                        micro_batch_size=1, dtype="bf16", recompute="none", kind=MOE, layout=ExpertLayout(2, 1, 1.0),
+                        stack=load_stack("megatron-core"))
+    ops = [op for op in trace.ops if op.phase is Phase.FORWARD]
+    tasks = phase_tasks(ops, compute_model_for(cluster), collective_model_for(cluster), cluster, "bf16")
+    rotary = {op.index for op in ops if op.module.endswith("rotary")}
+    chain = sum(t.id in rotary for t in tasks)
+    assert chain > 2  # the unfused ops, not two fused kernels
+    assert host_exposed_s(ops, tasks, HostIssue(1.0)) == pytest.approx((len(tasks) - 1 - (chain - 1)) * 1.0, rel=1e-3)
+    times = [host_exposed_s(ops, tasks, HostIssue(us * 1e-6)) for us in (0.0, 50.0, 500.0)]
+    assert times == sorted(times)
+
+
 def test_only_stacks_that_synchronise_and_calibrated_hosts_get_a_host_model():
     h800 = load_cluster("h800")
     assert host_issue_for(load_stack("megatron-core"), h800, True).op_s > 0

@@ -59,3 +59,36 @@ def test_the_fused_kernel_saves_its_own_value_and_a_checkpointed_core_holds_the_
 def test_a_packed_layout_is_saved_once_either_way():
     modes = layer(8, 8, rotary=False, tp=1)  # q, k, v three views of the QKV output: the kernel takes them as they are
     assert modes["none"] - modes["selective"] == S * 8 * 4  # only the log-sum-exp
+
+
+def rope_ops(factor: float, stack_over: dict) -> dict[str, list[str]]:
+    """The forward and backward ops the rotary module issues, by phase, for a model with this YaRN factor."""
+    m = ModelSpec(name="y", num_layers=2, hidden_size=256, num_attention_heads=8, num_kv_heads=2, ffn_hidden_size=512,
+                  vocab_size=1000, seq_length=S, activation="swiglu", norm="rmsnorm", position_embedding="rotary",
+                  tied_embeddings=False, rope_attention_factor=factor)
+    trace = trace_stage(m, StageKind.BLOCK, tp=1, sequence_parallel=False, micro_batch_size=1, dtype=DType.BF16,
+                        recompute=Recompute.NONE, stack=load_stack("megatron-core", {"tp_comm_overlap": False,
+                                                                                     **stack_over}))
+    out: dict[str, list[str]] = {}
+    for op in trace.ops:
+        if op.module.endswith("rotary") and op.kind.value != "view":
+            out.setdefault(op.phase.value, []).append(op.name)
+    return out
+
+
+def test_a_yarn_factor_sends_megatron_cores_rope_to_its_unfused_ops_scaled_on_every_call():
+    plain, scaled = rope_ops(1.0, {}), rope_ops(1.3466, {})
+    assert plain["forward"] == ["echo_plan.rope.default"] * 2  # query and key: TE's fused kernel
+    fwd = scaled["forward"]
+    assert "echo_plan.rope.default" not in fwd
+    assert fwd.count("aten.cos.default") == fwd.count("aten.sin.default") == 2  # cos and sin, once per call
+    assert fwd.count("aten.cat.default") == 4  # rotate-half's and the final one with the (empty) rest, per call
+    assert len(scaled["backward"]) > len(plain["backward"])
+    # a stack whose fused kernel takes the factor (torchtitan-like) keeps the fused RoPE
+    assert rope_ops(1.3466, {"fused_rope_scales": True})["forward"] == plain["forward"]
+
+
+def test_a_rope_factor_needs_rotary_embedding():
+    with pytest.raises(ValueError, match="rope_attention_factor 1.3 needs position_embedding rotary"):
+        ModelSpec(name="y", num_layers=2, hidden_size=256, num_attention_heads=8, vocab_size=1000, seq_length=S,
+                  rope_attention_factor=1.3)

@@ -107,3 +107,18 @@ def test_nemotron_features_are_traced():
     rope = [op for op in t.ops if op.name == "echo_plan.rope.default"]
     assert rope and rope[0].inputs[1].shape[-1] == m.head_dim // 2  # half of each head rotated
     assert not m.has_bias and not [op for op in t.ops if op.kind is OpKind.GEMM and op.name.startswith("aten.addmm")]
+
+
+def test_bias_dropout_fusion_is_its_own_setting():
+    """Megatron-Bridge's GPT-OSS provider keeps bias_activation_fusion but turns bias_dropout_fusion off: the biased
+    residual adds of a GPT layer become separate bias and residual adds; the activation stays fused."""
+    names = {}
+    for bda in (None, False):
+        ops = block(GPT3, CORE.replace(fused_bias_dropout_add=bda)).ops
+        names[bda] = [op.name for op in ops if op.phase is Phase.FORWARD]
+    assert names[None].count("echo_plan.bias_dropout_add.default") == 2
+    assert "echo_plan.bias_dropout_add.default" not in names[False]
+    assert names[False].count("aten.add.Tensor") >= names[None].count("aten.add.Tensor") + 4  # bias + residual, twice
+    assert [n for n in names[False] if "gelu" in n] == [n for n in names[None] if "gelu" in n]
+    assert CORE.replace(fused_bias_dropout_add=False).trace_signature() != CORE.trace_signature()
+    assert CORE.replace(fused_bias_dropout_add=True).trace_signature() == CORE.trace_signature()
