@@ -9,12 +9,12 @@ host has issued since, so until the next MoE layer's synchronisation each kernel
 host issue time after the one before (the cluster's ``calibration.host``: seconds per traced
 kernel, fitted on named runs; a kernel the trace records stands for the several small ops eager
 PyTorch launches around it). A part of the layer captured in a CUDA graph (stack
-``cuda_graph_scope``) is released as one launch, and the unfused RoPE's run of plain PyTorch ops (Megatron-Core
-under a YaRN factor) as one issue: the figure was fitted on stacks that run it as one fused kernel, and already
-stands for the small ops around a kernel (both calls of a layer, query and key, are one run: one issue where the
-fused RoPE had two, ~0.25 ms of host time short per layer on B200's figure). Where a layer's kernels
-are short (small experts, few tokens per micro-batch) the GPU waits for the host; where they are long
-it does not.
+``cuda_graph_scope``) is released as one launch, and a run of plain PyTorch elementwise or copy kernels that
+one module issues back to back (Megatron-Core's unfused RoPE under a YaRN factor, its per-expert bias loop, MLA's
+copies) as one issue: such ops cost the host a few microseconds each, where the figure, fitted per traced kernel,
+stands for a library kernel's call and the small ops around it (a JUDGEMENT between one issue per op, which would
+charge a 32-op loop 8 ms on B200's figure, and none). Where a layer's kernels are short (small experts, few tokens
+per micro-batch) the GPU waits for the host; where they are long it does not.
 
 ``host_exposed_s`` replays one MoE layer's forward in steady state: the cycle from its
 synchronisation to the next layer's (the layer's ops from the first token permutation on, then the
@@ -41,7 +41,6 @@ from echo_plan.trace.records import OpKind
 __all__ = ["HostIssue", "host_exposed_s", "sync_position", "host_issue_for"]
 
 SYNC_OP = "moe_permute"  # the first token permutation of the layer: the dispatcher synchronises just before it
-ROTARY_MODULE = "rotary"  # trace/attention.py's rotary embedding
 HOST_DEVICE = -1  # host tasks on a device of their own: they neither suffer nor cause interference
 
 
@@ -89,9 +88,9 @@ def _captured(ops: Sequence[Any], tasks: Sequence[Task], at: int, graphs: tuple[
 
 
 def _chain_module(op: Any) -> str | None:
-    """The module of an op of an unfused RoPE (plain PyTorch elementwise and copy kernels its rotary module
-    issues, where the stacks the figure was fitted on ran one fused kernel), else None."""
-    if op is None or op.module.rpartition(".")[2] != ROTARY_MODULE or op.kind not in (OpKind.ELEMENTWISE, OpKind.COPY):
+    """The module of a plain PyTorch elementwise or copy kernel (an aten op a module issues itself, not a fused
+    or library kernel), else None."""
+    if op is None or not op.module or op.kind not in (OpKind.ELEMENTWISE, OpKind.COPY):
         return None
     return op.module if op.name.startswith("aten.") else None
 
@@ -117,7 +116,7 @@ def host_exposed_s(ops: Sequence[Any], tasks: list[Task], host: HostIssue) -> fl
         graphed = t.id in captured
         chain = _chain_module(by_index.get(t.id))
         # the permutation itself was issued before the host blocked (Megatron-Core copies the counts to the host
-        # before it and waits for them before the all-to-all); a graph is one launch, a module's chain one issue
+        # before it and waits for them before the all-to-all); a graph is one launch, a module's run of aten ops one issue
         repeat = (graphed and previous_captured) or (chain is not None and chain == previous_chain)
         cost = 0.0 if k == 0 or repeat else host.op_s
         previous_captured, previous_chain = graphed, chain

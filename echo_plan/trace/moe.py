@@ -146,8 +146,10 @@ class Experts(nn.Module):
     """This rank's local experts (their FFN split by expert TP), as a grouped GEMM or one GEMM each."""
 
     def __init__(self, model: ModelSpec, local: int, etp: int, dtype: torch.dtype, grouped: bool,
-                 recompute_act=None, discard=None, fused_act: bool = True, act_input_fp8: bool = False) -> None:
+                 recompute_act=None, discard=None, fused_act: bool = True, act_input_fp8: bool = False,
+                 fp32_probs: bool = False) -> None:
         super().__init__()
+        self.fp32_probs = fp32_probs  # the dispatcher hands the experts fp32 probabilities (DeepEP), else bf16
         self.act_input_fp8 = act_input_fp8  # the stack's moe_act_input_fp8 (with the moe_act recompute)
         self.fused_act = fused_act  # Megatron-Core's bias_activation_fusion (the stack's fused elementwise ops)
         self.recompute_act = recompute_act if discard is not None else None  # checkpoints a callable
@@ -159,6 +161,9 @@ class Experts(nn.Module):
         fc1_out = 2 * ffn if self.gated else ffn
         self.fc1 = nn.Parameter(torch.empty(local, model.hidden_size, fc1_out, dtype=dtype))
         self.fc2 = nn.Parameter(torch.empty(local, ffn, model.hidden_size, dtype=dtype))
+        # FC1's bias is added by the grouped GEMM itself (skip_bias_add=False: cuBLAS's epilogue, no kernel of its
+        # own); FC2's is returned to Megatron-Core, which adds it per expert (_apply_bias below)
+        self.fc2_bias = nn.Parameter(torch.empty(local, model.hidden_size, dtype=dtype)) if model.has_bias else None
         self.fp8 = None  # an fp8.Fp8State when the expert GEMMs run in FP8 (set by the block)
 
     def act(self, h: torch.Tensor) -> torch.Tensor:
@@ -208,9 +213,28 @@ class Experts(nn.Module):
         self.discard(a)  # the activation's output is freed after FC2 and recomputed in backward
         return out
 
+    def _apply_bias(self, out: torch.Tensor, probs: torch.Tensor | None, sizes: list[int]) -> torch.Tensor:
+        """FC2's bias as Megatron-Core adds it (TEGroupedMLP._apply_bias, Megatron-Core 2025-09 onwards): for each
+        local expert its rows plus the bias times each row's probability, then the experts' rows concatenated
+        and cast back (a plain PyTorch product and sum per expert). The probabilities are in the dispatcher's
+        dtype: the router's (bf16) for Megatron-Core's all-to-all, fp32 for DeepEP; this trace carries them as
+        fp32, so the bf16 case casts them once (one value per copy)."""
+        rows = torch.split(out, sizes)
+        if probs is None:
+            return torch.cat([t + self.fc2_bias[e] for e, t in enumerate(rows)])
+        p = probs if self.fp32_probs else probs.to(out.dtype)
+        weighted = [t + self.fc2_bias[e] * q for e, (t, q) in enumerate(zip(rows, torch.split(p, sizes)))]
+        return torch.cat(weighted).to(out.dtype)
+
     def forward(self, x: torch.Tensor, hot: int, each: int, probs: torch.Tensor | None = None) -> torch.Tensor:
         """``x``: [hot + (local - 1) x each, hidden] rows sorted by expert; the first expert is the hot one.
         ``probs``: each row's router probability [rows, 1] when it weights the activation."""
+        out = self._experts(x, hot, each, probs)
+        if self.fc2_bias is None:
+            return out
+        return self._apply_bias(out, probs, [hot] + [each] * (self.local - 1))
+
+    def _experts(self, x: torch.Tensor, hot: int, each: int, probs: torch.Tensor | None) -> torch.Tensor:
         h = x.shape[-1]
 
         def part(t: torch.Tensor | None, start: int, stop: int, shape: tuple) -> torch.Tensor | None:
@@ -247,7 +271,8 @@ class MoELayer(nn.Module):
         self.router_weight = nn.Parameter(torch.empty(moe.num_experts, model.hidden_size, dtype=dtype))
         self.experts = Experts(model, moe.num_experts // layout.ep, layout.etp, dtype, stack.moe_grouped_gemm,
                                recompute_act, discard, fused_act=stack.fused_elementwise,
-                               act_input_fp8=stack.moe_act_input_fp8)
+                               act_input_fp8=stack.moe_act_input_fp8,
+                               fp32_probs=stack.moe_dispatcher is MoEDispatcher.DEEPEP)
         self.shared = shared_mlp
         self.allgather = stack.moe_dispatcher is MoEDispatcher.ALLGATHER
         self.fused = stack.moe_permute_fusion

@@ -245,3 +245,27 @@ def test_mlp_recompute_checkpoints_dense_layers_only():
                                        load_stack("megatron-core", {"recompute_modules": m}), kind)
                 for m in ([], ["mlp"]))
         assert (a == b) if kind.moe else (b < a)
+
+
+@pytest.mark.parametrize("ep", [1, 4])
+def test_expert_biases_are_added_per_local_expert_as_megatron_core_does(ep):
+    """GPT-OSS's experts carry biases: FC1's goes into the grouped GEMM, FC2's is added by Megatron-Core's
+    _apply_bias, one weighted sum per local expert and a concatenation; a model without biases runs none of it,
+    and the biases never lighten the layer's traced work."""
+    plain = tiny()
+    biased = ModelSpec.build({**plain.model_dump(), "bias": True})
+    local = plain.moe.num_experts // ep
+
+    def expert_ops(model):
+        trace = moe_trace(model, ep=ep)
+        fwd = [op.name for op in trace.ops if op.phase is Phase.FORWARD and op.module == "mlp.experts"]
+        return trace, fwd
+
+    plain_trace, plain_fwd = expert_ops(plain)
+    biased_trace, biased_fwd = expert_ops(biased)
+    added = [n for n in biased_fwd if n not in plain_fwd or biased_fwd.count(n) > plain_fwd.count(n)]
+    assert biased_fwd.count("aten.add.Tensor") - plain_fwd.count("aten.add.Tensor") == local
+    assert biased_fwd.count("aten.mul.Tensor") - plain_fwd.count("aten.mul.Tensor") == local
+    assert "aten.cat.default" in added
+    moved = lambda t: sum(op.bytes_read + op.bytes_written for op in t.ops)  # noqa: E731
+    assert moved(biased_trace) > moved(plain_trace)
