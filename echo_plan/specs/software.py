@@ -135,9 +135,8 @@ class SoftwareSpec(Spec):
     torch_compile: bool | None = Field(
         default=None, description="PyTorch-native stacks: torch.compile on (true) or eager (false); what it fuses here "
                                   "is the elementwise chains (SwiGLU, RoPE, residual adds), so it sets "
-                                  "fused_elementwise; None: fused_elementwise as given. Norms are one kernel either "
-                                  "way (a fused RMSNorm, as torchtitan's fused_rmsnorm and Transformer Engine run "
-                                  "it): the fp32 intermediates of an eager Python RMSNorm are not modelled")
+                                  "fused_elementwise, and the norms inside the compiled blocks (fused_norm says what "
+                                  "the norm module runs eagerly); None: fused_elementwise as given")
     fused_projections: bool = Field(
         default=True,
         description="Q, K and V as one GEMM and a gated MLP's gate and up projections as one (Megatron-Core's "
@@ -240,6 +239,13 @@ class SoftwareSpec(Spec):
         description="the loss kernels: unfused (Megatron-Core's default: the logits upcast to fp32, the fp32 softmax "
                     "kept for backward) or te (--cross-entropy-loss-fusion with --cross-entropy-fusion-impl te, "
                     "which Megatron-Bridge's recipes set: the bf16 logits keep their own gradient, no fp32 copy)")
+    fused_norm: bool = Field(
+        default=True,
+        description="RMSNorm as one fused kernel each way (Transformer Engine, Apex, torchtitan's fused_rmsnorm); "
+                    "false: the eager PyTorch module (torchtitan's norm_type rmsnorm, Hugging Face's LlamaRMSNorm): "
+                    "an fp32 copy, its square, mean and reciprocal square root, the product, the cast back and the "
+                    "weight's product, each a kernel. torch_compile fuses the norms inside the compiled blocks (not "
+                    "the final norm, which torchtitan leaves outside them)")
     fused_bias_dropout_add: bool | None = Field(
         default=None,
         description="bias + dropout + residual add as one kernel; None: as fused_elementwise says (Megatron-Core's "
@@ -306,6 +312,11 @@ class SoftwareSpec(Spec):
         return 4 if param_dtype is DType.BF16 else 2  # Megatron-LM: fp32 main grads with bf16, fp16 grads with fp16
 
     @property
+    def block_norm_fused(self) -> bool:
+        """Whether the norms inside a transformer block run as one kernel (fused, or compiled with the block)."""
+        return self.fused_norm or self.torch_compile is True
+
+    @property
     def bias_dropout_add_fused(self) -> bool:
         """Whether bias + dropout + residual add runs as one kernel."""
         return self.fused_elementwise if self.fused_bias_dropout_add is None else self.fused_bias_dropout_add
@@ -326,6 +337,7 @@ class SoftwareSpec(Spec):
                 + ("" if self.fused_projections else ";split-proj")
                 + ("" if self.cross_entropy is CrossEntropy.UNFUSED else f";ce={self.cross_entropy.value}")
                 + ("" if self.fused_rope_scales else ";rope-unscaled")
+                + ("" if self.fused_norm else ";norm-eager")
                 + ("" if self.fused_bias_dropout_add in (None, self.fused_elementwise)
                    else f";bda-fused={self.fused_bias_dropout_add}"))
 

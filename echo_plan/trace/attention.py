@@ -63,8 +63,8 @@ class Attention(nn.Module):
         if window and stack.attention is not AttentionKernel.FUSED:
             raise SpecError("attention", stack.attention.value, f"sliding-window layers of {model.name} need the "
                             f"fused attention kernel (stack {stack.name} runs unfused attention)")
-        self.q_norm = make_norm(Norm.RMSNORM, model.head_dim, dtype) if model.qk_norm else None
-        self.k_norm = make_norm(Norm.RMSNORM, model.head_dim, dtype) if model.qk_norm else None
+        self.q_norm = make_norm(Norm.RMSNORM, model.head_dim, dtype, stack.block_norm_fused) if model.qk_norm else None
+        self.k_norm = make_norm(Norm.RMSNORM, model.head_dim, dtype, stack.block_norm_fused) if model.qk_norm else None
         tp = group.size if group else 1
         self.group, self.sp, self.overlap, self.accumulate_unfused = group, sequence_parallel, overlap, accumulate_unfused
         self.heads, self.kv_heads, self.head_dim = (

@@ -162,7 +162,7 @@ class TransformerBlock(nn.Module):
         def ckpt(fn, *args):
             return checkpointed(fn, *args, recompute_context=recompute_context)
 
-        self.input_norm = make_norm(model.norm, model.hidden_size, dtype)
+        self.input_norm = make_norm(model.norm, model.hidden_size, dtype, stack.block_norm_fused)
         if model.mla is not None:
             self.attention: nn.Module = MLAttention(model, group, sequence_parallel, dtype, stack, ckpt, selective,
                                                     discard, unfused_acc)
@@ -170,7 +170,7 @@ class TransformerBlock(nn.Module):
             self.attention = Attention(model, group, sequence_parallel, dtype, stack,
                                        ckpt if RecomputeModule.CORE_ATTN in selective else None, unfused_acc, overlap,
                                        window=kind.window, cp_group=groups.cp if groups is not None else None)
-        self.mlp_norm = make_norm(model.norm, model.hidden_size, dtype)
+        self.mlp_norm = make_norm(model.norm, model.hidden_size, dtype, stack.block_norm_fused)
         if kind.moe and model.moe is not None:
             cache = (discard if stack.moe_act_input_fp8 and RecomputeModule.MOE_ACT in selective
                      and model.activation is Activation.SWIGLU and not model.has_bias and stack.fused_elementwise

@@ -70,12 +70,21 @@ _rms_norm.register_autograd(_rms_backward, setup_context=_rms_setup)
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden: int, dtype: torch.dtype) -> None:
+    """One fused kernel each way (Transformer Engine, Apex, a compiled block), or, ``fused`` false, the eager
+    PyTorch module torchtitan's ``norm_type = "rmsnorm"`` and Hugging Face's LlamaRMSNorm run: the input upcast to
+    fp32, squared, averaged, its reciprocal square root, the product, the cast back and the weight's product, each
+    a kernel, autograd keeping the fp32 copy for backward."""
+
+    def __init__(self, hidden: int, dtype: torch.dtype, fused: bool = True) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(hidden, dtype=dtype))
+        self.fused = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(x, self.weight, RMS_EPS)[0]
+        if self.fused:
+            return _rms_norm(x, self.weight, RMS_EPS)[0]
+        wide = x.float()
+        return (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + RMS_EPS)).type_as(x) * self.weight
 
 
 class LayerNorm(nn.Module):
@@ -93,9 +102,10 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, (x.shape[-1],), weight, self.bias, LN_EPS)
 
 
-def make_norm(norm: Norm, hidden: int, dtype: torch.dtype) -> nn.Module:
+def make_norm(norm: Norm, hidden: int, dtype: torch.dtype, fused: bool = True) -> nn.Module:
+    """The model's norm; ``fused`` false: an RMSNorm as eager PyTorch ops (LayerNorm is one aten kernel either way)."""
     if norm is Norm.RMSNORM:
-        return RMSNorm(hidden, dtype)
+        return RMSNorm(hidden, dtype, fused)
     return LayerNorm(hidden, dtype, zero_centered=norm is Norm.LAYERNORM1P)
 
 

@@ -40,13 +40,13 @@ class MLAttention(nn.Module):
         self.m, self.group, self.sp, self.acc = m, group, sequence_parallel, accumulate_unfused
         if m.q_lora_rank:
             self.q_down = nn.Parameter(torch.empty(m.q_lora_rank, h, dtype=dtype))
-            self.q_norm = make_norm(Norm.RMSNORM, m.q_lora_rank, dtype)
+            self.q_norm = make_norm(Norm.RMSNORM, m.q_lora_rank, dtype, stack.block_norm_fused)
             self.q_up = nn.Parameter(torch.empty(self.heads * m.qk_head_dim, m.q_lora_rank, dtype=dtype))
         else:
             self.q_down, self.q_norm = None, None
             self.q_up = nn.Parameter(torch.empty(self.heads * m.qk_head_dim, h, dtype=dtype))
         self.kv_down = nn.Parameter(torch.empty(m.kv_lora_rank + m.qk_rope_head_dim, h, dtype=dtype))
-        self.kv_norm = make_norm(Norm.RMSNORM, m.kv_lora_rank, dtype)
+        self.kv_norm = make_norm(Norm.RMSNORM, m.kv_lora_rank, dtype, stack.block_norm_fused)
         self.kv_up = nn.Parameter(torch.empty(self.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
                                               dtype=dtype))
         self.proj_weight = nn.Parameter(torch.empty(h, self.heads * m.v_head_dim, dtype=dtype))

@@ -57,7 +57,7 @@ class OutputStage(nn.Module):
         tp = group.size if group else 1
         self.group, self.sp = group, sequence_parallel
         self.accumulate_unfused = not stack.gradient_accumulation_fusion
-        self.norm = make_norm(model.norm, model.hidden_size, dtype)
+        self.norm = make_norm(model.norm, model.hidden_size, dtype, stack.fused_norm)  # outside the compiled blocks
         self.output_weight = nn.Parameter(
             torch.empty(padded_vocab(model.vocab_size, tp) // tp, model.hidden_size, dtype=dtype))
         self.shared_weight = model.tied_embeddings

@@ -122,3 +122,26 @@ def test_bias_dropout_fusion_is_its_own_setting():
     assert [n for n in names[False] if "gelu" in n] == [n for n in names[None] if "gelu" in n]
     assert CORE.replace(fused_bias_dropout_add=False).trace_signature() != CORE.trace_signature()
     assert CORE.replace(fused_bias_dropout_add=True).trace_signature() == CORE.trace_signature()
+
+
+def test_an_eager_rmsnorm_runs_its_ops_and_keeps_its_fp32_copy_unless_compiled():
+    """torchtitan's norm_type rmsnorm is an eager module: x.float(), pow, mean, rsqrt, the products, the cast back, each
+    a kernel, autograd keeping the fp32 copy (4 bytes per element more than the fused kernel's input); a compiled block
+    fuses its norms, but the final norm outside the blocks stays eager."""
+    llama = load_model("llama3-8b")
+    eager = load_stack("torchtitan").replace(torch_compile=False)
+    fused = eager.replace(fused_norm=True)
+    compiled = load_stack("torchtitan")
+    assert not eager.fused_norm and compiled.block_norm_fused and not compiled.fused_norm
+
+    def norm_ops(trace):
+        return [op.name for op in trace.ops if op.phase is Phase.FORWARD and op.module.endswith("norm")]
+
+    e, f, c = (block(llama, s, tp=1) for s in (eager, fused, compiled))
+    assert {"aten.pow.Tensor_Scalar", "aten.mean.dim", "aten.rsqrt.default"} <= set(norm_ops(e))
+    assert norm_ops(f) == norm_ops(c) == ["echo_plan.rms_norm.default"] * 2
+    tokens, h = llama.seq_length, llama.hidden_size
+    assert e.saved_bytes_by_mode["none"] - f.saved_bytes_by_mode["none"] == 2 * 4 * tokens * h  # two norms a layer
+    out = trace_stage(llama, StageKind.OUTPUT, tp=1, sequence_parallel=False, micro_batch_size=1, dtype=DType.BF16,
+                      recompute=Recompute.NONE, stack=compiled)
+    assert "aten.rsqrt.default" in norm_ops(out)
