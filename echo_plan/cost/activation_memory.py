@@ -130,9 +130,10 @@ def embedding_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: Software
 
 
 def loss_saved_bytes_per_logit(plan: PlanSpec, kernel: CrossEntropy) -> int:
-    """What the loss keeps per logit for backward: the unfused loss's fp32 softmax, or Transformer Engine's
-    gradient written over the logits in their own dtype."""
-    return plan.param_dtype.nbytes if kernel is CrossEntropy.TE else 4
+    """What the loss keeps per logit for backward: the fp32 log-softmax of the unfused losses (Megatron-LM's,
+    PyTorch's eager one), or the logits in their own dtype (Transformer Engine's, which writes the gradient over
+    them, and a compiled loss, which reads them again in backward)."""
+    return plan.param_dtype.nbytes if kernel in (CrossEntropy.TE, CrossEntropy.TORCH_COMPILED) else 4
 
 
 def output_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> int:

@@ -91,6 +91,13 @@ class MemoryConstants:
     fragmentation_fraction: Mapping[str, float]  # per CudaAllocator value: reserved-but-free share of activations
     logits_transient_bytes_per_element: Mapping[str, float]  # per CrossEntropy value
     default_headroom_fraction: float
+    loss_parallel_transient_bytes_per_element: float = 12.0  # CrossEntropy.TORCH with TP > 1
+
+    def loss_transient_bytes_per_logit(self, plan: PlanSpec, kernel: CrossEntropy) -> float:
+        """What the loss holds per logit at its peak beyond what it saves (memory.yaml)."""
+        if kernel is CrossEntropy.TORCH and plan.tp > 1:
+            return self.loss_parallel_transient_bytes_per_element
+        return self.logits_transient_bytes_per_element[kernel.value]
 
 
 def load_memory_constants(text: str | None = None, origin: str = "memory.yaml",
@@ -114,9 +121,18 @@ def load_memory_constants(text: str | None = None, origin: str = "memory.yaml",
                 b["logits_transient_bytes_per_element"], CrossEntropy, "logits_transient_bytes_per_element",
                 "bytes >= 0", lambda v: v >= 0.0, one_for_all=True)),
             default_headroom_fraction=float(raw["default_headroom_fraction"]),
+            loss_parallel_transient_bytes_per_element=_non_negative(
+                b["loss_parallel_transient_bytes_per_element"], "loss_parallel_transient_bytes_per_element"),
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid memory-model constants: {exc!r}") from None
+
+
+def _non_negative(raw: Any, field: str) -> float:
+    value = float(raw)
+    if not value >= 0.0:
+        raise ValueError(f"{field} needs bytes >= 0; got {raw!r}")
+    return value
 
 
 def _per_setting(raw: Any, enum: Any, field: str, want: str, ok: Callable[[float], bool],
@@ -362,7 +378,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
             mtp = model.mtp_layers * (saved.get(model.mtp_kind, first)[0] + output_saved) if model.mtp_layers else 0
             if sched is None:
                 act += (output_saved + mtp) * inflight_on_chunk(plan, i, v - 1)
-            transient = (c.logits_transient_bytes_per_element[stack.cross_entropy.value]
+            transient = (c.loss_transient_bytes_per_logit(plan, stack.cross_entropy)
                          * (model.seq_length // plan.cp) * plan.micro_batch_size * model.vocab_size / plan.tp)
         outside = c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes  # not the caching allocator's
         buffers = outside + c.fragmentation_fraction[stack.cuda_allocator.value] * act + transient

@@ -26,22 +26,33 @@ def allocator_note(stack: SoftwareSpec, consts: MemoryConstants | None = None) -
 
 def loss_note(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, consts: MemoryConstants | None = None) -> str:
     """What the loss holds on the last stage per micro-batch (what it saves and its transient at the peak), in
-    words, where the choice of loss kernel moves it by a GiB or more ("" otherwise); the unfused one names the
-    fused alternative Megatron-Bridge runs."""
+    words, where the choice of loss kernel moves it by a GiB or more ("" otherwise); an unfused one names the
+    fused alternative its framework has."""
     c = consts or load_memory_constants()
     logits = model.seq_length // plan.cp * plan.micro_batch_size * model.vocab_size / plan.tp
 
     def held_gib(kernel: CrossEntropy) -> float:
-        per_logit = loss_saved_bytes_per_logit(plan, kernel) + c.logits_transient_bytes_per_element[kernel.value]
+        per_logit = loss_saved_bytes_per_logit(plan, kernel) + c.loss_transient_bytes_per_logit(plan, kernel)
         return per_logit * logits / 2**30
 
-    unfused, fused = held_gib(CrossEntropy.UNFUSED), held_gib(CrossEntropy.TE)
-    if unfused - fused < 1.0:
+    kernel = stack.cross_entropy
+    alternative = {CrossEntropy.UNFUSED: CrossEntropy.TE, CrossEntropy.TE: CrossEntropy.UNFUSED,
+                   CrossEntropy.TORCH: CrossEntropy.TORCH_COMPILED,
+                   CrossEntropy.TORCH_COMPILED: CrossEntropy.TORCH}[kernel]
+    held, other = held_gib(kernel), held_gib(alternative)
+    if abs(held - other) < 1.0:
         return ""
-    if stack.cross_entropy is CrossEntropy.TE:
-        return (f"loss: Transformer Engine's fused cross entropy keeps the bf16 logits, {fused:.1f} GiB "
-                f"per micro-batch on the last stage (stack {stack.name}: cross_entropy te)")
+    where = f"{held:.1f} GiB per micro-batch on the last stage (stack {stack.name}: cross_entropy {kernel.value})"
+    if kernel is CrossEntropy.TE:
+        return f"loss: Transformer Engine's fused cross entropy keeps the bf16 logits, {where}"
+    if kernel is CrossEntropy.TORCH_COMPILED:
+        return (f"loss: the compiled cross entropy keeps the bf16 logits and writes a bf16 gradient, {where}; "
+                f"eager ({CrossEntropy.TORCH.value}) {other:.1f} GiB")
+    if kernel is CrossEntropy.TORCH:
+        parallel = " through loss_parallel's log-softmax" if plan.tp > 1 else ""
+        return (f"loss: PyTorch's cross entropy on an fp32 copy of the logits{parallel} holds its fp32 log-softmax and "
+                f"gradients, {where}; compiled with the model ({CrossEntropy.TORCH_COMPILED.value}) {other:.1f} GiB")
     return (f"loss: the unfused cross entropy keeps an fp32 softmax and briefly an fp32 copy of the logits, "
-            f"{unfused:.1f} GiB per micro-batch on the last stage (stack {stack.name}); Transformer "
+            f"{held:.1f} GiB per micro-batch on the last stage (stack {stack.name}); Transformer "
             f"Engine's fused loss, which Megatron-Bridge's recipes run (stack field cross_entropy: te), keeps "
-            f"{fused:.1f} GiB")
+            f"{other:.1f} GiB")

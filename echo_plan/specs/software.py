@@ -67,6 +67,8 @@ class CrossEntropy(str, Enum):
 
     UNFUSED = "unfused"  # Megatron-LM's vocab-parallel cross entropy on an fp32 copy of the logits, softmax kept in fp32
     TE = "te"  # Transformer Engine's Triton kernels: bf16 logits read twice, the gradient written over them in place
+    TORCH = "torch"  # PyTorch's F.cross_entropy on an fp32 copy (torchtitan until 2025; under TP its loss_parallel)
+    TORCH_COMPILED = "torch_compiled"  # that loss under torch.compile (torchtitan from 2025 with compile): bf16 kept
 
 
 class MoEDispatcher(str, Enum):
@@ -238,7 +240,11 @@ class SoftwareSpec(Spec):
         default=CrossEntropy.UNFUSED,
         description="the loss kernels: unfused (Megatron-Core's default: the logits upcast to fp32, the fp32 softmax "
                     "kept for backward) or te (--cross-entropy-loss-fusion with --cross-entropy-fusion-impl te, "
-                    "which Megatron-Bridge's recipes set: the bf16 logits keep their own gradient, no fp32 copy)")
+                    "which Megatron-Bridge's recipes set: the bf16 logits keep their own gradient, no fp32 copy), "
+                    "torch (PyTorch's F.cross_entropy on an fp32 copy of the logits, torchtitan's loss until 2025; "
+                    "with TP its loss_parallel) or torch_compiled (that loss under torch.compile, torchtitan's from "
+                    "2025 when it compiles: the bf16 logits kept, a bf16 gradient written; an eager run "
+                    "(torch_compile false) gets torch)")
     fused_norm: bool = Field(
         default=True,
         description="RMSNorm as one fused kernel each way (Transformer Engine, Apex, torchtitan's fused_rmsnorm); "
@@ -277,6 +283,8 @@ class SoftwareSpec(Spec):
     def _compile_fuses(self) -> "SoftwareSpec":
         if self.torch_compile is not None and self.fused_elementwise != self.torch_compile:
             object.__setattr__(self, "fused_elementwise", self.torch_compile)
+        if self.torch_compile is False and self.cross_entropy is CrossEntropy.TORCH_COMPILED:
+            object.__setattr__(self, "cross_entropy", CrossEntropy.TORCH)  # no compiled loss in an eager run
         return self
 
     @model_validator(mode="after")

@@ -61,7 +61,9 @@ class OutputStage(nn.Module):
         self.output_weight = nn.Parameter(
             torch.empty(padded_vocab(model.vocab_size, tp) // tp, model.hidden_size, dtype=dtype))
         self.shared_weight = model.tied_embeddings
-        self.te_loss = stack.cross_entropy is CrossEntropy.TE
+        # a compiled loss runs as TE's does here: two passes over the bf16 logits forward, one backward, the bf16
+        # logits kept (it writes a new gradient, not over them: memory.yaml's transient)
+        self.te_loss = stack.cross_entropy in (CrossEntropy.TE, CrossEntropy.TORCH_COMPILED)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:  # x: [s(/tp), b, h], labels [b, s]
         x = self.norm(x)

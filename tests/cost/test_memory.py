@@ -321,16 +321,37 @@ def test_the_logits_transient_is_per_loss_kernel_or_one_number():
     from importlib import resources
 
     text = (resources.files("echo_plan") / "data" / "memory.yaml").read_text()
-    line = "  logits_transient_bytes_per_element: {unfused: 6, te: 0}\n"
+    line = "  logits_transient_bytes_per_element: {unfused: 6, te: 0, torch: 8, torch_compiled: 2}\n"
     assert line in text
-    assert dict(load_memory_constants().logits_transient_bytes_per_element) == {"unfused": 6.0, "te": 0.0}
+    kernels = {"unfused": 6.0, "te": 0.0, "torch": 8.0, "torch_compiled": 2.0}
+    assert dict(load_memory_constants().logits_transient_bytes_per_element) == kernels
     one = load_memory_constants(text.replace(line, "  logits_transient_bytes_per_element: 5\n"), "mine.yaml")
-    assert dict(one.logits_transient_bytes_per_element) == {"unfused": 5.0, "te": 5.0}
+    assert dict(one.logits_transient_bytes_per_element) == dict.fromkeys(kernels, 5.0)
     with pytest.raises(FileFormatError, match="te"):
         load_memory_constants(text.replace(line, "  logits_transient_bytes_per_element: {unfused: 6}\n"), "mine.yaml")
     with pytest.raises(FileFormatError, match="fused"):
-        load_memory_constants(text.replace(line, "  logits_transient_bytes_per_element: {unfused: 6, te: 0, x: 1}\n"),
-                              "mine.yaml")
+        load_memory_constants(text.replace(line, line.replace("}", ", x: 1}")), "mine.yaml")
+    with pytest.raises(FileFormatError, match="loss_parallel"):
+        load_memory_constants(text.replace("loss_parallel_transient_bytes_per_element: 12",
+                                           "loss_parallel_transient_bytes_per_element: -1"), "mine.yaml")
+
+
+def test_what_each_loss_kernel_holds_per_logit_is_ordered():
+    """The compiled and Transformer Engine losses hold the least, PyTorch's eager loss more than Megatron-LM's
+    unfused one, and its loss_parallel under TP more still; an eager stack cannot run a compiled loss."""
+    from echo_plan.cost.activation_memory import loss_saved_bytes_per_logit
+    from echo_plan.specs.software import CrossEntropy as CE
+
+    c = load_memory_constants()
+
+    def held(kernel, tp=1):
+        p = PlanSpec.build(dict(tp=tp, pp=1, dp=8 // tp, global_batch_size=8))
+        return loss_saved_bytes_per_logit(p, kernel) + c.loss_transient_bytes_per_logit(p, kernel)
+
+    assert held(CE.TE) < held(CE.TORCH_COMPILED) < held(CE.UNFUSED) < held(CE.TORCH) < held(CE.TORCH, tp=8)
+    assert held(CE.UNFUSED, tp=8) == held(CE.UNFUSED)
+    eager = load_stack("torchtitan", {"torch_compile": False})
+    assert load_stack("torchtitan").cross_entropy is CE.TORCH_COMPILED and eager.cross_entropy is CE.TORCH
 
 
 def test_simulate_says_what_the_loss_holds_and_names_the_fused_one():

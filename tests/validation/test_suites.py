@@ -601,3 +601,19 @@ def test_the_megatron_bridge_rows_run_transformer_engines_loss():
             bridge = name != "nemo_h100_dgxc" and not row.label.startswith("deepseek-v3 bf16")
             bridge = bridge and not (name == "moe_h100" and row.label.startswith("deepseek-v3"))
             assert (sim.stack_for(row).cross_entropy.value == "te") == bridge, (name, row.label)
+
+
+def test_the_torchtitan_rows_run_the_loss_of_their_release(tmp_path, capsys):
+    """torchtitan's 2024 runs computed the loss eagerly on an fp32 copy (cross_entropy column: torch); its 2025 runs
+    compiled it with the model (the stack's default); the eager loss holds more per logit, and a bad value is named."""
+    suite = training_suite(validation_dir() / "fsdp_torchtitan_h100.csv")
+    sim = RowSimulator(suite.cluster, suite.stack, model_settings=suite.model_settings)
+    losses = {r.source.split()[1]: sim.stack_for(r).cross_entropy.value for r in training_rows(suite) if r.source}
+    assert losses == {"2024-12": "torch", "2025-06": "torch_compiled", "2024-08": "torch"}
+    lines = [ln for ln in (validation_dir() / "fsdp_torchtitan_h100.csv").read_text().splitlines()
+             if not ln.startswith("#")]
+    bad = [ln.replace(",true,torch,", ",true,pigeon,") for ln in lines if "T1 compile,bf16" in ln]
+    (tmp_path / "bad.csv").write_text("\n".join(["# echo-plan: cluster=h100-gt stack=torchtitan", lines[0]] + bad) + "\n")
+    main(["validate", "--dir", str(tmp_path), "--suite", "bad", "--no-loso", "--cache-dir", str(tmp_path / "c")])
+    out = capsys.readouterr().out
+    assert "pigeon" in out and "torch_compiled" in out
