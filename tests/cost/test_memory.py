@@ -364,3 +364,18 @@ def test_simulate_says_what_the_loss_holds_and_names_the_fused_one():
     assert fused.startswith("loss: Transformer Engine's") and "1.5 GiB" in fused
     small = load_model("gpt3-175b").replace(vocab_size=256)  # a loss too small to matter says nothing
     assert loss_note(small, plan(), STACK) == ""
+
+
+def test_the_loss_note_names_pytorchs_eager_and_compiled_losses():
+    from echo_plan.cost.memory_notes import loss_note
+
+    llama = load_model("llama3-8b")
+    one = PlanSpec.build(dict(tp=1, pp=1, dp=8, micro_batch_size=2, global_batch_size=16))
+    eager = loss_note(llama, one, load_stack("torchtitan", {"torch_compile": False}))
+    compiled = loss_note(llama, one, load_stack("torchtitan"))
+    assert eager.startswith("loss: PyTorch's cross entropy on an fp32 copy") and "cross_entropy torch)" in eager
+    assert compiled.startswith("loss: the compiled cross entropy") and "cross_entropy torch_compiled" in compiled
+    gib = lambda note: float(note.split(" GiB per micro-batch")[0].split()[-1])  # noqa: E731
+    assert gib(eager) > gib(compiled)
+    tp8 = PlanSpec.build(dict(tp=8, pp=1, dp=1, micro_batch_size=16, global_batch_size=16))
+    assert "loss_parallel" in loss_note(llama, tp8, load_stack("torchtitan", {"torch_compile": False}))
