@@ -12,7 +12,6 @@ that has no such overlap) is switched off and the simulation says so.
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -20,103 +19,14 @@ from pydantic import Field, field_validator, model_validator
 from echo_plan.errors import SpecError
 from echo_plan.specs.base import Spec
 from echo_plan.specs.cluster import DType
+from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, AttentionLibrary, CPComm,
+                                            CrossEntropy, CudaAllocator, CudaGraphScope, Fp8Recipe, MoEDispatcher,
+                                            OptimizerSharding, RecomputeModule, RecomputePolicy)
 
-
-class AttentionKernel(str, Enum):
-    FUSED = "fused"  # FlashAttention / cuDNN fused attention: one kernel forward, one backward
-    UNFUSED = "unfused"  # batched GEMM, fused scale-mask-softmax, dropout, batched GEMM (Megatron-LM before 2023)
-
-
-class AttentionLibrary(str, Enum):
-    """Which library's kernels run fused attention: the same traced ops, different speed (``compute.yaml``)."""
-
-    CUDNN = "cudnn"  # Transformer Engine's cuDNN fused attention (its Hopper default from TE 1.6 on)
-    FLASH_ATTN_2 = "flash-attn-2"  # Dao's FlashAttention-2 package (TE's first choice before 1.6; PyTorch SDPA's flash)
-
-
-class CudaAllocator(str, Enum):
-    """PyTorch's caching-allocator setting (``PYTORCH_CUDA_ALLOC_CONF``): how much of the activation memory
-    it holds reserved beyond what is allocated at the peak (``memory.yaml``, measured per setting)."""
-
-    DEFAULT = "default"  # fixed-size segments: blocks split and cached
-    EXPANDABLE_SEGMENTS = "expandable_segments"  # segments that grow in place (expandable_segments:True)
-
-
-class CudaGraphScope(str, Enum):
-    """What Transformer Engine's CUDA graphs capture in each layer (Megatron-Core's ``--cuda-graph-scope`` with
-    ``cuda_graph_impl: transformer_engine``): the host launches a captured region as one graph."""
-
-    ATTN = "attn"  # the input norm, the attention and its residual add
-    MOE_ROUTER = "moe_router"  # the pre-MLP norm and the router
-    MOE_PREPROCESS = "moe_preprocess"  # the dispatcher's work before its synchronisation
-
-
-class RecomputeModule(str, Enum):
-    """What ``recompute: selective`` re-runs in backward (Megatron-Core's ``--recompute-modules``)."""
-
-    CORE_ATTN = "core_attn"  # the attention core (scores, softmax, dropout, weighted sum)
-    MLP = "mlp"  # a dense layer's whole MLP (its linears and activation); MoE layers are not recomputed by it
-    LAYERNORM = "layernorm"  # the input and pre-MLP norms
-    MLA_UP_PROJ = "mla_up_proj"  # MLA's query/key-value up-projections (their outputs freed, recomputed)
-    MOE_ACT = "moe_act"  # the routed experts' activation (its output freed after FC2, recomputed)
-
-
-class CrossEntropy(str, Enum):
-    """How the loss over the vocabulary runs (Megatron-Core's ``--cross-entropy-loss-fusion`` and
-    ``--cross-entropy-fusion-impl``)."""
-
-    UNFUSED = "unfused"  # Megatron-LM's vocab-parallel cross entropy on an fp32 copy of the logits, softmax kept in fp32
-    TE = "te"  # Transformer Engine's Triton kernels: bf16 logits read twice, the gradient written over them in place
-    TORCH = "torch"  # PyTorch's F.cross_entropy on an fp32 copy (torchtitan until 2025; under TP its loss_parallel)
-    TORCH_COMPILED = "torch_compiled"  # that loss under torch.compile (torchtitan from 2025 with compile): bf16 kept
-
-
-class MoEDispatcher(str, Enum):
-    """How MoE tokens reach their experts (Megatron-Core's ``--moe-token-dispatcher-type``)."""
-
-    ALLTOALL = "alltoall"  # all-to-all over the expert-parallel group
-    ALLGATHER = "allgather"  # all-gather every token, reduce-scatter the outputs
-    DEEPEP = "deepep"  # DeepEP's normal kernels: once per server over the network, then NVLink (cost/expert_exchange.py)
-
-
-class OptimizerSharding(str, Enum):
-    """What ``distributed_optimizer`` shards over the data-parallel group."""
-
-    NONE = "none"  # the stack has no sharded optimizer
-    STATES = "states"  # fp32 master weights and Adam moments (Megatron-LM's distributed optimizer, ZeRO-1)
-    STATES_AND_GRADS = "states_and_grads"  # the gradient buffer too (ZeRO-2, Apex DistributedFusedAdam)
-    PARAMS = "params"  # the parameters too (ZeRO-3, FSDP full shard: torchtitan, DeepSpeed ZeRO-3)
-
-
-class RecomputePolicy(str, Enum):
-    """What ``recompute: selective`` means on the stack."""
-
-    MODULES = "modules"  # Megatron-Core: the recompute_modules are checkpointed, the rest saved
-    OPS = "ops"  # torchtitan's per-op policy: the whole layer checkpointed, every other matmul's and attention's outputs saved
-
-
-class Fp8Recipe(str, Enum):
-    """How Transformer Engine scales FP8 GEMM operands (``docs/fp8.md``)."""
-
-    DELAYED = "delayed"  # per-tensor scale from an amax history of earlier steps; amax fused into the cast
-    CURRENT = "current"  # per-tensor scale from this tensor's own amax: an amax pass before every cast
-    BLOCKWISE = "blockwise"  # DeepSeek-V3: 1x128 activation tiles, 128x128 weight blocks, a scale each
-    MXFP8 = "mxfp8"  # OCP microscaling: E4M3 in blocks of 32 along K, a power-of-two (E8M0) scale each; Blackwell
-
-    @property
-    def per_tensor(self) -> bool:
-        return self in (Fp8Recipe.DELAYED, Fp8Recipe.CURRENT)
-
-
-BLOCK_SCALED_MIN_SM_ARCH = 100  # MXFP8 and NVFP4 GEMMs: Blackwell's block-scaled tensor cores (TE needs sm100)
-
-
-class CPComm(str, Enum):
-    """How context-parallel attention gets the other ranks' K/V (Megatron-Core's ``--cp-comm-type``)."""
-
-    P2P = "p2p"  # ring attention: K/V chunks passed round the CP ring, overlapped with attention
-    ALL_GATHER = "all_gather"  # all-gather K/V before attention, reduce-scatter dK/dV (Llama 3)
-
+# the enums live in software_kinds.py; importing them from here keeps working
+__all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CrossEntropy", "CudaAllocator",
+           "CudaGraphScope", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "MoEDispatcher", "OptimizerSharding", "RecomputeModule",
+           "RecomputePolicy", "SoftwareSpec", "check_precision", "check_stack_supports"]
 
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
