@@ -133,7 +133,7 @@ def loss_saved_bytes_per_logit(plan: PlanSpec, kernel: CrossEntropy) -> int:
     """What the loss keeps per logit for backward: the fp32 log-softmax of the unfused losses (Megatron-LM's,
     PyTorch's eager one), or the logits in their own dtype (Transformer Engine's, which writes the gradient over
     them, and a compiled loss, which reads them again in backward)."""
-    return plan.param_dtype.nbytes if kernel in (CrossEntropy.TE, CrossEntropy.TORCH_COMPILED) else 4
+    return plan.param_dtype.nbytes if kernel.keeps_logits else 4
 
 
 def output_activation_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> int:

@@ -91,7 +91,7 @@ class MemoryConstants:
     fragmentation_fraction: Mapping[str, float]  # per CudaAllocator value: reserved-but-free share of activations
     logits_transient_bytes_per_element: Mapping[str, float]  # per CrossEntropy value
     default_headroom_fraction: float
-    loss_parallel_transient_bytes_per_element: float = 12.0  # CrossEntropy.TORCH with TP > 1
+    loss_parallel_transient_bytes_per_element: float  # CrossEntropy.TORCH with TP > 1
 
     def loss_transient_bytes_per_logit(self, plan: PlanSpec, kernel: CrossEntropy) -> float:
         """What the loss holds per logit at its peak beyond what it saves (memory.yaml)."""

@@ -30,7 +30,7 @@ part of the wait, as they can in Megatron-Core's combined schedule (not checked 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from echo_plan.replay.engine import Task, replay
 from echo_plan.replay.interference import InterferenceModel
@@ -70,15 +70,15 @@ def sync_position(tasks: Sequence[Task]) -> int | None:
     return next((i for i, t in enumerate(tasks) if SYNC_OP in t.name), None)
 
 
-def _captured(ops: Sequence[Any], tasks: Sequence[Task], at: int, graphs: tuple[CudaGraphScope, ...]) -> set[int]:
+def _captured(by_index: Mapping[int, Any], tasks: Sequence[Task], at: int,
+              graphs: tuple[CudaGraphScope, ...]) -> set[int]:
     """Ids of the tasks a CUDA graph of ``graphs`` launches: before the pre-MLP norm (the input norm, the
     attention, its residual add) for ``attn``; from the pre-MLP norm to the synchronisation (the norm, the
     router, the dispatcher's counting) for ``moe_router`` / ``moe_preprocess``."""
     if not graphs:
         return set()
-    module = {op.index: op.module for op in ops}
     ids = [t.id for t in tasks]
-    norm = next((i for i, tid in enumerate(ids) if module.get(tid) == "mlp_norm"), at)
+    norm = next((i for i, tid in enumerate(ids) if tid in by_index and by_index[tid].module == "mlp_norm"), at)
     out: set[int] = set()
     if CudaGraphScope.ATTN in graphs:
         out.update(ids[:norm])
@@ -101,7 +101,8 @@ def host_exposed_s(ops: Sequence[Any], tasks: list[Task], host: HostIssue) -> fl
     at = sync_position(tasks)
     if at is None or host.op_s <= 0.0:
         return 0.0
-    captured = _captured(ops, tasks, at, host.graphs)
+    by_index = {op.index: op for op in ops}
+    captured = _captured(by_index, tasks, at, host.graphs)
     cycle = tasks[at:] + tasks[:at]  # from this layer's synchronisation to the next layer's
     # deps inside the cycle only: the inputs of the ops after the synchronisation that come before it are done
     # (the host waited for them), and the next layer's ops before its synchronisation follow on the same streams
@@ -109,7 +110,6 @@ def host_exposed_s(ops: Sequence[Any], tasks: list[Task], host: HostIssue) -> fl
     kept = [replace(t, deps=tuple(d for d in t.deps if (d in after) == (t.id in after))) for t in cycle]
     free = replay(kept, InterferenceModel.none()).makespan_s
     base = max(t.id for t in tasks) + 1
-    by_index = {op.index: op for op in ops}
     gated: list[Task] = []
     previous_captured, previous_chain = False, None
     for k, t in enumerate(kept):

@@ -229,6 +229,11 @@ class SoftwareSpec(Spec):
             return self.grad_reduce_dtype.nbytes
         return 4 if param_dtype is DType.BF16 else 2  # Megatron-LM: fp32 main grads with bf16, fp16 grads with fp16
 
+    def rope_scale_per_call(self, factor: float) -> float | None:
+        """A model's RoPE attention factor when this stack's fused RoPE cannot apply it (so RoPE runs as unfused
+        ops scaling cos and sin on every call: Megatron-Core's fallback), else None."""
+        return factor if factor != 1.0 and not self.fused_rope_scales else None
+
     @property
     def block_norm_fused(self) -> bool:
         """Whether the norms inside a transformer block run as one kernel (fused, or compiled with the block)."""

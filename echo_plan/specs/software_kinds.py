@@ -53,6 +53,12 @@ class CrossEntropy(str, Enum):
     TORCH = "torch"  # PyTorch's F.cross_entropy on an fp32 copy (torchtitan until 2025; under TP its loss_parallel)
     TORCH_COMPILED = "torch_compiled"  # that loss under torch.compile (torchtitan from 2025 with compile): bf16 kept
 
+    @property
+    def keeps_logits(self) -> bool:
+        """The loss saves the logits in their own dtype for backward (not an fp32 log-softmax): Transformer
+        Engine's, which writes the gradient over them, and a compiled loss, which reads them again."""
+        return self in (CrossEntropy.TE, CrossEntropy.TORCH_COMPILED)
+
 
 class MoEDispatcher(str, Enum):
     """How MoE tokens reach their experts (Megatron-Core's ``--moe-token-dispatcher-type``)."""

@@ -78,10 +78,8 @@ class Attention(nn.Module):
                            if model.has_bias else None)
         self.proj_weight = nn.Parameter(torch.empty(model.hidden_size, self.heads * self.head_dim, dtype=dtype))
         self.proj_bias = nn.Parameter(torch.empty(model.hidden_size, dtype=dtype)) if model.has_bias else None
-        per_call = model.rope_attention_factor if model.rope_attention_factor != 1.0 and not stack.fused_rope_scales \
-            else None  # Megatron-Core's fused RoPE cannot scale: the unfused ops, cos and sin scaled each call
         self.rotary = (Rotary(model.seq_length // cp, model.rotary_dims, dtype, fused=stack.fused_elementwise,
-                              scale_per_call=per_call)
+                              scale_per_call=stack.rope_scale_per_call(model.rope_attention_factor))
                        if model.position_embedding is PositionEmbedding.ROTARY else None)
         self.fused = stack.attention is AttentionKernel.FUSED
         self.dropout_p = stack.attention_dropout

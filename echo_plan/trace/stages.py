@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from echo_plan.specs import ModelSpec, PositionEmbedding, SoftwareSpec
-from echo_plan.specs.software import CrossEntropy
 from echo_plan.trace import kernels, linears, parallel
 from echo_plan.trace.fake_pg import TPGroup
 from echo_plan.trace.layers import VocabParallelEmbedding, make_norm, padded_vocab, vocab_parallel_cross_entropy
@@ -63,7 +62,7 @@ class OutputStage(nn.Module):
         self.shared_weight = model.tied_embeddings
         # a compiled loss runs as TE's does here: two passes over the bf16 logits forward, one backward, the bf16
         # logits kept (it writes a new gradient, not over them: memory.yaml's transient)
-        self.te_loss = stack.cross_entropy in (CrossEntropy.TE, CrossEntropy.TORCH_COMPILED)
+        self.te_loss = stack.cross_entropy.keeps_logits
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:  # x: [s(/tp), b, h], labels [b, s]
         x = self.norm(x)

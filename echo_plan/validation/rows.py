@@ -337,10 +337,10 @@ def _stack_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
         out.update(hidden_dropout=p, attention_dropout=p)
     if rec.get("cuda_graph_scope"):  # the parts of each layer the run captured in CUDA graphs
         out["cuda_graph_scope"] = _plus_list(rec["cuda_graph_scope"])
-    if rec.get("moe_dispatcher"):  # how tokens reach their experts: alltoall, allgather, deepep
-        out["moe_dispatcher"] = rec["moe_dispatcher"].strip().lower()
-    if rec.get("cross_entropy"):  # the loss kernel the run's framework version ran (stack cross_entropy)
-        out["cross_entropy"] = rec["cross_entropy"].strip().lower()
+    # how tokens reach their experts (alltoall, allgather, deepep); the loss kernel the run's framework version ran
+    for col in ("moe_dispatcher", "cross_entropy"):
+        if rec.get(col):
+            out[col] = rec[col].strip().lower()
     for col in ("tp_comm_overlap", "torch_compile", "fp8_param_gather", "fp4_param_gather", "moe_a2a_overlap"):
         if rec.get(col):
             out[col] = _bool(rec[col], col, path, line)
