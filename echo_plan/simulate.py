@@ -31,7 +31,7 @@ from echo_plan.specs.software import MoEDispatcher, SoftwareSpec, check_precisio
 from echo_plan.trace.records import CollectiveKind, CommGroup
 from echo_plan.cost.base import with_stack_kernels
 from echo_plan.cost.memory import stage_memory
-from echo_plan.cost.memory_notes import allocator_note, loss_note
+from echo_plan.cost.memory_notes import allocator_note, loss_note, pipeline_note
 from echo_plan.errors import SpecError
 from echo_plan.replay.no_gc import paused_gc
 from echo_plan.replay.steady import steady_state_step
@@ -273,9 +273,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                      f"(YaRN, x{model.rope_attention_factor:g}) runs as unfused PyTorch ops, cos and sin scaled on "
                      "every call (Megatron-Core's fallback)")
     notes.append(allocator_note(stack))
-    loss = loss_note(model, plan, stack)
-    if loss:
-        notes.append(loss)
+    notes += [n for n in (loss_note(model, plan, stack), pipeline_note(model, plan, stack)) if n]
     measured = database_note(compute, traces, cluster, plan.dtype)
     if measured:
         notes.append(measured)

@@ -21,7 +21,8 @@
   unchanged. Quantised activations saved for backward come with the trace's saved bytes.
 * Buffers: CUDA context, NCCL buffers per communicator, allocator fragmentation, and the loss's
   transient logits on the last stage (per loss kernel, stack ``cross_entropy``: the unfused loss's fp32
-  copy; none for Transformer Engine's, which writes the gradient over the logits).
+  copy; none for Transformer Engine's, which writes the gradient over the logits), and under
+  torch.distributed.pipelining its receive buffers and kept outputs (``cost/pipeline_buffers.py``).
 * Headroom: a plan fits when every GPU keeps ``headroom_bytes`` free below capacity
   (``--memory-headroom``; default a share of the GPU's memory, memory.yaml).
 
@@ -55,6 +56,7 @@ import yaml
 from echo_plan.errors import FileFormatError
 from echo_plan.cost.stage_memory import StageMemory
 from echo_plan.cost.fsdp_memory import fsdp_states
+from echo_plan.cost.pipeline_buffers import pipeline_runtime_bytes
 from echo_plan.cost.weight_copies import layer_weight_extra_bytes
 from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
@@ -380,6 +382,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
                 act += (output_saved + mtp) * inflight_on_chunk(plan, i, v - 1)
             transient = (c.loss_transient_bytes_per_logit(plan, stack.cross_entropy)
                          * (model.seq_length // plan.cp) * plan.micro_batch_size * model.vocab_size / plan.tp)
+        transient += pipeline_runtime_bytes(model, plan, stack, i, [inflight_on_chunk(plan, i, k) for k in range(v)])
         outside = c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes  # not the caching allocator's
         buffers = outside + c.fragmentation_fraction[stack.cuda_allocator.value] * act + transient
         out.append(StageMemory(

@@ -1,15 +1,16 @@
-"""What the memory model counts, in words for ``simulate``'s notes: the caching allocator's fragmentation and
-what the loss holds on the last stage, from the constants ``cost/memory.py`` counts with (memory.yaml)."""
+"""What the memory model counts, in words for ``simulate``'s notes: the caching allocator's fragmentation, what
+the loss holds on the last stage and what the pipeline runtime holds, from what ``cost/memory.py`` counts with."""
 
 from __future__ import annotations
 
 from echo_plan.cost.activation_memory import loss_saved_bytes_per_logit
-from echo_plan.cost.memory import MemoryConstants, load_memory_constants
+from echo_plan.cost.memory import MemoryConstants, inflight_on_chunk, load_memory_constants
+from echo_plan.cost.pipeline_buffers import pipeline_runtime_bytes
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec
 from echo_plan.specs.software import CrossEntropy, CudaAllocator, SoftwareSpec
 
-__all__ = ["allocator_note", "loss_note"]
+__all__ = ["allocator_note", "loss_note", "pipeline_note"]
 
 
 def allocator_note(stack: SoftwareSpec, consts: MemoryConstants | None = None) -> str:
@@ -56,3 +57,17 @@ def loss_note(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, consts: Mem
             f"{held:.1f} GiB per micro-batch on the last stage (stack {stack.name}); Transformer "
             f"Engine's fused loss, which Megatron-Bridge's recipes run (stack field cross_entropy: te), keeps "
             f"{other:.1f} GiB")
+
+
+def pipeline_note(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> str:
+    """What the pipeline runtime holds beyond the activations on the rank that holds most, in words ("" for none)."""
+    held = [pipeline_runtime_bytes(model, plan, stack, i, [inflight_on_chunk(plan, i, k)
+                                                             for k in range(plan.virtual_stages)])
+            for i in range(plan.pp)]
+    most = max(held, default=0)
+    if most <= 0:
+        return ""
+    return (f"pipeline: torch.distributed.pipelining (stack {stack.name}: pipeline_runtime "
+            f"{stack.pipeline_runtime.value}) keeps a receive buffer for each of the {plan.num_microbatches} "
+            f"micro-batches and the last stage's outputs until the step ends: up to {most / 2**30:.1f} GiB "
+            f"(stage {held.index(most)})")

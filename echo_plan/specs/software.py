@@ -21,12 +21,12 @@ from echo_plan.specs.base import Spec
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, AttentionLibrary, CPComm,
                                             CrossEntropy, CudaAllocator, CudaGraphScope, Fp8Recipe, MoEDispatcher,
-                                            OptimizerSharding, RecomputeModule, RecomputePolicy)
+                                            OptimizerSharding, PipelineRuntime, RecomputeModule, RecomputePolicy)
 
 # the enums live in software_kinds.py; importing them from here keeps working
 __all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CrossEntropy", "CudaAllocator",
            "CudaGraphScope", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "MoEDispatcher", "OptimizerSharding", "RecomputeModule",
-           "RecomputePolicy", "SoftwareSpec", "check_precision", "check_stack_supports"]
+           "PipelineRuntime", "RecomputePolicy", "SoftwareSpec", "check_precision", "check_stack_supports"]
 
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
@@ -167,6 +167,12 @@ class SoftwareSpec(Spec):
         description="bias + dropout + residual add as one kernel; None: as fused_elementwise says (Megatron-Core's "
                     "bias_dropout_fusion apart from bias_activation_fusion: Megatron-Bridge's GPT-OSS provider turns "
                     "only the first off)")
+    pipeline_runtime: PipelineRuntime = Field(
+        default=PipelineRuntime.MEGATRON,
+        description="what runs the pipeline schedule: megatron (Megatron-Core's schedules) or torch "
+                    "(torch.distributed.pipelining, torchtitan's: every stage but the first holds a receive buffer "
+                    "for each micro-batch's activations and every stage but the last one for its gradients, made "
+                    "before the step; the last stage keeps each micro-batch's output until the step ends)")
     fused_rope_scales: bool = Field(
         default=True,
         description="the fused RoPE kernel also applies a model's rope_attention_factor (YaRN); false "

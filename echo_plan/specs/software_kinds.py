@@ -44,6 +44,14 @@ class RecomputeModule(str, Enum):
     MOE_ACT = "moe_act"  # the routed experts' activation (its output freed after FC2, recomputed)
 
 
+class PipelineRuntime(str, Enum):
+    """The code that runs a pipeline schedule, for what it holds between micro-batches (``cost/pipeline_buffers.py``)."""
+
+    MEGATRON = "megatron"  # Megatron-Core's schedules: a receive buffer per transfer, each output freed by its backward
+    TORCH = "torch"  # torch.distributed.pipelining (torchtitan): receive buffers for every micro-batch made up front,
+    # the last stage's outputs kept until the step ends
+
+
 class CrossEntropy(str, Enum):
     """How the loss over the vocabulary runs (Megatron-Core's ``--cross-entropy-loss-fusion`` and
     ``--cross-entropy-fusion-impl``)."""

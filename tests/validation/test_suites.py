@@ -617,3 +617,18 @@ def test_the_torchtitan_rows_run_the_loss_of_their_release(tmp_path, capsys):
     main(["validate", "--dir", str(tmp_path), "--suite", "bad", "--no-loso", "--cache-dir", str(tmp_path / "c")])
     out = capsys.readouterr().out
     assert "pigeon" in out and "torch_compiled" in out
+
+
+def test_the_torchtitan_pipeline_rows_run_their_commits_micro_batches():
+    """At torchtitan 9dec370 (the 2024-12 benchmarks) a pipeline splits the local batch into as many micro-batches
+    as it has stages (pipeline_parallel_microbatches defaults to the pipeline degree), and an interleaved schedule
+    puts 2 stages on each rank (generate_split_points): Table 5's local batch of 32 is 8 micro-batches of 4."""
+    suite = training_suite(validation_dir() / "fsdp_torchtitan_h100.csv")
+    sim = RowSimulator(suite.cluster, suite.stack, model_settings=suite.model_settings)
+    piped = [r for r in training_rows(suite) if r.plan.get("pp", 1) > 1]
+    assert len(piped) == 6 and not any(r.not_modelled for r in piped)
+    for row in piped:
+        plan = sim.plan_for(row)
+        assert plan.num_microbatches == plan.pp, row.label
+        assert plan.virtual_stages == (2 if "interleaved" in row.label else 1), row.label
+    assert sim.stack_for(piped[0]).pipeline_runtime.value == "torch"
