@@ -108,10 +108,11 @@ class RowSimulator:
         if offsets is not None:  # fewer (negative) than the others; interleaved: the first and last virtual stage
             chunks, first, last = int(fields["pp"]) * int(fields.get("virtual_stages", 1)), int(offsets[0]), int(offsets[1])
             middle, rest = divmod(self.model_for(row).num_layers - first - last, chunks)
-            # one layer per virtual stage: the embedding and the loss take the place of the end chunks' only layer
-            # (Megatron-Core's account_for_embedding/loss_in_pipeline_split), which then hold none
-            ends_empty = middle == 1 and chunks > int(fields["pp"])
-            if rest == 0 and (middle + min(first, last) >= 1 or ends_empty) and chunks > 1:
+            # under interleaving an end chunk may hold no layer: the embedding, or the MTP layers and the loss, take
+            # its place (Megatron-Core's account_for_embedding/loss_in_pipeline_split; DeepSeek-V3's pipeline layout
+            # "Et|(tt|)*30mL" on H100: one layer first, none last)
+            smallest = middle + min(first, last)
+            if rest == 0 and chunks > 1 and (smallest >= 1 or (smallest == 0 and chunks > int(fields["pp"]))):
                 fields["layer_split"] = (middle + first,) + (middle,) * (chunks - 2) + (middle + last,)
         return PlanSpec.build(fields, context=row.label)
 

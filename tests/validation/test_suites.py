@@ -585,7 +585,29 @@ def test_the_h100_qwen3_30b_rows_run_their_configs_exchange():
     assert len(rows) == 2 and all(r.stack_overrides["moe_a2a_overlap"] is True for r in rows.values())
     dispatchers = sorted(r.stack_overrides["moe_dispatcher"] for r in rows.values())
     assert dispatchers == ["alltoall", "deepep"]
-    assert all("moe_a2a_overlap" not in r.stack_overrides for r in training_rows(suite) if r.label not in rows)
+    others = [r for r in training_rows(suite) if r.label not in rows and not r.label.startswith("deepseek-v3")]
+    assert others and all("moe_a2a_overlap" not in r.stack_overrides for r in others)
+
+
+def test_the_h100_deepseek_rows_run_their_own_launches():
+    """DeepSeek-V3's bf16 rows ran dgxc-benchmarking's NeMo launch (alltoall, no overlap, mla_up_proj recomputed);
+    its 25.09 fp8 row ran Megatron-Bridge's H100 script (DeepEP, the exchange overlapped, mla_up_proj and mlp
+    recomputed, Transformer Engine's loss, no overlapped gradient reduction) over the layout Et|(tt|)*30mL."""
+    suite = training_suite(validation_dir() / "moe_h100.csv")
+    sim = RowSimulator(suite.cluster, suite.stack, model_settings=suite.model_settings)
+    rows = {r.label: r for r in training_rows(suite) if r.label.startswith("deepseek-v3")}
+    bf16 = [r for label, r in rows.items() if "bf16" in label]
+    fp8 = rows["deepseek-v3 fp8 1024 GPUs"]
+    assert len(bf16) == 2
+    for row in bf16:
+        stack, plan = sim.stack_for(row), sim.plan_for(row)
+        assert (stack.moe_dispatcher.value, stack.moe_a2a_overlap, stack.cross_entropy.value) == \
+            ("alltoall", False, "unfused")
+        assert [m.value for m in stack.recompute_modules] == ["mla_up_proj"] and plan.overlap_grad_reduce
+    stack, plan = sim.stack_for(fp8), sim.plan_for(fp8)
+    assert (stack.moe_dispatcher.value, stack.moe_a2a_overlap, stack.cross_entropy.value) == ("deepep", True, "te")
+    assert [m.value for m in stack.recompute_modules] == ["mla_up_proj", "mlp"] and not plan.overlap_grad_reduce
+    assert plan.layer_split == (1,) + (2,) * 30 + (0,) and plan.virtual_stages == 4
 
 
 def test_the_megatron_bridge_rows_run_transformer_engines_loss():
