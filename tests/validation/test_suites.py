@@ -578,15 +578,23 @@ def test_a_suite_with_an_unknown_peak_kind_is_a_file_format_error(monkeypatch):
 
 
 def test_the_h100_qwen3_30b_rows_run_their_configs_exchange():
-    """moe_h100 is the workspace's copy, so settings its columns lack come from the registry: Qwen3-30B-A3B's
-    configs overlap the exchange in both releases and use DeepEP in 26.02."""
+    """Settings moe_h100's columns leave blank come from the registry: Qwen3-30B-A3B's 25.11 and 26.02 configs overlap
+    the exchange (DeepEP in 26.02); the rows of 26.04 on say in their columns what their configs ran: no overlap, the
+    flex dispatcher's HybridEP across two servers (costed as DeepEP). Rows of other models set no overlap of their own
+    unless their columns do."""
     suite = training_suite(validation_dir() / "moe_h100.csv")
-    rows = {r.label: r for r in training_rows(suite) if r.label.startswith("qwen3-30b-a3b")}
-    assert len(rows) == 2 and all(r.stack_overrides["moe_a2a_overlap"] is True for r in rows.values())
-    dispatchers = sorted(r.stack_overrides["moe_dispatcher"] for r in rows.values())
-    assert dispatchers == ["alltoall", "deepep"]
-    others = [r for r in training_rows(suite) if r.label not in rows and not r.label.startswith("deepseek-v3")]
-    assert others and all("moe_a2a_overlap" not in r.stack_overrides for r in others)
+    rows = {r.source: r for r in training_rows(suite) if r.label.startswith("qwen3-30b-a3b")}
+    assert sorted(rows) == ["Megatron-Bridge 25.11", "Megatron-Bridge 26.02", "Megatron-Bridge 26.04",
+                            "Megatron-Bridge 26.04.01", "Megatron-Bridge 26.06"]
+    for source, row in rows.items():
+        early = source in ("Megatron-Bridge 25.11", "Megatron-Bridge 26.02")
+        assert row.stack_overrides["moe_a2a_overlap"] is early, source
+        expected = "alltoall" if source == "Megatron-Bridge 25.11" else "deepep"
+        assert row.stack_overrides["moe_dispatcher"] == expected, source
+        assert (row.plan["pp"], row.plan["ep"]) == ((2, 8) if early else (1, 16)), source
+    blank = [r for r in training_rows(suite) if r.label.startswith("gpt-oss-120b") and r.source in
+             ("Megatron-Bridge 25.11", "Megatron-Bridge 26.02")]
+    assert len(blank) == 2 and all("moe_a2a_overlap" not in r.stack_overrides for r in blank)
 
 
 def test_the_h100_deepseek_rows_run_their_own_launches():
