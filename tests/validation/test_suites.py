@@ -414,7 +414,7 @@ def test_the_gpt_oss_25_11_row_runs_its_configs_micro_batch():
 
 SHIPPED = ("fsdp_torchtitan_a100", "fsdp_torchtitan_h100", "fsdp_torchtitan_h200", "long_context_h100", "megatron_bridge_b200", "megatron_bridge_gb200", "megatron_bridge_gb300",
            "megatron_bridge_h100", "megatron_weak_scaling_a100", "moe_b200", "moe_b300", "moe_gb200", "moe_gb300",
-           "moe_h100",
+           "moe_h100", "moe_h100_bridge",
            "nemo_h100_dgxc",
            "deepep/h800", "nccl-tests/azure-nd-a100-v4")
 
@@ -578,23 +578,35 @@ def test_a_suite_with_an_unknown_peak_kind_is_a_file_format_error(monkeypatch):
 
 
 def test_the_h100_qwen3_30b_rows_run_their_configs_exchange():
-    """Settings moe_h100's columns leave blank come from the registry: Qwen3-30B-A3B's 25.11 and 26.02 configs overlap
-    the exchange (DeepEP in 26.02); the rows of 26.04 on say in their columns what their configs ran: no overlap, the
-    flex dispatcher's HybridEP across two servers (costed as DeepEP). Rows of other models set no overlap of their own
-    unless their columns do."""
+    """moe_h100 is the workspace's copy, so settings its columns lack come from the registry: Qwen3-30B-A3B's
+    configs overlap the exchange in both releases and use DeepEP in 26.02."""
     suite = training_suite(validation_dir() / "moe_h100.csv")
-    rows = {r.source: r for r in training_rows(suite) if r.label.startswith("qwen3-30b-a3b")}
-    assert sorted(rows) == ["Megatron-Bridge 25.11", "Megatron-Bridge 26.02", "Megatron-Bridge 26.04",
-                            "Megatron-Bridge 26.04.01", "Megatron-Bridge 26.06"]
-    for source, row in rows.items():
-        early = source in ("Megatron-Bridge 25.11", "Megatron-Bridge 26.02")
-        assert row.stack_overrides["moe_a2a_overlap"] is early, source
-        expected = "alltoall" if source == "Megatron-Bridge 25.11" else "deepep"
-        assert row.stack_overrides["moe_dispatcher"] == expected, source
-        assert (row.plan["pp"], row.plan["ep"]) == ((2, 8) if early else (1, 16)), source
-    blank = [r for r in training_rows(suite) if r.label.startswith("gpt-oss-120b") and r.source in
-             ("Megatron-Bridge 25.11", "Megatron-Bridge 26.02")]
-    assert len(blank) == 2 and all("moe_a2a_overlap" not in r.stack_overrides for r in blank)
+    rows = {r.label: r for r in training_rows(suite) if r.label.startswith("qwen3-30b-a3b")}
+    assert len(rows) == 2 and all(r.stack_overrides["moe_a2a_overlap"] is True for r in rows.values())
+    dispatchers = sorted(r.stack_overrides["moe_dispatcher"] for r in rows.values())
+    assert dispatchers == ["alltoall", "deepep"]
+    others = [r for r in training_rows(suite) if r.label not in rows and not r.label.startswith("deepseek-v3")]
+    assert others and all("moe_a2a_overlap" not in r.stack_overrides for r in others)
+
+
+def test_the_later_h100_moe_rows_run_their_releases_configs():
+    """moe_h100_bridge (Megatron-Bridge's H100 rows of 26.02.01-26.06) runs each row with its release's config:
+    Qwen3-30B-A3B at PP 1, EP 16 with HybridEP (costed as DeepEP) and no overlap; Qwen3-235B-A22B with the alltoall
+    dispatcher, the exchange overlapped and TP overlap off; GPT-OSS-120B as its moe_h100 rows."""
+    suite = training_suite(validation_dir() / "moe_h100_bridge.csv")
+    sim = RowSimulator(suite.cluster, suite.stack, model_settings=suite.model_settings)
+    rows = list(training_rows(suite))
+    assert len(rows) == 9 and not any(r.not_modelled for r in rows)
+    for row in rows:
+        stack, plan = sim.stack_for(row), sim.plan_for(row)
+        name = row.model.name
+        if name == "qwen3-30b-a3b":
+            assert (stack.moe_dispatcher.value, stack.moe_a2a_overlap, plan.pp, plan.ep) == ("deepep", False, 1, 16)
+        elif name == "qwen3-235b-a22b":
+            assert (stack.moe_dispatcher.value, stack.moe_a2a_overlap, stack.tp_comm_overlap) == ("alltoall", True, False)
+        else:
+            assert [m.value for m in stack.recompute_modules] == ["layernorm", "moe_act"] and plan.micro_batch_size == 1
+        assert stack.cross_entropy.value == "te" and stack.grad_reduce_dtype.value == "bf16"
 
 
 def test_the_h100_deepseek_rows_run_their_own_launches():
@@ -628,8 +640,7 @@ def test_the_megatron_bridge_rows_run_transformer_engines_loss():
         for row in training_rows(suite):
             if row.not_modelled:
                 continue
-            bridge = name != "nemo_h100_dgxc" and not row.label.startswith("deepseek-v3 bf16")
-            bridge = bridge and not (name == "moe_h100" and row.label.startswith("deepseek-v3"))
+            bridge = name != "nemo_h100_dgxc" and "Megatron-Bridge" in row.source  # dgxc's DeepSeek-V3 rows ran NeMo
             assert (sim.stack_for(row).cross_entropy.value == "te") == bridge, (name, row.label)
 
 
