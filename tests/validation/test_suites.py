@@ -585,6 +585,8 @@ def test_the_h100_qwen3_30b_rows_run_their_configs_exchange():
     assert len(rows) == 2 and all(r.stack_overrides["moe_a2a_overlap"] is True for r in rows.values())
     dispatchers = sorted(r.stack_overrides["moe_dispatcher"] for r in rows.values())
     assert dispatchers == ["alltoall", "deepep"]
+    sim = RowSimulator(suite.cluster, suite.stack, model_settings=suite.model_settings)
+    assert {sim.stack_for(r).fp8_recipe.value for r in training_rows(suite) if r.label.startswith("qwen3")} == {"current"}
     others = [r for r in training_rows(suite) if r.label not in rows and not r.label.startswith("deepseek-v3")]
     assert others and all("moe_a2a_overlap" not in r.stack_overrides for r in others)
 
@@ -600,6 +602,8 @@ def test_the_later_h100_moe_rows_run_their_releases_configs():
     for row in rows:
         stack, plan = sim.stack_for(row), sim.plan_for(row)
         name = row.model.name
+        if name.startswith("qwen3"):  # the configs' FP8_CS: bf16_with_fp8_current_scaling_mixed
+            assert stack.fp8_recipe.value == "current"
         if name == "qwen3-30b-a3b":
             assert (stack.moe_dispatcher.value, stack.moe_a2a_overlap, plan.pp, plan.ep) == ("deepep", False, 1, 16)
         elif name == "qwen3-235b-a22b":
