@@ -26,7 +26,7 @@
 * Headroom: a plan fits when every GPU keeps ``headroom_bytes`` free below capacity
   (``--memory-headroom``; default a share of the GPU's memory, memory.yaml).
 
-Micro-batches in flight, derived from each schedule's order of forward and backward passes:
+Micro-batches in flight (``cost/schedule_memory.py``), derived from each schedule's order of forward and backward passes:
 GPipe runs all m forwards first (m in flight); 1F1B (Narayanan et al. 2021) lets stage i of p run
 p - i - 1 warm-up forwards and one more before its first backward, so min(p - i, m); Megatron-LM's
 interleaved schedule gives rank i (p - i - 1) x 2 + (v - 1) x p warm-up model-chunk forwards,
@@ -72,7 +72,8 @@ from echo_plan.layout.layer_mix import (all_stage_kind_counts, layer_params_per_
 from echo_plan.layout.schedules_zb import split_layout
 from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.layout.sharding import DataParallelSharding
-from echo_plan.cost.schedule_memory import held_profile, profile_microbatches, walk_stage
+from echo_plan.cost.schedule_memory import (held_profile, inflight_chunk_passes, inflight_on_chunk,
+                                            profile_microbatches, walk_stage)
 
 GiB = 2**30
 
@@ -217,30 +218,6 @@ def fp8_weight_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, stag
     return layer * layer_weight_extra_bytes(plan.dtype, stack, bf16_bytes)
 
 
-# -- micro-batches in flight --------------------------------------------------------------------
-
-def inflight_chunk_passes(plan: PlanSpec, stage: int) -> int:
-    """Forward passes (of one model chunk each) held on ``stage`` at its activation peak."""
-    p, m, v = plan.pp, plan.num_microbatches, plan.virtual_stages
-    if plan.schedule is Schedule.GPIPE:
-        return m * v
-    if plan.schedule is Schedule.INTERLEAVED and v > 1:
-        return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
-    return min(p - stage, m)
-
-
-def inflight_on_chunk(plan: PlanSpec, stage: int, chunk: int) -> int:
-    """Micro-batches whose forward on model chunk ``chunk`` of ``stage`` is held at the peak."""
-    p, v = plan.pp, plan.virtual_stages
-    n = inflight_chunk_passes(plan, stage)
-    if v == 1:
-        return n
-    if plan.schedule is Schedule.GPIPE:
-        return plan.num_microbatches
-    # Megatron-LM's interleaved order: p micro-batches on chunk 0, the same p on chunk 1, ...
-    return sum(1 for k in range(n) if (k % (p * v)) // p == chunk)
-
-
 # -- assembly -----------------------------------------------------------------------------------
 
 def stage_memory(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, traces: ModelTracesLike,
@@ -382,7 +359,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
                 act += (output_saved + mtp) * inflight_on_chunk(plan, i, v - 1)
             transient = (c.loss_transient_bytes_per_logit(plan, stack.cross_entropy)
                          * (model.seq_length // plan.cp) * plan.micro_batch_size * model.vocab_size / plan.tp)
-        transient += pipeline_runtime_bytes(model, plan, stack, i, [inflight_on_chunk(plan, i, k) for k in range(v)])
+        transient += pipeline_runtime_bytes(model, plan, stack, i)
         outside = c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes  # not the caching allocator's
         buffers = outside + c.fragmentation_fraction[stack.cuda_allocator.value] * act + transient
         out.append(StageMemory(

@@ -4,7 +4,7 @@ the loss holds on the last stage and what the pipeline runtime holds, from what 
 from __future__ import annotations
 
 from echo_plan.cost.activation_memory import loss_saved_bytes_per_logit
-from echo_plan.cost.memory import MemoryConstants, inflight_on_chunk, load_memory_constants
+from echo_plan.cost.memory import MemoryConstants, load_memory_constants
 from echo_plan.cost.pipeline_buffers import pipeline_runtime_bytes
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec
@@ -61,9 +61,7 @@ def loss_note(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, consts: Mem
 
 def pipeline_note(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec) -> str:
     """What the pipeline runtime holds beyond the activations on the rank that holds most, in words ("" for none)."""
-    held = [pipeline_runtime_bytes(model, plan, stack, i, [inflight_on_chunk(plan, i, k)
-                                                             for k in range(plan.virtual_stages)])
-            for i in range(plan.pp)]
+    held = [pipeline_runtime_bytes(model, plan, stack, i) for i in range(plan.pp)]
     most = max(held, default=0)
     if most <= 0:
         return ""

@@ -20,17 +20,14 @@ rank's chunks is a stage of its own (torchtitan's "loop" placement: rank r holds
 
 from __future__ import annotations
 
-from typing import Sequence
-
+from echo_plan.cost.schedule_memory import inflight_on_chunk
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec
 from echo_plan.specs.software import PipelineRuntime, SoftwareSpec
 
 
-def pipeline_runtime_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, stage: int,
-                           inflight: Sequence[int]) -> int:
-    """Bytes pipeline rank ``stage`` holds for its runtime beyond the activations; ``inflight[c]``: the
-    micro-batches whose forward on the rank's chunk ``c`` is held at the activation peak."""
+def pipeline_runtime_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, stage: int) -> int:
+    """Bytes pipeline rank ``stage`` holds for its runtime beyond the activations (the module docstring)."""
     if plan.pp == 1 or stack.pipeline_runtime is not PipelineRuntime.TORCH:
         return 0
     m, v, e = plan.num_microbatches, plan.virtual_stages, plan.param_dtype.nbytes
@@ -41,10 +38,10 @@ def pipeline_runtime_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec
         first = stage == 0 and chunk == 0
         last = stage == plan.pp - 1 and chunk == v - 1
         if not first:  # received activations not already held as an in-flight input
-            held += (m - min(m, inflight[chunk])) * boundary
+            held += (m - min(m, inflight_on_chunk(plan, stage, chunk))) * boundary
         if not last:
             held += m * boundary
         else:
             logits = tokens * model.vocab_size * e // plan.tp
-            held += (m - min(m, inflight[chunk])) * logits
+            held += (m - min(m, inflight_on_chunk(plan, stage, chunk))) * logits
     return held

@@ -1,4 +1,5 @@
-"""Activation peaks of the schedules that split the backward (ZB-H1, ZB-V, DualPipe), from their
+"""Micro-batches held in flight by each schedule: the counts of 1F1B, GPipe and the interleaved schedule in closed
+form, and the activation peaks of the schedules that split the backward (ZB-H1, ZB-V, DualPipe) from their
 action lists (``echo_plan/cost/memory.py`` assembles them with the rest of a stage's memory).
 
 A forward adds its chunk's saved bytes; a whole backward frees them; an input-gradient pass frees
@@ -16,6 +17,28 @@ from echo_plan.layout.layer_mix import kind_counts
 from echo_plan.layout.schedules import Pass, build_schedule
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec, Schedule
+
+
+def inflight_chunk_passes(plan: PlanSpec, stage: int) -> int:
+    """Forward passes (of one model chunk each) held on ``stage`` at its activation peak."""
+    p, m, v = plan.pp, plan.num_microbatches, plan.virtual_stages
+    if plan.schedule is Schedule.GPIPE:
+        return m * v
+    if plan.schedule is Schedule.INTERLEAVED and v > 1:
+        return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
+    return min(p - stage, m)
+
+
+def inflight_on_chunk(plan: PlanSpec, stage: int, chunk: int) -> int:
+    """Micro-batches whose forward on model chunk ``chunk`` of ``stage`` is held at the peak."""
+    p, v = plan.pp, plan.virtual_stages
+    n = inflight_chunk_passes(plan, stage)
+    if v == 1:
+        return n
+    if plan.schedule is Schedule.GPIPE:
+        return plan.num_microbatches
+    # Megatron-LM's interleaved order: p micro-batches on chunk 0, the same p on chunk 1, ...
+    return sum(1 for k in range(n) if (k % (p * v)) // p == chunk)
 
 
 def walk_peak(actions, held: list[float], retained: list[float]) -> float:
