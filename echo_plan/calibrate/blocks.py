@@ -16,7 +16,7 @@ from typing import Any
 
 from echo_plan import __version__
 from echo_plan.calibrate.a2a_fit import a2a_block, merge as merge_a2a
-from echo_plan.calibrate.fp8_fit import fp8_block, is_fp8, merge
+from echo_plan.calibrate.fp8_fit import FIGURES, fp8_block, is_fp8, merge
 from echo_plan.calibrate.host_fit import host_block, merge as merge_host
 from echo_plan.calibrate.preset_files import fit_labels, recipes, recipes_without, rule_words
 from echo_plan.errors import EchoPlanError
@@ -55,17 +55,28 @@ def network_block(recipe: dict, vdir: Path) -> dict[str, Any]:
     }}
 
 
-def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None) -> dict[str, Any]:
+def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None,
+                  low_precision: dict[str, float] | None = None) -> dict[str, Any]:
+    """The compute figures of ``recipe``, fitted on its bf16 rows (fp8 rows fit their own figure, fp8_fit.py)
+    and on its ``attention_rows``: rows of any precision named because their long sequences make the
+    fused-attention figure visible (their GEMMs at the low-precision figures ``low_precision``, else the priors)."""
     from echo_plan.calibrate.steps import calibrate_rows, calibration_block  # deferred: loads numpy
+    from echo_plan.cost.calibration import ComputeCalibration
 
     suite = training_suite(vdir / f"{recipe['suite']}.csv")
-    rows = [r for r in training_rows(suite) if not is_fp8(r)]  # fp8 rows fit their own figure (fp8_fit.py)
-    fit = fit_labels(rows, recipe["fit_rows"])
+    every = training_rows(suite)
+    attention = {str(x) for x in recipe.get("attention_rows") or ()}
+    unknown = sorted(attention - {r.label for r in every if not r.not_modelled})
+    if unknown:
+        raise EchoPlanError(f"calibration recipe for {suite.name}: attention_rows names {unknown[0]!r}, which is not "
+                            f"a modelled row of {suite.path.name}")
+    rows = [r for r in every if not is_fp8(r) or r.label in attention]
+    fit = fit_labels(rows, recipe["fit_rows"]) | attention
     held = {r.label for r in rows if not r.not_modelled} - fit
     cal = calibrate_rows(rows, cluster, suite.stack, held, model_settings=suite.model_settings, cache=cache,
-                         progress=progress)
-    return calibration_block(cal, suite.name, f"{suite.path.name}, {rule_words(recipe['fit_rows'])}",
-                             dict(cluster.calibration or {}))
+                         progress=progress, fixed=ComputeCalibration(**(low_precision or {})))
+    words = rule_words(recipe["fit_rows"]) + (f" and {len(attention)} named for attention" if attention else "")
+    return calibration_block(cal, suite.name, f"{suite.path.name}, {words}", dict(cluster.calibration or {}))
 
 
 COMPUTE_FIGURES = ("gemm_efficiency_scale", "attention_efficiency_scale", "memory_bandwidth_scale", "kernel_overhead_us")
@@ -108,6 +119,13 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None, leave_out: str | 
             block = compute_block(recipe, vdir, cluster, cache, progress)
 
         fp8 = fp8_block(recipe, vdir, cluster.replace(calibration={**blocks.get(first, {}), **block}), cache, progress)
+        if recipe.get("attention_rows") and fp8 is not None and not recipe.get("fp8_only"):
+            # the attention rows' GEMMs ran at the low-precision figures, which the first fit took at their priors:
+            # once more with the figures just fitted (one round; the GEMM figures hardly move the attention rows)
+            scales = {FIGURES[k]: f["scale"] for k, f in fp8["fits"].items()}
+            block = compute_block(recipe, vdir, cluster, cache, progress, low_precision=scales)
+            fp8 = fp8_block(recipe, vdir, cluster.replace(calibration={**blocks.get(first, {}), **block}), cache,
+                            progress)
         if fp8 is not None:
             block = {**block, "compute": merge(block["compute"], fp8)}
         for preset in recipe["presets"]:

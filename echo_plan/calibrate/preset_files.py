@@ -37,7 +37,8 @@ def recipes_without(every: dict[str, Any], suite: str) -> dict[str, Any]:
         if fitted_on(recipe, suite):
             stand_in = recipe.get("stand_in")
             if stand_in and stand_in.get("suite") != suite and "suite" in recipe:
-                out[name] = {**recipe, "suite": stand_in["suite"], "fit_rows": stand_in["fit_rows"]}
+                out[name] = {**recipe, "suite": stand_in["suite"], "fit_rows": stand_in["fit_rows"],
+                             "attention_rows": stand_in.get("attention_rows") or []}  # rows of the stand-in's suite
             continue
         out[name] = recipe
     return out

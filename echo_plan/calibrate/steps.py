@@ -67,8 +67,10 @@ def without_compute_calibration(cluster: Any) -> Any:
 
 def calibrate_rows(rows: Sequence[TrainingRow], cluster: Any, stack_name: str, held_out: set[str],
                    fit: Sequence[str] = DEFAULT_FIT, model_settings: Any = None, cache: Any = None,
-                   progress: Callable[[int, str], None] | None = None) -> StepsCalibration:
-    """Fit ``cluster``'s compute figures on the simulable rows not in ``held_out``; predict all."""
+                   progress: Callable[[int, str], None] | None = None,
+                   fixed: ComputeCalibration | None = None) -> StepsCalibration:
+    """Fit ``cluster``'s compute figures on the simulable rows not in ``held_out``; predict all. ``fixed``: the
+    figures not fitted here (the low-precision GEMM scales of fp8 rows among the fit rows), else their priors."""
     base = without_compute_calibration(cluster)
     sim = RowSimulator(base, stack_name, cache, model_settings=model_settings)
     simulable = [r for r in rows if not r.not_modelled]
@@ -88,7 +90,7 @@ def calibrate_rows(rows: Sequence[TrainingRow], cluster: Any, stack_name: str, h
         return out
 
     result = fit_compute(predict, [r.measured_step_s for r in fit_rows], [r.label for r in fit_rows], fit,
-                         progress=progress)
+                         base=fixed, progress=progress)
     steps = predict(result.calibration, simulable)
     outcomes = tuple(RowOutcome(r, s, r.label in held_out) for r, s in zip(simulable, steps))
     return StepsCalibration(result, outcomes, stack_name)

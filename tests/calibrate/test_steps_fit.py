@@ -43,6 +43,27 @@ def test_a_figure_the_rows_cannot_see_stays_at_its_prior():
         fit_compute(lambda cal: [1.0], [1.0], ["x"], fit=("clock_speed",))
 
 
+def test_a_fixed_figure_is_held_while_the_others_are_fitted():
+    """Rows whose GEMMs ran in FP8 join a fit at the fp8 figure fitted elsewhere (``base``): it is neither moved
+    nor reset to its prior, and the fitted figures are what the rows need at it."""
+    # step = bf16 GEMM seconds / gemm scale + fp8 GEMM seconds / (gemm scale x fp8 scale) + attention / its scale
+    rows = [(4.0, 0.0, 1.0), (0.0, 3.0, 4.0), (2.0, 2.0, 0.5), (1.0, 0.0, 6.0)]
+    truth = ComputeCalibration(gemm_efficiency_scale=0.7, fp8_gemm_efficiency_scale=1.2,
+                               attention_efficiency_scale=0.6)
+
+    def predict(cal):
+        return [b / cal.gemm_efficiency_scale + f / (cal.gemm_efficiency_scale * cal.fp8_gemm_efficiency_scale)
+                + a / cal.attention_efficiency_scale for b, f, a in rows]
+
+    fit = fit_compute(predict, predict(truth), [str(i) for i in range(len(rows))],
+                      fit=("gemm_efficiency_scale", "attention_efficiency_scale"),
+                      base=ComputeCalibration(fp8_gemm_efficiency_scale=1.2))
+    assert fit.calibration.fp8_gemm_efficiency_scale == 1.2
+    assert fit.calibration.gemm_efficiency_scale == pytest.approx(0.7, rel=0.02)
+    assert fit.calibration.attention_efficiency_scale == pytest.approx(0.6, rel=0.03)
+    assert fit.determined("attention_efficiency_scale")
+
+
 def test_recovers_a_gemm_scale_through_the_real_simulator(tmp_path):
     """Step times simulated with a known calibration are fitted back from the uncalibrated preset."""
     from echo_plan.calibrate.steps import calibrate_rows

@@ -1,0 +1,40 @@
+"""The calibration blocks of the shipped presets (calibrate/blocks.py): rows named for attention."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo_plan.calibrate.blocks import compute_block
+from echo_plan.calibrate.preset_files import recipes, recipes_without
+from echo_plan.errors import EchoPlanError
+from echo_plan.specs import load_cluster
+from echo_plan.validation.megatron import validation_dir
+from echo_plan.validation.suites import fitted_rows
+
+
+def test_the_rows_named_for_attention_are_fitted_and_see_the_attention_figure():
+    """h100-gt's recipe names two long-sequence float8 rows: the shipped preset was fitted on them (validate counts
+    them as fitted, not held out), and its attention figure is no longer the prior the 8K rows could not see."""
+    recipe = recipes()["compute-h100-gt"]
+    named = set(recipe["attention_rows"])
+    assert len(named) >= 2
+    cluster = load_cluster("h100-gt")
+    assert named <= fitted_rows(cluster, recipe["suite"])
+    compute = cluster.calibration["compute"]
+    assert not any(note.startswith("attention_efficiency_scale") for note in compute.get("notes") or ())
+    assert compute["attention_efficiency_scale"] != pytest.approx(1.0, abs=0.05)
+    # the fp8 figure the attention rows' GEMMs ran at is the one the fp8 fit gave, not its prior
+    assert compute["fp8_gemm_efficiency_scale"] != 1.0 and "fp8_fit" in compute
+
+
+def test_a_row_named_for_attention_that_the_suite_lacks_is_a_one_line_error():
+    recipe = {**recipes()["compute-h100-gt"], "attention_rows": ["llama3-8b fp8 8 GPUs at 1M tokens"]}
+    with pytest.raises(EchoPlanError, match="attention_rows names 'llama3-8b fp8 8 GPUs at 1M tokens'"):
+        compute_block(recipe, validation_dir(), load_cluster("h100-gt"))
+
+
+def test_a_stand_in_suite_does_not_inherit_the_rows_named_for_attention():
+    every = {"r": {"suite": "a", "fit_rows": ["x"], "attention_rows": ["long x"], "presets": ["h100-gt"],
+                   "stand_in": {"suite": "b", "fit_rows": "even"}}}
+    assert recipes_without(every, "a")["r"]["attention_rows"] == []
+    assert recipes_without(every, "c") == every
