@@ -20,12 +20,13 @@ from echo_plan.errors import SpecError
 from echo_plan.specs.base import Spec
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, AttentionLibrary, CPComm,
-                                            CrossEntropy, CudaAllocator, CudaGraphScope, Fp8Recipe, MoEDispatcher,
-                                            OptimizerSharding, PipelineRuntime, RecomputeModule, RecomputePolicy)
+                                            CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, Fp8Recipe,
+                                            MoEDispatcher, OptimizerSharding, PipelineRuntime, RecomputeModule,
+                                            RecomputePolicy)
 
 # the enums live in software_kinds.py; importing them from here keeps working
-__all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CrossEntropy", "CudaAllocator",
-           "CudaGraphScope", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "MoEDispatcher", "OptimizerSharding", "RecomputeModule",
+__all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CPRuntime", "CrossEntropy",
+           "CudaAllocator", "CudaGraphScope", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "MoEDispatcher", "OptimizerSharding", "RecomputeModule",
            "PipelineRuntime", "RecomputePolicy", "SoftwareSpec", "check_precision", "check_stack_supports"]
 
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
@@ -146,6 +147,13 @@ class SoftwareSpec(Spec):
         description="PyTorch's caching allocator as the framework's launch sets it: default or expandable_segments "
                     "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which fragments less")
     cp_comm: CPComm = Field(default=CPComm.P2P, description="context-parallel attention: ring p2p or all-gather")
+    cp_runtime: CPRuntime = Field(
+        default=CPRuntime.TRANSFORMER_ENGINE,
+        description="what runs context-parallel attention: transformer_engine (Megatron-Core's: a kernel per query "
+                    "chunk and step, a fused merge) or torch (torch's ring attention, torchtitan's: an SDPA call per "
+                    "ring step on K/V repeated to the query heads, eager fp32 merges, fp32 dQ/dK/dV accumulators, "
+                    "dK/dV sent round the ring after each step; cp_comm all_gather is its rotate method allgather, "
+                    "p2p its alltoall)")
     cross_entropy: CrossEntropy = Field(
         default=CrossEntropy.UNFUSED,
         description="the loss kernels: unfused (Megatron-Core's default: the logits upcast to fp32, the fp32 softmax "
@@ -263,6 +271,7 @@ class SoftwareSpec(Spec):
                 + (",act-in-fp8" if self.moe_act_input_fp8 else "")
                 + (",fp8-dispatch" if self.moe_dispatch_fp8 else "")
                 + ("" if self.cp_comm is CPComm.P2P else f";cp={self.cp_comm.value}")
+                + ("" if self.cp_runtime is CPRuntime.TRANSFORMER_ENGINE else f";cp-rt={self.cp_runtime.value}")
                 + ("" if self.fused_projections else ";split-proj")
                 + ("" if self.cross_entropy is CrossEntropy.UNFUSED else f";ce={self.cross_entropy.value}")
                 + ("" if self.fused_rope_scales else ";rope-unscaled")

@@ -113,3 +113,13 @@ class CPComm(str, Enum):
 
     P2P = "p2p"  # ring attention: K/V chunks passed round the CP ring, overlapped with attention
     ALL_GATHER = "all_gather"  # all-gather K/V before attention, reduce-scatter dK/dV (Llama 3)
+
+
+class CPRuntime(str, Enum):
+    """The code that runs context-parallel attention (``trace/context_parallel.py``)."""
+
+    TRANSFORMER_ENGINE = "transformer_engine"  # TE's CP attention functions (Megatron-Core): one kernel per query chunk
+    # and step, the partial outputs merged by a fused correction kernel, dK/dV passed on in bf16
+    TORCH = "torch"  # torch.distributed.tensor.experimental's ring attention (torchtitan): an SDPA call per ring step
+    # on K/V with their heads repeated to the query heads, outputs merged in fp32 by eager ops, dQ/dK/dV accumulated
+    # in fp32 and dK/dV passed round the ring after every step

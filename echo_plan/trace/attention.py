@@ -55,7 +55,8 @@ class Attention(nn.Module):
                  cp_group: TPGroup | None = None) -> None:
         super().__init__()
         self.window = window
-        self.cp_group, self.cp_comm = cp_group, stack.cp_comm  # context parallelism (``context_parallel.py``)
+        # context parallelism (``context_parallel.py``)
+        self.cp_group, self.cp_comm, self.cp_runtime = cp_group, stack.cp_comm, stack.cp_runtime
         cp = cp_group.size if cp_group is not None else 1
         if cp > 1 and (window or stack.attention is not AttentionKernel.FUSED):
             raise SpecError("cp", cp, f"context parallelism needs full causal attention with the fused kernel "
@@ -94,7 +95,7 @@ class Attention(nn.Module):
         s, b = q.shape[0], q.shape[1]
         q, k, v = fused_inputs(q, k, v)
         if self.cp_group is not None:
-            return context_parallel_attention(q, k, v, self.cp_group, self.cp_comm, self.dropout_p)
+            return context_parallel_attention(q, k, v, self.cp_group, self.cp_comm, self.dropout_p, self.cp_runtime)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d] views of the sbhd layout
         ctx = kernels.attention(q, k, v, causal=True, dropout_p=self.dropout_p, window=self.window)
         return ctx.permute(2, 0, 1, 3).reshape(s, b, self.heads * ctx.shape[-1])

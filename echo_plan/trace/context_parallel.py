@@ -21,6 +21,19 @@ ways to get them (the stack's ``cp_comm``, Megatron-Core's ``--cp-comm-type``):
   sequence order), each local query chunk attends to the keys up to its own position under the
   causal mask, and backward reduce-scatters dK/dV.
 
+A third way is PyTorch's own ring attention (stack ``cp_runtime: torch``, torchtitan's
+``context_parallel``; ``torch/distributed/tensor/experimental/_attention.py`` ``_templated_ring_attention``
+and its backward, as torch 2.5-2.8 run it with load balancing and ``convert_to_f32``): the model repeats the
+K/V heads to the query heads before SDPA (torchtitan's ``repeat_kv``), so the ring moves the repeated heads;
+every step is an SDPA call, at step 0 the local queries against the local keys under the causal mask and, on
+rank 0, the late query chunk against each visiting rank's keys unmasked; the partial outputs are merged by eager
+fp32 ops (a sigmoid of the log-sum-exp difference, the output's and log-sum-exp's updates, the merged half
+written back into a new buffer); K/V are packed into one buffer by a cat at each step (``cp_comm`` all_gather,
+the rotate method allgather: gathered once, the cat made and unused; p2p, its alltoall: each cat sent on). Its
+backward gathers K/V again, runs an SDPA backward per step, accumulates dQ, dK and dV in fp32 (zeroed buffers,
+the half of dQ added through a new buffer), packs dK/dV by a cat after every step and sends them on (cp sends:
+the last brings each rank its own), and casts the three back.
+
 Rank 0 is traced; the load balancing gives every rank the same FLOPs (rank 0's steps are all of
 the "late half" kind, a middle rank mixes both kinds of equal size). The loss's CP all-reduce of
 token counts (a few bytes) is left out.
@@ -29,8 +42,9 @@ token counts (a few bytes) is left out.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from echo_plan.specs.software import CPComm
+from echo_plan.specs.software import CPComm, CPRuntime
 from echo_plan.trace import kernels, parallel
 from echo_plan.trace.fake_pg import TPGroup
 
@@ -169,9 +183,104 @@ class _AllGatherAttention(torch.autograd.Function):
         return dq, mine[:, :, 0], mine[:, :, 1], None, None
 
 
+def _flat_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """torch's ring attention packs K and V into one flat buffer (``torch.cat([key.flatten(), value.flatten()])``)."""
+    return torch.cat((k.reshape(-1), v.reshape(-1)))
+
+
+def _unflat(buf: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two tensors shaped as ``like`` ([b, heads, s, d]) that :func:`_flat_kv` packed: views."""
+    n = like.numel()
+    return buf[:n].view(like.shape), buf[n:].view(like.shape)
+
+
+class _TorchKV:
+    """The K/V a rank sees at each ring step of torch's ring attention: its own at step 0, then step i's rank's,
+    from one all-gather (rotate method allgather) or one exchange per step (alltoall); a packing cat at every step
+    but the last, as torch makes it."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, group: TPGroup, comm: CPComm) -> None:
+        self.k, self.v, self.group, self.comm = k, v, group, comm
+        buf = _flat_kv(k, v)
+        self.n = buf.numel()
+        self.gathered = parallel.all_gather(buf, group) if comm is CPComm.ALL_GATHER else None
+        self.recv = kernels.cp_exchange(buf, group.name) if comm is not CPComm.ALL_GATHER and group.size > 1 else None
+
+    def step(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if i == 0:
+            return self.k, self.v
+        cur = self.gathered[i * self.n:(i + 1) * self.n] if self.gathered is not None else self.recv
+        k, v = _unflat(cur, self.k)
+        if i + 1 < self.group.size:
+            nxt = _flat_kv(k, v)
+            if self.gathered is None:
+                self.recv = kernels.cp_exchange(nxt, self.group.name)
+        return k, v
+
+
+class _TorchRingAttention(torch.autograd.Function):
+    """torch's ring attention on rank 0 of the CP group (module docstring): q, k, v are [s_local, b, heads, d] with
+    the K/V heads already repeated to the query heads."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group: TPGroup, comm: CPComm, dropout_p: float):
+        s, b, c = q.shape[0], q.shape[1], q.shape[0] // 2
+        qb, kb, vb = _bhsd(q), _bhsd(k), _bhsd(v)
+        ring = _TorchKV(kb, vb, group, comm)
+        out32 = lse32 = None
+        for i in range(group.size):
+            ki, vi = ring.step(i)
+            if i == 0:
+                o, lse = kernels.attention_with_lse(qb, ki, vi, True, dropout_p)
+                out32, lse32 = o.float(), lse.float()
+                continue
+            o, lse = kernels.attention_with_lse(qb[:, :, c:], ki, vi, False, dropout_p)
+            h_out, h_lse = out32[:, :, c:], lse32[:, :, c:]
+            merged = h_out - torch.sigmoid((lse - h_lse).unsqueeze(-1)) * (h_out - o)
+            merged_lse = h_lse - F.logsigmoid(h_lse - lse)
+            out32 = torch.cat((out32[:, :, :c], merged), dim=2)  # _partial_update: the late half into a new buffer
+            lse32 = torch.cat((lse32[:, :, :c], merged_lse), dim=2)
+        out = out32.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse32)
+        ctx.group, ctx.comm, ctx.p = group, comm, dropout_p
+        return _sbhd(out).reshape(s, b, -1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        group, c = ctx.group, q.shape[0] // 2
+        qb, kb, vb = _bhsd(q), _bhsd(k), _bhsd(v)
+        gb = _bhsd(grad.reshape(q.shape))
+        ring = _TorchKV(kb, vb, group, ctx.comm)
+        dq = torch.zeros_like(qb, dtype=torch.float32)
+        dk = torch.zeros_like(kb, dtype=torch.float32)
+        dv = torch.zeros_like(vb, dtype=torch.float32)
+        sent = None
+        for i in range(group.size):
+            ki, vi = ring.step(i)
+            if i == 0:
+                dq_i, dk_i, dv_i = kernels.attention_backward(gb, qb, ki, vi, out, lse, True, ctx.p)
+                dq = dq + dq_i
+            else:
+                dq_i, dk_i, dv_i = kernels.attention_backward(gb[:, :, c:], qb[:, :, c:], ki, vi, out[:, :, c:],
+                                                              lse[:, :, c:].contiguous(), False, ctx.p)
+                dk, dv = _unflat(sent, dk)  # the visiting chunk's dK/dV so far, from the previous rank
+                dq = torch.cat((dq[:, :, :c], dq[:, :, c:] + dq_i), dim=2)  # _partial_update with add
+            dk, dv = dk + dk_i, dv + dv_i
+            sent = kernels.cp_exchange(_flat_kv(dk, dv), group.name)
+        dk, dv = _unflat(sent, dk)  # after cp sends each rank holds its own chunk's sums
+        return (_sbhd(dq.to(q.dtype)), _sbhd(dk.to(k.dtype)), _sbhd(dv.to(v.dtype)), None, None, None)
+
+
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: TPGroup,
-                               comm: CPComm, dropout_p: float = 0.0) -> torch.Tensor:
+                               comm: CPComm, dropout_p: float = 0.0,
+                               runtime: CPRuntime = CPRuntime.TRANSFORMER_ENGINE) -> torch.Tensor:
     """Causal attention over the whole sequence from this CP rank's two chunks ([s_local, b, heads, d]
     each); returns [s_local, b, heads * d]."""
+    if runtime is CPRuntime.TORCH:
+        rep = q.shape[2] // k.shape[2]  # torchtitan's repeat_kv: the K/V heads repeated before SDPA (a copy each)
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        return _TorchRingAttention.apply(q, k, v, group, comm, float(dropout_p))
     fn = _RingAttention if comm is CPComm.P2P else _AllGatherAttention
     return fn.apply(q, k, v, group, float(dropout_p))

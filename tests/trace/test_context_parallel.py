@@ -93,3 +93,48 @@ def test_all_gather_variant_gathers_kv_and_reduce_scatters_grads(llama_small):
 def test_cp_that_does_not_split_the_sequence_is_refused(llama_small):
     with pytest.raises(SpecError, match="2 x cp"):
         _block(llama_small, cp=3)  # 128 tokens do not divide into 6 chunks
+
+
+def _torch_ring(model, cp, comm="all_gather"):
+    return _block(model, cp=cp, stack=load_stack(None, {"cp_runtime": "torch", "cp_comm": comm}))
+
+
+@pytest.mark.parametrize("comm", ["all_gather", "p2p"])
+@pytest.mark.parametrize("cp", [2, 4])
+def test_torch_ring_attention_keeps_the_attention_flops(llama_small, cp, comm):
+    base = _block(llama_small)
+    ring = _torch_ring(llama_small, cp, comm)
+    for fwd in (True, False):
+        assert cp * _attention_work(ring, fwd) == pytest.approx(_attention_work(base, fwd), rel=1e-9)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_torch_ring_moves_the_repeated_heads_and_fp32_gradients_after_every_step(llama_small, cp):
+    """torchtitan repeats the K/V heads before SDPA, so the ring carries the query heads; the allgather rotate
+    method gathers K/V once each way, and dK/dV travel in fp32 after each of the cp steps."""
+    rep = llama_small.num_attention_heads // llama_small.kv_heads
+    kv = _kv_bytes(llama_small, 1, cp) * rep
+    trace = _torch_ring(llama_small, cp)
+    ring = [op for op in trace.ops if op.collective is not None and op.collective.group.kind is GroupKind.CP]
+    gathers = [op for op in ring if op.collective.kind is CollectiveKind.ALL_GATHER]
+    sends = [op for op in ring if op.collective.kind is CollectiveKind.SEND_RECV]
+    assert sorted(op.phase is Phase.FORWARD for op in gathers) == [False, True]  # once in forward, once in backward
+    assert all(op.collective.nbytes == cp * kv for op in gathers)
+    assert len(sends) == cp and all(op.phase is not Phase.FORWARD and op.collective.nbytes == 2 * kv for op in sends)
+    p2p = _torch_ring(llama_small, cp, "p2p")  # the alltoall rotate method: K/V sent on at each step instead
+    kv_sends = [op for op in p2p.ops if op.collective is not None and op.collective.kind is CollectiveKind.SEND_RECV
+                and op.collective.nbytes == kv]
+    assert len([op for op in kv_sends if op.phase is Phase.FORWARD]) == cp - 1
+
+
+def test_torch_ring_merges_in_fp32_with_eager_ops(llama_small):
+    """Each ring step after the first is merged into the running output by eager fp32 ops (no fused correction
+    kernel); the TE runtime's merge is one fused kernel per step."""
+    cp = 4
+    ring = _torch_ring(llama_small, cp)
+    fwd = [op for op in ring.ops if op.phase is Phase.FORWARD]
+    assert sum(op.name == "aten.sigmoid.default" and op.outputs[0].dtype == "float32" for op in fwd) == cp - 1
+    assert not any("attn_out_correction" in op.name for op in ring.ops)
+    te = _block(llama_small, cp=cp)
+    assert sum("attn_out_correction" in op.name for op in te.ops if op.phase is Phase.FORWARD) == cp - 1
+    assert ring.key != te.key  # the runtime is part of the trace's key
