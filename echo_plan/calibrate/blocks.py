@@ -19,6 +19,7 @@ from echo_plan.calibrate.a2a_fit import a2a_block, merge as merge_a2a
 from echo_plan.calibrate.fp8_fit import FIGURES, fp8_block, is_fp8, merge
 from echo_plan.calibrate.host_fit import host_block, merge as merge_host
 from echo_plan.calibrate.preset_files import fit_labels, recipes, recipes_without, rule_words
+from echo_plan.cost.calibration import ComputeCalibration
 from echo_plan.errors import EchoPlanError
 from echo_plan.interop.nccl_tests import parse_nccl_tests
 from echo_plan.specs import load_cluster
@@ -61,7 +62,6 @@ def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, pro
     and on its ``attention_rows``: rows of any precision named because their long sequences make the
     fused-attention figure visible (their GEMMs at the low-precision figures ``low_precision``, else the priors)."""
     from echo_plan.calibrate.steps import calibrate_rows, calibration_block  # deferred: loads numpy
-    from echo_plan.cost.calibration import ComputeCalibration
 
     suite = training_suite(vdir / f"{recipe['suite']}.csv")
     every = training_rows(suite)
