@@ -202,12 +202,16 @@ class LayoutCheck:
                 *(f"console: {c}" for c in self.console)]
 
 
-def with_probe(report_html: str) -> str:
-    """The report's text with the probe script added just before its last ``</body>``."""
+PROBE_WAITS = "var maxWaits = 600;"
+
+
+def with_probe(report_html: str, budget_ms: int = 60000) -> str:
+    """The report's text with the probe script added just before its last ``</body>``; the probe waits for the
+    charts up to half the load's virtual time ``budget_ms``, so a load with more time waits longer."""
     at = report_html.rfind("</body>")
     if at < 0:
         raise EchoPlanError("not an echo-plan report: it has no </body>")
-    probe = PROBE.read_text(encoding="utf-8")
+    probe = PROBE.read_text(encoding="utf-8").replace(PROBE_WAITS, f"var maxWaits = {max(1, budget_ms // 100)};", 1)
     return report_html[:at] + f"<script>{probe}</script>\n" + report_html[at:]
 
 
@@ -227,11 +231,16 @@ def check_layout(report: Path, chromium: str, window: tuple[int, int] = (1280, 1
     text = Path(report).read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory(prefix="echo-plan-layout-", dir=profile_root) as tmp:
         probed = Path(tmp) / "probed.html"
-        probed.write_text(with_probe(text), encoding="utf-8")
+        probed.write_text(with_probe(text, budget_ms), encoding="utf-8")
         page = load(probed, chromium, budget_ms=budget_ms, window=window, profile_root=profile_root)
-        for _ in range(RETRIES):  # a dump taken before the scripts ran (browser.load's docstring)
-            if read_layout(page.dom) is not None or page.js_errors:
+        for _ in range(RETRIES):  # a dump taken before the scripts ran (browser.load's docstring), or before every
+            # chart drew (a loaded machine): loaded again, the latter with three times the virtual time, as screenshot
+            found = read_layout(page.dom)
+            if page.js_errors or (found is not None and found.get("charts_ready") == found.get("charts_expected")):
                 break
+            if found is not None:
+                budget_ms *= 3
+                probed.write_text(with_probe(text, budget_ms), encoding="utf-8")
             page = load(probed, chromium, budget_ms=budget_ms, window=window, profile_root=profile_root)
     facts = read_layout(page.dom)
     if facts is None:

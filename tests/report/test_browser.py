@@ -191,6 +191,21 @@ def test_the_probe_finds_sections_out_of_the_navigation_order(reports, tmp_path)
     assert "against the navigation's order" in problems, problems
 
 
+def test_the_layout_check_waits_for_a_chart_that_draws_late(reports, tmp_path):
+    """A chart that draws after the first load's virtual time (a loaded machine) is waited for, as the screenshot
+    waits: the page is loaded again with three times the budget instead of reporting "0 of 1 charts drew"."""
+    late = tmp_path / "late.html"
+    text = reports["whatif"].read_text(encoding="utf-8")
+    call = "drawn.push(Plotly.newPlot(el, c.data, c.layout, config));"
+    assert call in text
+    late.write_text(text.replace(call, "drawn.push(new Promise(function (ok) { setTimeout(function () { "
+                                       "ok(Plotly.newPlot(el, c.data, c.layout, config)); }, 60000); }));", 1),
+                    encoding="utf-8")
+    check = browser.check_layout(late, CHROMIUM, budget_ms=60000, profile_root=tmp_path)
+    assert check.all_problems() == []
+    assert check.facts["charts_ready"] == check.facts["charts_expected"] == 1
+
+
 def test_screenshot_waits_for_every_chart_and_keeps_the_old_file_on_failure(reports, tmp_path):
     png = tmp_path / "shot.png"
     page = browser.screenshot(reports["compare"], png, CHROMIUM, window=(1200, 1500), profile_root=tmp_path)

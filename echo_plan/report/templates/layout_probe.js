@@ -117,10 +117,11 @@
     try { return String(JSON.parse(data.textContent).charts.length); } catch (e) { return undefined; }
   }
   var waited = 0;
+  var maxWaits = 600;  /* polls of 50 ms for the charts; browser.with_probe sets it from the load's virtual time */
   function run() {
     var expected = chartsExpected();
     var errors = document.documentElement.getAttribute("data-js-errors") || "[]";
-    if ((expected === undefined || document.body.dataset.chartsReady !== expected) && errors === "[]" && waited < 600) {
+    if ((expected === undefined || document.body.dataset.chartsReady !== expected) && errors === "[]" && waited < maxWaits) {
       waited++;
       setTimeout(run, 50);
       return;
