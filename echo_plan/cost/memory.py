@@ -26,7 +26,7 @@
 * Headroom: a plan fits when every GPU keeps ``headroom_bytes`` free below capacity
   (``--memory-headroom``; default a share of the GPU's memory, memory.yaml).
 
-Micro-batches in flight (``cost/schedule_memory.py``), derived from each schedule's order of forward and backward passes:
+Micro-batches in flight (``cost/schedule_memory.py``), from each schedule's order of forward and backward passes:
 GPipe runs all m forwards first (m in flight); 1F1B (Narayanan et al. 2021) lets stage i of p run
 p - i - 1 warm-up forwards and one more before its first backward, so min(p - i, m); Megatron-LM's
 interleaved schedule gives rank i (p - i - 1) x 2 + (v - 1) x p warm-up model-chunk forwards,

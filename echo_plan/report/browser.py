@@ -202,16 +202,14 @@ class LayoutCheck:
                 *(f"console: {c}" for c in self.console)]
 
 
-PROBE_WAITS = "var maxWaits = 600;"
-
-
 def with_probe(report_html: str, budget_ms: int = 60000) -> str:
     """The report's text with the probe script added just before its last ``</body>``; the probe waits for the
-    charts up to half the load's virtual time ``budget_ms``, so a load with more time waits longer."""
+    charts up to half the load's virtual time ``budget_ms`` (``probeMaxWaits``, polls of 50 ms), so a load with
+    more time waits longer."""
     at = report_html.rfind("</body>")
     if at < 0:
         raise EchoPlanError("not an echo-plan report: it has no </body>")
-    probe = PROBE.read_text(encoding="utf-8").replace(PROBE_WAITS, f"var maxWaits = {max(1, budget_ms // 100)};", 1)
+    probe = f"window.probeMaxWaits = {max(1, budget_ms // 100)};\n" + PROBE.read_text(encoding="utf-8")
     return report_html[:at] + f"<script>{probe}</script>\n" + report_html[at:]
 
 

@@ -26,8 +26,8 @@ from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionK
 
 # the enums live in software_kinds.py; importing them from here keeps working
 __all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CPRuntime", "CrossEntropy",
-           "CudaAllocator", "CudaGraphScope", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "MoEDispatcher", "OptimizerSharding", "RecomputeModule",
-           "PipelineRuntime", "RecomputePolicy", "SoftwareSpec", "check_precision", "check_stack_supports"]
+           "CudaAllocator", "CudaGraphScope", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "MoEDispatcher", "OptimizerSharding",
+           "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec", "check_precision", "check_stack_supports"]
 
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 

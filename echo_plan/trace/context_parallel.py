@@ -200,7 +200,7 @@ class _TorchKV:
     but the last, as torch makes it."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, group: TPGroup, comm: CPComm) -> None:
-        self.k, self.v, self.group, self.comm = k, v, group, comm
+        self.k, self.v, self.group = k, v, group
         buf = _flat_kv(k, v)
         self.n = buf.numel()
         self.gathered = parallel.all_gather(buf, group) if comm is CPComm.ALL_GATHER else None

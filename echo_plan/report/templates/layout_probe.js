@@ -117,7 +117,7 @@
     try { return String(JSON.parse(data.textContent).charts.length); } catch (e) { return undefined; }
   }
   var waited = 0;
-  var maxWaits = 600;  /* polls of 50 ms for the charts; browser.with_probe sets it from the load's virtual time */
+  var maxWaits = window.probeMaxWaits || 600;  /* polls of 50 ms for the charts: browser.with_probe sets it */
   function run() {
     var expected = chartsExpected();
     var errors = document.documentElement.getAttribute("data-js-errors") || "[]";
