@@ -87,8 +87,8 @@ class SoftwareSpec(Spec):
     moe_permute_fusion: bool = Field(default=True, description="TE's fused token permute/unpermute kernels")
     moe_probs_in_activation: bool = Field(
         default=True, description="MoE: the router probabilities travel with the token copies and weight the experts' "
-                                  "activation (Megatron-Core >= 0.13, 'memory efficient token permutation'), so "
-                                  "un-permutation keeps no expert output for backward; false: Megatron-Core <= 0.12, "
+                                  "activation (Megatron-Core >= 0.12.1, 'memory efficient token permutation'), so "
+                                  "un-permutation keeps no expert output for backward; false: Megatron-Core <= 0.12.0, "
                                   "the probabilities weight the copies at un-permutation")
     moe_act_input_fp8: bool = Field(
         default=False, description="MoE with the moe_act recompute: the experts' activation keeps its input in FP8 "

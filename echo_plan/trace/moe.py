@@ -3,7 +3,7 @@
 Router (a replicated linear to one logit per expert, softmax or sigmoid scores, top-k), token
 permutation (``index_select`` of each token once per chosen expert, sorted by expert), dispatch,
 the rank's local experts, combine and un-permutation (weighted by the router probabilities,
-``index_add``; with the stack's ``moe_probs_in_activation``, Megatron-Core >= 0.13, the probabilities
+``index_add``; with the stack's ``moe_probs_in_activation``, Megatron-Core >= 0.12.1, the probabilities
 travel with the copies and weight the experts' activation instead, and un-permutation is a sum),
 plus the shared experts as a tensor-parallel MLP beside them. Written after
 megatron/core/transformer/moe/ (router.py, token_dispatcher.py, moe_utils.py, experts.py); the
@@ -183,7 +183,7 @@ class Experts(nn.Module):
         return fp8_grouped_linear(x, w, self.fp8)
 
     def weighted(self, h: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        """The activation weighted by each copy's router probability (Megatron-Core >= 0.13): one fused
+        """The activation weighted by each copy's router probability (Megatron-Core >= 0.12.1): one fused
         kernel keeping its input and the probabilities, or, unfused, the activation then a multiply."""
         kind = WEIGHTED_KINDS.get(self.activation)
         if self.fused_act and kind is not None:

@@ -502,6 +502,9 @@ def test_every_simulated_row_says_whether_it_fits(validated):
         for r in rows:
             assert r["fits"] == (r["memory_peak_gib"] <= r["memory_usable_gib"] < r["memory_capacity_gib"])
             assert r["fits"] == ("does not fit" not in (r["detail"] or "")), r["label"]
+            # every row is a run that ran: none may be predicted not to fit (issue 31's criterion)
+            assert r["fits"], f'{s["name"]}: {r["label"]} predicted at {r["memory_peak_gib"]:.1f} GiB, over ' \
+                              f'{r["memory_usable_gib"]:.1f}'
 
 
 def test_row_memory_reads_the_fullest_gpu():
