@@ -133,18 +133,57 @@ def _compute_words(cal: dict) -> str:
     return "compute fitted on " + ", ".join(f"{len(v)} rows of {k}" for k, v in fitted.items())
 
 
-def pooled_ranges(suites: Iterable[LosoSuite], fam: frozenset[str], leave_out: str | None = None) -> RangeTable:
-    """The range table of the presets in ``fam`` from the rows of every suite on them but ``leave_out``."""
+def _dense(s: LosoSuite) -> bool:
+    return any(not r.moe for r in s.rows)
+
+
+def carried(suites: Sequence[LosoSuite], keys: dict[str, str], leave_out: str | None = None) -> list[LosoSuite]:
+    """The suites (but ``leave_out``) whose dense runs ran on a GPU (``keys``: preset -> ``GPUSpec.compute_key``) that
+    no other suite of their calibration's presets ran dense rows on: left out, each was predicted by a calibration
+    carried from another GPU and had a range made of other GPUs' rows, as a user's GPU of their own has."""
+    return [t for t in suites if t.name != leave_out and _dense(t) and not any(
+        u.name not in (t.name, leave_out) and u.cluster in t.family and _dense(u) and keys[u.cluster] == keys[t.cluster]
+        for u in suites)]
+
+
+def transfer_group(suites: Sequence[LosoSuite], keys: dict[str, str], leave_out: str | None = None) -> dict | None:
+    """The dense rows of the :func:`carried` suites, as a range table's ``transfer`` group (None if there are none)."""
+    pool = [(f"{s.name}: {r.label}", r.residual) for s in carried(suites, keys, leave_out) for r in s.rows if not r.moe]
+    if not pool:
+        return None
+    counts: dict[str, int] = {}
+    for label, _ in pool:
+        name = label.split(": ", 1)[0]
+        counts[name] = counts.get(name, 0) + 1
+    return {"residuals": [round(x, 5) for _, x in pool], "rows": [label for label, _ in pool],
+            "source": "leave-one-suite-out rows of suites whose GPU no other suite of their calibration ran: "
+                      + "; ".join(f"{k} {n}" for k, n in sorted(counts.items()))}
+
+
+def gpu_keys(suites: Iterable[LosoSuite]) -> dict[str, str]:
+    """Preset name -> its GPU's compute key, for the presets of ``suites``."""
+    return {c: load_cluster(c).gpu.compute_key for c in sorted({s.cluster for s in suites})}
+
+
+def pooled_ranges(suites: Sequence[LosoSuite], fam: frozenset[str], leave_out: str | None = None,
+                  keys: dict[str, str] | None = None) -> RangeTable:
+    """The range table of the presets in ``fam`` from the rows of every suite on them but ``leave_out``, with the GPUs
+    its dense rows ran on and the rows of calibrations carried to another GPU (``transfer``, cost/ranges.py)."""
+    keys = gpu_keys(suites) if keys is None else keys
     pools: dict[tuple[bool, str], list[tuple[str, float]]] = {}
     names: dict[tuple[bool, str], dict[str, int]] = {}
+    gpus: set[str] = set()
     for s in suites:
         if s.name == leave_out or s.cluster not in fam:
             continue
+        if _dense(s):
+            gpus.add(keys[s.cluster])
         for r in s.rows:
             pools.setdefault(r.group, []).append((f"{s.name}: {r.label}", r.residual))
             count = names.setdefault(r.group, {})
             count[s.name] = count.get(s.name, 0) + 1
-    data: dict[str, Any] = {"nominal_coverage": NOMINAL_COVERAGE, "method": RangeMethod.LEAVE_ONE_SUITE_OUT.value}
+    data: dict[str, Any] = {"nominal_coverage": NOMINAL_COVERAGE, "method": RangeMethod.LEAVE_ONE_SUITE_OUT.value,
+                            "gpus": sorted(gpus), "transfer": transfer_group(suites, keys, leave_out)}
     for (moe, stack), pool in sorted(pools.items()):
         source = "; ".join(f"{k} {n}" for k, n in sorted(names[(moe, stack)].items()))
         data.setdefault("moe_by_stack" if moe else "by_stack", {})[stack] = {
@@ -155,9 +194,9 @@ def pooled_ranges(suites: Iterable[LosoSuite], fam: frozenset[str], leave_out: s
 
 def with_coverage(suites: Sequence[LosoSuite]) -> tuple[LosoSuite, ...]:
     """Each row marked inside or outside the range made from the other suites of its GPU generation."""
-    out = []
+    out, keys = [], gpu_keys(suites)
     for s in suites:
-        table = pooled_ranges(suites, s.family, leave_out=s.name).as_json()
+        table = pooled_ranges(suites, s.family, leave_out=s.name, keys=keys).as_json()
         cluster = load_cluster(s.cluster)
         cluster = cluster.replace(calibration={**dict(cluster.calibration or {}), "ranges": table})
         rows = []

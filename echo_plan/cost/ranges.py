@@ -15,8 +15,12 @@ group), so a t quantile rather than a normal one, and the interval is centred wh
 rows say the truth lies, not on the point prediction. ``echo-plan validate`` reports the coverage
 this rule reaches, each suite's rows against a range made from the other suites' rows.
 
-When the cluster has no residuals for the stack, the range falls back, and says so: to another
-stack of the same GPU generation widened by ``OTHER_STACK_WIDENING``, else to ``JUDGEMENT_SD``.
+When none of the table's dense rows ran on the cluster's GPU (``GPUSpec.compute_key``: another power limit,
+memory or generation than the runs the calibration and its ranges came from, as a GPU of the user's own or
+``h200`` with ``dgx-h100``'s calibration), a dense prediction takes the table's ``transfer`` group: the
+leave-one-suite-out rows of the suites that were in that position themselves (``calibrate/loso.py``), the error of
+a calibration carried to another GPU. When the cluster has no residuals for the stack, the range falls back, and
+says so: to another stack of the same GPU generation widened by ``OTHER_STACK_WIDENING``, else to ``JUDGEMENT_SD``.
 Both are judgements (stated where they are defined, here and in specs/calibration.py, and in the
 result's ``range_basis``).
 """
@@ -88,7 +92,23 @@ def _own_stack_range(table: RangeTable, groups: Any, names: list[str], rows: str
     return None
 
 
+def _transfer_range(cluster: Any, table: RangeTable | None) -> PredictionRange | None:
+    """The range of a GPU none of the table's dense rows ran on (``table.gpus``), where the table has the errors of
+    calibrations carried to another GPU (``table.transfer``); None otherwise."""
+    if table is None or table.transfer is None or cluster.gpu.compute_key in table.gpus:
+        return None
+    g = table.transfer
+    lo, hi = table.log_interval(g)
+    return PredictionRange(math.exp(lo), math.exp(hi), NOMINAL_COVERAGE,
+                           f"no validation run on this GPU ({cluster.gpu.name}) among the rows of its calibration: "
+                           f"{NOMINAL_COVERAGE:.0%} range from {g.n} rows of suites whose GPU had none either, each "
+                           f"predicted by a calibration carried from another GPU, {table.method.words} ({g.source})")
+
+
 def _dense_range(cluster: Any, table: RangeTable | None, stack: Any, names: list[str]) -> PredictionRange:
+    carried = _transfer_range(cluster, table)
+    if carried is not None:
+        return carried
     if table is not None:
         own = _own_stack_range(table, table.groups, names, "validation rows", cluster.name)
         if own is not None:

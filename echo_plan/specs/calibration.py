@@ -283,7 +283,7 @@ class RangeMethod(str, Enum):
     # The interval of a leave-one-suite-out table is centred on the prediction (ResidualGroup.log_interval).
 
 
-RANGE_KEYS = ("nominal_coverage", "method", "by_stack", "moe_by_stack", "source")
+RANGE_KEYS = ("nominal_coverage", "method", "by_stack", "moe_by_stack", "source", "gpus", "transfer")
 
 
 @dataclass(frozen=True)
@@ -292,6 +292,11 @@ class RangeTable:
     groups: Mapping[str, ResidualGroup]  # dense models, by stack
     method: RangeMethod = RangeMethod.HELD_OUT_ROWS
     moe_groups: Mapping[str, ResidualGroup] = field(default_factory=lambda: MappingProxyType({}))  # MoE, by stack
+    # the GPUs (``GPUSpec.compute_key``) whose runs the dense groups hold; a GPU not among them gets ``transfer``
+    gpus: tuple[str, ...] = ()
+    # dense rows of suites whose GPU had no run in their calibration's ranges: the error of a calibration carried to
+    # another GPU (calibrate/loso.py transfer_group); None: no such group (the range falls back as before)
+    transfer: ResidualGroup | None = None
 
     @classmethod
     def from_mapping(cls, data: Any, context: str = "calibration") -> "RangeTable":
@@ -309,8 +314,13 @@ class RangeTable:
         method = data.get("method", RangeMethod.HELD_OUT_ROWS.value)
         if method not in {m.value for m in RangeMethod}:
             raise SpecError(f"{where}.method", method, "one of " + ", ".join(m.value for m in RangeMethod), context)
+        gpus = data.get("gpus") or ()
+        if isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence):
+            raise SpecError(f"{where}.gpus", gpus, "a list of GPU compute keys", context)
+        transfer = _group("transfer", data["transfer"], f"{where}.transfer", context) \
+            if data.get("transfer") is not None else None
         return cls(float(cov), _groups(data, "by_stack", context), RangeMethod(method),
-                   _groups(data, "moe_by_stack", context))
+                   _groups(data, "moe_by_stack", context), tuple(str(g) for g in gpus), transfer)
 
     def log_interval(self, group: ResidualGroup, widen: float = 1.0) -> tuple[float, float]:
         """The interval of one of this table's groups, by the table's method."""
@@ -321,6 +331,10 @@ class RangeTable:
                                "by_stack": {k: g.as_json() for k, g in sorted(self.groups.items())}}
         if self.moe_groups:
             out["moe_by_stack"] = {k: g.as_json() for k, g in sorted(self.moe_groups.items())}
+        if self.gpus:
+            out["gpus"] = list(self.gpus)
+        if self.transfer is not None:
+            out["transfer"] = self.transfer.as_json()
         return out
 
 
@@ -329,20 +343,20 @@ def _groups(data: Mapping[str, Any], key: str, context: str) -> Mapping[str, Res
     by_stack = data.get(key) or {}
     if not isinstance(by_stack, Mapping):
         raise SpecError(where, by_stack, "a mapping of stack name to residuals", context)
-    groups = {}
-    for name, g in by_stack.items():
-        field_ = f"{where}.{name}"
-        if not isinstance(g, Mapping) or not isinstance(g.get("residuals"), Sequence) or not g["residuals"]:
-            raise SpecError(field_, g, "a mapping with a non-empty list of residuals", context)
-        try:
-            res = tuple(float(r) for r in g["residuals"])
-        except (TypeError, ValueError):
-            raise SpecError(f"{field_}.residuals", g["residuals"], "numbers (log predicted / measured)", context) from None
-        if not all(math.isfinite(r) and abs(r) < 3 for r in res):
-            raise SpecError(f"{field_}.residuals", g["residuals"], "finite log-ratios between -3 and 3", context)
-        groups[str(name)] = ResidualGroup(str(name), res, tuple(str(r) for r in g.get("rows") or ()),
-                                          str(g.get("source") or ""))
-    return MappingProxyType(groups)
+    return MappingProxyType({str(name): _group(str(name), g, f"{where}.{name}", context)
+                             for name, g in by_stack.items()})
+
+
+def _group(name: str, g: Any, field_: str, context: str) -> ResidualGroup:
+    if not isinstance(g, Mapping) or not isinstance(g.get("residuals"), Sequence) or not g["residuals"]:
+        raise SpecError(field_, g, "a mapping with a non-empty list of residuals", context)
+    try:
+        res = tuple(float(r) for r in g["residuals"])
+    except (TypeError, ValueError):
+        raise SpecError(f"{field_}.residuals", g["residuals"], "numbers (log predicted / measured)", context) from None
+    if not all(math.isfinite(r) and abs(r) < 3 for r in res):
+        raise SpecError(f"{field_}.residuals", g["residuals"], "finite log-ratios between -3 and 3", context)
+    return ResidualGroup(name, res, tuple(str(r) for r in g.get("rows") or ()), str(g.get("source") or ""))
 
 
 # What an uncalibrated prediction's error looked like on the visible suites (validate, leave-one-suite-out:

@@ -83,6 +83,15 @@ class GPUSpec(Spec):
     tdp_W: float | None = Field(default=None, gt=0, le=1e5,
                                 description="board power limit (TDP); energy estimates count each GPU at it")
 
+    @property
+    def compute_key(self) -> str:
+        """What sets this GPU's kernel speeds, in one line: two GPUs with equal keys run the same kernels as fast
+        (H800 and H100 SXM differ only in NVLink), so validation rows of one tell about the other
+        (``calibration.ranges.gpus``)."""
+        peaks = "/".join(f"{x or 0:g}" for x in (self.peak_bf16_tflops, self.peak_fp8_tflops, self.peak_fp4_tflops))
+        power = f" {self.tdp_W:g} W" if self.tdp_W else ""
+        return f"sm{self.sm_arch} x{self.sm_count}, {peaks} TFLOPS, {self.hbm_bw_GBps:g} GB/s{power}"
+
     def peak_tflops(self, dtype: DType) -> float:
         table = {
             DType.BF16: self.peak_bf16_tflops,

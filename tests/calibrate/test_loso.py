@@ -6,10 +6,11 @@ import math
 
 import pytest
 
-from echo_plan.calibrate.loso import LosoRow, LosoSuite, fed_by, family, overall, pooled_ranges, with_coverage
+from echo_plan.calibrate.loso import (LosoRow, LosoSuite, carried, fed_by, family, gpu_keys, overall, pooled_ranges,
+                                     transfer_group, with_coverage)
 from echo_plan.calibrate.preset_files import recipes, recipes_without
 from echo_plan.cost.ranges import RangeMethod
-from echo_plan.specs import load_stack
+from echo_plan.specs import load_cluster, load_stack
 
 
 def test_a_left_out_suite_takes_its_recipes_with_it_or_hands_them_to_its_stand_in():
@@ -64,3 +65,33 @@ def test_a_suite_is_covered_by_the_range_of_the_others_only():
     o = overall(marked.values())
     assert o.rows == 9 and o.coverage == pytest.approx(7 / 9)
     assert overall(marked.values(), skip=["far"]).coverage == 1.0
+
+
+def test_a_suite_whose_gpu_no_sibling_ran_is_carried_and_pools_into_the_transfer_group():
+    """A GPU whose calibration's other suites all ran on another GPU (h100-gt alone in its family; gb200 beside b200
+    runs) is in a user's position with a GPU of their own: its rows form the transfer group, never a suite with a
+    sibling on its own GPU (two H100 suites); the group leaves the left-out suite out."""
+    h1, h2 = _suite("h1", [0.01, 0.02]), _suite("h2", [-0.01, 0.0])
+    gt = _suite("gt", [-0.2, -0.25, -0.15], cluster="h100-gt")
+    gb = _suite("gb", [-0.1, -0.12], cluster="gb200-nvl72")
+    b2 = _suite("b2", [0.03], cluster="b200")
+    moe = _suite("moe", [0.4], cluster="h100-gt", moe=True)  # MoE rows never make a GPU "ran"
+    suites = [h1, h2, gt, gb, b2, moe]
+    keys = gpu_keys(suites)
+    assert {s.name for s in carried(suites, keys)} == {"gt", "gb", "b2"}
+    group = transfer_group(suites, keys)
+    assert len(group["residuals"]) == 6 and all(not label.startswith("h") for label in group["rows"])
+    assert len(transfer_group(suites, keys, leave_out="gt")["residuals"]) == 3
+    table = pooled_ranges(suites, family("dgx-h100"), keys=keys)
+    assert table.gpus == (load_cluster("dgx-h100").gpu.compute_key,) and table.transfer.n == 6
+
+
+def test_a_left_out_suite_on_a_gpu_of_its_own_is_covered_by_the_transfer_range():
+    """With its own GPU's rows gone, a suite is judged by the range of calibrations carried to another GPU (wide
+    when those were far off), not by the other GPU's narrow one."""
+    h1, h2 = _suite("h1", [0.005, -0.005, 0.0]), _suite("h2", [0.02, -0.02, 0.01])
+    gt = _suite("gt", [-0.2, -0.22, -0.18], cluster="h100-gt")
+    gb = _suite("gb", [-0.21, -0.19, -0.2], cluster="gb200-nvl72")
+    marked = {s.name: s for s in with_coverage([h1, h2, gt, gb])}
+    assert marked["gt"].coverage == 1.0 and marked["gb"].coverage == 1.0
+    assert marked["h1"].coverage == 1.0  # its own GPU's sibling gives the narrow range

@@ -121,3 +121,37 @@ def test_the_shipped_ranges_are_leave_one_suite_out_and_say_so():
         assert {r.split(":")[0] for r in groups["megatron-core"].rows} == set(suites)
         basis = prediction_range(load_cluster(name), load_stack("megatron-core"), moe=True).basis
         assert "mixture-of-experts validation rows" in basis and all(s in basis for s in suites)
+
+
+def _table(**extra):
+    return RangeTable.from_mapping({"nominal_coverage": NOMINAL_COVERAGE, "method": "leave-one-suite-out",
+                                    "by_stack": {"megatron-core": {"residuals": [0.01, -0.02, 0.015, 0.0]}}, **extra})
+
+
+def test_a_gpu_no_row_ran_on_takes_the_range_of_calibrations_carried_to_another_gpu():
+    """The table's dense rows ran on H100 SXM: H800 (the same compute key) keeps their range; H200 (more memory
+    bandwidth) and Grand Teton's 500 W H100 take the transfer group's, and say why; without a transfer group the
+    range is the table's, as before."""
+    h100, h800, h200, gt = (load_cluster(n) for n in ("dgx-h100", "h800", "h200", "h100-gt"))
+    assert h100.gpu.compute_key == h800.gpu.compute_key
+    assert len({h100.gpu.compute_key, h200.gpu.compute_key, gt.gpu.compute_key}) == 3
+    transfer = {"residuals": [-0.2, 0.15, -0.25, 0.1, -0.18], "source": "carried"}
+    table = _table(gpus=[h100.gpu.compute_key], transfer=transfer).as_json()
+    stack = load_stack("megatron-core")
+    own = prediction_range(h800.replace(calibration={"ranges": table}), stack)
+    for other in (h200, gt):
+        far = prediction_range(other.replace(calibration={"ranges": table}), stack)
+        assert math.log(far.high_factor / far.low_factor) > 2 * math.log(own.high_factor / own.low_factor)
+        assert "no validation run on this GPU" in far.basis and "carried" in far.basis
+    assert "no validation run" not in own.basis
+    plain = prediction_range(h200.replace(calibration={"ranges": _table(gpus=[h100.gpu.compute_key]).as_json()}), stack)
+    assert plain.high_factor == pytest.approx(own.high_factor)
+
+
+def test_the_gpus_and_transfer_keys_are_checked():
+    with pytest.raises(SpecError, match="gpus"):
+        _table(gpus="H100")
+    with pytest.raises(SpecError, match="transfer"):
+        _table(transfer={"residuals": []})
+    t = _table(gpus=["k"], transfer={"residuals": [0.1, 0.2]})
+    assert RangeTable.from_mapping(t.as_json()) == t
