@@ -102,8 +102,10 @@ class Arena:
         return str(self.write(f"spec{self.n}{suffix}", text))
 
     def bad_paths(self, suffix: str) -> list[str]:
+        # relative ("\x01bad") and "wrong.txt" land in the case's own folder, where its command runs
         return ["", str(self.folder), str(self.fifo), str(self.sock_path), str(self.link), str(self.file / f"x{suffix}"),
-                f"/proc/echo-plan-fuzz/x{suffix}", str(self.root / "wrong.txt"), "/", "\x01bad"]
+                f"/proc/echo-plan-fuzz/x{suffix}", str(self.home / "wrong.txt"), "/",
+                "\x01bad"]
 
     def good_path(self, suffix: str) -> str:
         self.n += 1
@@ -298,14 +300,14 @@ def run_case(arena: Arena, case: Case, timeout_s: float) -> Outcome:
     env = dict(os.environ, ECHO_PLAN_CACHE_DIR=str(arena.cache), COLUMNS="120")
     try:
         p = subprocess.run([sys.executable, "-m", "echo_plan.cli", *case.argv], capture_output=True, text=True,
-                           timeout=timeout_s, cwd=arena.root, env=env, stdin=subprocess.DEVNULL)
+                           timeout=timeout_s, cwd=case.home, env=env, stdin=subprocess.DEVNULL)
         code, err = p.returncode, p.stderr
     except subprocess.TimeoutExpired as exc:
         code, err = None, (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
     seconds = time.perf_counter() - t0
     lines = err.rstrip().splitlines()
     no_error_line = code == 2 and not (lines and lines[-1].startswith(("error: ", "Error: ")))
-    named = [arena.root / o for o in case.outputs if o]  # relative paths are relative to the run's folder
+    named = [case.home / o for o in case.outputs if o]  # relative paths are relative to the run's folder (its own)
     allowed = {str(o) for o in named} | {str(q) for o in named for q in o.parents}
     after = arena.snapshot(case.home)
     stray = sorted(p for p in after - before
