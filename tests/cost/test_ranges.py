@@ -155,3 +155,14 @@ def test_the_gpus_and_transfer_keys_are_checked():
         _table(transfer={"residuals": []})
     t = _table(gpus=["k"], transfer={"residuals": [0.1, 0.2]})
     assert RangeTable.from_mapping(t.as_json()) == t
+
+
+def test_the_shipped_presets_say_which_gpus_their_ranges_ran_on():
+    """As shipped: H800 shares the H100 rows' GPU and keeps their range; H200 (the H100's calibration by `from`)
+    and B300 (no dense B300 run) get the transfer range, wider, and say so."""
+    stack = load_stack("megatron-core")
+    h800, h200, b300 = (prediction_range(load_cluster(n), stack) for n in ("h800", "h200", "b300"))
+    assert "no validation run on this GPU" not in h800.basis
+    for r in (h200, b300):
+        assert "no validation run on this GPU" in r.basis
+        assert math.log(r.high_factor / r.low_factor) > math.log(h800.high_factor / h800.low_factor)
