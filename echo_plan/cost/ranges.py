@@ -19,7 +19,8 @@ When none of the table's dense rows ran on the cluster's GPU (``GPUSpec.compute_
 memory or generation than the runs the calibration and its ranges came from, as a GPU of the user's own or
 ``h200`` with ``dgx-h100``'s calibration), a dense prediction takes the table's ``transfer`` group: the
 leave-one-suite-out rows of the suites that were in that position themselves (``calibrate/loso.py``), the error of
-a calibration carried to another GPU. When the cluster has no residuals for the stack, the range falls back, and
+a calibration carried to another GPU (JUDGEMENT: every stack's rows in one group, too few to split; the stack is
+not what moved them). When the cluster has no residuals for the stack, the range falls back, and
 says so: to another stack of the same GPU generation widened by ``OTHER_STACK_WIDENING``, else to ``JUDGEMENT_SD``.
 Both are judgements (stated where they are defined, here and in specs/calibration.py, and in the
 result's ``range_basis``).
