@@ -148,16 +148,13 @@ def carried(suites: Sequence[LosoSuite], keys: dict[str, str], leave_out: str | 
 
 def transfer_group(suites: Sequence[LosoSuite], keys: dict[str, str], leave_out: str | None = None) -> dict | None:
     """The dense rows of the :func:`carried` suites, as a range table's ``transfer`` group (None if there are none)."""
-    pool = [(f"{s.name}: {r.label}", r.residual) for s in carried(suites, keys, leave_out) for r in s.rows if not r.moe]
-    if not pool:
+    dense = {s.name: [r for r in s.rows if not r.moe] for s in carried(suites, keys, leave_out)}
+    if not dense:
         return None
-    counts: dict[str, int] = {}
-    for label, _ in pool:
-        name = label.split(": ", 1)[0]
-        counts[name] = counts.get(name, 0) + 1
-    return {"residuals": [round(x, 5) for _, x in pool], "rows": [label for label, _ in pool],
+    return {"residuals": [round(r.residual, 5) for rows in dense.values() for r in rows],
+            "rows": [f"{name}: {r.label}" for name, rows in dense.items() for r in rows],
             "source": "leave-one-suite-out rows of suites whose GPU no other suite of their calibration ran: "
-                      + "; ".join(f"{k} {n}" for k, n in sorted(counts.items()))}
+                      + "; ".join(f"{k} {len(v)}" for k, v in sorted(dense.items()))}
 
 
 def gpu_keys(suites: Iterable[LosoSuite]) -> dict[str, str]:
