@@ -5,7 +5,9 @@ Bytes per layer parameter, by recipe (the scales of block-scaled recipes include
 
 * per-tensor FP8 (delayed, current) where the GEMMs take only TN (Hopper): the FP8 weight and its FP8
   transpose, 2; on sm100 and newer (the stack's ``fp8_transposes`` false): the FP8 weight alone, 1;
-* blockwise FP8: the weight and its other-direction copy, 2 (+ 1/128^2 of fp32 scales, left out);
+* blockwise FP8: the weight and its other-direction copy, 2 (+ 1/128^2 of fp32 scales, left out); with
+  DeepSeek's kernels (the stack's ``fp8_kernels: deepseek``) the weight alone, 1: its published profile transposes
+  the FP8 weights in every backward (INFERENCE: a framework that kept the transposes would not make them again);
 * MXFP8: a rowwise and a columnwise copy with an E8M0 scale per 32 values each: 2 x (1 + 1/32);
 * NVFP4: a rowwise and a columnwise copy (16 x 16 blocks) of half a byte with an E4M3 scale per 16 values
   each: 2 x (1/2 + 1/16).
@@ -20,7 +22,7 @@ and 1/2 for NVFP4 (the packed rowwise bytes; Megatron-Core's param buffer maps t
 from __future__ import annotations
 
 from echo_plan.specs.cluster import DType
-from echo_plan.specs.software import Fp8Recipe, SoftwareSpec
+from echo_plan.specs.software import Fp8Kernels, Fp8Recipe, SoftwareSpec
 
 MX_COPY = 1.0 + 1.0 / 32  # one MXFP8 copy: E4M3 values and an E8M0 scale per 32
 NVFP4_COPY = 0.5 + 1.0 / 16  # one NVFP4 copy: E2M1 values (two per byte) and an E4M3 scale per 16
@@ -35,6 +37,8 @@ def quantized_copy_bytes(dtype: DType, stack: SoftwareSpec) -> float:
     if stack.fp8_recipe is Fp8Recipe.MXFP8:
         return 2 * MX_COPY
     if stack.fp8_recipe.per_tensor and stack.fp8_transposes is False:
+        return 1.0
+    if stack.fp8_recipe is Fp8Recipe.BLOCKWISE and stack.fp8_kernels is Fp8Kernels.DEEPSEEK:
         return 1.0
     return 2.0
 

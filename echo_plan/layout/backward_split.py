@@ -12,7 +12,10 @@ tells them apart by data flow:
   weight (or the weight's once-per-step FP8 copy, which is no activation);
 * everything computed from a weight gradient (the fp32 main-grad accumulation without
   gradient-accumulation fusion) is W too, and so is an op all of whose consumers are W (that
-  re-gather);
+  re-gather) unless it writes fewer bytes than it reads: a cast of a bf16 gradient to FP8 that only W
+  reads (DeepSeek's per-channel cast) runs in B, so W keeps the FP8 copy, not the bf16 gradient
+  (JUDGEMENT: the placement that keeps less alive; re-gathers and transposes, which write as much or
+  more, keep their smaller input instead);
 * a stage with no input gradient (the embedding) is all W; norms' backward, which computes the
   input and the weight gradient in one kernel, stays in B.
 
@@ -67,7 +70,7 @@ def split_backward(trace: LayerTrace) -> tuple[tuple[OpRecord, ...], tuple[OpRec
     kind_of = {op.index: op.kind for op in bwd}
     for op in reversed(bwd):  # an op only W reads (the input re-gather for a weight gradient) is W
         users = [u for u in consumers.get(op.index, ()) if kind_of[u] is not OpKind.VIEW or consumers.get(u)]
-        if op.index not in w and users and all(u in w for u in users):
+        if op.index not in w and users and all(u in w for u in users) and _nbytes(op.outputs) >= _nbytes(op.inputs):
             w.add(op.index)
     return tuple(op for op in bwd if op.index not in w), tuple(op for op in bwd if op.index in w)
 
@@ -90,6 +93,10 @@ def retained_bytes(trace: LayerTrace, w_ops: tuple[OpRecord, ...]) -> int:
                     kept[(d, k)] = out.numel * _itemsize(out.dtype)
                     break
     return sum(kept.values())
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel * _itemsize(t.dtype) for t in tensors)
 
 
 def _itemsize(dtype: str) -> int:

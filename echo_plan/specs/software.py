@@ -20,14 +20,15 @@ from echo_plan.errors import SpecError
 from echo_plan.specs.base import Spec
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, AttentionLibrary, CPComm,
-                                            CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, Fp8Recipe,
-                                            MoEDispatcher, OptimizerSharding, PipelineRuntime, RecomputeModule,
-                                            RecomputePolicy)
+                                            CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, Fp8Kernels,
+                                            Fp8Recipe, MoEDispatcher, OptimizerSharding, PipelineRuntime,
+                                            RecomputeModule, RecomputePolicy)
 
 # the enums live in software_kinds.py; importing them from here keeps working
 __all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CPRuntime", "CrossEntropy",
-           "CudaAllocator", "CudaGraphScope", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "MoEDispatcher", "OptimizerSharding",
-           "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec", "check_precision", "check_stack_supports"]
+           "CudaAllocator", "CudaGraphScope", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "MoEDispatcher",
+           "OptimizerSharding", "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec",
+           "check_precision", "check_stack_supports"]
 
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
@@ -116,6 +117,18 @@ class SoftwareSpec(Spec):
                                    "--overlap-moe-expert-parallel-comm, Megatron-Bridge moe_a2a_overlap)")
     fp8_recipe: Fp8Recipe = Field(default=Fp8Recipe.DELAYED,
                                   description="FP8 scaling recipe of the GEMMs when the plan's dtype is fp8")
+    fp8_kernels: Fp8Kernels = Field(
+        default=Fp8Kernels.TRANSFORMER_ENGINE,
+        description="blockwise FP8: whose kernels surround the GEMMs. deepseek (DeepSeek-V3's stack, as its published "
+                    "profile shows): a column-major layout of the activations' scales before each dense GEMM of "
+                    "activations (forward and input gradient), the FP8 weights' transposes made in each backward, "
+                    "and a tensor needed in both directions cast by two kernels (per token, per channel)")
+    fp8_attention_output_e5m6: bool = Field(
+        default=False,
+        description="blockwise FP8: the attention output (the output projection's input, which attention's backward "
+                    "reads too) is kept for backward only in DeepSeek's 12-bit E5M6 format, not in bf16 and FP8: one "
+                    "cast in forward, one back in backward, the projection's weight-gradient operand cast per "
+                    "channel from it (DeepSeek-V3 report 3.3.3)")
     fp8_param_gather: bool = Field(
         default=False, description="weights kept and all-gathered in FP8 (no bf16 copy; Megatron --fp8-param-gather)")
     fp4_param_gather: bool = Field(
@@ -219,6 +232,12 @@ class SoftwareSpec(Spec):
                                  f"{self.moe_dispatcher.value}")
         if self.fp8_gemms_leave_comm_sms and not self.moe_comm_sms:
             raise ValueError("fp8_gemms_leave_comm_sms needs moe_comm_sms (how many SMs the FP8 GEMMs leave)")
+        deepseek_fp8 = {"fp8_kernels": self.fp8_kernels is not Fp8Kernels.TRANSFORMER_ENGINE,
+                        "fp8_attention_output_e5m6": self.fp8_attention_output_e5m6}
+        for name, on in deepseek_fp8.items():
+            if on and self.fp8_recipe is not Fp8Recipe.BLOCKWISE:
+                raise ValueError(f"{name} is DeepSeek's blockwise FP8 (fp8_recipe: blockwise); this stack's recipe "
+                                 f"is {self.fp8_recipe.value}")
         return self
 
     def fp8_gemm_sms_held(self, is_moe: bool, ep: int, dtype: DType) -> int:
@@ -283,7 +302,9 @@ class SoftwareSpec(Spec):
         """The FP8 settings that change an fp8 trace (appended to its cache key; bf16 traces ignore them)."""
         return (f"fp8={self.fp8_recipe.value},pg={self.fp8_param_gather}"
                 + (",orig" if self.fp8_save_original_input else "")
-                + (",any-layout" if self.fp8_transposes is False else ""))
+                + (",any-layout" if self.fp8_transposes is False else "")
+                + ("" if self.fp8_kernels is Fp8Kernels.TRANSFORMER_ENGINE else f",k={self.fp8_kernels.value}")
+                + (",attn-out-e5m6" if self.fp8_attention_output_e5m6 else ""))
 
     def fp4_signature(self) -> str:
         """The NVFP4 settings that change an fp4 trace (appended to its cache key)."""

@@ -105,6 +105,17 @@ class Fp8Recipe(str, Enum):
         return self in (Fp8Recipe.DELAYED, Fp8Recipe.CURRENT)
 
 
+class Fp8Kernels(str, Enum):
+    """Whose kernels surround the blockwise FP8 GEMMs (``fp8_recipe: blockwise``)."""
+
+    TRANSFORMER_ENGINE = "transformer-engine"  # TE's quantizers: FP8 weight transposes kept for the step
+    # DeepSeek's own (its published training profile): DeepGEMM's dense GEMMs read the activations' 1 x 128 scales
+    # column-major, laid out by a small transpose kernel before each one; the FP8 weights' transposes for the
+    # input-gradient GEMMs are made in each backward (batched_transpose), not kept for the step; a tensor needed in
+    # both directions is cast by two kernels, per token and per channel, each reading it (not one pass writing both)
+    DEEPSEEK = "deepseek"
+
+
 BLOCK_SCALED_MIN_SM_ARCH = 100  # MXFP8 and NVFP4 GEMMs: Blackwell's block-scaled tensor cores (TE needs sm100)
 
 

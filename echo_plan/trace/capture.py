@@ -89,7 +89,8 @@ def _build(stage: StageKind, model: ModelSpec, groups: TraceGroups, sp: bool, dt
         state = None
         if fp8 is DType.FP8:
             state = Fp8State(stack.fp8_recipe, stack.fp8_param_gather, stack.fp8_save_original_input, meter,
-                             transposes=stack.fp8_transposes is not False)
+                             transposes=stack.fp8_transposes is not False, kernels=stack.fp8_kernels,
+                             attention_output_e5m6=stack.fp8_attention_output_e5m6)
         elif fp8 is DType.FP4:  # NVFP4: no FP8 recipe
             state = Fp8State(None, stack.fp4_param_gather, stack.fp8_save_original_input, meter)
         module: nn.Module = TransformerBlock(model, group, sp, dtype, recompute, stack, recompute_context, meter.discard,

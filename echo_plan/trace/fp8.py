@@ -51,8 +51,12 @@ def _ring(q: Tensor, group: TPGroup, gemm) -> tuple[Tensor, list[Tensor]]:
 def _save_input(ctx, fp8: Fp8State, x: Tensor, q: Tensor, sx: Tensor) -> None:
     """Save the FP8 input and its scales for backward, or the bf16 input itself where the stack keeps
     the original (``Fp8State.keep_original``)."""
-    ctx.original = fp8.keeps_original(x)
-    if ctx.original:
+    ctx.e5m6 = fp8.keeps_e5m6(x)
+    ctx.original = fp8.keeps_original(x) and not ctx.e5m6
+    if ctx.e5m6:  # DeepSeek: the attention output kept once, as E5M6 (attention's backward reads it too)
+        ctx.save_for_backward(fk.fp8_e5m6_cast(x))
+        ctx.e5m6_width = x.shape[-1]
+    elif ctx.original:
         fp8.save_original(ctx, x)
     else:
         ctx.save_for_backward(q, sx)
@@ -61,6 +65,9 @@ def _save_input(ctx, fp8: Fp8State, x: Tensor, q: Tensor, sx: Tensor) -> None:
 def _saved_input(ctx, amax_group: TPGroup | None = None, grouped: bool = False) -> tuple[Tensor, Tensor]:
     """(quantised input, its scales) for the weight-gradient GEMM: as saved, or cast again from the saved
     original (block-scaled recipes: its columnwise copy)."""
+    if ctx.e5m6:
+        (e,) = ctx.saved_tensors
+        return ctx.fp8.e5m6_wgrad_operand(e, ctx.e5m6_width)
     if not ctx.original:
         return ctx.saved_tensors
     (x,) = ctx.saved_tensors
@@ -131,6 +138,7 @@ class _Fp8Linear(torch.autograd.Function):
         group, fp8 = ctx.group, ctx.fp8
         q, sx = _saved_input(ctx, group if ctx.gather_input else None)
         w8t, sw = ctx.fp8_weight
+        w8t = ctx.fp8.dgrad_weight(w8t)
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         gq, g_t, sg, sg_t = fp8.cast(g2, True, transpose=True)
         gathering = parallel.all_gather(q, group, wait=False) if ctx.gather_input else None
@@ -171,6 +179,7 @@ class _Fp8PipelinedReduceScatterLinear(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, sx = _saved_input(ctx)
         w8t, sw = ctx.fp8_weight
+        w8t = ctx.fp8.dgrad_weight(w8t)
         group, fp8 = ctx.group, ctx.fp8
         gq, gc, sg, sgc = fp8.cast(grad_out.reshape(-1, grad_out.shape[-1]), True, group, transpose=fp8.block_scaled)
         k = w8t.shape[0]
@@ -233,6 +242,7 @@ class _Fp8SharedInputLinears(torch.autograd.Function):
         gathering = parallel.all_gather(q, group, wait=False) if ctx.gather_input else None
         grad_in, wgrad_inputs = None, []
         for grad_out, (w8t, sw) in zip(grad_outs, ctx.fp8_weights):
+            w8t = fp8.dgrad_weight(w8t)
             gq, g_t, sg, sg_t = fp8.cast(grad_out.reshape(-1, grad_out.shape[-1]), True, transpose=True)
             part = fp8.gemm(gq, w8t, sg, sw, out_dtype=grad_out.dtype, weight=True)
             grad_in = part if grad_in is None else grad_in + part
@@ -289,7 +299,7 @@ class _Fp8GroupedLinear(torch.autograd.Function):
         # the gradient is E5M2 (HYBRID); torch's grouped FP8 kernel takes E4M3 only, so its operands are
         # reinterpreted (a view: same bytes, no kernel) to pass torch's checks
         gq, g_t = gq.view(fk.E4M3), g_t.view(fk.E4M3)
-        grad_in = _grouped_gemm(gq, ctx.fp8_weight, grad_out.dtype)  # g [E, r, N] @ w[e]^T
+        grad_in = _grouped_gemm(gq, fp8.dgrad_weight(ctx.fp8_weight), grad_out.dtype)  # g [E, r, N] @ w[e]^T
         if not fp8.transposes:  # the grouped GEMM takes any layout: x^T and g as they are, no transposes
             scales = q.new_empty((q.shape[0],), dtype=torch.float32)  # one per expert
             grad_w = mk.mx_scaled_grouped_mm(q.transpose(-2, -1), g_t, scales, scales, ctx.wdtype, q.shape[-2])

@@ -15,6 +15,12 @@ the bandwidth-bound kernels they are. The code is ours.
 * ``fp8_transpose``: an FP8 tensor's transpose (a saved input, for the weight-gradient GEMM).
 * ``fp8_block_cast``: blockwise (DeepSeek-V3) quantisation of a 2-D tensor in 1 x 128 tiles, one fp32
   scale per tile; with ``columnwise`` also the transposed tensor's tiles (what the wgrad GEMM reads).
+* ``fp8_channel_cast``: DeepSeek's per-channel cast-and-transpose: a bf16 [T, K] tensor to FP8 [K, T] in 1 x 128
+  tiles along T (the weight-gradient GEMM's operand), the only copy written.
+* ``fp8_scale_transpose``: the 1 x 128 scales of an activation laid out column-major (DeepGEMM's dense GEMMs
+  read them so; a small kernel before each, as DeepSeek's profile shows).
+* ``fp8_e5m6_cast`` / ``fp8_e5m6_dequant``: DeepSeek's 12-bit E5M6 copy of the attention output, kept for
+  backward (1.5 bytes a value, packed here as uint8), and its cast back to bf16 there.
 * ``fp8_weight_quantize``: a weight cast to FP8 without a transpose (GPUs whose FP8 GEMMs take any
   layout: sm100 and newer), once per step.
 * ``fp8_weight_cast``: a weight and its transpose cast to FP8 (per-tensor scale, or 128 x 128 blocks):
@@ -200,6 +206,62 @@ def _grouped_weight_cast_fake(w, scale, blockwise):
     blocks = _blocks(n) * _blocks(k) if blockwise else 1
     return (w.new_empty((e, n, k), dtype=E4M3), w.new_empty((e, k, n), dtype=E4M3),
             w.new_empty((e, blocks), dtype=torch.float32))
+
+
+@torch.library.custom_op("echo_plan::fp8_channel_cast", mutates_args=())
+def fp8_channel_cast(x: Tensor, grad: bool) -> tuple[Tensor, Tensor]:
+    """(x^T [K, T] in 1 x 128 tiles of T, their scales) from a 2-D bf16 ``x`` [T, K]."""
+    q, s, qt, st = fp8_block_cast(x, grad, True)
+    return qt, st
+
+
+@fp8_channel_cast.register_fake
+def _channel_cast_fake(x, grad):
+    t = _t_shape(x)
+    return x.new_empty(t, dtype=_fmt(grad)), x.new_empty((*t[:-1], _blocks(t[-1])), dtype=torch.float32)
+
+
+@torch.library.custom_op("echo_plan::fp8_scale_transpose", mutates_args=())
+def fp8_scale_transpose(s: Tensor) -> Tensor:
+    """1 x 128 scales [M, K/128] laid out column-major (the same values)."""
+    return s.t().contiguous().t()
+
+
+fp8_scale_transpose.register_fake(lambda s: torch.empty_like(s))
+
+E5M6_BYTES_NUM, E5M6_BYTES_DEN = 3, 2  # 12 bits a value: 1 sign, 5 exponent, 6 mantissa
+
+
+def _e5m6_shape(x: Tensor) -> tuple[int, ...]:
+    return (*x.shape[:-1], -(-x.shape[-1] * E5M6_BYTES_NUM // E5M6_BYTES_DEN))
+
+
+@torch.library.custom_op("echo_plan::fp8_e5m6_cast", mutates_args=())
+def fp8_e5m6_cast(x: Tensor) -> Tensor:
+    """x's E5M6 copy, packed as bytes. Reference: the value's bf16 bits' top 12 (sign, 8-bit exponent, mantissa
+    cut to 3 bits: the layout of the packing, not E5M6's rounding), two values in three bytes."""
+    bits = (x.to(torch.bfloat16).contiguous().view(torch.int16).to(torch.int32) >> 4) & 0xFFF
+    flat = torch.nn.functional.pad(bits.reshape(*x.shape[:-1], -1), (0, x.shape[-1] % 2)).reshape(*x.shape[:-1], -1, 2)
+    a, b = flat[..., 0], flat[..., 1]
+    packed = torch.stack([a & 0xFF, ((a >> 8) & 0xF) | ((b & 0xF) << 4), (b >> 4) & 0xFF], dim=-1)
+    return packed.reshape(*x.shape[:-1], -1)[..., :_e5m6_shape(x)[-1]].to(torch.uint8)
+
+
+fp8_e5m6_cast.register_fake(lambda x: x.new_empty(_e5m6_shape(x), dtype=torch.uint8))
+
+
+@torch.library.custom_op("echo_plan::fp8_e5m6_dequant", mutates_args=())
+def fp8_e5m6_dequant(e: Tensor, n: int) -> Tensor:
+    """The bf16 tensor (last dimension ``n``) ``fp8_e5m6_cast`` packed."""
+    pad = -e.shape[-1] % 3
+    b3 = torch.nn.functional.pad(e.to(torch.int32), (0, pad)).reshape(*e.shape[:-1], -1, 3)
+    a = b3[..., 0] | ((b3[..., 1] & 0xF) << 8)
+    b = ((b3[..., 1] >> 4) & 0xF) | (b3[..., 2] << 4)
+    bits = (torch.stack([a, b], dim=-1).reshape(*e.shape[:-1], -1)[..., :n] << 4).to(torch.int16)
+    return bits.view(torch.bfloat16).contiguous()
+
+
+fp8_e5m6_dequant.register_fake(lambda e, n: e.new_empty((*e.shape[:-1], n), dtype=torch.bfloat16))
 
 
 @register_flop_formula(torch.ops.aten._scaled_grouped_mm)

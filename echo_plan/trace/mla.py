@@ -89,6 +89,9 @@ class MLAttention(nn.Module):
         s, b = q.shape[0], q.shape[1]
         qb, kb, vb = (t.permute(1, 2, 0, 3) for t in (q, k, v))
         ctx = kernels.attention(qb, kb, vb, causal=True, dropout_p=self.dropout_p)
+        if self.fp8 is not None and self.fp8.attention_output_e5m6 and not self.recompute_core \
+                and self.discard is not None:
+            self.discard(ctx)  # kept for backward only as the output projection's E5M6 copy
         return ctx.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.m.v_head_dim)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -108,5 +111,6 @@ class MLAttention(nn.Module):
                 self.discard(t)
         if self.fp8 is not None and not self.fp8.delayed:  # the fused core saved this output already
             self.fp8.keep_original(ctx, counted_elsewhere=not self.recompute_core)
+            self.fp8.keep_e5m6(ctx)
         out = linears.row_parallel_linear(ctx, self.proj_weight, self.group, self.sp, self.acc, fp8=self.fp8)
         return out, None

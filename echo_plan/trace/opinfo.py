@@ -31,6 +31,7 @@ _FUSED_ELEMENTWISE = {"bias_gelu", "bias_gelu_backward", "swiglu", "swiglu_backw
                       # Transformer Engine's FP8 casts (trace/fp8_kernels.py): bandwidth-bound
                       "fp8_cast", "fp8_cast_transpose", "fp8_transpose", "fp8_block_cast", "fp8_block_dequant", "fp8_weight_cast",
                       "fp8_grouped_weight_cast", "fp8_weight_transpose", "fp8_weight_quantize",
+                      "fp8_channel_cast", "fp8_scale_transpose", "fp8_e5m6_cast", "fp8_e5m6_dequant",
                       # Blackwell's MXFP8 and NVFP4 quantizers (trace/mx_kernels.py)
                       "mx_cast", "mx_weight_cast", "nvfp4_cast", "nvfp4_weight_cast", "nvfp4_weight_transpose"}
 _EMBEDDING = {"embedding", "embedding_dense_backward", "index_select", "index_add", "index_add_",

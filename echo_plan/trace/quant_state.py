@@ -27,7 +27,7 @@ from typing import Protocol
 
 import torch
 
-from echo_plan.specs.software import Fp8Recipe
+from echo_plan.specs.software import Fp8Kernels, Fp8Recipe
 from echo_plan.trace import fp8_kernels as fk
 from echo_plan.trace import mx_kernels as mk
 from echo_plan.trace import parallel
@@ -52,8 +52,12 @@ class Fp8State:
     FP8 keeps FP8 transposes (the TN-only GEMMs of Hopper)."""
 
     def __init__(self, recipe: Fp8Recipe | None, param_gather: bool, save_original: bool = False,
-                 meter: SavedMeter | None = None, transposes: bool = True) -> None:
+                 meter: SavedMeter | None = None, transposes: bool = True,
+                 kernels: Fp8Kernels = Fp8Kernels.TRANSFORMER_ENGINE, attention_output_e5m6: bool = False) -> None:
         self.recipe = None if recipe is None else Fp8Recipe(recipe)
+        blockwise = self.recipe is Fp8Recipe.BLOCKWISE  # DeepSeek's kernels and E5M6 copy exist only beside its recipe
+        self.deepseek_kernels = blockwise and Fp8Kernels(kernels) is Fp8Kernels.DEEPSEEK
+        self.attention_output_e5m6 = blockwise and bool(attention_output_e5m6)
         self.param_gather = bool(param_gather)
         self.transposes = bool(transposes) or self.recipe is Fp8Recipe.BLOCKWISE
         self._weights: dict[tuple, tuple[Tensor, ...]] = {}  # (storage, offset, shape, grouped) -> (w, operands)
@@ -61,6 +65,8 @@ class Fp8State:
         self._meter = meter  # the saved-activation count (capture.SavedBytesMeter)
         self._originals: dict[int, bool] = {}  # storage -> whether its bytes are already counted elsewhere
         self._quantized: set[int] = set()  # storages standing for rows that arrived in FP8
+        self._e5m6: set[int] = set()  # storages a linear keeps for backward as their E5M6 copy
+        self._columnwise: set[int] = set()  # saved inputs re-cast per channel: already the wgrad GEMM's operand
 
     # -- what the recipe is -----------------------------------------------------------------------------------
 
@@ -99,6 +105,29 @@ class Fp8State:
         core's output, laid out here by a copy), so the linear's saved input adds no bytes."""
         if self.keeps_originals:
             self._originals[t.untyped_storage()._cdata] = counted_elsewhere
+
+    def keep_e5m6(self, t: Tensor) -> None:
+        """A linear that reads ``t`` keeps it for backward as DeepSeek's E5M6 copy (the stack's
+        ``fp8_attention_output_e5m6``; no-op without it)."""
+        if self.attention_output_e5m6:
+            self._e5m6.add(t.untyped_storage()._cdata)
+
+    def keeps_e5m6(self, x: Tensor) -> bool:
+        return x.untyped_storage()._cdata in self._e5m6
+
+    def e5m6_wgrad_operand(self, e: Tensor, n: int) -> tuple[Tensor, Tensor]:
+        """Backward of a linear that kept its input as E5M6 ``e`` (last dimension ``n`` wide): the cast back to
+        bf16, then the weight-gradient copy cast per channel from it; returned as [T, K] (a view of the [K, T]
+        copy), which ``wgrad_operands`` takes as it is."""
+        x = fk.fp8_e5m6_dequant(e, n)
+        qt, st = fk.fp8_channel_cast(x.reshape(-1, n), False)
+        self._columnwise.add(qt.untyped_storage()._cdata)
+        return qt.t(), st
+
+    def dgrad_weight(self, w_t: Tensor) -> Tensor:
+        """The input-gradient GEMM's weight operand: as kept for the step, or (DeepSeek's kernels) transposed now
+        from the other copy, in each backward."""
+        return fk.fp8_transpose(w_t.transpose(-2, -1)) if self.deepseek_kernels else w_t
 
     def arrived_quantized(self, x: Tensor) -> None:
         """``x`` stands for rows that arrived in FP8 with their scales (an FP8 dispatch): a linear reading it
@@ -173,7 +202,9 @@ class Fp8State:
             shape = (w.shape[0], w.shape[2], w.shape[1]) if grouped else tuple(w.shape)
             w8 = w.new_empty(shape, dtype=fk.E4M3)
             blocks = -(-shape[-2] // fk.BLOCK) * -(-shape[-1] // fk.BLOCK) if self.blockwise else 1
-            return (w8, fk.fp8_weight_transpose(w8), w.new_empty((w.shape[0], blocks) if grouped else
+            # DeepSeek's kernels transpose in each backward (``dgrad_weight``): no copy kept for the step
+            w8t = w8.transpose(-2, -1) if self.deepseek_kernels else fk.fp8_weight_transpose(w8)
+            return (w8, w8t, w.new_empty((w.shape[0], blocks) if grouped else
                                                                  ((blocks,) if self.blockwise else ()),
                                                                  dtype=torch.float32))
         if grouped:
@@ -197,6 +228,10 @@ class Fp8State:
                 amax = parallel.all_reduce(amax, amax_group, op="max")
             q, s, qc, sc = mk.nvfp4_cast(x2, amax, amax_col, True, transpose, True)
             return q, (qc if transpose else None), s, (sc if transpose else None)
+        if self.blockwise and transpose and self.deepseek_kernels:  # two kernels each reading x: per token, per channel
+            q, s, _, _ = fk.fp8_block_cast(x2, grad, False)
+            qt, st = fk.fp8_channel_cast(x2, grad)
+            return q, qt, s, st
         if self.blockwise:
             q, s, qt, st = fk.fp8_block_cast(x2, grad, transpose)
             return q, (qt if transpose else None), s, (st if transpose else None)
@@ -214,6 +249,8 @@ class Fp8State:
     def wgrad_operands(self, g_col: Tensor, x_saved: Tensor) -> tuple[Tensor, Tensor]:
         """The weight-gradient GEMM's (a [N, T], b_t [K, T]) from the gradient's weight-gradient copy and the
         saved (gathered) input: transposes made where the GEMM takes only TN, else views of the copies."""
+        if x_saved.untyped_storage()._cdata in self._columnwise:
+            return g_col, x_saved.t()
         if self.transposes and not self.block_scaled:
             return g_col, fk.fp8_transpose(x_saved)
         return g_col.t(), x_saved.t()
@@ -236,6 +273,8 @@ class Fp8State:
             (m, k), n = a.shape, b_t.shape[0]
             kb = -(-k // fk.BLOCK)
             scale_a = a.new_empty((m, kb), dtype=torch.float32)
+            if weight and self.deepseek_kernels:  # DeepGEMM reads an activation's scales column-major
+                scale_a = fk.fp8_scale_transpose(scale_a)
             scale_b = a.new_empty((kb, -(-n // fk.BLOCK) if weight else n), dtype=torch.float32)
         elif self.mx:  # the MMA reads E8M0 scales in 128 x 4 swizzled tiles: rows padded to 128, blocks to 4
             scale_a, scale_b = (a.new_empty((_mx_tiles(t.shape[0], t.shape[1]),), dtype=mk.E8M0) for t in (a, b_t))

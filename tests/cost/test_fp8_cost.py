@@ -118,3 +118,14 @@ def test_fp8_plans_keep_bf16_weights_and_need_fp8_tensor_cores():
     validate_plan(plan, load_model("llama3-70b"), H100.resized(gpus=64))  # Hopper has them
     with pytest.raises(ValueError, match="bf16, fp16, fp8 or fp4"):
         PlanSpec(dtype="fp32")
+
+
+def test_deepseek_kernels_keep_one_fp8_copy_of_a_weight_never_more_than_transformer_engine():
+    te = load_stack("megatron-core", {"fp8_recipe": "blockwise"})
+    ds = te.replace(fp8_kernels="deepseek")
+    assert quantized_copy_bytes(DType.FP8, te) == 2.0  # the weight and its transpose, kept for the step
+    assert quantized_copy_bytes(DType.FP8, ds) == 1.0  # the transpose is made in each backward instead
+    assert quantized_copy_bytes(DType.BF16, ds) == 0.0
+    for field, value in (("fp8_kernels", "deepseek"), ("fp8_attention_output_e5m6", True)):
+        with pytest.raises(SpecError, match=f"{field} is DeepSeek's blockwise FP8.*recipe is current"):
+            load_stack("megatron-core", {"fp8_recipe": "current", field: value})  # only beside its own recipe

@@ -15,6 +15,8 @@ from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
 
 from tests.interop.launch_searches import SEARCHES, STACK, _search_plans  # shared with the benchmark
 
+_TE_FP8 = {"fp8_kernels": "transformer-engine", "fp8_attention_output_e5m6": False}  # what Megatron-Core runs
+
 
 @pytest.mark.parametrize("name", sorted(SEARCHES))
 @pytest.mark.parametrize("fmt", list(LaunchFormat))
@@ -41,7 +43,7 @@ def test_every_plan_of_a_search_round_trips_or_is_refused_in_one_line(name, fmt)
 @pytest.mark.parametrize("fmt", [LaunchFormat.MEGATRON_LM, LaunchFormat.MEGATRON_BRIDGE])
 def test_deepseek_stack_and_uneven_split_round_trip(fmt):
     model = load_model("deepseek-v3")
-    stack = load_stack("deepseek-v3").replace(moe_act_input_fp8=False, moe_dispatch_fp8=False)
+    stack = load_stack("deepseek-v3").replace(moe_act_input_fp8=False, moe_dispatch_fp8=False, **_TE_FP8)
     plan = PlanSpec(pp=16, dp=128, ep=64, global_batch_size=15360, distributed_optimizer=True, recompute="selective",
                     layer_split=(3,) + (4,) * 14 + (2,), dtype="fp8")
     cluster = load_cluster("h800", gpus=2048)
@@ -52,10 +54,11 @@ def test_deepseek_stack_and_uneven_split_round_trip(fmt):
         assert getattr(job.stack, field) == getattr(stack, field), field
 
 
-@pytest.mark.parametrize("keep", ["moe_act_input_fp8", "moe_dispatch_fp8"])
-def test_deepseeks_fp8_caching_and_fp8_dispatch_are_refused_by_megatron(keep):
+@pytest.mark.parametrize("keep", ["moe_act_input_fp8", "moe_dispatch_fp8", "fp8_kernels", "fp8_attention_output_e5m6"])
+def test_deepseeks_fp8_caching_dispatch_and_kernels_are_refused_by_megatron(keep):
     model = load_model("deepseek-v3")
-    stack = load_stack("deepseek-v3").replace(**{k: k == keep for k in ("moe_act_input_fp8", "moe_dispatch_fp8")})
+    ours = {"moe_act_input_fp8": False, "moe_dispatch_fp8": False, **_TE_FP8}
+    stack = load_stack("deepseek-v3").replace(**{k: v for k, v in ours.items() if k != keep})
     plan = PlanSpec(pp=16, dp=128, ep=64, global_batch_size=15360, distributed_optimizer=True, dtype="fp8")
     with pytest.raises(CannotExpress, match=keep):
         export_launch(LaunchFormat.MEGATRON_LM, model, plan, stack, load_cluster("h800", gpus=2048))

@@ -36,7 +36,8 @@ def _sample(every: int = 7):
     deepseek = PlanSpec(pp=16, dp=128, ep=64, global_batch_size=15360, distributed_optimizer=True,
                         recompute="selective", layer_split=(3,) + (4,) * 14 + (2,), dtype="fp8")
     yield ("deepseek-v3", load_model("deepseek-v3"), load_cluster("h800", gpus=2048), deepseek,
-           load_stack("deepseek-v3").replace(moe_act_input_fp8=False))
+           load_stack("deepseek-v3").replace(moe_act_input_fp8=False, fp8_kernels="transformer-engine",
+                                             fp8_attention_output_e5m6=False))
 
 
 def test_megatron_core_config_classes_accept_every_exported_plan(monkeypatch):

@@ -1,8 +1,13 @@
 """DeepSeek-V3's published DualPipe chunk pair (issue 32), predicted from the CSV: the targets met today.
 
-Not met yet, so not asserted (docs/validation.md says why): the expert exchange (-42%, DeepEP's kernels run
-longer inside training than in DeepEP's own benchmark, and its notify kernels wait on the other ranks), the
-FP8 casts (-36%), attention forward inside the pair (+15.3%; +1% alone).
+Not met yet, so not asserted (docs/validation.md says why): the expert exchange (-41%, DeepEP's kernels run
+longer inside training than in DeepEP's own benchmark, and its notify kernels wait on the other ranks) and
+attention forward inside the pair (+15.3%; +1% alone).
+
+The FP8 casts and transposes are within 15% since the stack traces DeepSeek's own kernels around the GEMMs
+(``fp8_kernels: deepseek``: the scale layouts, the weight transposes of each backward, the two casts of a tensor
+needed both ways) and its E5M6 copy of the attention output, each counted kernel by kernel in the profile
+(stacks/deepseek-v3.yaml, source [3]); nothing fitted.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ def test_the_chunk_pair_is_within_ten_per_cent(pair):
     assert abs(pair.pair_error) <= 0.10, f"{pair.predicted_pair_ms:.1f} ms against {pair.measured_pair_ms:.1f}"
 
 
-@pytest.mark.parametrize("cls", ["attention backward", "GEMMs"])
+@pytest.mark.parametrize("cls", ["attention backward", "GEMMs", "FP8 casts and transposes"])
 def test_classes_within_fifteen_per_cent(pair, cls):
     assert abs(pair.error(cls)) <= 0.15, f"{cls}: {pair.in_pair_ms[cls]:.1f} ms against {pair.measured_ms[cls]:.1f}"
 
