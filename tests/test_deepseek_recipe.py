@@ -81,3 +81,14 @@ def test_fp8_gemms_sized_to_the_exchange_are_said_and_leave_bf16_plans_alone(sma
     bf16 = [simulate(small_moe, cluster, PlanSpec.build(plan), stack=s) for s in (sized, every_sm)]
     assert bf16[0].step_time_s == bf16[1].step_time_s  # no FP8 GEMMs: nothing sized
     assert not any("FP8 GEMMs run" in n for n in bf16[0].notes)
+
+
+def test_simulate_says_when_deepseeks_own_fp8_kernels_run(small_moe):
+    cluster = load_cluster("h800").resized(gpus=16)
+    plan = PlanSpec.build({"tp": 1, "pp": 1, "dp": 16, "ep": 4, "micro_batch_size": 1, "global_batch_size": 32,
+                           "dtype": "fp8"})
+    ours = simulate(small_moe, cluster, plan, stack=load_stack("deepseek-v3"))
+    (note,) = [n for n in ours.notes if n.startswith("fp8: DeepSeek's own kernels")]
+    assert "one FP8 copy of each weight" in note and "E5M6" in note
+    te = load_stack("deepseek-v3", {"fp8_kernels": "transformer-engine", "fp8_attention_output_e5m6": False})
+    assert not any("DeepSeek's own kernels" in n for n in simulate(small_moe, cluster, plan, stack=te).notes)
