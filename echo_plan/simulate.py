@@ -267,7 +267,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         events = timeline_events(step.full.steps, step.full.result)
     notes = [f"critical pipeline stage: {rank}", f"micro-batches per step: {plan.num_microbatches}",
              f"level-2 tasks: {step.tasks_replayed}", f"software stack: {stack.name}"]
-    notes += stack_notes(plan, stack)
+    notes += stack_notes(plan, stack, mla=model.mla is not None)
     if stack.rope_scale_per_call(model.rope_attention_factor) is not None:
         notes.append(f"stack {stack.name}: its fused RoPE kernel takes no attention factor, so {model.name}'s RoPE "
                      f"(YaRN, x{model.rope_attention_factor:g}) runs as unfused PyTorch ops, cos and sin scaled on "

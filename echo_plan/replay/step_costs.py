@@ -58,8 +58,8 @@ def gather_bytes(plan: PlanSpec, stack: SoftwareSpec, params: int, layer_params:
     return (layer_params * layer + 2.0 * (params - layer_params)) / params, layer
 
 
-def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
-    """What the stack changed about the plan, in words."""
+def stack_notes(plan: PlanSpec, stack: SoftwareSpec, mla: bool = False) -> list[str]:
+    """What the stack changed about the plan, in words (``mla``: the model's attention is multi-head latent)."""
     out = []
     if plan.overlap_grad_reduce and plan.grad_dp > 1 and not stack.overlap_grad_reduce:
         out.append(f"stack {stack.name} reduces gradients after the backward pass (no overlap)")
@@ -98,7 +98,7 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec) -> list[str]:
                        "the activations' scales laid out column-major before each dense GEMM, one FP8 copy of each "
                        "weight, transposed in every backward, and per-token and per-channel casts apart"
                        + ("; the attention output kept for backward only in E5M6 (12 bits)"
-                          if stack.fp8_attention_output_e5m6 else ""))
+                          if stack.fp8_attention_output_e5m6 and mla else ""))
     if plan.dtype is DType.FP4:
         gather = "; weights kept and all-gathered in NVFP4" if stack.fp4_param_gather else ""
         out.append(f"fp4: the layers' GEMMs in NVFP4 (E2M1 in 16-value blocks with E4M3 scales, 16 x 16 weight "

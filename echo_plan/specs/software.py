@@ -128,7 +128,7 @@ class SoftwareSpec(Spec):
         description="blockwise FP8: the attention output (the output projection's input, which attention's backward "
                     "reads too) is kept for backward only in DeepSeek's 12-bit E5M6 format, not in bf16 and FP8: one "
                     "cast in forward, one back in backward, the projection's weight-gradient operand cast per "
-                    "channel from it (DeepSeek-V3 report 3.3.3)")
+                    "channel from it (DeepSeek-V3 report 3.3.3); multi-head latent attention, as DeepSeek's")
     fp8_param_gather: bool = Field(
         default=False, description="weights kept and all-gathered in FP8 (no bf16 copy; Megatron --fp8-param-gather)")
     fp4_param_gather: bool = Field(

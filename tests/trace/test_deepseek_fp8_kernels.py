@@ -116,3 +116,13 @@ def test_w_keeps_the_fp8_copy_of_a_gradient_cast_only_for_it_not_the_bf16_gradie
     moved = [op for op in tw if op.name.endswith("fp8_transpose.default")]
     assert moved  # the transposes of saved FP8 inputs for the weight gradients
     assert retained_bytes(trace, w) > 0
+
+
+def test_the_e5m6_copy_is_multi_head_latent_attentions_only(llama_small):
+    """DeepSeek keeps MLA's output in E5M6; other attention is traced as before, not silently half-changed."""
+    def trace(settings):
+        stack = load_stack("megatron-core", {"fp8_recipe": "blockwise", **settings})
+        return trace_stage(llama_small, StageKind.BLOCK, tp=1, sequence_parallel=False, micro_batch_size=1,
+                           dtype=DType.FP8, recompute=Recompute.NONE, stack=stack)
+    a, b = trace({}), trace({"fp8_attention_output_e5m6": True})
+    assert [op.name for op in a.ops] == [op.name for op in b.ops] and a.saved_bytes == b.saved_bytes
