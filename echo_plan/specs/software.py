@@ -232,12 +232,6 @@ class SoftwareSpec(Spec):
                                  f"{self.moe_dispatcher.value}")
         if self.fp8_gemms_leave_comm_sms and not self.moe_comm_sms:
             raise ValueError("fp8_gemms_leave_comm_sms needs moe_comm_sms (how many SMs the FP8 GEMMs leave)")
-        deepseek_fp8 = {"fp8_kernels": self.fp8_kernels is not Fp8Kernels.TRANSFORMER_ENGINE,
-                        "fp8_attention_output_e5m6": self.fp8_attention_output_e5m6}
-        for name, on in deepseek_fp8.items():
-            if on and self.fp8_recipe is not Fp8Recipe.BLOCKWISE:
-                raise ValueError(f"{name} is DeepSeek's blockwise FP8 (fp8_recipe: blockwise); this stack's recipe "
-                                 f"is {self.fp8_recipe.value}")
         return self
 
     def fp8_gemm_sms_held(self, is_moe: bool, ep: int, dtype: DType) -> int:
@@ -356,6 +350,15 @@ def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = Fal
                 raise SpecError(name, True, f"DeepSeek's FP8 {'dispatch' if 'dispatch' in name else 'caching'} of "
                                 f"1 x 128 tiles does not apply to {what} training; use a stack that sets it false, "
                                 "or --fp8-recipe blockwise", context)
+    if dtype in (DType.FP8, DType.FP4) and not (dtype is DType.FP8 and stack.fp8_recipe is Fp8Recipe.BLOCKWISE):
+        what = "NVFP4" if dtype is DType.FP4 else f"the {stack.fp8_recipe.value} FP8 recipe"
+        own = {"fp8_kernels": stack.fp8_kernels.value if stack.fp8_kernels is not Fp8Kernels.TRANSFORMER_ENGINE
+               else None, "fp8_attention_output_e5m6": True if stack.fp8_attention_output_e5m6 else None}
+        for name, value in own.items():
+            if value is not None:
+                raise SpecError(name, value, f"DeepSeek's own FP8 kernels and E5M6 copy go with its 1 x 128 tiles "
+                                f"(fp8_recipe: blockwise), not {what}; use a stack that sets it off, or "
+                                "--fp8-recipe blockwise", context)
 
 
 def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,

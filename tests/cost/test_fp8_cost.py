@@ -13,6 +13,7 @@ from echo_plan.cost.memory import estimate_memory, fp8_weight_bytes
 from echo_plan.cost.weight_copies import quantized_copy_bytes
 from echo_plan.errors import SpecError
 from echo_plan.specs import DType, PlanSpec, load_cluster, load_model, load_stack, validate_plan
+from echo_plan.specs.software import check_precision
 from echo_plan.trace.records import OpKind, OpRecord, Phase, Stream, TensorMeta
 
 H100 = load_cluster("dgx-h100")
@@ -127,5 +128,8 @@ def test_deepseek_kernels_keep_one_fp8_copy_of_a_weight_never_more_than_transfor
     assert quantized_copy_bytes(DType.FP8, ds) == 1.0  # the transpose is made in each backward instead
     assert quantized_copy_bytes(DType.BF16, ds) == 0.0
     for field, value in (("fp8_kernels", "deepseek"), ("fp8_attention_output_e5m6", True)):
-        with pytest.raises(SpecError, match=f"{field} is DeepSeek's blockwise FP8.*recipe is current"):
-            load_stack("megatron-core", {"fp8_recipe": "current", field: value})  # only beside its own recipe
+        stack = load_stack("megatron-core", {"fp8_recipe": "current", field: value})  # a recipe DeepSeek's are not for
+        with pytest.raises(SpecError, match="go with its 1 x 128 tiles.*not the current FP8 recipe") as err:
+            check_precision(stack, DType.FP8, H100.gpu)
+        assert err.value.field == field and "\n" not in str(err.value)
+        check_precision(stack, DType.BF16, H100.gpu)  # nothing in FP8: nothing to refuse
