@@ -27,8 +27,12 @@ from echo_plan.trace.records import OpKind, Phase
 from echo_plan.validation.megatron import validation_dir
 
 LAYERS = 4
-CLASSES = ("attention forward", "attention backward", "GEMMs", "expert exchange", "FP8 casts and transposes",
-           "other")
+# DeepEP's kernels by what they move: the dispatch kernel sends tokens to their experts (forward, and the combine's
+# backward), the combine kernel sends expert outputs back (forward, and the dispatch's backward); its notify and
+# layout kernels exchange counts and wait at a barrier for the other ranks, which a one-rank replay has no kernel for
+CLASSES = ("attention forward", "attention backward", "GEMMs", "dispatch", "combine", "exchange notify (waits)",
+           "FP8 casts and transposes", "other")
+EXCHANGE = ("dispatch", "combine", "exchange notify (waits)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +56,12 @@ def measured_class(name: str) -> str:
     """The class of one of the profile's kernels, by its name."""
     if "flash::compute_attn_ws" in name:
         return "attention forward"
+    if "dpsk::ep::internode::dispatch" in name:
+        return "dispatch"
+    if "dpsk::ep::internode::combine" in name:
+        return "combine"
     if "dpsk::ep::" in name:
-        return "expert exchange"
+        return "exchange notify (waits)"
     if "cutlass::device_kernel" in name and "dpsk::grouped_gemm" not in name:
         return "attention backward"  # FlashAttention-3's backward (cute tiles, bf16)
     if "grouped_gemm::cuda::fp8" in name or "m_grouped_fp8" in name or "sm90_xmma_gemm" in name:
@@ -75,15 +83,26 @@ def measured() -> tuple[dict[str, float], float]:
     return dict(by), (end - start) / 1e3
 
 
-def _predicted_class(op) -> str:
+def _predicted_class(op, exchanges: dict[int, str]) -> str:
     if op.collective is not None:
-        return "expert exchange"
+        return exchanges.get(op.index, "other")
     name = op.name.split(".")[1] if "." in op.name else op.name
     if op.kind is OpKind.ATTENTION:
         return "attention forward" if op.phase is Phase.FORWARD else "attention backward"
     if op.kind is OpKind.GEMM:
         return "GEMMs"
     return "FP8 casts and transposes" if name.startswith("fp8_") else "other"
+
+
+def _exchange_directions(trace) -> dict[int, str]:
+    """The layer's token exchanges by direction: in each pass the first sends tokens to their experts (the forward
+    dispatch; in backward, the combine's gradient) and the second sends them back."""
+    out: dict[int, str] = {}
+    for phase in (Phase.FORWARD, Phase.BACKWARD):
+        ops = [op for op in trace.ops if op.collective is not None and op.phase is phase]
+        for op, cls in zip(ops, ("dispatch", "combine")):
+            out[op.index] = cls
+    return out
 
 
 def compare(cache_dir: str | None = None) -> ChunkPairComparison:
@@ -99,6 +118,7 @@ def compare(cache_dir: str | None = None) -> ChunkPairComparison:
     paired = pair_replay(trace, compute, comm, cluster, plan.dtype, interference, layers=LAYERS)
     in_pair = {i: paired.end_at[k] - paired.start_at[k] for k, i in enumerate(paired.ids)} if paired else {}
     width = 1 + max(op.index for op in trace.ops)
+    exchanges = _exchange_directions(trace)
     alone: dict[str, float] = defaultdict(float)
     ran: dict[str, float] = defaultdict(float)
     for op in trace.ops:
@@ -107,7 +127,7 @@ def compare(cache_dir: str | None = None) -> ChunkPairComparison:
         c = op.collective
         t = comm.time(c.kind, c.nbytes, c.group, cluster).time_s if c is not None else \
             compute.op_time(op, cluster.gpu, plan.dtype)
-        cls = _predicted_class(op)
+        cls = _predicted_class(op, exchanges)
         alone[cls] += t * 1e3 * LAYERS
         ran[cls] += sum(in_pair.get(op.index + k * width, t) for k in range(LAYERS)) * 1e3
     timing = replay_layer(trace, compute, comm, cluster, plan.dtype, interference)
