@@ -1,6 +1,6 @@
 """The analytical compute model against kernels measured on a GPU, op class by op class.
 
-Run: .venv/bin/python benchmarks/kernel_accuracy.py [--db FILE] [--cluster h800] [--traces DIR]
+Run: .venv/bin/python benchmarks/kernel_accuracy.py [--db FILE] [--cluster h800] [--traces DIR] [--bandwidth]
 
 The measured database (default: ``echo_plan/data/measured/h100_sxm5/H100-80GB-HBM3.json``, made
 by ``echo-plan calibrate kernels --traces`` on an H100 SXM5 lent to this project on 2026-11-27) is keyed
@@ -74,11 +74,48 @@ def compare(db: KernelDatabase, traces, cluster_name: str) -> dict[str, list[tup
     return groups
 
 
+MEMORY_BOUND = (OpKind.ELEMENTWISE, OpKind.COPY, OpKind.EMBEDDING, OpKind.REDUCTION, OpKind.NORM, OpKind.SOFTMAX)
+
+
+def bandwidth(db: KernelDatabase, traces, cluster_name: str, min_us: float = 100.0) -> None:
+    """What the measured memory-bound ops reach of the GPU's HBM bandwidth (bytes as the trace counts them over the
+    measured time), op by op, beside the fraction the model assumes for the op's kind (compute.yaml's
+    hbm_efficiency times the preset's memory_bandwidth_scale). Ops under ``min_us`` are left out: their time is
+    mostly launch."""
+    cluster = load_cluster(cluster_name)
+    with tempfile.TemporaryDirectory() as empty:
+        model = compute_model_for(cluster, empty)
+    peak = cluster.gpu.hbm_bw_GBps * 1e9
+    by: dict[tuple[str, str], list[float]] = defaultdict(list)
+    seen = set()
+    for trace in traces:
+        for op in trace.ops:
+            key = kernel_key(op)
+            if op.kind not in MEMORY_BOUND or key in seen:
+                continue
+            seen.add(key)
+            entry = db.lookup(op)
+            moved = op.bytes_read + op.bytes_written
+            if entry is None or entry.p90_us > 1.25 * entry.p10_us or entry.median_us < min_us or moved == 0:
+                continue
+            name = op.name.split(".")[1] if "." in op.name else op.name
+            by[(op.kind.value, name)].append(moved / (entry.median_us * 1e-6) / peak)
+    print(f"\nmemory-bound ops of {min_us:.0f} us or more: the measured fraction of {cluster.gpu.name}'s "
+          f"{cluster.gpu.hbm_bw_GBps:,.0f} GB/s, against the model's for the kind")
+    print(f"{'kind':12s} {'op':32s} {'n':>4s} {'median':>7s} {'min':>6s} {'max':>6s} {'model':>6s}")
+    for (kind, name), fracs in sorted(by.items(), key=lambda kv: (kv[0][0], -len(kv[1]))):
+        assumed = model.constants.hbm_efficiency.get(OpKind(kind), model.constants.hbm_efficiency[OpKind.OTHER])
+        print(f"{kind:12s} {name:32s} {len(fracs):4d} {statistics.median(fracs):7.2f} {min(fracs):6.2f} "
+              f"{max(fracs):6.2f} {assumed:6.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", type=Path, default=DEFAULT_DB)
     parser.add_argument("--cluster", default="h800")
     parser.add_argument("--traces", type=Path, default=None)
+    parser.add_argument("--bandwidth", action="store_true",
+                        help="also print what each measured memory-bound op reaches of the HBM bandwidth")
     args = parser.parse_args(argv)
     db = KernelDatabase.load(args.db)
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:22s} {len(rows):5d} {statistics.median(ratios):7.3f} {ratios[len(ratios) // 10]:6.3f} "
               f"{ratios[(9 * len(ratios)) // 10]:6.3f} {sum(p for p, _ in rows) / sum(m for _, m in rows):8.3f} "
               f"{len(big):8d} {big_w} {sum(m for _, m in rows) / 1e3:11.1f}")
+    if args.bandwidth:
+        bandwidth(db, traces, args.cluster)
     return 0
 
 
