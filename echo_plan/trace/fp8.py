@@ -51,7 +51,7 @@ def _ring(q: Tensor, group: TPGroup, gemm) -> tuple[Tensor, list[Tensor]]:
 def _save_input(ctx, fp8: Fp8State, x: Tensor, q: Tensor, sx: Tensor) -> None:
     """Save the FP8 input and its scales for backward, or the bf16 input itself where the stack keeps
     the original (``Fp8State.keep_original``)."""
-    ctx.e5m6 = fp8.keeps_e5m6(x)
+    ctx.e5m6 = fp8.takes_e5m6(x)
     ctx.original = fp8.keeps_original(x) and not ctx.e5m6
     if ctx.e5m6:  # DeepSeek: the attention output kept once, as E5M6 (attention's backward reads it too)
         ctx.save_for_backward(fk.fp8_e5m6_cast(x))

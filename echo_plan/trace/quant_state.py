@@ -112,8 +112,14 @@ class Fp8State:
         if self.attention_output_e5m6:
             self._e5m6.add(t.untyped_storage()._cdata)
 
-    def keeps_e5m6(self, x: Tensor) -> bool:
-        return x.untyped_storage()._cdata in self._e5m6
+    def takes_e5m6(self, x: Tensor) -> bool:
+        """Whether the linear reading ``x`` keeps it as E5M6; the mark is used once (a storage's id may be reused by
+        a later tensor once this one is freed)."""
+        key = x.untyped_storage()._cdata
+        if key not in self._e5m6:
+            return False
+        self._e5m6.discard(key)
+        return True
 
     def e5m6_wgrad_operand(self, e: Tensor, n: int) -> tuple[Tensor, Tensor]:
         """Backward of a linear that kept its input as E5M6 ``e`` (last dimension ``n`` wide): the cast back to
@@ -249,7 +255,9 @@ class Fp8State:
     def wgrad_operands(self, g_col: Tensor, x_saved: Tensor) -> tuple[Tensor, Tensor]:
         """The weight-gradient GEMM's (a [N, T], b_t [K, T]) from the gradient's weight-gradient copy and the
         saved (gathered) input: transposes made where the GEMM takes only TN, else views of the copies."""
-        if x_saved.untyped_storage()._cdata in self._columnwise:
+        key = x_saved.untyped_storage()._cdata
+        if key in self._columnwise:  # used once: the id may be reused by a later tensor
+            self._columnwise.discard(key)
             return g_col, x_saved.t()
         if self.transposes and not self.block_scaled:
             return g_col, fk.fp8_transpose(x_saved)
