@@ -21,8 +21,8 @@ def test_prices_are_one_for_all_or_one_per_cluster():
     assert parse_names("h800, b200,h800") == ["h800", "b200"]
 
 
-@pytest.fixture()
-def compared(tmp_path, capsys):
+def _compared(tmp_path, capsys) -> dict:
+    """One compare of two cluster types at two sizes (made once: it is the slowest part of this file)."""
     report = tmp_path / "clusters.html"
     args = ["compare", "--model", "gpt-13b", "--cluster", "h800,gb200-nvl72", "--gpus", "16,32", "--gbs", "64",
             "--trials", "4", "--tokens", "10B", "--price-per-gpu-hour", "2,5", "--processes", "1", "--json",
@@ -34,7 +34,8 @@ def compared(tmp_path, capsys):
     return {**json.loads(out.out), "report": report.read_text(encoding="utf-8")}
 
 
-def test_every_cluster_and_size_gets_its_best_plan_cost_and_energy(compared):
+def test_every_cluster_and_size_gets_its_best_plan_cost_and_energy_in_one_report(tmp_path, capsys):
+    compared = _compared(tmp_path, capsys)
     rows = compared["rows"]
     assert [(r["cluster"], r["num_gpus"]) for r in rows] == [("h800", 16), ("h800", 32), ("gb200-nvl72", 16),
                                                              ("gb200-nvl72", 32)]
@@ -47,13 +48,11 @@ def test_every_cluster_and_size_gets_its_best_plan_cost_and_energy(compared):
     # the Blackwell preset's figures are the H100's, a prior across generations, and the row says so
     assert all("another GPU generation" in r["calibration"] for r in rows if r["cluster"] == "gb200-nvl72")
     assert "estimate" in compared["energy_note"]
-
-
-def test_one_report_holds_every_cluster_and_size_with_its_cost(compared):
+    # the one report holds every cluster and size with its cost
     html = compared["report"]
     assert "Which cluster for gpt-13b: h800, gb200-nvl72" in html
     assert 'id="clusters"' in html and "chart-cluster-throughput" in html and "chart-cluster-cost" in html
-    for r in compared["rows"]:
+    for r in rows:
         assert f"{r['cost']:,.0f}" in html  # each cluster and size's cost, as the table shows it
     assert "another GPU generation" in html and "from dgx-h100 (prior)" in html  # said plainly, and in its cell
 

@@ -68,11 +68,15 @@ def cluster():
         yield address
     finally:
         for p in reversed(nodes):
-            try:
+            try:  # a `ray start --block` node given SIGTERM took the whole 30 s wait here: 5 s, then SIGKILL
                 os.killpg(p.pid, signal.SIGTERM)
-                p.wait(timeout=30)
+                p.wait(timeout=5)
             except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(p.pid, signal.SIGKILL)
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(timeout=30)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
         shutil.rmtree(root, ignore_errors=True)
 
 
