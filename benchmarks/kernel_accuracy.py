@@ -54,11 +54,13 @@ def fill_cache(folder: Path) -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def compare(db: KernelDatabase, traces, cluster_name: str) -> dict[str, list[tuple[float, float]]]:
-    cluster = load_cluster(cluster_name)
+def _analytical(cluster):
     with tempfile.TemporaryDirectory() as empty:  # the analytical model alone, even where kernels/ serves
-        model = compute_model_for(cluster, empty)
-    groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        return compute_model_for(cluster, empty)
+
+
+def measured_ops(db: KernelDatabase, traces):
+    """(trace, op, entry) once per distinct kernel the database measured soundly (p10 and p90 within 25%)."""
     seen = set()
     for trace in traces:
         for op in trace.ops:
@@ -67,10 +69,17 @@ def compare(db: KernelDatabase, traces, cluster_name: str) -> dict[str, list[tup
                 continue
             seen.add(key)
             entry = db.lookup(op)
-            if entry is None or entry.p90_us > 1.25 * entry.p10_us:
-                continue
-            predicted = model.op_time(op, cluster.gpu, DType(trace.key.dtype)) * 1e6
-            groups[op_class(op)].append((predicted, entry.median_us))
+            if entry is not None and entry.p90_us <= 1.25 * entry.p10_us:
+                yield trace, op, entry
+
+
+def compare(db: KernelDatabase, traces, cluster_name: str) -> dict[str, list[tuple[float, float]]]:
+    cluster = load_cluster(cluster_name)
+    model = _analytical(cluster)
+    groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for trace, op, entry in measured_ops(db, traces):
+        predicted = model.op_time(op, cluster.gpu, DType(trace.key.dtype)) * 1e6
+        groups[op_class(op)].append((predicted, entry.median_us))
     return groups
 
 
@@ -83,23 +92,15 @@ def bandwidth(db: KernelDatabase, traces, cluster_name: str, min_us: float = 100
     hbm_efficiency times the preset's memory_bandwidth_scale). Ops under ``min_us`` are left out: their time is
     mostly launch."""
     cluster = load_cluster(cluster_name)
-    with tempfile.TemporaryDirectory() as empty:
-        model = compute_model_for(cluster, empty)
+    model = _analytical(cluster)
     peak = cluster.gpu.hbm_bw_GBps * 1e9
     by: dict[tuple[str, str], list[float]] = defaultdict(list)
-    seen = set()
-    for trace in traces:
-        for op in trace.ops:
-            key = kernel_key(op)
-            if op.kind not in MEMORY_BOUND or key in seen:
-                continue
-            seen.add(key)
-            entry = db.lookup(op)
-            moved = op.bytes_read + op.bytes_written
-            if entry is None or entry.p90_us > 1.25 * entry.p10_us or entry.median_us < min_us or moved == 0:
-                continue
-            name = op.name.split(".")[1] if "." in op.name else op.name
-            by[(op.kind.value, name)].append(moved / (entry.median_us * 1e-6) / peak)
+    for _, op, entry in measured_ops(db, traces):
+        moved = op.bytes_read + op.bytes_written
+        if op.kind not in MEMORY_BOUND or entry.median_us < min_us or moved == 0:
+            continue
+        name = op.name.split(".")[1] if "." in op.name else op.name
+        by[(op.kind.value, name)].append(moved / (entry.median_us * 1e-6) / peak)
     print(f"\nmemory-bound ops of {min_us:.0f} us or more: the measured fraction of {cluster.gpu.name}'s "
           f"{cluster.gpu.hbm_bw_GBps:,.0f} GB/s, against the model's for the kind")
     print(f"{'kind':12s} {'op':32s} {'n':>4s} {'median':>7s} {'min':>6s} {'max':>6s} {'model':>6s}")

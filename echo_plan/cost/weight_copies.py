@@ -22,7 +22,7 @@ and 1/2 for NVFP4 (the packed rowwise bytes; Megatron-Core's param buffer maps t
 from __future__ import annotations
 
 from echo_plan.specs.cluster import DType
-from echo_plan.specs.software import Fp8Kernels, Fp8Recipe, SoftwareSpec
+from echo_plan.specs.software import Fp8Recipe, SoftwareSpec
 
 MX_COPY = 1.0 + 1.0 / 32  # one MXFP8 copy: E4M3 values and an E8M0 scale per 32
 NVFP4_COPY = 0.5 + 1.0 / 16  # one NVFP4 copy: E2M1 values (two per byte) and an E4M3 scale per 16
@@ -38,7 +38,7 @@ def quantized_copy_bytes(dtype: DType, stack: SoftwareSpec) -> float:
         return 2 * MX_COPY
     if stack.fp8_recipe.per_tensor and stack.fp8_transposes is False:
         return 1.0
-    if stack.fp8_recipe is Fp8Recipe.BLOCKWISE and stack.fp8_kernels is Fp8Kernels.DEEPSEEK:
+    if stack.deepseek_fp8_kernels:
         return 1.0
     return 2.0
 

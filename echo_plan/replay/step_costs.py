@@ -19,7 +19,7 @@ from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE
 from echo_plan.specs.plan import PlanSpec, Schedule
-from echo_plan.specs.software import Fp8Kernels, Fp8Recipe, SoftwareSpec
+from echo_plan.specs.software import Fp8Recipe, SoftwareSpec
 from echo_plan.cost.weight_copies import layer_gather_bytes
 from echo_plan.trace.records import CommGroup
 from echo_plan.specs.presets import load_stack
@@ -93,7 +93,7 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec, mla: bool = False) -> list[
             "; no FP8 transposes (the GPU's FP8 GEMMs take any layout)"
         out.append(f"fp8: the layers' GEMMs in FP8 ({stack.fp8_recipe.value} scaling{gather}{layouts}), bf16 "
                    "elsewhere; the once-per-step weight casts are counted with the optimizer step (docs/fp8.md)")
-        if stack.fp8_recipe is Fp8Recipe.BLOCKWISE and stack.fp8_kernels is Fp8Kernels.DEEPSEEK:
+        if stack.deepseek_fp8_kernels:
             out.append(f"fp8: DeepSeek's own kernels around the GEMMs (stack {stack.name}: fp8_kernels deepseek): "
                        "the activations' scales laid out column-major before each dense GEMM, one FP8 copy of each "
                        "weight, transposed in every backward, and per-token and per-channel casts apart"

@@ -234,6 +234,11 @@ class SoftwareSpec(Spec):
             raise ValueError("fp8_gemms_leave_comm_sms needs moe_comm_sms (how many SMs the FP8 GEMMs leave)")
         return self
 
+    @property
+    def deepseek_fp8_kernels(self) -> bool:
+        """DeepSeek's own kernels surround the FP8 GEMMs: ``fp8_kernels: deepseek`` beside its blockwise recipe."""
+        return self.fp8_recipe is Fp8Recipe.BLOCKWISE and self.fp8_kernels is Fp8Kernels.DEEPSEEK
+
     def fp8_gemm_sms_held(self, is_moe: bool, ep: int, dtype: DType) -> int:
         """SMs this stack's FP8 GEMMs leave to the expert exchange for a plan's whole step (0: they take every
         SM): moe_comm_sms where fp8_gemms_leave_comm_sms says so, the plan exchanges experts and its GEMMs are
@@ -352,10 +357,10 @@ def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = Fal
                                 "or --fp8-recipe blockwise", context)
     if dtype in (DType.FP8, DType.FP4) and not (dtype is DType.FP8 and stack.fp8_recipe is Fp8Recipe.BLOCKWISE):
         what = "NVFP4" if dtype is DType.FP4 else f"the {stack.fp8_recipe.value} FP8 recipe"
-        own = {"fp8_kernels": stack.fp8_kernels.value if stack.fp8_kernels is not Fp8Kernels.TRANSFORMER_ENGINE
-               else None, "fp8_attention_output_e5m6": True if stack.fp8_attention_output_e5m6 else None}
-        for name, value in own.items():
-            if value is not None:
+        own = (("fp8_kernels", stack.fp8_kernels.value, stack.fp8_kernels is not Fp8Kernels.TRANSFORMER_ENGINE),
+               ("fp8_attention_output_e5m6", True, stack.fp8_attention_output_e5m6))
+        for name, value, on in own:
+            if on:
                 raise SpecError(name, value, f"DeepSeek's own FP8 kernels and E5M6 copy go with its 1 x 128 tiles "
                                 f"(fp8_recipe: blockwise), not {what}; use a stack that sets it off, or "
                                 "--fp8-recipe blockwise", context)

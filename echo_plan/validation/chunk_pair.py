@@ -32,7 +32,6 @@ LAYERS = 4
 # layout kernels exchange counts and wait at a barrier for the other ranks, which a one-rank replay has no kernel for
 CLASSES = ("attention forward", "attention backward", "GEMMs", "dispatch", "combine", "exchange notify (waits)",
            "FP8 casts and transposes", "other")
-EXCHANGE = ("dispatch", "combine", "exchange notify (waits)")
 
 
 @dataclass(frozen=True, slots=True)

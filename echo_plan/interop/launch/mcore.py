@@ -28,7 +28,7 @@ from echo_plan.specs.model import Activation, Norm, PositionEmbedding
 from echo_plan.layout.sharding import DataParallelSharding
 from echo_plan.specs.plan import DpComm, Recompute, Schedule, Sharding
 from echo_plan.specs.software import (
-    AttentionKernel, AttentionLibrary, Fp8Kernels, Fp8Recipe, MoEDispatcher, OptimizerSharding, RecomputeModule,
+    AttentionKernel, AttentionLibrary, Fp8Recipe, MoEDispatcher, OptimizerSharding, RecomputeModule,
 )
 
 SECTIONS = ("model", "train", "ddp", "optimizer")
@@ -179,7 +179,7 @@ def _refuse_plan(plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchFormat) -> None
                                                            "(DeepSeek's FP8 dispatch has no flag); simulate with a "
                                                            "stack that sets it false")
     if plan.dtype is DType.FP8 and stack.fp8_recipe is Fp8Recipe.BLOCKWISE:
-        if stack.fp8_kernels is not Fp8Kernels.TRANSFORMER_ENGINE:
+        if stack.deepseek_fp8_kernels:
             raise CannotExpress(fmt, "fp8_kernels", stack.fp8_kernels.value, "Megatron-Core runs Transformer "
                                 "Engine's blockwise FP8 kernels (DeepSeek's own have no flag); simulate with a stack "
                                 "that sets fp8_kernels: transformer-engine")
