@@ -15,7 +15,8 @@ from echo_plan.replay.dp import dp_exchange_summary
 from echo_plan.layout.layer_mix import all_to_all_note
 from echo_plan.replay.metrics import throughput
 from echo_plan.cost.collectives import CollectiveTimes
-from echo_plan.cost.expert_exchange import DeepEPCollectives, deepep_collectives, deepep_note
+from echo_plan.cost.expert_exchange import (DeepEPCollectives, deepep_collectives, deepep_note,
+                                           load_exchange_efficiency)
 from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.replay.results import StepResult
 from echo_plan.replay.compiled.switch import CompiledSwitch
@@ -194,7 +195,8 @@ def stack_models(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, stack: 
     if interference is None:
         interference = memo.default_interference()
     if model.is_moe and stack.moe_dispatcher is MoEDispatcher.DEEPEP:
-        comm = deepep_collectives(comm, model)  # the expert-parallel all-to-alls as DeepEP's exchange
+        # the expert-parallel all-to-alls as DeepEP's exchange, at what the stack's release reaches
+        comm = deepep_collectives(comm, model, load_exchange_efficiency(release=stack.deepep_release))
         if stack.moe_comm_sms and plan.ep > 1:  # the SMs its kernels hold, lost to what runs beside them
             if stack.moe_comm_sms >= cluster.gpu.sm_count:
                 raise SpecError("moe_comm_sms", stack.moe_comm_sms, f"stack {stack.name}: the exchange can hold at "
@@ -301,7 +303,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         ep = next((op.collective.group for _, t in getattr(traces, "blocks", ()) for op in t.collectives
                    if op.collective.kind is CollectiveKind.ALL_TO_ALL), None)
         if ep is not None:
-            notes.append(deepep_note(model, ep, cluster.domain_gpus))
+            notes.append(deepep_note(model, ep, cluster.domain_gpus, comm.eff.release))
     if host is not None:
         graphs = ", ".join(g.value for g in host.graphs) or "none"
         notes.append(f"stack {stack.name}: the MoE dispatcher waits for the GPU before each token permutation; the "

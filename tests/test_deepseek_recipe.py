@@ -33,7 +33,14 @@ def test_deepseeks_stack_runs_the_exchange_as_deepep(tmp_path):
     # simulate says where the exchange runs and what node-limited routing saves
     (note,) = [n for n in deepep.notes if n.startswith("DeepEP exchange")]
     assert "at most 4 of 8 servers" in note and "crosses the network 3.50 times" in note
+    assert note.startswith("DeepEP exchange (2025-04 kernels)")
     assert not any(n.startswith("DeepEP exchange") for n in nccl.notes)
+    # DeepEP's first release (what DeepSeek-V3 trained with) reaches less of the network: never a faster step
+    first = simulate(model, cluster, plan, stack=load_stack("megatron-core", {
+        "fp8_recipe": "blockwise", "moe_dispatcher": "deepep", "deepep_release": "2025-02"}), cache=cache, memo=memo)
+    assert first.step_time_s > deepep.step_time_s
+    assert first.breakdown.ep_comm_exposed_s > deepep.breakdown.ep_comm_exposed_s
+    assert any(n.startswith("DeepEP exchange (2025-02 kernels)") for n in first.notes)
 
 
 @pytest.mark.slow

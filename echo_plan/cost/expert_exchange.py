@@ -18,7 +18,9 @@ within a reached server its share of a token's experts falls on distinct GPUs as
 replacement. The rates are the cluster's: NVLink as NCCL counts it (links x per-link bandwidth), the
 NIC's line rate times its measured efficiency; ``eff_nvl`` and ``eff_net`` are what DeepEP's kernels
 reach of them (``echo_plan/data/expert_exchange.yaml``, fitted on named rows of DeepEP's published
-H800 bandwidths, the others held out: ``calibrate/deepep_fit.py``).
+H800 bandwidths, the others held out: ``calibrate/deepep_fit.py``), one pair per DeepEP release (the stack's
+``deepep_release``): the first release's kernels (2025-02, what DeepSeek-V3 trained with) reach less of the
+network than those after Tencent's optimisation (2025-04), on the same benchmark.
 
 DeepEP reports a "bandwidth" per exchange: the NVLink bytes over the time within one server, and with
 several servers the "RDMA" bytes over the time, where its RDMA bytes count every server a token reaches,
@@ -36,7 +38,9 @@ from typing import Any
 import yaml
 
 from echo_plan.cost.base import Algorithm, CollectiveEstimate, Protocol_
+from echo_plan.errors import FileFormatError
 from echo_plan.specs.moe import server_limit
+from echo_plan.specs.software_kinds import DeepEPRelease
 from echo_plan.trace.records import CollectiveKind, GroupKind
 
 __all__ = ["DeepEPCollectives", "ExchangeCost", "ExchangeEfficiency", "Routing", "cluster_rates", "deepep_collectives",
@@ -129,21 +133,34 @@ def cluster_rates(cluster) -> tuple[float, float]:  # noqa: ANN001
 
 @dataclass(frozen=True, slots=True)
 class ExchangeEfficiency:
-    """What DeepEP's normal kernels reach of the two rates (``echo_plan/data/expert_exchange.yaml``)."""
+    """What one release of DeepEP's normal kernels reaches of the two rates (``echo_plan/data/expert_exchange.yaml``)."""
 
     nvlink: float
     network: float
     fitted_on: tuple[str, ...] = ()
     source: str = ""
+    release: str = DeepEPRelease.APR_2025.value
 
 
-def load_exchange_efficiency(text: str | None = None) -> ExchangeEfficiency:
-    """The shipped efficiencies (or those in ``text``, YAML of the same format)."""
+EXCHANGE_FORMAT = "echo-plan-expert-exchange/2"
+
+
+def load_exchange_efficiency(text: str | None = None,
+                             release: DeepEPRelease | str = DeepEPRelease.APR_2025) -> ExchangeEfficiency:
+    """The shipped efficiencies of ``release`` (or those in ``text``, YAML of the same format)."""
     raw = yaml.safe_load(text if text is not None else
                          (resources.files("echo_plan") / "data" / "expert_exchange.yaml").read_text(encoding="utf-8"))
-    d = raw["deepep_normal"]
+    key = DeepEPRelease(release).value
+    if not isinstance(raw, dict) or raw.get("format") != EXCHANGE_FORMAT:
+        raise FileFormatError("expert_exchange.yaml", f"not {EXCHANGE_FORMAT}: re-run python -m "
+                              "echo_plan.calibrate.deepep_fit --write")
+    releases = raw.get("deepep_normal") or {}
+    if key not in releases:
+        raise FileFormatError("expert_exchange.yaml", f"no shares for DeepEP release {key} (it has "
+                              f"{', '.join(map(str, releases)) or 'none'})")
+    d = releases[key]
     return ExchangeEfficiency(float(d["nvlink_efficiency"]), float(d["network_efficiency"]),
-                              tuple(str(x) for x in d.get("fitted_on") or ()), str(d.get("source") or ""))
+                              tuple(str(x) for x in d.get("fitted_on") or ()), str(d.get("source") or ""), key)
 
 
 @dataclass(frozen=True)
@@ -175,15 +192,16 @@ class DeepEPCollectives:
 
 
 def deepep_collectives(base: Any, model: Any, eff: ExchangeEfficiency | None = None) -> DeepEPCollectives:
-    """``base`` with ``model``'s expert-parallel exchange run as DeepEP's (its routing and node limit)."""
+    """``base`` with ``model``'s expert-parallel exchange run as DeepEP's (its routing and node limit), at the
+    shares ``eff`` of one release (None: the current release's)."""
     moe = model.moe
     groups = None if moe.routing_groups is None else (moe.routing_groups, moe.groups_per_token)
     return DeepEPCollectives(base, moe.num_experts, moe.top_k, groups, eff or load_exchange_efficiency())
 
 
-def deepep_note(model: Any, ep_group: Any, gpus_per_node: int) -> str:
-    """Where DeepEP's exchange of ``model`` runs on this EP group and what node-limited routing saves: each
-    token's copies over the network with and without the limit, and the GPUs it is forwarded to."""
+def deepep_note(model: Any, ep_group: Any, gpus_per_node: int, release: str = DeepEPRelease.APR_2025.value) -> str:
+    """Where DeepEP's exchange of ``model`` (its ``release``'s kernels) runs on this EP group and what node-limited
+    routing saves: each token's copies over the network with and without the limit, and the GPUs it is forwarded to."""
     per_node, servers = ep_group.placement(gpus_per_node)
     moe = model.moe
     limit = moe.server_limit(servers)
@@ -194,11 +212,11 @@ def deepep_note(model: Any, ep_group: Any, gpus_per_node: int) -> str:
         return r.servers_per_token() * (servers - 1) / servers
 
     if servers == 1:
-        return (f"DeepEP exchange: ep {ep_group.size} inside one server over NVLink; each token to "
+        return (f"DeepEP exchange ({release} kernels): ep {ep_group.size} inside one server over NVLink; each token to "
                 f"{limited.gpus_per_reached_server():.1f} GPUs on average")
     words = (f"at most {limit} of {servers} servers per token (group-limited routing)" if limit is not None
              else f"{servers} servers, no routing limit")
-    return (f"DeepEP exchange: ep {ep_group.size} over {servers} servers, {words}: each token crosses the network "
+    return (f"DeepEP exchange ({release} kernels): ep {ep_group.size} over {servers} servers, {words}: each token crosses the network "
             f"{remote(limited):.2f} times (once per remote server reached; {remote(free):.2f} without the limit, "
             f"{moe.top_k * (servers - 1) / servers:.2f} as one copy per remote expert), then NVLink to "
             f"{limited.gpus_per_reached_server():.1f} GPUs per server")

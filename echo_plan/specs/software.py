@@ -20,13 +20,13 @@ from echo_plan.errors import SpecError
 from echo_plan.specs.base import Spec
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, AttentionLibrary, CPComm,
-                                            CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, Fp8Kernels,
-                                            Fp8Recipe, MoEDispatcher, OptimizerSharding, PipelineRuntime,
+                                            CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, DeepEPRelease,
+                                            Fp8Kernels, Fp8Recipe, MoEDispatcher, OptimizerSharding, PipelineRuntime,
                                             RecomputeModule, RecomputePolicy)
 
 # the enums live in software_kinds.py; importing them from here keeps working
 __all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CPRuntime", "CrossEntropy",
-           "CudaAllocator", "CudaGraphScope", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "MoEDispatcher",
+           "CudaAllocator", "CudaGraphScope", "DeepEPRelease", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "MoEDispatcher",
            "OptimizerSharding", "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec",
            "check_precision", "check_stack_supports"]
 
@@ -100,6 +100,11 @@ class SoftwareSpec(Spec):
                                    "tiles) before the dispatch, which moves FP8 rows with their scales to experts "
                                    "that take them as they are, and the gradients before the experts' FC2 are "
                                    "dispatched in FP8 too; the combines stay bf16 (DeepSeek-V3 report 3.3.3, DeepEP)")
+    deepep_release: DeepEPRelease = Field(
+        default=DeepEPRelease.APR_2025,
+        description="MoE with the deepep dispatcher: the DeepEP release whose kernels run the exchange, each costed "
+                    "with what its own published H800 benchmark reaches of NVLink and the network: 2025-04 (IBGDA, "
+                    "the current figures) or 2025-02 (the first release, what DeepSeek-V3 trained with)")
     moe_comm_sms: int | None = Field(
         default=None, ge=1, le=1024,
         description="MoE with the deepep dispatcher: streaming multiprocessors the exchange's kernels hold while "
@@ -230,6 +235,9 @@ class SoftwareSpec(Spec):
             if getattr(self, name) and self.moe_dispatcher is not MoEDispatcher.DEEPEP:
                 raise ValueError(f"{name} is DeepEP's (moe_dispatcher: deepep); this stack's dispatcher is "
                                  f"{self.moe_dispatcher.value}")
+        if self.deepep_release is not DeepEPRelease.APR_2025 and self.moe_dispatcher is not MoEDispatcher.DEEPEP:
+            raise ValueError(f"deepep_release {self.deepep_release.value} is DeepEP's (moe_dispatcher: deepep); this stack's dispatcher is "
+                             f"{self.moe_dispatcher.value}")
         if self.fp8_gemms_leave_comm_sms and not self.moe_comm_sms:
             raise ValueError("fp8_gemms_leave_comm_sms needs moe_comm_sms (how many SMs the FP8 GEMMs leave)")
         return self

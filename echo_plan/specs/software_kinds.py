@@ -76,6 +76,14 @@ class MoEDispatcher(str, Enum):
     DEEPEP = "deepep"  # DeepEP's normal kernels: once per server over the network, then NVLink (cost/expert_exchange.py)
 
 
+class DeepEPRelease(str, Enum):
+    """Which release of DeepEP's normal kernels runs the exchange (``moe_dispatcher: deepep``): each has its own
+    published H800 bandwidths, so its own fitted shares of NVLink and the network (``data/expert_exchange.yaml``)."""
+
+    FEB_2025 = "2025-02"  # the first release (IBRC transport): DeepSeek-V3's training and its published profile
+    APR_2025 = "2025-04"  # IBGDA and a queue pair per channel (DeepEP PR #130, "up to 30%" faster across servers)
+
+
 class OptimizerSharding(str, Enum):
     """What ``distributed_optimizer`` shards over the data-parallel group."""
 

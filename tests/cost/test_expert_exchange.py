@@ -60,6 +60,49 @@ def test_deepeps_published_h800_bandwidths():
         assert abs(got / r.measured_GBps - 1) <= 0.15, (r.label, got)
 
 
+def test_deepeps_first_release_is_held_to_its_own_table():
+    """The first release (2025-02, what DeepSeek-V3 trained with) gets its shares from its own README's rows (EP 8
+    and 64), not from the later release's; its EP 16 rows are held out within 15%. Its EP 32 dispatch is the suite's
+    known gap (44 GB/s, no faster than its EP 64's 46, where the model, like the later release, is): when the model
+    learns it, this test fails so that the gap's note in validation/suites.py goes too."""
+    from echo_plan.specs.software_kinds import DeepEPRelease
+    from echo_plan.validation.exchange import DEEPEP_FILES
+
+    feb = load_exchange_efficiency(release=DeepEPRelease.FEB_2025)
+    h800 = load_cluster("h800")
+    rows = [r for r in read_deepep(validation_dir() / DEEPEP_FILES[DeepEPRelease.FEB_2025]) if r.kernel == "normal"]
+    assert {r.release for r in rows} == {"2025-02"} and {r.ep for r in rows} == {8, 16, 32, 64}
+    assert all(label.endswith("(2025-02)") for label in feb.fitted_on)
+    assert {r.ep for r in rows if r.label not in feb.fitted_on} == {16, 32}
+    errors = {r.label: predict(r, h800, feb).reported_GBps / r.measured_GBps - 1 for r in rows}
+    gap = "normal dispatch EP 32 (2025-02)"
+    assert errors.pop(gap) > 0.15
+    assert all(abs(e) <= 0.15 for e in errors.values()), errors
+
+
+def test_the_later_release_never_exchanges_slower():
+    """Tencent's optimisation (2025-04) sped the kernels across servers and left NVLink as it was: its shares are
+    at least the first release's on both paths, so no exchange is slower with it."""
+    from echo_plan.specs.software_kinds import DeepEPRelease
+
+    feb, apr = (load_exchange_efficiency(release=r) for r in (DeepEPRelease.FEB_2025, DeepEPRelease.APR_2025))
+    assert apr.network > feb.network and apr.nvlink >= feb.nvlink
+    for ep in (8, 16, 32, 64):
+        routing = Routing(256, 8, ep // 8, 8, min(ep // 8, 4))
+        slow, fast = (expert_exchange(4096, 7392, routing, 160.0, 50.0, e.nvlink, e.network) for e in (feb, apr))
+        assert fast.time_s <= slow.time_s
+
+
+def test_the_shares_file_names_its_format_and_releases():
+    from echo_plan.errors import FileFormatError
+
+    with pytest.raises(FileFormatError, match="not echo-plan-expert-exchange/2"):
+        load_exchange_efficiency("format: echo-plan-expert-exchange/1\ndeepep_normal: {nvlink_efficiency: 1}\n")
+    with pytest.raises(FileFormatError, match="no shares for DeepEP release 2025-02 \\(it has 2025-04\\)"):
+        load_exchange_efficiency("format: echo-plan-expert-exchange/2\ndeepep_normal:\n  2025-04: {nvlink_efficiency: "
+                                 "1, network_efficiency: 1}\n", release="2025-02")
+
+
 def test_the_shipped_shares_are_what_the_fit_gives():
     from echo_plan.calibrate.deepep_fit import DATA, fit
 

@@ -78,8 +78,18 @@ def test_the_attention_library_is_a_stack_setting_for_fused_attention_only():
         assert needle in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("field, value", [("moe_dispatch_fp8", True), ("moe_comm_sms", 20)])
+@pytest.mark.parametrize("field, value", [("moe_dispatch_fp8", True), ("moe_comm_sms", 20), ("deepep_release", "2025-02")])
 def test_deepeps_own_settings_need_its_dispatcher(field, value):
-    with pytest.raises(Exception, match=f"{field} is DeepEP's"):
+    with pytest.raises(Exception, match=f"{field}( {value})? is DeepEP's"):
         load_stack("megatron-core", {field: value})
-    assert getattr(load_stack("megatron-core", {"moe_dispatcher": "deepep", field: value}), field) == value
+    got = getattr(load_stack("megatron-core", {"moe_dispatcher": "deepep", field: value}), field)
+    assert getattr(got, "value", got) == value
+
+
+def test_deepseeks_stack_runs_the_deepep_release_it_trained_with():
+    """DeepSeek-V3 was trained, and its profile taken, before DeepEP's 2025-04 optimisation; any other stack with
+    DeepEP runs the current release unless it says otherwise."""
+    assert load_stack("deepseek-v3").deepep_release.value == "2025-02"
+    assert load_stack("megatron-core", {"moe_dispatcher": "deepep"}).deepep_release.value == "2025-04"
+    with pytest.raises(Exception, match="deepep_release"):
+        load_stack("megatron-core", {"moe_dispatcher": "deepep", "deepep_release": "2024-12"})

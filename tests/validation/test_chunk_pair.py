@@ -1,8 +1,9 @@
 """DeepSeek-V3's published DualPipe chunk pair (issue 32), predicted from the CSV: the targets met today.
 
-Not met yet, so not asserted (docs/validation.md says why): the dispatch kernels (-27%: DeepEP's kernels run
-longer inside training than in DeepEP's own benchmark), the notify kernels (waits for the other ranks, no kernel in
-a one-rank replay) and attention forward inside the pair (+15.3%; +1% alone).
+Not met yet, so not asserted (docs/validation.md says why): the dispatch kernels (-20% with the first DeepEP
+release's shares, which the stack runs: DeepEP's dispatch kernels run longer inside training than in its own
+benchmark), the notify kernels (waits for the other ranks, no kernel in a one-rank replay) and attention forward
+inside the pair (+15.1%; +1% alone).
 
 The FP8 casts and transposes are within 15% since the stack traces DeepSeek's own kernels around the GEMMs
 (``fp8_kernels: deepseek``: the scale layouts, the weight transposes of each backward, the two casts of a tensor

@@ -416,7 +416,7 @@ SHIPPED = ("fsdp_torchtitan_a100", "fsdp_torchtitan_h100", "fsdp_torchtitan_h200
            "megatron_bridge_h100", "megatron_weak_scaling_a100", "moe_b200", "moe_b300", "moe_gb200", "moe_gb300",
            "moe_h100", "moe_h100_bridge",
            "nemo_h100_dgxc",
-           "deepep/h800", "nccl-tests/azure-nd-a100-v4")
+           "deepep/h800", "deepep/h800-2025-02", "nccl-tests/azure-nd-a100-v4")
 
 
 def test_the_suites_ship_with_the_package(monkeypatch, capsys):
@@ -424,7 +424,7 @@ def test_the_suites_ship_with_the_package(monkeypatch, capsys):
     monkeypatch.delenv("ECHO_PLAN_VALIDATION_DIR", raising=False)
     assert main(["validate", "--list"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert listed == sorted(SHIPPED[:-2]) + list(SHIPPED[-2:])
+    assert listed == sorted(SHIPPED[:-3]) + list(SHIPPED[-3:])
     assert (SHARED / "README.md").is_file()
     import echo_plan
 
