@@ -67,8 +67,8 @@ from echo_plan.cost.activation_memory import (embedding_activation_bytes, layer_
                                                output_activation_bytes)
 from echo_plan.trace.records import LayerTrace
 from echo_plan.layout.backward_split import retained_bytes, split_backward
-from echo_plan.layout.layer_mix import (all_stage_kind_counts, layer_params_per_rank as mixed, plan_kinds,
-                                        stage_kind_counts)
+from echo_plan.layout.layer_mix import (all_stage_kind_counts, layer_params_per_rank as mixed, output_rank,
+                                        plan_kinds, stage_kind_counts)
 from echo_plan.layout.schedules_zb import split_layout
 from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.layout.sharding import DataParallelSharding
@@ -194,9 +194,9 @@ def stage_params_split(model: ModelSpec, plan: PlanSpec, stage: int,
         n += word
         if model.position_embedding is PositionEmbedding.LEARNED:
             n += model.seq_length * model.hidden_size
-    if stage == plan.pp - 1:
+    if stage == output_rank(plan):
         n += model.norm_params
-        if not model.tied_embeddings or plan.pp > 1:
+        if not model.tied_embeddings or stage != 0:  # tied: one copy where the embedding is on the same rank
             n += word
         if model.mtp_layers:
             dense, expert = mixed(model, plan, model.mtp_kind)
@@ -213,7 +213,7 @@ def fp8_weight_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, stag
         return 0.0
 
     layer = sum(count * sum(mixed(model, plan, kind)) for kind, count in stage_kind_counts(model, plan, stage).items())
-    if stage == plan.pp - 1 and model.mtp_layers:
+    if stage == output_rank(plan) and model.mtp_layers:
         layer += model.mtp_layers * sum(mixed(model, plan, model.mtp_kind))
     return layer * layer_weight_extra_bytes(plan.dtype, stack, bf16_bytes)
 
@@ -323,7 +323,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
 
     def params_split(stage: int) -> tuple[int, int]:
         counts = stage_counts[stage]
-        key = (tuple(counts.items()), stage == 0, stage == plan.pp - 1)
+        key = (tuple(counts.items()), stage == 0, stage == output_rank(plan))
         hit = split_of.get(key)
         if hit is None:
             hit = split_of[key] = stage_params_split(model, plan, stage, counts)
@@ -353,7 +353,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
         if i == 0 and sched is None:
             act += embed_saved * inflight_on_chunk(plan, i, 0)
         transient = 0.0
-        if i == plan.pp - 1 or (dual and i == 0):
+        if i == output_rank(plan) or (dual and i == 0):
             mtp = model.mtp_layers * (saved.get(model.mtp_kind, first)[0] + output_saved) if model.mtp_layers else 0
             if sched is None:
                 act += (output_saved + mtp) * inflight_on_chunk(plan, i, v - 1)

@@ -21,6 +21,7 @@ rank's chunks is a stage of its own (torchtitan's "loop" placement: rank r holds
 from __future__ import annotations
 
 from echo_plan.cost.schedule_memory import inflight_on_chunk
+from echo_plan.layout.layer_mix import rank_virtual_stages
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec
 from echo_plan.specs.software import PipelineRuntime, SoftwareSpec
@@ -34,9 +35,8 @@ def pipeline_runtime_bytes(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec
     tokens = plan.micro_batch_size * (model.seq_length // plan.cp)
     boundary = tokens * model.hidden_size * e // (plan.tp if plan.sequence_parallel else 1)
     held = 0
-    for chunk in range(v):
-        first = stage == 0 and chunk == 0
-        last = stage == plan.pp - 1 and chunk == v - 1
+    for chunk, vs in enumerate(rank_virtual_stages(plan, stage)):
+        first, last = vs == 0, vs == plan.pp * v - 1
         if not first:  # received activations not already held as an in-flight input
             held += (m - min(m, inflight_on_chunk(plan, stage, chunk))) * boundary
         if not last:

@@ -14,7 +14,7 @@ from collections import Counter
 
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE, LayerKind
-from echo_plan.specs.plan import PlanSpec
+from echo_plan.specs.plan import PlanSpec, Schedule
 from echo_plan.trace.records import CollectiveKind
 
 
@@ -43,18 +43,33 @@ def stage_kind_counts(model: ModelSpec, plan: PlanSpec, stage: int) -> dict[Laye
     return all_stage_kind_counts(model, plan)[stage]
 
 
+def rank_virtual_stages(plan: PlanSpec, rank: int) -> tuple[int, ...]:
+    """The model's virtual stages (in model order) that pipeline rank ``rank`` holds, one per chunk: chunk c of
+    rank r is virtual stage c x pp + r, except in ZB-V's V, where r holds r and 2 pp - 1 - r (so rank 0 holds both
+    ends of the model; ``layout/actions.py``). DualPipe's reverse copy (stage pp - 1 - r) is the memory model's."""
+    pp = plan.pp
+    if plan.schedule is Schedule.ZB_V:
+        return (rank, 2 * pp - 1 - rank)
+    return tuple(c * pp + rank for c in range(plan.virtual_stages))
+
+
+def output_rank(plan: PlanSpec) -> int:
+    """The pipeline rank holding the model's last virtual stage: the output layer and the loss."""
+    last = plan.pp * plan.virtual_stages - 1
+    return next(r for r in range(plan.pp) if last in rank_virtual_stages(plan, r))
+
+
 def all_stage_kind_counts(model: ModelSpec, plan: PlanSpec) -> tuple[dict[LayerKind, int], ...]:
     """:func:`stage_kind_counts` of every pipeline rank, in one pass over the layers (the memory
     estimate of every candidate plan of a search asks for all of them)."""
-    pp = plan.pp
     per_chunk = plan.virtual_layers(model.num_layers)
     kinds = model.layer_kinds()
     single = len(set(kinds)) == 1
     k = plan.recompute_layers
-    out: list[Counter] = [Counter() for _ in range(pp)]
+    by_vs: list[Counter] = []
     first = 0
-    for vs, n in enumerate(per_chunk):  # virtual stage vs is chunk vs // pp of rank vs % pp
-        counts = out[vs % pp]
+    for n in per_chunk:
+        counts: Counter = Counter()
         if single:
             if n:
                 r = min(k, n)
@@ -65,8 +80,15 @@ def all_stage_kind_counts(model: ModelSpec, plan: PlanSpec) -> tuple[dict[LayerK
         else:
             for j, kind in enumerate(kinds[first:first + n]):
                 counts[kind._replace(recomputed=True) if j < k else kind] += 1
+        by_vs.append(counts)
         first += n
-    return tuple(dict(c) for c in out)
+    out = []
+    for rank in range(plan.pp):
+        total: Counter = Counter()
+        for vs in rank_virtual_stages(plan, rank):
+            total.update(by_vs[vs])
+        out.append(dict(total))
+    return tuple(out)
 
 
 def layer_params_per_rank(model: ModelSpec, plan: PlanSpec, kind: LayerKind = DENSE) -> tuple[int, int]:
@@ -115,3 +137,4 @@ def all_to_all_note(model: ModelSpec, plan: PlanSpec, traces, comm_time, gpus_pe
                 f"MoE layer and micro-batch, {layer_s * 1e3:.2f} ms; {step_s:.2f} s per step on the stage with "
                 f"{most} MoE layers (before overlap)")
     return None
+

@@ -55,6 +55,23 @@ def test_params_add_up_to_the_model():
         assert stage_params(model, p, 0) == model.num_params
 
 
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved", 2), ("zb-v", 2)])
+def test_every_parameter_is_on_one_rank_and_the_output_where_the_last_stage_is(schedule, v):
+    """Untied Llama 2 70B on 4 stages: the ranks' parameters add up to the model's, whatever the layout; the
+    output layer (and the loss's transient) is on the rank holding the last stage: rank 0 in ZB-V's V, where
+    the first and last stages share a rank, else rank 3."""
+    p = PlanSpec.build(dict(tp=1, pp=4, dp=1, global_batch_size=16, schedule=schedule, virtual_stages=v))
+    assert sum(stage_params(LLAMA, p, s) for s in range(4)) == LLAMA.num_params
+    word = LLAMA.vocab_size * LLAMA.hidden_size
+    ends = 0 if schedule == "zb-v" else 3
+    layers = [stage_params(LLAMA, p, s) - (word if s == 0 else 0) - (word + LLAMA.norm_params if s == ends else 0)
+              for s in range(4)]
+    assert layers == [LLAMA.num_layers // 4 * LLAMA.params_per_layer] * 4
+    te = load_stack("megatron-core", {"cross_entropy": "te"})  # another loss kernel: only the loss's rank changes
+    a, b = estimate(LLAMA, p, stack=STACK), estimate(LLAMA, p, stack=te)
+    assert [s for s in range(4) if a[s].total_bytes != b[s].total_bytes] == [ends]
+
+
 def test_tensor_parallel_splits_the_weights():
     assert layer_params_per_rank(GPT, 8) < GPT.params_per_layer / 7.9
     assert layer_params_per_rank(GPT, 8) >= GPT.params_per_layer / 8
