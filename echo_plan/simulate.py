@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from echo_plan.replay.dp import dp_exchange_summary
-from echo_plan.layout.layer_mix import all_to_all_note
+from echo_plan.layout.layer_mix import all_to_all_note, exchange_hidden_note, expert_exchange_per_step
 from echo_plan.replay.metrics import throughput
 from echo_plan.cost.collectives import CollectiveTimes
 from echo_plan.cost.expert_exchange import (DeepEPCollectives, deepep_collectives, deepep_note,
@@ -299,6 +299,11 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                               tiers if hasattr(comm, "lines") and hasattr(comm, "params") else None)
     if a2a:
         notes.append(a2a)
+    if model.is_moe:
+        hidden = exchange_hidden_note(expert_exchange_per_step(model, plan, traces, comm_time, rank),
+                                      breakdown.ep_comm_exposed_s, rank)
+        if hidden:
+            notes.append(hidden)
     if isinstance(comm, DeepEPCollectives):
         ep = next((op.collective.group for _, t in getattr(traces, "blocks", ()) for op in t.collectives
                    if op.collective.kind is CollectiveKind.ALL_TO_ALL), None)

@@ -34,6 +34,7 @@ def test_deepseeks_stack_runs_the_exchange_as_deepep(tmp_path):
     (note,) = [n for n in deepep.notes if n.startswith("DeepEP exchange")]
     assert "at most 4 of 8 servers" in note and "crosses the network 3.50 times" in note
     assert note.startswith("DeepEP exchange (2025-04 kernels)")
+    assert any(n.startswith("expert exchange on the critical stage") and "the schedule hides" in n for n in deepep.notes)
     assert not any(n.startswith("DeepEP exchange") for n in nccl.notes)
     # DeepEP's first release (what DeepSeek-V3 trained with) reaches less of the network: never a faster step
     first = simulate(model, cluster, plan, stack=load_stack("megatron-core", {

@@ -15,7 +15,9 @@ from collections import Counter
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Schedule
-from echo_plan.trace.records import CollectiveKind
+from echo_plan.trace.records import CollectiveKind, GroupKind
+
+EXPERT_EXCHANGE_GROUPS = (GroupKind.EP, GroupKind.ETP)  # what the breakdown's exposed expert exchange holds
 
 
 def kind_counts(model: ModelSpec, first: int, n: int, recomputed: int = 0) -> tuple[tuple[LayerKind, int], ...]:
@@ -138,3 +140,31 @@ def all_to_all_note(model: ModelSpec, plan: PlanSpec, traces, comm_time, gpus_pe
                 f"{most} MoE layers (before overlap)")
     return None
 
+
+def expert_exchange_per_step(model: ModelSpec, plan: PlanSpec, traces, comm_time, stage: int) -> float:
+    """Seconds per step of pipeline rank ``stage``'s expert exchange (the dispatch and combine on the
+    expert-parallel group and the expert-TP collectives of its MoE layers, each timed alone, before any
+    overlap): what the breakdown's ``ep_comm_exposed`` is the exposed part of."""
+    every = all_stage_kind_counts(model, plan)
+    if plan.schedule is Schedule.DUALPIPE:  # its two copies' stages, each direction with half the micro-batches
+        held = ((every[stage], plan.num_microbatches / 2), (every[plan.pp - 1 - stage], plan.num_microbatches / 2))
+    else:
+        held = ((every[stage], plan.num_microbatches),)
+    total = 0.0
+    for kind, trace in getattr(traces, "blocks", ()):
+        if not kind.moe:
+            continue
+        layer_s = sum(comm_time(op.collective.kind, op.collective.nbytes, op.collective.group)
+                      for op in trace.collectives if op.collective.group.kind in EXPERT_EXCHANGE_GROUPS)
+        total += sum(layer_s * counts.get(kind, 0) * m for counts, m in held)
+    return total
+
+
+def exchange_hidden_note(total_s: float, exposed_s: float, stage: int) -> str | None:
+    """How much of the critical stage's expert exchange the schedule hides (None without one)."""
+    if total_s <= 0:
+        return None
+    hidden = min(1.0, max(0.0, 1.0 - exposed_s / total_s))
+    return (f"expert exchange on the critical stage {stage}: {total_s:.2f} s per step, each exchange timed alone; "
+            f"{exposed_s:.2f} s of it exposed (the breakdown's exposed expert exchange), so the schedule hides "
+            f"{hidden:.0%} of it")

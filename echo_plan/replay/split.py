@@ -71,29 +71,57 @@ def replay_split(trace: LayerTrace, compute, comm, cluster, dtype, interference:
 
 
 def pair_saving(trace: LayerTrace, compute, comm, cluster, dtype, interference: InterferenceModel,
-                apart_s: float, layers: int = 1) -> float:
+                apart_s: float, layers: int = 1, backward_trace: LayerTrace | None = None) -> float:
     """How much shorter the forward of ``layers`` layers of one micro-batch and the backward of as many of
-    another run as an overlapped pair (segment by segment between collectives: issued alternately, forward
-    first, or in a list scheduler's order, whichever finishes first) than apart (``apart_s``: the two passes
-    of all those layers one after the other)."""
-    together = pair_replay(trace, compute, comm, cluster, dtype, interference, layers)
+    another (of ``backward_trace``'s kind where given) run as an overlapped pair (segment by segment between
+    collectives: issued alternately, forward first, or in a list scheduler's order, whichever finishes first)
+    than apart (``apart_s``: the two passes of all those layers one after the other)."""
+    together = pair_replay(trace, compute, comm, cluster, dtype, interference, layers, backward_trace)
     return 0.0 if together is None else max(0.0, apart_s - together.makespan_s)
 
 
+def mixed_pair_savings(traces, timing: dict, compute, comm, cluster, dtype, interference: InterferenceModel,
+                       cache: dict, cluster_key: str) -> dict:
+    """(first layer pair's saving, each further layer's) of a forward of one layer kind beside the backward of
+    another, for every ordered pair of the plan's distinct traced kinds (a dense layer's compute can hide an MoE
+    layer's exchange, which neither kind's own pair shows)."""
+    out = {}
+    blocks = list(traces.blocks)
+    for a, ta in blocks:
+        for b, tb in blocks:
+            if a == b:
+                continue
+            key = ("mixed-pair", ta.key.digest(), tb.key.digest(), compute, comm, cluster_key, dtype, interference)
+            hit = cache.get(key)
+            if hit is None:
+                apart = timing["blocks"][a].forward.duration_s + timing["blocks"][b].backward.duration_s
+                one = pair_saving(ta, compute, comm, cluster, dtype, interference, apart, 1, tb)
+                two = pair_saving(ta, compute, comm, cluster, dtype, interference, 2 * apart, 2, tb) if one > 0 else 0
+                hit = cache[key] = (one, max(0.0, two - one))
+            out[(a, b)] = hit
+    return out
+
+
 def pair_replay(trace: LayerTrace, compute, comm, cluster, dtype, interference: InterferenceModel,
-                layers: int = 1):
+                layers: int = 1, backward_trace: LayerTrace | None = None):
     """The replay of one micro-batch's forward beside another's backward of ``layers`` consecutive layers
     of this stage's kind (whichever order of issue finishes first; each task's start and end as it ran,
     interference included), or None when there is no communication to hide and the pair is the two passes
-    back to back. Task ids are the trace's op indices, plus ``k`` times (the largest index + 1) for the
-    k-th further layer."""
+    back to back. ``backward_trace``: a layer of another kind whose backward runs beside this one's forward
+    (a pair of two kinds: DualPipe's dense first stage beside an MoE stage), else this one. Task ids are the
+    trace's op indices (the other trace's shifted past them), plus ``k`` times the id range for the k-th
+    further layer."""
     if layers < 1:
         raise ValueError(f"layers {layers}: a pair has at least one layer")
+    other = backward_trace if backward_trace is not None else trace
     fwd = phase_tasks([op for op in trace.ops if op.phase is Phase.FORWARD], compute, comm, cluster, dtype)
-    bwd = phase_tasks([op for op in trace.ops if op.phase is not Phase.FORWARD], compute, comm, cluster, dtype)
+    bwd = phase_tasks([op for op in other.ops if op.phase is not Phase.FORWARD], compute, comm, cluster, dtype)
     if not any(t.kind.is_comm for t in fwd + bwd):
         return None
     width = 1 + max((op.index for op in trace.ops), default=0)
+    if backward_trace is not None:  # its ops are numbered from 0 too: shift them past this trace's
+        bwd = [replace(t, id=t.id + width, deps=tuple(d + width for d in t.deps)) for t in bwd]
+        width += 1 + max((op.index for op in other.ops), default=0)
     fwd, bwd = _repeated(fwd, layers, width), _repeated(bwd, layers, width)
     fwd, bwd = _own_exchange_stream(fwd), _own_exchange_stream(bwd)
     fs, bs = _segments(fwd), _segments(bwd)
@@ -127,7 +155,8 @@ def _greedy(first: list[list], second: list[list]) -> list:
     merged: list = []
     while pos[0] < len(first) or pos[1] < len(second):
         live = [i for i in (0, 1) if pos[i] < len(queues[i])]
-        i = min(live, key=lambda j: (max(t_compute, comm_done[j]), j))
+        # soonest first; on a tie, the segment that issues a collective (its transfer then runs under the other's)
+        i = min(live, key=lambda j: (max(t_compute, comm_done[j]), not queues[j][pos[j]][-1].kind.is_comm, j))
         seg = queues[i][pos[i]]
         t_compute = max(t_compute, comm_done[i]) + sum(t.work_s for t in seg if not t.kind.is_comm)
         for t in seg:
@@ -148,7 +177,11 @@ def _alternate(first: list[list], second: list[list]) -> list:
 
 
 def _segments(tasks: list) -> list[list]:
-    """Tasks cut after each collective: a segment is compute work ending in the communication it issues."""
+    """Tasks cut after each collective: a segment is compute work ending in the communication it issues. A
+    pass with no collective (a dense layer without tensor parallelism beside an MoE layer) waits for nothing,
+    so each of its ops is a segment: the other pass's exchange can run under any of them."""
+    if not any(t.kind.is_comm for t in tasks):
+        return [[t] for t in tasks]
     out: list[list] = [[]]
     for t in tasks:
         out[-1].append(t)
@@ -171,6 +204,7 @@ def split_timings(cache: dict, traces, timing: dict, compute, comm, cluster, clu
     out = {name: one(getattr(traces, name), timing[name], name == "block") for name in ("block", "embedding",
                                                                                        "output")}
     out["blocks"] = {kind: one(t, timing["blocks"][kind]) for kind, t in traces.blocks}
+    out["pairs"] = mixed_pair_savings(traces, timing, compute, comm, cluster, dtype, interference, cache, cluster_key)
     return out
 
 
@@ -187,12 +221,22 @@ def pair_saving_of(f_kinds, b_kinds, split) -> float:
     """What overlapping a chunk's forward with another chunk's backward saves (DualPipe, and the
     stacks that pair a forward with a backward to hide the MoE exchange), layer by layer: the k-th layer
     of one beside the k-th of the other, the first pair saving what a lone layer pair saves and each
-    further one what one more layer of an overlapped chunk saves (a pair of two kinds saves the lesser)."""
+    further one what one more layer of an overlapped chunk saves (a pair of two kinds: its own replay,
+    ``split["pairs"]``, one kind's forward beside the other's backward)."""
     def flat(kinds):
         return [k for k, n in kinds for _ in range(n)]
 
     def timing(k):
         return split["blocks"].get(k, split["block"])
+
+    def saving(a, b, first: bool) -> float:
+        if a == b:
+            t = timing(a)
+            return t.pair_saving_s if first else t.pair_marginal_s
+        mixed = split.get("pairs", {}).get((a, b))
+        if mixed is not None:
+            return mixed[0] if first else mixed[1]
+        ta, tb = timing(a), timing(b)  # no replay of the two together: the lesser of their own pairs
+        return min(ta.pair_saving_s, tb.pair_saving_s) if first else min(ta.pair_marginal_s, tb.pair_marginal_s)
     pairs = list(zip(flat(f_kinds), flat(b_kinds)))
-    return sum(min(timing(a).pair_saving_s, timing(b).pair_saving_s) if i == 0 else
-               min(timing(a).pair_marginal_s, timing(b).pair_marginal_s) for i, (a, b) in enumerate(pairs))
+    return sum(saving(a, b, i == 0) for i, (a, b) in enumerate(pairs))

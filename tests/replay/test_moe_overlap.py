@@ -35,6 +35,18 @@ def test_the_overlap_never_slows_an_moe_step_and_hides_some_exchange(model, memo
     assert on.step_time_s < off.step_time_s
     assert on.breakdown.total_s == pytest.approx(on.step_time_s, rel=1e-9)
     assert any("pairs each steady-state forward with the next backward" in n for n in on.notes)
+    # simulate says how much of the critical stage's exchange the schedule hides: more with the overlap
+    hidden = [hidden_share(r) for r in (off, on)]
+    assert all(0.0 <= h <= 1.0 for h in hidden) and hidden[1] > hidden[0]
+
+
+def hidden_share(result) -> float:
+    import re
+
+    (note,) = [n for n in result.notes if n.startswith("expert exchange on the critical stage")]
+    total, exposed, hidden = re.search(r": ([\d.]+) s per step.*?; ([\d.]+) s of it exposed.*hides (\d+)%", note).groups()
+    assert float(exposed) <= float(total) + 0.005
+    return int(hidden) / 100
 
 
 def test_plain_1f1b_over_several_stages_does_not_overlap_and_says_why(model, memo):

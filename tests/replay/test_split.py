@@ -93,3 +93,53 @@ def test_a_pair_has_at_least_one_layer(setup):
     traces, compute, comm, cluster, plan = setup
     with pytest.raises(ValueError, match="at least one layer"):
         pair_saving(traces.block, compute, comm, cluster, plan.dtype, InterferenceModel.none(), 1.0, layers=0)
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory, small_moe):
+    """small-moe at tp 1, ep 8 over two servers: its dense layer has no collective, its MoE layer the exchange."""
+    from echo_plan.cost.collectives import collective_model_for
+    from echo_plan.cost.kernel_db import compute_model_for
+    from echo_plan.trace.cache import TraceCache
+    from echo_plan.trace.tracer import trace_model
+
+    cluster = load_cluster("h800", gpus=16)
+    plan = PlanSpec.build(dict(tp=1, pp=1, dp=16, ep=8, global_batch_size=16))
+    traces = trace_model(small_moe, plan, TraceCache(tmp_path_factory.mktemp("mixed")))
+    blocks = dict(traces.blocks)
+    dense = next(t for k, t in blocks.items() if not k.moe)
+    moe = next(t for k, t in blocks.items() if k.moe)
+    return dense, moe, compute_model_for(cluster), collective_model_for(cluster), cluster, plan
+
+
+def test_a_pass_without_collectives_gives_way_after_every_op(mixed):
+    from echo_plan.replay.layer import phase_tasks
+    from echo_plan.replay.split import _segments
+
+    dense, moe, compute, comm, cluster, plan = mixed
+    fwd = phase_tasks([op for op in dense.ops if op.phase is Phase.FORWARD], compute, comm, cluster, plan.dtype)
+    assert not any(t.kind.is_comm for t in fwd) and len(fwd) > 3
+    assert _segments(fwd) == [[t] for t in fwd]
+    bwd = phase_tasks([op for op in moe.ops if op.phase is not Phase.FORWARD], compute, comm, cluster, plan.dtype)
+    segs = _segments(bwd)  # cut after each collective: every segment but the last ends in one
+    assert all(s[-1].kind.is_comm for s in segs[:-1]) and sum(map(len, segs)) == len(bwd)
+
+
+@pytest.mark.parametrize("order", ["dense forward, moe backward", "moe forward, dense backward"])
+def test_a_dense_pass_hides_an_moe_exchange_beside_it(mixed, order):
+    """A pair of two kinds is replayed as it is: the dense pass's compute runs while the MoE pass's exchange is in
+    flight, so the pair saves time (the lesser of the two kinds' own pairs, 0 for a dense layer without
+    collectives, was the judgement before), never more than the exchange it hides."""
+    from echo_plan.replay.split import pair_replay
+
+    dense, moe, compute, comm, cluster, plan = mixed
+    im = InterferenceModel.none()
+    f, b = (dense, moe) if order.startswith("dense") else (moe, dense)
+    fl = replay_layer(f, compute, comm, cluster, plan.dtype, im)
+    bl = replay_layer(b, compute, comm, cluster, plan.dtype, im)
+    apart = fl.forward.duration_s + bl.backward.duration_s
+    saved = pair_saving(f, compute, comm, cluster, plan.dtype, im, apart, backward_trace=b)
+    exposed = (moe is f and fl.forward.ep_comm_exposed_s) or bl.backward.ep_comm_exposed_s
+    assert 0.0 < saved <= exposed + 1e-12
+    two = pair_replay(f, compute, comm, cluster, plan.dtype, im, 2, b)  # two layers of each, the ids kept apart
+    assert 2 * (fl.forward.compute_s + bl.backward.compute_s) - 1e-12 <= two.makespan_s < 2 * apart  # one compute stream
