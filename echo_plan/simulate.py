@@ -308,7 +308,10 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         ep = next((op.collective.group for _, t in getattr(traces, "blocks", ()) for op in t.collectives
                    if op.collective.kind is CollectiveKind.ALL_TO_ALL), None)
         if ep is not None:
-            notes.append(deepep_note(model, ep, cluster.domain_gpus, comm.eff.release))
+            fp8 = stack.moe_dispatch_fp8 and plan.dtype is DType.FP8 and plan.expert_tp == 1  # as trace/moe.py sends
+            row = model.hidden_size * plan.param_dtype.nbytes
+            token_bytes = (model.hidden_size * (1 + 4 / 128) if fp8 else row, row, "FP8" if fp8 else "bf16")
+            notes.append(deepep_note(model, ep, cluster.domain_gpus, comm.eff.release, token_bytes))
     if host is not None:
         graphs = ", ".join(g.value for g in host.graphs) or "none"
         notes.append(f"stack {stack.name}: the MoE dispatcher waits for the GPU before each token permutation; the "

@@ -199,24 +199,36 @@ def deepep_collectives(base: Any, model: Any, eff: ExchangeEfficiency | None = N
     return DeepEPCollectives(base, moe.num_experts, moe.top_k, groups, eff or load_exchange_efficiency())
 
 
-def deepep_note(model: Any, ep_group: Any, gpus_per_node: int, release: str = DeepEPRelease.APR_2025.value) -> str:
+def deepep_note(model: Any, ep_group: Any, gpus_per_node: int, release: str = DeepEPRelease.APR_2025.value,
+                token_bytes: tuple[float, float, str] | None = None) -> str:
     """Where DeepEP's exchange of ``model`` (its ``release``'s kernels) runs on this EP group and what node-limited
-    routing saves: each token's copies over the network with and without the limit, and the GPUs it is forwarded to."""
+    routing saves: each token's copies over the network with and without the limit, and the GPUs it is forwarded to.
+    ``token_bytes``: (bytes of one token's row as dispatched, as combined, the dispatch's format), to say the
+    network bytes a token costs each way."""
     per_node, servers = ep_group.placement(gpus_per_node)
     moe = model.moe
     limit = moe.server_limit(servers)
     limited = Routing(moe.num_experts, moe.top_k, servers, per_node, limit)
     free = Routing(moe.num_experts, moe.top_k, servers, per_node, None)
+    per_expert = moe.top_k * (servers - 1) / servers
 
     def remote(r: Routing) -> float:
         return r.servers_per_token() * (servers - 1) / servers
+
+    def kib(copies: float, first: bool = False) -> str:
+        if token_bytes is None:
+            return ""
+        d, c, dtype = token_bytes
+        if first:
+            return f" ({dtype} dispatch {copies * d / 1024:.1f} KiB a token, bf16 combine {copies * c / 1024:.1f} KiB)"
+        return f" ({copies * d / 1024:.1f} / {copies * c / 1024:.1f} KiB)"
 
     if servers == 1:
         return (f"DeepEP exchange ({release} kernels): ep {ep_group.size} inside one server over NVLink; each token to "
                 f"{limited.gpus_per_reached_server():.1f} GPUs on average")
     words = (f"at most {limit} of {servers} servers per token (group-limited routing)" if limit is not None
              else f"{servers} servers, no routing limit")
-    return (f"DeepEP exchange ({release} kernels): ep {ep_group.size} over {servers} servers, {words}: each token crosses the network "
-            f"{remote(limited):.2f} times (once per remote server reached; {remote(free):.2f} without the limit, "
-            f"{moe.top_k * (servers - 1) / servers:.2f} as one copy per remote expert), then NVLink to "
-            f"{limited.gpus_per_reached_server():.1f} GPUs per server")
+    return (f"DeepEP exchange ({release} kernels): ep {ep_group.size} over {servers} servers, {words}: each token "
+            f"crosses the network {remote(limited):.2f} times, once per remote server reached{kib(remote(limited), True)}; "
+            f"{remote(free):.2f} times without the limit{kib(remote(free))}; {per_expert:.2f} as one copy per remote "
+            f"expert{kib(per_expert)}; then NVLink to {limited.gpus_per_reached_server():.1f} GPUs per server")

@@ -158,3 +158,21 @@ def load_model_small():
     from echo_plan.specs import load_model
 
     return load_model("qwen3-30b-a3b").replace(num_layers=2)  # 4,096 tokens: GEMMs past the bf16 floor
+
+
+def test_the_note_says_what_a_token_costs_the_network_with_and_without_the_limit():
+    """DeepSeek-V3 at EP 64 over 8 servers: 3.5 remote servers a token (4 of 8, its own among them half the time),
+    each sent an FP8 row of 7,168 bytes and 56 fp32 scales, and a bf16 row back."""
+    import re
+
+    from echo_plan.cost.expert_exchange import deepep_note
+    from echo_plan.specs import load_model
+    from echo_plan.trace.records import CommGroup, GroupKind
+
+    note = deepep_note(load_model("deepseek-v3"), CommGroup(GroupKind.EP, 64), 8, "2025-02",
+                       (7168 * (1 + 4 / 128), 7168 * 2, "FP8"))
+    assert note.startswith("DeepEP exchange (2025-02 kernels)")
+    assert f"FP8 dispatch {3.5 * 7392 / 1024:.1f} KiB a token, bf16 combine {3.5 * 14336 / 1024:.1f} KiB" in note
+    pairs = [tuple(map(float, m)) for m in re.findall(r"\(([\d.]+) / ([\d.]+) KiB\)", note)]
+    assert len(pairs) == 2 and 3.5 * 7392 / 1024 < pairs[0][0] < pairs[1][0]  # without the limit, then per expert
+    assert pairs[1] == pytest.approx((7 * 7392 / 1024, 7 * 14336 / 1024), abs=0.05)
