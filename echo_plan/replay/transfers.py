@@ -3,6 +3,7 @@ and the parameters each rank holds of the embedding and output stages."""
 
 from __future__ import annotations
 
+from echo_plan.layout.layer_mix import output_rank
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
 from echo_plan.specs.plan import PlanSpec
 from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
@@ -47,8 +48,9 @@ def _message_bytes(model: ModelSpec, plan: PlanSpec) -> int:
 
 
 def _tied_time(model: ModelSpec, plan: PlanSpec, comm_time, gbytes: int) -> float:
-    """The word-embedding gradient all-reduce between the first and the last stage (tied weights)."""
-    if not model.tied_embeddings or plan.pp == 1:
+    """The word-embedding gradient all-reduce between the first and the last stage (tied weights); none where one
+    rank holds both (ZB-V's V)."""
+    if not model.tied_embeddings or plan.pp == 1 or output_rank(plan) == 0:
         return 0.0
     nbytes = -(-model.vocab_size * model.hidden_size // plan.tp) * gbytes
     group = CommGroup(GroupKind.PP, size=2, stride=(plan.pp - 1) * plan.stage_ranks)

@@ -143,3 +143,17 @@ def test_every_task_runs_on_its_rank_streams():
     assert {t.stream for t in steps.tasks} == {"compute", "pp_fwd", "pp_bwd", "dp_comm"}
     assert {t.device for t in steps.tasks} == {0, 1, 2}
     assert sum(1 for t in steps.tasks if t.category == "optimizer") == 3
+
+
+@pytest.mark.parametrize("schedule, v, reduced", [("1f1b", 1, True), ("interleaved", 2, True), ("zb-v", 2, False)])
+def test_tied_embeddings_reduce_between_ranks_only_when_the_ends_are_apart(schedule, v, reduced):
+    """GPT-3's tied word embeddings: the first and last stages all-reduce their gradient, except in ZB-V's V,
+    where rank 0 holds both ends (one copy, nothing to reduce)."""
+    from echo_plan.replay.transfers import _tied_time
+    from echo_plan.specs import PlanSpec, load_model
+
+    model = load_model("gpt3-175b")
+    assert model.tied_embeddings
+    plan = PlanSpec.build(dict(tp=8, pp=4, dp=1, global_batch_size=16, schedule=schedule, virtual_stages=v))
+    seconds = _tied_time(model, plan, lambda kind, nbytes, group: nbytes / 1e11, 2)
+    assert (seconds > 0) is reduced
