@@ -15,13 +15,14 @@ def _params(model: ModelSpec, plan: PlanSpec) -> tuple[int, int, int]:
 
     Linear weights are split by tp; the learned position embedding is replicated, as in
     Megatron-LM; with tied embeddings and pp > 1 the last stage keeps its own copy of the word
-    embedding for the output projection (kept equal by the tied all-reduce)."""
+    embedding for the output projection (kept equal by the tied all-reduce), unless the first stage's
+    rank holds the last stage too (ZB-V's V: one copy)."""
     tp = plan.tp
     block = -(-model.params_per_layer // tp)
     word = -(-model.vocab_size * model.hidden_size // tp)
     pos = model.seq_length * model.hidden_size if model.position_embedding is PositionEmbedding.LEARNED else 0
     norm = model.output_params - (0 if model.tied_embeddings else model.vocab_size * model.hidden_size)
-    head = word if (not model.tied_embeddings or plan.pp > 1) else 0
+    head = word if (not model.tied_embeddings or output_rank(plan) != 0) else 0
     return block, word + pos, norm + head
 
 

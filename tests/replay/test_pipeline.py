@@ -149,7 +149,7 @@ def test_every_task_runs_on_its_rank_streams():
 def test_tied_embeddings_reduce_between_ranks_only_when_the_ends_are_apart(schedule, v, reduced):
     """GPT-3's tied word embeddings: the first and last stages all-reduce their gradient, except in ZB-V's V,
     where rank 0 holds both ends (one copy, nothing to reduce)."""
-    from echo_plan.replay.transfers import _tied_time
+    from echo_plan.replay.transfers import _params, _tied_time
     from echo_plan.specs import PlanSpec, load_model
 
     model = load_model("gpt3-175b")
@@ -157,3 +157,6 @@ def test_tied_embeddings_reduce_between_ranks_only_when_the_ends_are_apart(sched
     plan = PlanSpec.build(dict(tp=8, pp=4, dp=1, global_batch_size=16, schedule=schedule, virtual_stages=v))
     seconds = _tied_time(model, plan, lambda kind, nbytes, group: nbytes / 1e11, 2)
     assert (seconds > 0) is reduced
+    _, embedding, output = _params(model, plan)  # and the output keeps its own copy only where it is apart
+    word = -(-model.vocab_size * model.hidden_size // plan.tp)
+    assert (output >= word) is reduced
