@@ -156,10 +156,11 @@ class SimulationMemo:
         return CollectiveTimes.timed(self._comm, cluster_key)
 
     def split_timings(self, traces, timing: dict, compute, comm, cluster: ClusterSpec, cluster_key: str,
-                      plan: PlanSpec, interference) -> dict:
-        """Level 1 of the schedules that split the backward (replay/split.py), per traced stage."""
+                      plan: PlanSpec, interference, paired: bool = False) -> dict:
+        """Level 1 of the schedules that split the backward (replay/split.py), per traced stage; with the pairs of
+        two layer kinds where the schedule pairs a forward with a backward (DualPipe, the MoE overlap stacks)."""
         return split_timings(self._layers, traces, timing, compute, comm, cluster, cluster_key, plan.dtype,
-                             interference)
+                             interference, pairs=plan.schedule is Schedule.DUALPIPE or paired)
 
     def comm_times(self, comm, cluster_key: str, cluster: ClusterSpec) -> CollectiveTimes:
         """The collective times of ``comm`` on ``cluster``, remembered with every other model's and cluster's."""
@@ -244,7 +245,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     paired = ep_overlap_pairs(model, plan, stack)  # the stack's MoE all-to-all overlap: F/B pairs
     if plan.schedule.split_backward or paired:  # (the pairs' savings come with the split timings)
         timing = dict(timing, split=memo.split_timings(traces, timing, compute, comm, cluster, cluster_key, plan,
-                                                       interference))
+                                                       interference, paired))
 
     comm_time = memo.comm_times(comm, cluster_key, cluster)
     stage_timing = stage_comm = effects = None

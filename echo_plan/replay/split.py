@@ -191,7 +191,7 @@ def _segments(tasks: list) -> list[list]:
 
 
 def split_timings(cache: dict, traces, timing: dict, compute, comm, cluster, cluster_key: str, dtype,
-                  interference: InterferenceModel) -> dict:
+                  interference: InterferenceModel, pairs: bool = True) -> dict:
     """:func:`replay_split` of every traced stage of a plan (block, embedding, output, each layer kind),
     kept in ``cache`` (the caller's memo) by trace and models."""
     def one(trace, lt, layer=True):
@@ -204,7 +204,9 @@ def split_timings(cache: dict, traces, timing: dict, compute, comm, cluster, clu
     out = {name: one(getattr(traces, name), timing[name], name == "block") for name in ("block", "embedding",
                                                                                        "output")}
     out["blocks"] = {kind: one(t, timing["blocks"][kind]) for kind, t in traces.blocks}
-    out["pairs"] = mixed_pair_savings(traces, timing, compute, comm, cluster, dtype, interference, cache, cluster_key)
+    if pairs:  # a schedule that pairs a forward with a backward: the pairs of two kinds too
+        out["pairs"] = mixed_pair_savings(traces, timing, compute, comm, cluster, dtype, interference, cache,
+                                          cluster_key)
     return out
 
 
