@@ -123,8 +123,12 @@ def all_to_all_note(model: ModelSpec, plan: PlanSpec, traces, comm_time, gpus_pe
         group = ops[0].collective.group
         per_node, nodes = group.placement(gpus_per_node)
         layer_s = sum(comm_time(op.collective.kind, op.collective.nbytes, op.collective.group) for op in ops)
-        most = max(stage_kind_counts(model, plan, s).get(kind, 0) for s in range(plan.pp))
-        step_s = layer_s * most * plan.num_microbatches
+        every = all_stage_kind_counts(model, plan)
+        per_rank = [sum(n * m for counts, m in _held(plan, every, r) for k, n in counts.items() if k.moe)
+                    for r in range(plan.pp)]  # MoE layer passes per step (every MoE kind, DualPipe's two copies)
+        busiest = max(range(plan.pp), key=lambda r: per_rank[r])
+        most = sum(n for counts, _ in _held(plan, every, busiest) for k, n in counts.items() if k.moe)
+        step_s = layer_s * per_rank[busiest]
         mb = sum(op.collective.nbytes for op in ops) / 2**20
         where = ("inside one server over NVLink" if nodes == 1 else
                  f"across {nodes} servers ({per_node - 1} of {group.size - 1} peers over NVLink, "
@@ -141,15 +145,20 @@ def all_to_all_note(model: ModelSpec, plan: PlanSpec, traces, comm_time, gpus_pe
     return None
 
 
+def _held(plan: PlanSpec, every, stage: int) -> tuple:
+    """((layer counts, micro-batches per step), ...) of what pipeline rank ``stage`` runs: its chunks with every
+    micro-batch, or DualPipe's two copies' stages (s and pp - 1 - s), each direction with half of them."""
+    if plan.schedule is Schedule.DUALPIPE:
+        half = plan.num_microbatches / 2
+        return ((every[stage], half), (every[plan.pp - 1 - stage], half))
+    return ((every[stage], plan.num_microbatches),)
+
+
 def expert_exchange_per_step(model: ModelSpec, plan: PlanSpec, traces, comm_time, stage: int) -> float:
     """Seconds per step of pipeline rank ``stage``'s expert exchange (the dispatch and combine on the
     expert-parallel group and the expert-TP collectives of its MoE layers, each timed alone, before any
     overlap): what the breakdown's ``ep_comm_exposed`` is the exposed part of."""
-    every = all_stage_kind_counts(model, plan)
-    if plan.schedule is Schedule.DUALPIPE:  # its two copies' stages, each direction with half the micro-batches
-        held = ((every[stage], plan.num_microbatches / 2), (every[plan.pp - 1 - stage], plan.num_microbatches / 2))
-    else:
-        held = ((every[stage], plan.num_microbatches),)
+    held = _held(plan, all_stage_kind_counts(model, plan), stage)
     total = 0.0
     for kind, trace in getattr(traces, "blocks", ()):
         if not kind.moe:

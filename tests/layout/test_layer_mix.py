@@ -64,3 +64,27 @@ def test_a_v_puts_both_ends_of_the_model_on_rank_zero(moe):
     first, last = stage_kind_counts(moe, plan, 0), stage_kind_counts(moe, plan, 2)
     assert sum(first.values()) == 1 + 3 and sum(last.values()) == 2 + 2
     assert any(not k.moe for k in first) and any(k.moe for k in first)
+
+
+@pytest.mark.parametrize("schedule, pp, passes, layers", [("1f1b", 2, 8 * 3, 3), ("dualpipe", 2, 4 * 3 + 4 * 3, 6)])
+def test_the_exchange_note_counts_every_moe_kind_and_dualpipes_two_copies(schedule, pp, passes, layers):
+    """Six MoE layers alternating sliding-window and full attention (two traced kinds, as GPT-OSS): the note's
+    per-step exchange counts both kinds, and a DualPipe rank both copies' stages with half the micro-batches each."""
+    from types import SimpleNamespace
+
+    from echo_plan.layout.layer_mix import all_to_all_note, expert_exchange_per_step
+    from echo_plan.trace.records import CollectiveKind, CommGroup, GroupKind
+
+    model = ModelSpec.build(dict(
+        name="windows", num_layers=6, hidden_size=256, num_attention_heads=4, num_kv_heads=4, vocab_size=1024,
+        seq_length=256, activation="swiglu", norm="rmsnorm", position_embedding="rotary", ffn_hidden_size=512,
+        sliding_window=64, sliding_window_pattern=2, moe=dict(num_experts=8, top_k=2, expert_ffn_hidden_size=128)))
+    plan = PlanSpec.build(dict(pp=pp, dp=4, ep=4, global_batch_size=32, schedule=schedule))
+    assert len({k for k in model.layer_kinds()}) == 2 and plan.num_microbatches == 8
+    op = SimpleNamespace(collective=SimpleNamespace(kind=CollectiveKind.ALL_TO_ALL, nbytes=1 << 20,
+                                                    group=CommGroup(GroupKind.EP, 4)))
+    traces = SimpleNamespace(blocks=[(k, SimpleNamespace(collectives=[op, op])) for k in model.distinct_kinds()])
+    note = all_to_all_note(model, plan, traces, lambda kind, nbytes, group: 1e-3, 8)
+    assert f"{passes * 2 * 1e-3:.2f} s per step on the stage with {layers} MoE layers" in note
+    assert expert_exchange_per_step(model, plan, traces, lambda kind, nbytes, group: 1e-3, 0) == \
+        pytest.approx(passes * 2 * 1e-3)
