@@ -1,5 +1,5 @@
-"""The README is true about the command line: every `echo-plan` command in its fenced code blocks (and
-in its inline code) exists, answers --help, and takes every flag the README gives it."""
+"""The README and the docs pages are true about the command line: every `echo-plan` command in their fenced code
+blocks (and in their inline code) exists, answers --help, and takes every flag they give it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import typer
 from echo_plan.cli import app, main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+DOCS = sorted((Path(__file__).resolve().parents[1] / "docs").glob("*.md"))
 
 
 def _fenced_lines(text: str) -> list[str]:
@@ -66,7 +67,13 @@ def _flags(cmd) -> set[str]:
     return names
 
 
-CALLS = _invocations(_fenced_lines(README.read_text(encoding="utf-8")) + _inline_lines(README.read_text(encoding="utf-8")))
+def _calls(path: Path) -> list[list[str]]:
+    text = path.read_text(encoding="utf-8")
+    return _invocations(_fenced_lines(text) + _inline_lines(text))
+
+
+CALLS = _calls(README)
+DOC_CALLS = [(p.name, c) for p in DOCS for c in _calls(p) if c and not c[0].startswith("-")]
 
 
 def test_the_readme_has_commands_to_check():
@@ -74,18 +81,31 @@ def test_the_readme_has_commands_to_check():
     assert ["search", "--report", "reports/quickstart.html"] in CALLS  # the main command
 
 
-@pytest.mark.parametrize("args", CALLS, ids=[" ".join(c)[:60] for c in CALLS])
-def test_every_readme_command_and_flag_exists(args):
+def _check_call(args: list[str], where: str = "README") -> None:
     root = typer.main.get_command(app)
     path, cmd = _resolve(root, args)
+    assert path, f"{where}: echo-plan {args[0]}: no such command"
+    assert not hasattr(cmd, "get_command"), f"{where}: echo-plan {' '.join(path)} needs a subcommand"
+    known = _flags(cmd)
+    rest = args[len(path):]
+    rest = rest[:rest.index("--")] if "--" in rest else rest  # after --, arguments, not flags
+    unknown = [w.split("=")[0] for w in rest if w.startswith("-") and w.split("=")[0] not in known
+               and not re.fullmatch(r"-\d.*", w)]
+    assert not unknown, f"{where}: echo-plan {' '.join(path)}: no flag {unknown} (has {sorted(known)})"
+
+
+@pytest.mark.parametrize("args", CALLS, ids=[" ".join(c)[:60] for c in CALLS])
+def test_every_readme_command_and_flag_exists(args):
     if not args or args[0].startswith("-"):
         pytest.skip("the bare program (--help or --version)")
-    assert path, f"echo-plan {args[0]}: no such command"
-    assert not hasattr(cmd, "get_command"), f"echo-plan {' '.join(path)} needs a subcommand"
-    known = _flags(cmd)
-    unknown = [w.split("=")[0] for w in args[len(path):] if w.startswith("-") and w.split("=")[0] not in known
-               and not re.fullmatch(r"-\d.*", w)]
-    assert not unknown, f"echo-plan {' '.join(path)}: no flag {unknown} (has {sorted(known)})"
+    _check_call(args)
+
+
+def test_every_docs_page_command_and_flag_exists():
+    """The docs pages' commands too (one test: 70-odd calls over a dozen pages)."""
+    assert len(DOC_CALLS) >= 50 and any(name == "deepseek-v3.md" for name, _ in DOC_CALLS)
+    for name, args in DOC_CALLS:
+        _check_call(args, f"docs/{name}")
 
 
 def test_every_readme_command_answers_help(capsys):
