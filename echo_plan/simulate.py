@@ -29,7 +29,7 @@ from echo_plan.specs.faults import Fault, check_faults, slowed_cluster, stage_ef
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
 from echo_plan.specs.software import MoEDispatcher, SoftwareSpec, check_precision, check_stack_supports
-from echo_plan.trace.records import CollectiveKind, CommGroup
+from echo_plan.trace.records import CollectiveKind, CommGroup, Phase
 from echo_plan.cost.base import with_stack_kernels
 from echo_plan.cost.memory import stage_memory
 from echo_plan.cost.memory_notes import allocator_note, loss_note, pipeline_note
@@ -52,6 +52,7 @@ from echo_plan.replay.split import split_timings
 
 if TYPE_CHECKING:
     from echo_plan.cost.base import CollectiveModel, ComputeModel
+    from echo_plan.cost.expert_exchange import ExchangeEfficiency
     from echo_plan.replay.interference import InterferenceModel
     from echo_plan.trace.cache import TraceCache
 
@@ -95,6 +96,13 @@ class SimulationMemo:
         if key not in self._defaults:
             kinds = (TaskKind.ATTENTION,) if gemms_sized else (TaskKind.GEMM, TaskKind.ATTENTION)
             self._defaults[key] = interference.with_sm_share(TaskKind.ALL_TO_ALL, total_sms, comm_sms, kinds)
+        return self._defaults[key]
+
+    def exchange_efficiency(self, release) -> "ExchangeEfficiency":  # noqa: ANN001
+        """What ``release``'s DeepEP kernels reach of NVLink and the network (the shipped file, read once)."""
+        key = ("exchange", release)
+        if key not in self._defaults:
+            self._defaults[key] = load_exchange_efficiency(release=release)
         return self._defaults[key]
 
     def default_compute(self, cluster: ClusterSpec, cluster_key: str | None = None) -> "ComputeModel":
@@ -197,7 +205,7 @@ def stack_models(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, stack: 
         interference = memo.default_interference()
     if model.is_moe and stack.moe_dispatcher is MoEDispatcher.DEEPEP:
         # the expert-parallel all-to-alls as DeepEP's exchange, at what the stack's release reaches
-        comm = deepep_collectives(comm, model, load_exchange_efficiency(release=stack.deepep_release))
+        comm = deepep_collectives(comm, model, memo.exchange_efficiency(stack.deepep_release))
         if stack.moe_comm_sms and plan.ep > 1:  # the SMs its kernels hold, lost to what runs beside them
             if stack.moe_comm_sms >= cluster.gpu.sm_count:
                 raise SpecError("moe_comm_sms", stack.moe_comm_sms, f"stack {stack.name}: the exchange can hold at "
@@ -306,13 +314,13 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         if hidden:
             notes.append(hidden)
     if isinstance(comm, DeepEPCollectives):
-        ep = next((op.collective.group for _, t in getattr(traces, "blocks", ()) for op in t.collectives
-                   if op.collective.kind is CollectiveKind.ALL_TO_ALL), None)
-        if ep is not None:
-            fp8 = stack.moe_dispatch_fp8 and plan.dtype is DType.FP8 and plan.expert_tp == 1  # as trace/moe.py sends
+        fwd = next(([op.collective for op in t.collectives if op.collective.kind is CollectiveKind.ALL_TO_ALL
+                     and op.phase is Phase.FORWARD] for k, t in getattr(traces, "blocks", ()) if k.moe), [])
+        if fwd:  # the traced forward's dispatch (first) and combine (last): a row of each, as the trace sends them
             row = model.hidden_size * plan.param_dtype.nbytes
-            token_bytes = (model.hidden_size * (1 + 4 / 128) if fp8 else row, row, "FP8" if fp8 else "bf16")
-            notes.append(deepep_note(model, ep, cluster.domain_gpus, comm.eff.release, token_bytes))
+            sent = row * fwd[0].nbytes / fwd[-1].nbytes
+            token_bytes = (sent, row, "FP8" if sent < row else plan.param_dtype.value)
+            notes.append(deepep_note(model, fwd[0].group, cluster.domain_gpus, comm.eff.release, token_bytes))
     if host is not None:
         graphs = ", ".join(g.value for g in host.graphs) or "none"
         notes.append(f"stack {stack.name}: the MoE dispatcher waits for the GPU before each token permutation; the "

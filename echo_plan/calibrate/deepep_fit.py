@@ -35,12 +35,11 @@ SOURCES = {DeepEPRelease.FEB_2025: "DeepEP's first README, commit ebfe47e, 2025-
 
 
 def fit_release(rows: list, release: DeepEPRelease, cluster) -> dict:  # noqa: ANN001
-    """One release's two shares from its own rows (NVLINK_ROWS and NETWORK_ROWS; the others held out)."""
-    mine = [r for r in rows if r.release == release.value]
+    """One release's two shares from its own ``rows`` (NVLINK_ROWS and NETWORK_ROWS; the others held out)."""
     full = ExchangeEfficiency(1.0, 1.0)
 
     def share(eps: tuple[int, ...], path: str) -> tuple[float, list[str]]:
-        chosen = [r for r in mine if r.ep in eps]
+        chosen = [r for r in rows if r.ep in eps]
         got = [predict(r, cluster, full) for r in chosen]
         if not chosen or any(c.bottleneck != path for c in got):
             raise EchoPlanError(f"DeepEP {release.value}: the rows at EP {eps} are missing or not all {path}-bound: "
@@ -57,11 +56,13 @@ def fit_release(rows: list, release: DeepEPRelease, cluster) -> dict:  # noqa: A
 
 
 def fit(vdir: Path) -> dict:
-    rows = [r for release, path in DEEPEP_FILES.items() for r in read_deepep(vdir / path)
-            if r.kernel == "normal" and r.release == release.value]
     cluster = load_cluster(CLUSTER)
+
+    def rows(release: DeepEPRelease) -> list:
+        return [r for r in read_deepep(vdir / DEEPEP_FILES[release])
+                if r.kernel == "normal" and r.release == release.value]
     return {"format": EXCHANGE_FORMAT,
-            "deepep_normal": {rel.value: fit_release(rows, rel, cluster) for rel in DeepEPRelease}}
+            "deepep_normal": {rel.value: fit_release(rows(rel), rel, cluster) for rel in DeepEPRelease}}
 
 
 def main(argv: list[str] | None = None) -> int:

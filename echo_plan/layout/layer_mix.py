@@ -56,9 +56,10 @@ def rank_virtual_stages(plan: PlanSpec, rank: int) -> tuple[int, ...]:
 
 
 def output_rank(plan: PlanSpec) -> int:
-    """The pipeline rank holding the model's last virtual stage: the output layer and the loss."""
-    last = plan.pp * plan.virtual_stages - 1
-    return next(r for r in range(plan.pp) if last in rank_virtual_stages(plan, r))
+    """The pipeline rank holding the model's last virtual stage (the output layer and the loss): as
+    :func:`rank_virtual_stages` places it, rank 0 in ZB-V's V, the last rank otherwise. Per stage of every candidate
+    the memory estimate asks: a constant-time answer."""
+    return 0 if plan.schedule is Schedule.ZB_V else plan.pp - 1
 
 
 def all_stage_kind_counts(model: ModelSpec, plan: PlanSpec) -> tuple[dict[LayerKind, int], ...]:

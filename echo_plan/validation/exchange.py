@@ -6,8 +6,9 @@ benchmark (tests/test_internode.py) runs them: 4,096 tokens of hidden 7,168 per 
 (rounded down to a multiple of the EP size), top-8, the routing groups being the servers and at most 4
 of them per token. Each row's figure is the bandwidth DeepEP prints, predicted on its own terms
 (``ExchangeCost.reported_GBps``) with the H800 preset's NVLink and NIC and the shipped efficiencies of the
-row's DeepEP release (the ``release`` column: its first release's README, 2025-02, and the figures after
-Tencent's optimisation, 2025-04); the rows those were fitted on are named in
+row's DeepEP release (``deepep_h800_2025_02.csv``: its first release's README, 2025-02; the shared
+``deepep_h800.csv``: the figures after Tencent's optimisation, 2025-04, which has no ``release`` column); the rows
+those were fitted on are named in
 ``echo_plan/data/expert_exchange.yaml``, the others are held out.
 The low-latency rows (inference decoding kernels) are not modelled.
 """
