@@ -12,7 +12,9 @@
   and loss stages' own saved bytes, plus with recomputation (full or selective) the recomputed
   part of one layer, live during that layer's backward.
 * Weights, gradients (in the stack's gradient dtype, sharded too when the stack's distributed
-  optimizer shards them) and optimizer states.
+  optimizer shards them; with DeepSpeed's BF16_Optimizer, ``gradient_buffers: deepspeed-bf16``, each
+  weight's bf16 gradient too, which stays allocated between backward passes, and at the step's end the
+  flattened fp32 copy its engine all-reduces, when that outgrows the activations) and optimizer states.
 * FP8 or NVFP4 training (plan dtype fp8, fp4): each transformer layer's weights also live as quantised
   copies (Transformer Engine casts them on a step's first micro-batch and keeps them for the others: an
   FP8 weight and its transpose on Hopper, the weight alone on Blackwell, two block-scaled copies under
@@ -62,7 +64,7 @@ from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
 from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule
-from echo_plan.specs.software import CrossEntropy, CudaAllocator, SoftwareSpec
+from echo_plan.specs.software import CrossEntropy, CudaAllocator, GradientBuffers, SoftwareSpec
 from echo_plan.cost.activation_memory import (embedding_activation_bytes, layer_activation_bytes,
                                                output_activation_bytes)
 from echo_plan.trace.records import LayerTrace
@@ -339,6 +341,8 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
         params = dense + experts
         optimizer = dense * o_b / shard + experts * o_b / eshard
         grads = dense * g_b / gshard + experts * g_b / egshard
+        if stack.gradient_buffers is GradientBuffers.DEEPSPEED_BF16:  # each weight's bf16 gradient beside the buffer
+            grads += params * w_b
         weights = params * w_b + fp8_weight_bytes(model, plan, stack, i, w_b)
         if sharding.parameters:
             weights, grads, optimizer = fsdp_states(model, plan, stack, sharding, counts, dense, experts, w_b, g_b, o_b)
@@ -361,7 +365,17 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
                          * (model.seq_length // plan.cp) * plan.micro_batch_size * model.vocab_size / plan.tp)
         transient += pipeline_runtime_bytes(model, plan, stack, i)
         outside = c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes  # not the caching allocator's
-        buffers = outside + c.fragmentation_fraction[stack.cuda_allocator.value] * act + transient
+        frag = c.fragmentation_fraction[stack.cuda_allocator.value]
+        cached_extra = 0.0
+        if stack.gradient_buffers is GradientBuffers.DEEPSPEED_BF16:
+            # at the step's end, the activations freed, DeepSpeed's engine all-reduces a flattened copy of the fp32
+            # gradient buffer (engine.py allreduce_bucket: flatten, all_reduce, copy back): the stage's peak if larger;
+            # one block the size of the buffer, which the activations' freed (cached) blocks cannot serve
+            end_copy = grads - params * w_b
+            raised = max(0.0, end_copy - act * (1 + frag) - transient)
+            transient += raised
+            cached_extra = end_copy - raised
+        buffers = outside + frag * act + transient
         out.append(StageMemory(
             stage=i,
             weights_bytes=int(weights),
@@ -372,5 +386,6 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
             capacity_bytes=capacity,
             headroom_bytes=headroom,
             outside_allocator_bytes=int(outside),
+            cached_extra_bytes=int(cached_extra),
         ))
     return tuple(out)

@@ -21,6 +21,9 @@ class StageMemory:
     capacity_bytes: int
     headroom_bytes: int = 0  # kept free below capacity for a plan to count as fitting (--memory-headroom)
     outside_allocator_bytes: int = 0  # of the buffers, what PyTorch's caching allocator does not hold (CUDA context, NCCL)
+    # a block allocated after the peak whose size no cached segment can serve (DeepSpeed's step-end gradient copy): the
+    # caching allocator reserves it beside the freed blocks it keeps, unless the GPU has no room (it then frees them)
+    cached_extra_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -30,8 +33,16 @@ class StageMemory:
     @property
     def reserved_bytes(self) -> int:
         """What the caching allocator holds at the peak (``torch.cuda.max_memory_reserved``): the total less the
-        CUDA context and NCCL's buffers, which it does not allocate."""
-        return self.total_bytes - self.outside_allocator_bytes
+        CUDA context and NCCL's buffers, which it does not allocate, plus a later block no cached segment serves
+        (within the capacity)."""
+        held = self.total_bytes - self.outside_allocator_bytes
+        return min(held + self.cached_extra_bytes, max(held, self.capacity_bytes - self.outside_allocator_bytes))
+
+    @property
+    def device_bytes(self) -> int:
+        """All the GPU's memory in use at the most (what nvidia-smi shows): the allocator's reserve, the CUDA
+        context and NCCL's buffers."""
+        return self.reserved_bytes + self.outside_allocator_bytes
 
     @property
     def usable_bytes(self) -> int:

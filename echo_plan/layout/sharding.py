@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from echo_plan.specs.plan import PlanSpec, Sharding
-from echo_plan.specs.software import OptimizerSharding, SoftwareSpec
+from echo_plan.specs.software import GradientBuffers, OptimizerSharding, SoftwareSpec
 
 ShardLevel = Sharding  # the plan's enum: none, optimizer, gradients, parameters
 
@@ -36,6 +36,8 @@ class DataParallelSharding:
     expert_degree: int  # expert parameters' over the expert-data-parallel ranks (or a shard group of them)
     replicas: int = 1  # copies of each dense shard (HSDP: dp x cp / shard degree), all-reduced across
     expert_replicas: int = 1
+    reduce_all: bool = False  # the gradients all-reduced whole before each rank steps its shard (gradient_buffers
+    # deepspeed-bf16), not reduce-scattered to their shard's owner
 
     @classmethod
     def of(cls, plan: PlanSpec, stack: SoftwareSpec | None) -> "DataParallelSharding":
@@ -52,7 +54,9 @@ class DataParallelSharding:
         if degree == 1:  # shards of one rank: every rank holds its whole state, all-reduced (plain DDP)
             return cls(ShardLevel.NONE, 1, 1)
         expert_degree = math.gcd(plan.edp, degree)
-        return cls(level, degree, expert_degree, plan.grad_dp // degree, plan.edp // expert_degree)
+        reduce_all = (level is Sharding.OPTIMIZER and stack is not None
+                      and stack.gradient_buffers is GradientBuffers.DEEPSPEED_BF16)
+        return cls(level, degree, expert_degree, plan.grad_dp // degree, plan.edp // expert_degree, reduce_all)
 
     @property
     def parameters(self) -> bool:

@@ -53,7 +53,8 @@ def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, ove
                   group: CommGroup | None = None, op_time=None, param_bytes: float = PARAM_BYTES) -> tuple[DpBucket, ...]:
     """The DP buckets of one chunk of ``params`` parameters (of this rank), with their times;
     ``gb`` bytes per gradient element, ``overlap``: reduced during the backward pass; ``sharding``:
-    reduce-scattered and all-gathered when sharded, all-reduced when not. ``group``: the group that
+    reduce-scattered and all-gathered when sharded (all-reduced whole, then all-gathered, where the sharding
+    says ``reduce_all``: DeepSpeed's BF16_Optimizer), all-reduced when not. ``group``: the group that
     reduces them (default the data-parallel group; MoE experts: the expert one). ``param_bytes``:
     mean bytes per parameter of the all-gather (under 2 when FP8 weights are gathered)."""
     group = group if group is not None else dp_group(plan)
@@ -71,7 +72,9 @@ def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, ove
         b = made.get(n)
         if b is None:
             if sharding.sharded:
-                b = DpBucket(n, sharded_reduce_s(n, gb, shard, replica, comm_time), TaskKind.REDUCE_SCATTER,
+                reduce = (comm_time(CollectiveKind.ALL_REDUCE, n * gb, group) if sharding.reduce_all
+                          else sharded_reduce_s(n, gb, shard, replica, comm_time))
+                b = DpBucket(n, reduce, TaskKind.REDUCE_SCATTER,
                              comm_time(CollectiveKind.ALL_GATHER, int(n * param_bytes), shard), expert=expert)
             else:
                 b = DpBucket(n, comm_time(CollectiveKind.ALL_REDUCE, n * gb, group), TaskKind.ALL_REDUCE,

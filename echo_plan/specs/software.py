@@ -21,12 +21,12 @@ from echo_plan.specs.base import Spec
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, AttentionLibrary, CPComm,
                                             CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, DeepEPRelease,
-                                            Fp8Kernels, Fp8Recipe, MoEDispatcher, OptimizerSharding, PipelineRuntime,
-                                            RecomputeModule, RecomputePolicy)
+                                            Fp8Kernels, Fp8Recipe, GradientBuffers, MoEDispatcher, OptimizerSharding,
+                                            PipelineRuntime, RecomputeModule, RecomputePolicy)
 
 # the enums live in software_kinds.py; importing them from here keeps working
 __all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CPRuntime", "CrossEntropy",
-           "CudaAllocator", "CudaGraphScope", "DeepEPRelease", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "MoEDispatcher",
+           "CudaAllocator", "CudaGraphScope", "DeepEPRelease", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "GradientBuffers", "MoEDispatcher",
            "OptimizerSharding", "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec",
            "check_precision", "check_stack_supports"]
 
@@ -68,6 +68,11 @@ class SoftwareSpec(Spec):
     grad_reduce_dtype: DType | None = Field(
         default=None, description="dtype of the DP gradient buffer and its reduction; None: fp32 for bf16, fp16 for fp16")
     optimizer_sharding: OptimizerSharding = OptimizerSharding.STATES
+    gradient_buffers: GradientBuffers = Field(
+        default=GradientBuffers.MEGATRON,
+        description="megatron (each weight gradient added into the fp32 buffer and freed; a sharded optimizer "
+                    "reduce-scatters it) or deepspeed-bf16 (DeepSpeed's BF16_Optimizer: bf16 gradients kept between "
+                    "backward passes, added through an fp32 copy, the buffer all-reduced before the sharded step)")
     optimizer_state_bytes: float | None = Field(
         default=None, gt=0, le=64,
         description="bytes per parameter of master weights + Adam moments before sharding; None: memory.yaml's "
@@ -222,6 +227,13 @@ class SoftwareSpec(Spec):
         return self
 
     @model_validator(mode="after")
+    def _deepspeed_buffers(self) -> "SoftwareSpec":
+        if self.gradient_buffers is GradientBuffers.DEEPSPEED_BF16 and self.gradient_accumulation_fusion:
+            raise ValueError("gradient_buffers deepspeed-bf16 adds the weight gradients after their GEMMs: it needs "
+                             "gradient_accumulation_fusion: false")
+        return self
+
+    @model_validator(mode="after")
     def _compile_fuses(self) -> "SoftwareSpec":
         if self.torch_compile is not None and self.fused_elementwise != self.torch_compile:
             object.__setattr__(self, "fused_elementwise", self.torch_compile)
@@ -291,7 +303,8 @@ class SoftwareSpec(Spec):
         grad = "auto" if self.grad_reduce_dtype is None else self.grad_reduce_dtype.value
         return (f"attn={self.attention.value};hdrop={self.hidden_dropout > 0};adrop={self.attention_dropout > 0};"
                 f"fuse={self.fused_elementwise};gaf={self.gradient_accumulation_fusion}/{grad};"
-                f"tpov={self.tp_comm_overlap};rc={modules};moe={self.moe_dispatcher.value},"
+                + ("" if self.gradient_buffers is GradientBuffers.MEGATRON else f"gbuf={self.gradient_buffers.value};")
+                + f"tpov={self.tp_comm_overlap};rc={modules};moe={self.moe_dispatcher.value},"
                 f"{self.moe_grouped_gemm},{self.moe_permute_fusion}"
                 + ("" if self.moe_probs_in_activation else ",probs-at-unpermute")
                 + (",act-in-fp8" if self.moe_act_input_fp8 else "")

@@ -93,6 +93,17 @@ class OptimizerSharding(str, Enum):
     PARAMS = "params"  # the parameters too (ZeRO-3, FSDP full shard: torchtitan, DeepSpeed ZeRO-3)
 
 
+class GradientBuffers(str, Enum):
+    """What holds the weight gradients between micro-batches, and how the sharded optimizer reduces them."""
+
+    MEGATRON = "megatron"  # the DDP hook adds each weight gradient into the fp32 buffer (one kernel) and frees it;
+    # a sharded optimizer reduce-scatters the buffer
+    DEEPSPEED_BF16 = "deepspeed-bf16"  # DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py, 2022): each bf16
+    # gradient stays allocated until the next backward pass, is cast to an fp32 copy and added into the unsharded fp32
+    # buffer after every micro-batch (update_hp_grads), and the whole buffer is all-reduced in fp32 before each rank
+    # steps its shard (pipe/engine.py _bf16_reduce_grads)
+
+
 class RecomputePolicy(str, Enum):
     """What ``recompute: selective`` means on the stack."""
 

@@ -18,6 +18,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from echo_plan.specs import DType, ModelSpec, Recompute, SoftwareSpec
+from echo_plan.specs.software import GradientBuffers
+from echo_plan.trace.parallel import CAST_COPY
 from echo_plan.trace.block import TransformerBlock
 from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
 from echo_plan.trace.fake_pg import TraceGroups, fake_groups
@@ -101,9 +103,12 @@ def _build(stage: StageKind, model: ModelSpec, groups: TraceGroups, sp: bool, dt
         module = OutputStage(model, group, sp, dtype, stack)
     if not stack.gradient_accumulation_fusion:  # the main-grad buffers the DDP hook accumulates into
         grad_dtype = torch.float32 if stack.grad_bytes(_DTYPE_OF[dtype]) == 4 else dtype
+        cast = stack.gradient_buffers is GradientBuffers.DEEPSPEED_BF16
         for p in module.parameters():
             if p.dim() == 2:
                 p.main_grad = torch.empty(p.shape, dtype=grad_dtype)
+                if cast:
+                    setattr(p.main_grad, CAST_COPY, True)
     return module
 
 

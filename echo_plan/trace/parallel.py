@@ -244,12 +244,17 @@ def unfused_main_grad(weight: torch.Tensor, accumulate_unfused: bool) -> torch.T
     return getattr(weight, "main_grad", None) if accumulate_unfused else None
 
 
+CAST_COPY = "echo_plan_cast_copy"  # a main_grad marked so is added into through an fp32 copy of the gradient
+
+
 def accumulate_grad(main_grad: torch.Tensor | None, grad_w: torch.Tensor) -> torch.Tensor:
     """Without gradient-accumulation fusion, the DDP hook adds each weight gradient into the fp32
     ``main_grad`` buffer (one elementwise kernel per weight per micro-batch); with it, the GEMM's
-    epilogue already did and ``main_grad`` is None here."""
+    epilogue already did and ``main_grad`` is None here. DeepSpeed's BF16_Optimizer casts the gradient
+    to an fp32 copy first and adds that (``hp_grad.add_(lp.grad.to(hp_grad.dtype))``: two kernels),
+    where capture marked the buffer (``CAST_COPY``)."""
     if main_grad is not None:
-        main_grad.add_(grad_w)
+        main_grad.add_(grad_w.to(main_grad.dtype) if getattr(main_grad, CAST_COPY, False) else grad_w)
     return grad_w
 
 

@@ -28,6 +28,8 @@ class RowMemory:
     usable_gib: float
     capacity_gib: float
     reserved_gib: float = 0.0  # the most the caching allocator holds on any GPU (max_memory_reserved's figure)
+    device_gib: float | None = None  # the most memory in use on any GPU (nvidia-smi's figure: the reserve, context
+    # and NCCL); None: the peak (nothing allocated after it that the caching allocator must keep beside it)
 
     @classmethod
     def of(cls, memory) -> "RowMemory | None":  # noqa: ANN001
@@ -35,7 +37,7 @@ class RowMemory:
             return None
         worst = max(memory, key=lambda m: m.total_bytes)
         return cls(worst.total_bytes / GIB, worst.usable_bytes / GIB, worst.capacity_bytes / GIB,
-                   max(m.reserved_bytes for m in memory) / GIB)
+                   max(m.reserved_bytes for m in memory) / GIB, max(m.device_bytes for m in memory) / GIB)
 
     def words(self) -> str:
         return f"{self.peak_gib:.1f}/{self.usable_gib:.0f} GiB" + ("" if self.peak_gib <= self.usable_gib else " OVER")

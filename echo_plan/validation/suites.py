@@ -54,7 +54,9 @@ class RowResult:
         """The predicted figure of the kind the source publishes: the device's peak, or the allocator's."""
         if self.memory is None:
             return None
-        return self.memory.reserved_gib if self.published_peak == PeakMeasure.RESERVED else self.memory.peak_gib
+        if self.published_peak == PeakMeasure.RESERVED:
+            return self.memory.reserved_gib
+        return self.memory.peak_gib if self.memory.device_gib is None else self.memory.device_gib
 
     @property
     def peak_error(self) -> float | None:
