@@ -226,7 +226,7 @@ def read_step_times(path: Path, not_modelled: str = "",
             raise FileFormatError(str(path), str(exc), line) from None
         flops = nemo_model_flops(model, _num(rec, "gbs", path, line), path, line) if unit == TFLOPS_UNIT else 0.0
         rows.append(TrainingRow(label, measured, unit, model=model, gpus=_num(rec, "gpus", path, line),
-                                plan=MappingProxyType(_plan_fields(rec, path, line)),
+                                plan=MappingProxyType(_plan_fields(rec, path, line, model)),
                                 stack_overrides=MappingProxyType(_stack_fields(rec, path, line)),
                                 flops_per_step=flops, detail=corrected.get(line, ""),
                                 measured_peak_gib=_peak(rec, path, line), source=rec.get("source", "")))
