@@ -19,7 +19,7 @@ from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE
 from echo_plan.specs.plan import PlanSpec, Schedule
-from echo_plan.specs.software import Fp8Recipe, SoftwareSpec
+from echo_plan.specs.software import Fp8Recipe, GradientBuffers, SoftwareSpec
 from echo_plan.cost.weight_copies import layer_gather_bytes
 from echo_plan.trace.records import CommGroup
 from echo_plan.specs.presets import load_stack
@@ -75,6 +75,12 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec, mla: bool = False) -> list[
             out.append(f"stack {stack.name}: the MoE all-to-all overlap needs interleaved 1F1B (vpp > 1) when "
                        f"pp > 1 (Megatron-Core's rule); not used with {plan.schedule.value}, vpp {plan.virtual_stages}")
     sharding = DataParallelSharding.of(plan, stack)
+    if stack.gradient_buffers is GradientBuffers.DEEPSPEED_BF16:
+        out.append(f"stack {stack.name} runs DeepSpeed's BF16_Optimizer: bf16 gradients kept beside the fp32 buffer, "
+                   "added through an fp32 copy each micro-batch, the buffer all-reduced whole"
+                   + (" before each rank steps its shard" if sharding.reduce_all else "")
+                   + ("; DeepSpeed runs fp16 with its FP16/ZeRO optimizer instead, not modelled apart: its buffers are "
+                      "costed as bf16's" if plan.dtype is DType.FP16 else ""))
     if sharding.sharded and plan.sharding is None:
         out.append(f"stack {stack.name}'s sharded data parallelism shards the {sharding.level.value} "
                    f"(--sharding names the level)")

@@ -66,3 +66,13 @@ def test_each_weight_gradient_is_added_through_an_fp32_copy():
         return [op for op in t.ops if op.phase is Phase.BACKWARD and op.name == "aten._to_copy.default"]
 
     assert len(casts(DS)) - len(casts(MEGATRON_BUFFERS)) == 4  # QKV, proj, FC1, FC2
+
+
+def test_simulate_says_the_optimizer_and_that_fp16_runs_are_costed_as_bf16():
+    from echo_plan.replay.step_costs import stack_notes
+
+    (bf16,) = [n for n in stack_notes(_plan(), DS) if "BF16_Optimizer" in n]
+    assert "all-reduced whole before each rank steps its shard" in bf16 and "fp16" not in bf16
+    (fp16,) = [n for n in stack_notes(_plan(dtype="fp16"), DS) if "BF16_Optimizer" in n]
+    assert "costed as bf16's" in fp16
+    assert not [n for n in stack_notes(_plan(), MEGATRON_BUFFERS) if "BF16_Optimizer" in n]
