@@ -299,6 +299,11 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
             if a.kind is Pass.FORWARD:
                 first_f.setdefault(a.chunk, a.microbatch)
         overlapped_gather = costs.overlap_param_gather and sharding.sharded and plan.grad_dp > 1
+        # the gradients' collective: reduce-scattered to their shard's owner, or all-reduced (unsharded, or DeepSpeed's
+        # BF16_Optimizer, which all-reduces the whole buffer before each rank steps its shard)
+        scatter = sharding.sharded and not sharding.reduce_all
+        reduce_kind = CollectiveKind.REDUCE_SCATTER if scatter else CollectiveKind.ALL_REDUCE
+        reduce_name = "reduce-scatter" if scatter else "all-reduce"
         if overlapped_gather:
             for c in sorted(first_f, key=lambda c: acts.index(next(x for x in acts if x.kind is Pass.FORWARD and x.chunk == c))):
                 for k in reversed(range(len(st.buckets[c]))):
@@ -355,8 +360,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
                 cur = b.instance(tmpl, cur + extra, f"{label} {what}{i}")
                 for k in releases.get(i, ()):
                     dp_nodes.append(b.add(kind=NodeKind.COLL, stream="dp_comm", deps=cur, group=_bucket_group(buckets[k]),
-                                          name=f"DP {'reduce-scatter' if sharding.sharded else 'all-reduce'} chunk{a.chunk} bucket {k}",
-                                          coll=CollectiveKind.REDUCE_SCATTER if sharding.sharded else CollectiveKind.ALL_REDUCE,
+                                          name=f"DP {reduce_name} chunk{a.chunk} bucket {k}", coll=reduce_kind,
                                           nbytes=buckets[k].params * gb))
             last_compute = cur
             dst_vs = vs + 1 if fwd else vs - 1
@@ -372,8 +376,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
             for c in order:
                 for k, bk in enumerate(st.buckets[c]):
                     dp_nodes.append(b.add(kind=NodeKind.COLL, stream="dp_comm", deps=last_compute, group=_bucket_group(bk),
-                                          name=f"DP {'reduce-scatter' if sharding.sharded else 'all-reduce'} chunk{c} bucket {k}",
-                                          coll=CollectiveKind.REDUCE_SCATTER if sharding.sharded else CollectiveKind.ALL_REDUCE,
+                                          name=f"DP {reduce_name} chunk{c} bucket {k}", coll=reduce_kind,
                                           nbytes=bk.params * gb))
         opt_deps = last_compute + tuple(dp_nodes)
         if tied and r in (0, pp - 1):

@@ -218,3 +218,21 @@ def test_cp_ring_peers_are_the_cp_group_neighbours(exported):
     peers = {(n.attrs["comm_src"], n.attrs["comm_dst"]) for n in cio.read_et(prefix.parent / "step.0.et").nodes
              if n.type == cs.COMM_SEND_NODE and "cp_exchange" in n.name}
     assert peers == {(0, 2)}
+
+
+def test_deepspeeds_bf16_optimizer_exports_the_all_reduce_it_runs(tmp_path):
+    """DeepSpeed's BF16_Optimizer all-reduces the whole fp32 gradient buffer before each rank steps its shard
+    (stack megatron-deepspeed): the export names the collective the replay costs, not a reduce-scatter."""
+    from echo_plan.specs import load_stack
+    from echo_plan.trace.cache import TraceCache
+
+    plan = PlanSpec(tp=2, pp=2, dp=2, global_batch_size=8, distributed_optimizer=True, recompute="full")
+    graph = build_step_graph(MODEL, CLUSTER, plan, stack=load_stack("megatron-deepspeed"),
+                             cache=TraceCache(str(tmp_path / "cache")))
+    export_chakra(graph, tmp_path / "ds" / "step")
+    kinds = Counter()
+    for rank in range(plan.world_size):
+        for n in cio.read_et(tmp_path / "ds" / f"step.{rank}.et").nodes:
+            if n.type == cs.COMM_COLL_NODE and n.attrs["pg_name"].startswith("dp"):
+                kinds[cs.COMM_TYPE_NAMES[n.attrs["comm_type"]]] += 1
+    assert kinds["ALL_REDUCE"] > 0 and kinds["ALL_GATHER"] > 0 and not kinds["REDUCE_SCATTER"]
