@@ -74,7 +74,7 @@ def chunk_buckets(params: int, plan: PlanSpec, comm_time: CommTime, gb: int, ove
             if sharding.sharded:
                 reduce = (comm_time(CollectiveKind.ALL_REDUCE, n * gb, group) if sharding.reduce_all
                           else sharded_reduce_s(n, gb, shard, replica, comm_time))
-                b = DpBucket(n, reduce, TaskKind.REDUCE_SCATTER,
+                b = DpBucket(n, reduce, TaskKind.ALL_REDUCE if sharding.reduce_all else TaskKind.REDUCE_SCATTER,
                              comm_time(CollectiveKind.ALL_GATHER, int(n * param_bytes), shard), expert=expert)
             else:
                 b = DpBucket(n, comm_time(CollectiveKind.ALL_REDUCE, n * gb, group), TaskKind.ALL_REDUCE,
