@@ -26,9 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 from echo_plan.calibrate.blocks import build_blocks
 from echo_plan.calibrate.preset_files import fitted_on, recipes, recipes_without
 from echo_plan.cost.ranges import NOMINAL_COVERAGE, RangeMethod, RangeTable, prediction_range
-from echo_plan.specs.loaders import read_mapping
 from echo_plan.specs import load_cluster, load_stack
-from echo_plan.specs.presets import cluster_names, clusters_dir
 from echo_plan.validation.predict import RowSimulator
 from echo_plan.validation.registry import training_rows, training_suite
 
@@ -72,24 +70,11 @@ class LosoSuite:
 
 
 def family(preset: str) -> frozenset[str]:
-    """The presets that receive the same compute calibration as ``preset`` (its GPU generation): a recipe's presets,
-    and a preset that takes one of theirs (``calibration: from``) for the same GPU (jean-zay-a100 from dgx-a100; not
-    h200 from dgx-h100, whose memory differs, nor the Blackwell presets, for which it is a prior)."""
+    """The presets that receive the same compute calibration as ``preset`` (its GPU generation)."""
     for recipe in recipes().values():
-        if "suite" not in recipe:
-            continue
-        members = set(recipe["presets"])
-        keys = {load_cluster(p).gpu.compute_key for p in members}
-        members |= {p for p in cluster_names() if _inherits(p) in recipe["presets"]
-                    and load_cluster(p).gpu.compute_key in keys}
-        if preset in members:
-            return frozenset(members)
+        if "suite" in recipe and preset in recipe["presets"]:
+            return frozenset(recipe["presets"])
     return frozenset({preset})
-
-
-def _inherits(preset: str) -> str | None:
-    cal = read_mapping(clusters_dir() / f"{preset}.yaml").get("calibration")
-    return cal.get("from") if isinstance(cal, dict) and isinstance(cal.get("from"), str) else None
 
 
 def fed_by(suite: str) -> list[str]:
