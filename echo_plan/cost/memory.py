@@ -64,7 +64,7 @@ from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec, PositionEmbedding
 from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule
-from echo_plan.specs.software import CrossEntropy, CudaAllocator, GradientBuffers, SoftwareSpec
+from echo_plan.specs.software import CrossEntropy, CudaAllocator, SoftwareSpec
 from echo_plan.cost.activation_memory import (embedding_activation_bytes, layer_activation_bytes,
                                                output_activation_bytes)
 from echo_plan.trace.records import LayerTrace
@@ -341,7 +341,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
         params = dense + experts
         optimizer = dense * o_b / shard + experts * o_b / eshard
         grads = dense * g_b / gshard + experts * g_b / egshard
-        if stack.gradient_buffers is GradientBuffers.DEEPSPEED_BF16:  # each weight's bf16 gradient beside the buffer
+        if sharding.bf16_buffers:  # DeepSpeed's BF16_Optimizer: each weight's bf16 gradient beside the buffer
             grads += params * w_b
         weights = params * w_b + fp8_weight_bytes(model, plan, stack, i, w_b)
         if sharding.parameters:
@@ -367,7 +367,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
         outside = c.cuda_context_bytes + comms * c.nccl_per_communicator_bytes  # not the caching allocator's
         frag = c.fragmentation_fraction[stack.cuda_allocator.value]
         cached_extra = 0.0
-        if stack.gradient_buffers is GradientBuffers.DEEPSPEED_BF16:
+        if sharding.bf16_buffers:
             # at the step's end, the activations freed, DeepSpeed's engine all-reduces a flattened copy of the fp32
             # gradient buffer (engine.py allreduce_bucket: flatten, all_reduce, copy back): the stage's peak if larger;
             # one block the size of the buffer, which the activations' freed (cached) blocks cannot serve

@@ -36,15 +36,22 @@ class DataParallelSharding:
     expert_degree: int  # expert parameters' over the expert-data-parallel ranks (or a shard group of them)
     replicas: int = 1  # copies of each dense shard (HSDP: dp x cp / shard degree), all-reduced across
     expert_replicas: int = 1
-    reduce_all: bool = False  # the gradients all-reduced whole before each rank steps its shard (gradient_buffers
-    # deepspeed-bf16), not reduce-scattered to their shard's owner
+    # DeepSpeed's BF16_Optimizer (stack gradient_buffers: deepspeed-bf16) holds the gradients: its own ZeRO 0 or 1 only
+    # (ZeRO-2/3 run DeepSpeed's stage optimizers instead); with a sharded optimizer it all-reduces the whole buffer
+    # before each rank steps its shard (reduce_all), not a reduce-scatter to the shard's owner
+    bf16_buffers: bool = False
+
+    @property
+    def reduce_all(self) -> bool:
+        return self.bf16_buffers and self.level is ShardLevel.OPTIMIZER
 
     @classmethod
     def of(cls, plan: PlanSpec, stack: SoftwareSpec | None) -> "DataParallelSharding":
         """The plan's sharding under ``stack`` (None: what any stack with a sharded optimizer shards,
         the optimizer states, unless the plan names its level: enough where only their count matters)."""
+        bf16 = stack is not None and stack.gradient_buffers is GradientBuffers.DEEPSPEED_BF16
         if not plan.distributed_optimizer:
-            return cls(ShardLevel.NONE, 1, 1)
+            return cls(ShardLevel.NONE, 1, 1, bf16_buffers=bf16)
         if plan.sharding is not None:
             level = plan.sharding
         else:
@@ -52,11 +59,10 @@ class DataParallelSharding:
                 else Sharding.OPTIMIZER
         degree = plan.shard_group_size
         if degree == 1:  # shards of one rank: every rank holds its whole state, all-reduced (plain DDP)
-            return cls(ShardLevel.NONE, 1, 1)
+            return cls(ShardLevel.NONE, 1, 1, bf16_buffers=bf16)
         expert_degree = math.gcd(plan.edp, degree)
-        reduce_all = (level is Sharding.OPTIMIZER and stack is not None
-                      and stack.gradient_buffers is GradientBuffers.DEEPSPEED_BF16)
-        return cls(level, degree, expert_degree, plan.grad_dp // degree, plan.edp // expert_degree, reduce_all)
+        return cls(level, degree, expert_degree, plan.grad_dp // degree, plan.edp // expert_degree,
+                   bf16_buffers=bf16 and level is Sharding.OPTIMIZER)
 
     @property
     def parameters(self) -> bool:

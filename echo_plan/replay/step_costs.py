@@ -75,12 +75,15 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec, mla: bool = False) -> list[
             out.append(f"stack {stack.name}: the MoE all-to-all overlap needs interleaved 1F1B (vpp > 1) when "
                        f"pp > 1 (Megatron-Core's rule); not used with {plan.schedule.value}, vpp {plan.virtual_stages}")
     sharding = DataParallelSharding.of(plan, stack)
-    if stack.gradient_buffers is GradientBuffers.DEEPSPEED_BF16:
+    if sharding.bf16_buffers:
         out.append(f"stack {stack.name} runs DeepSpeed's BF16_Optimizer: bf16 gradients kept beside the fp32 buffer, "
                    "added through an fp32 copy each micro-batch, the buffer all-reduced whole"
                    + (" before each rank steps its shard" if sharding.reduce_all else "")
                    + ("; DeepSpeed runs fp16 with its FP16/ZeRO optimizer instead, not modelled apart: its buffers are "
                       "costed as bf16's" if plan.dtype is DType.FP16 else ""))
+    elif stack.gradient_buffers is GradientBuffers.DEEPSPEED_BF16:
+        out.append(f"stack {stack.name}: sharding the {sharding.level.value} runs DeepSpeed's ZeRO stage optimizer, not "
+                   "the BF16_Optimizer: its gradients are held and reduced as Megatron's are")
     if sharding.sharded and plan.sharding is None:
         out.append(f"stack {stack.name}'s sharded data parallelism shards the {sharding.level.value} "
                    f"(--sharding names the level)")

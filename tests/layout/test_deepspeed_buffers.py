@@ -76,3 +76,17 @@ def test_simulate_says_the_optimizer_and_that_fp16_runs_are_costed_as_bf16():
     (fp16,) = [n for n in stack_notes(_plan(dtype="fp16"), DS) if "BF16_Optimizer" in n]
     assert "costed as bf16's" in fp16
     assert not [n for n in stack_notes(_plan(), MEGATRON_BUFFERS) if "BF16_Optimizer" in n]
+
+
+def test_zero_2_and_3_run_deepspeeds_stage_optimizers_not_the_bf16_one():
+    from echo_plan.replay.step_costs import stack_notes
+
+    for level in ("gradients", "parameters"):
+        p = _plan(sharding=level)
+        sharding = DataParallelSharding.of(p, DS)
+        assert not sharding.bf16_buffers and not sharding.reduce_all
+        ds, mg = estimate_memory(MODEL, p, CLUSTER, DS), estimate_memory(MODEL, p, CLUSTER, MEGATRON_BUFFERS)
+        assert [m.gradients_bytes for m in ds] == [m.gradients_bytes for m in mg]
+        assert [m.device_bytes for m in ds] == [m.total_bytes for m in ds]
+        assert [n for n in stack_notes(p, DS) if "not the BF16_Optimizer" in n]
+    assert DataParallelSharding.of(_plan(distributed_optimizer=False), DS).bf16_buffers  # ZeRO 0: held, all-reduced
