@@ -193,6 +193,22 @@ def print_summary(results) -> None:
                "default headroom (every run did)")
 
 
+def memory_words(row) -> str:  # noqa: ANN001
+    """A row's predicted peak against what a plan may use, and against the source's figure where it publishes one: the
+    predicted figure of its kind when that is not the peak (the caching allocator's, or the device's with a block
+    cached beside the peak's)."""
+    memory = row.memory.words() if row.memory is not None else "-"
+    if row.peak_error is None:
+        return memory
+    if row.published_peak == PeakMeasure.RESERVED:
+        kind = f", allocator {row.compared_peak_gib:.1f}"
+    elif abs(row.compared_peak_gib - row.memory.peak_gib) > 0.05:
+        kind = f", device {row.compared_peak_gib:.1f}"
+    else:
+        kind = ""
+    return memory + f" (published {row.published_peak_gib:g}{kind}, {row.peak_error:+.0%})"
+
+
 def _print_suite(r) -> None:
     typer.echo(f"\n== {r.name} ({r.kind}, {r.unit})")
     for note in r.notes:
@@ -212,10 +228,7 @@ def _print_suite(r) -> None:
         wo = loso_errors.get(row.label)
         if wo is not None and abs(wo - row.error) > 5e-4:  # predicted otherwise by the calibration made without it
             rng += f"  (w/o suite {wo * 100:+.1f}%)"
-        memory = row.memory.words() if row.memory is not None else "-"
-        if row.peak_error is not None:
-            kind = f", allocator {row.compared_peak_gib:.1f}" if row.published_peak == PeakMeasure.RESERVED else ""
-            memory += f" (published {row.published_peak_gib:g}{kind}, {row.peak_error:+.0%})"
+        memory = memory_words(row)
         typer.echo(f"   {row.label:<40} {row.measured:>10.4g} {row.predicted:>10.4g} {row.error * 100:>+7.1f}%  "
                    f"{memory:<22}{row.detail}{role}{rng}")
     typer.echo(f"   mean |error| {r.mean_abs_error * 100:.1f}%, max {r.max_abs_error * 100:.1f}%, held-out mean "

@@ -37,3 +37,16 @@ def test_the_layouts_that_ran_out_of_memory_do_not_fit(tmp_path):
     for row in read_step_times(path):
         prediction = sim.predict(row)
         assert prediction.memory is not None and not prediction.fits, row.label
+
+
+def test_validate_shows_the_device_figure_it_compares_with_nvidia_smis():
+    from echo_plan.commands.validate_cmd import memory_words
+    from echo_plan.validation.predict import RowMemory
+    from echo_plan.validation.suites import RowResult
+
+    cached = RowMemory(peak_gib=51.8, usable_gib=74.4, capacity_gib=80.0, reserved_gib=60.5, device_gib=62.2)
+    row = RowResult("r", 1.0, 1.0, True, memory=cached, published_peak_gib=59.0)
+    assert memory_words(row) == "51.8/74 GiB (published 59, device 62.2, +5%)"
+    plain = RowMemory(peak_gib=51.8, usable_gib=74.4, capacity_gib=80.0, reserved_gib=50.0)
+    assert memory_words(RowResult("r", 1.0, 1.0, True, memory=plain, published_peak_gib=59.0)) == \
+        "51.8/74 GiB (published 59, -12%)"
