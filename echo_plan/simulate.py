@@ -239,7 +239,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     stack = stack.as_run(plan, cluster.gpu.sm_arch)
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
-                         selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
+                         selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp,
+                         schedule=plan.schedule, pp=plan.pp)
     check_precision(stack, plan.dtype, cluster.gpu, model.is_moe)
     layout = PlanLayout.of(model, plan, stack)  # what follows from the plan alone, once: read by costs and memory
     cluster_key = cluster.model_dump_json()  # once: it keys the compute and comm models and every memo below

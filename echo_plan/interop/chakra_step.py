@@ -239,7 +239,8 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
                         "FSDP's per-block all-gathers yet: export a plan with sharding none or optimizer")
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
                          distributed_optimizer=plan.distributed_optimizer,
-                         selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
+                         selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp,
+                         schedule=plan.schedule, pp=plan.pp)
     sharding = DataParallelSharding.of(plan, stack)
     ckey = cluster.model_dump_json()
     compute = with_stack_kernels(memo.default_compute(cluster, ckey), stack)

@@ -197,7 +197,8 @@ class Pruner:
         try:
             check_stack_supports(self.stack, sequence_parallel=plan.sequence_parallel,
                                  distributed_optimizer=plan.distributed_optimizer,
-                                 selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp)
+                                 selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp,
+                                 schedule=plan.schedule, pp=plan.pp)
         except SpecError as exc:
             return Verdict(combo, None, PruneReason.STACK, str(exc).split(": ", 1)[-1])
         try:

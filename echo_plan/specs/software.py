@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from echo_plan.errors import SpecError
 from echo_plan.specs.base import Spec
 from echo_plan.specs.cluster import DType
+from echo_plan.specs.plan import Schedule
 from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, AttentionLibrary, CPComm,
                                             CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, DeepEPRelease,
                                             Fp8Kernels, Fp8Recipe, GradientBuffers, MoEDispatcher, OptimizerSharding,
@@ -210,6 +211,9 @@ class SoftwareSpec(Spec):
                     "(Megatron-Core: Transformer Engine's fused RoPE takes no such factor, so apply_rotary_pos_emb "
                     "falls back to its unfused ops, scaling cos and sin on every call): a model whose factor is not "
                     "1 runs the unfused RoPE whatever fused_elementwise says")
+    pipeline_schedules: tuple[Schedule, ...] = Field(
+        default=(), description="the pipeline schedules the framework can run (its runtime's); empty: every schedule "
+                                "the replay has (docs/schedules.md)")
     sources: tuple[str, ...] = ()
 
     @field_validator("grad_reduce_dtype")
@@ -388,8 +392,12 @@ def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = Fal
 
 
 def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,
-                         selective_recompute: bool, context: str = "plan", cp: int = 1) -> None:
+                         selective_recompute: bool, context: str = "plan", cp: int = 1,
+                         schedule: Schedule | None = None, pp: int = 1) -> None:
     """Raise SpecError when a plan asks for a feature the stack does not have."""
+    if pp > 1 and schedule is not None and stack.pipeline_schedules and schedule not in stack.pipeline_schedules:
+        raise SpecError("schedule", schedule.value, f"stack {stack.name} runs the pipeline schedules "
+                        f"{', '.join(s.value for s in stack.pipeline_schedules)}", context)
     if cp > 1 and stack.attention is not AttentionKernel.FUSED:
         raise SpecError("cp", cp, f"context parallelism needs the fused attention kernel; stack {stack.name} runs "
                         f"{stack.attention.value} attention", context)

@@ -184,3 +184,26 @@ def test_schedule_rules_prune_with_their_reason():
     assert zbv.reason is PruneReason.SCHEDULE and "two chunks" in zbv.detail
     assert pruner.check(dict(base, schedule="zb-h1", virtual_stages=2)).reason is PruneReason.SCHEDULE
     assert canonical(dict(base, schedule="zb-v"))["virtual_stages"] == 2  # ZB-V is two chunks by definition
+
+
+def test_a_stack_runs_only_its_own_pipeline_schedules():
+    """megatron-deepspeed's PipelineEngine runs 1F1B only (stack pipeline_schedules): the search never proposes
+    another schedule with a pipeline, simulate refuses one in a line, and a stack that names none keeps them all."""
+    import pytest
+
+    from echo_plan.errors import SpecError
+    from echo_plan.specs import Schedule
+    from echo_plan.specs.software import check_stack_supports
+
+    ds = load_stack("megatron-deepspeed")
+    assert ds.pipeline_schedules == (Schedule.ONE_F_ONE_B,) and load_stack("megatron-core").pipeline_schedules == ()
+    cluster = load_cluster("h800", gpus=64)
+    pruned = prune_space(Pruner(MODEL, cluster, 512, load_space(), stack=ds))
+    kept = [v.plan for v in pruned.verdicts if v.reason is None]
+    assert kept and all(p.pp == 1 or p.schedule is Schedule.ONE_F_ONE_B for p in kept)
+    assert any(v.reason is PruneReason.STACK and "pipeline schedules" in v.detail for v in pruned.verdicts)
+    with pytest.raises(SpecError, match="runs the pipeline schedules 1f1b"):
+        check_stack_supports(ds, sequence_parallel=False, distributed_optimizer=True, selective_recompute=False,
+                             schedule=Schedule.ZB_V, pp=4)
+    check_stack_supports(ds, sequence_parallel=False, distributed_optimizer=True, selective_recompute=False,
+                         schedule=Schedule.ZB_V, pp=1)  # no pipeline: nothing to run
