@@ -28,7 +28,8 @@ from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.faults import Fault, check_faults, slowed_cluster, stage_effects
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
-from echo_plan.specs.software import MoEDispatcher, SoftwareSpec, check_precision, check_stack_supports
+from echo_plan.specs.software import MoEDispatcher, SoftwareSpec
+from echo_plan.specs.software_checks import check_precision, check_stack_supports
 from echo_plan.trace.records import CollectiveKind, CommGroup, Phase
 from echo_plan.cost.base import with_stack_kernels
 from echo_plan.cost.memory import stage_memory

@@ -41,7 +41,7 @@ from echo_plan.replay.dp import PARAM_BYTES
 from echo_plan.replay.pipeline import build_tasks
 from echo_plan.simulate import SimulationMemo, step_costs
 from echo_plan.specs.plan import Recompute, validate_plan
-from echo_plan.specs.software import check_stack_supports
+from echo_plan.specs.software_checks import check_stack_supports
 from echo_plan.errors import SpecError
 
 

@@ -17,7 +17,8 @@ from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import (balanced_split, PlanSpec, Recompute, Schedule, Sharding, schedule_rule,
                                   validate_plan)
-from echo_plan.specs.software import SoftwareSpec, check_precision, check_stack_supports
+from echo_plan.specs.software import SoftwareSpec
+from echo_plan.specs.software_checks import check_precision, check_stack_supports
 from echo_plan.search.space import Knob, SearchSpace
 from echo_plan.cost.memory import estimate_memory, load_memory_constants
 from echo_plan.search.activation_scale import TracedActivationScale

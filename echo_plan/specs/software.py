@@ -16,7 +16,6 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from echo_plan.errors import SpecError
 from echo_plan.specs.base import Spec
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import Schedule
@@ -28,8 +27,7 @@ from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionK
 # the enums live in software_kinds.py; importing them from here keeps working
 __all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CPRuntime", "CrossEntropy",
            "CudaAllocator", "CudaGraphScope", "DeepEPRelease", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "GradientBuffers", "MoEDispatcher",
-           "OptimizerSharding", "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec",
-           "check_precision", "check_stack_supports"]
+           "OptimizerSharding", "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec"]
 
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
@@ -362,49 +360,3 @@ class SoftwareSpec(Spec):
             return self.replace(fp8_param_gather=False)
         return self
 
-
-def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = False, context: str = "plan") -> None:
-    """Raise SpecError when the plan's precision recipe needs tensor cores ``gpu`` lacks (MXFP8 and NVFP4 scale
-    blocks of 32 and 16 elements inside the GEMM, which Blackwell, sm100, does first), or meets a DeepSeek FP8
-    setting of the stack that only its 1 x 128 tiles have (``moe``: an MoE model)."""
-    dtype = DType(dtype)
-    mx = dtype is DType.FP8 and stack.fp8_recipe is Fp8Recipe.MXFP8
-    if mx and gpu.sm_arch < BLOCK_SCALED_MIN_SM_ARCH:
-        raise SpecError("fp8_recipe", "mxfp8", f"MXFP8 needs block-scaled FP8 tensor cores (sm{BLOCK_SCALED_MIN_SM_ARCH}, "
-                        f"Blackwell); GPU {gpu.name} is sm{gpu.sm_arch}: use --fp8-recipe current, delayed or blockwise "
-                        "there", context)
-    if moe and (mx or dtype is DType.FP4):
-        what = "MXFP8" if mx else "NVFP4"
-        for name in ("moe_dispatch_fp8", "moe_act_input_fp8"):  # DeepSeek's 1 x 128 FP8 tiles, not MX/NV blocks
-            if getattr(stack, name):
-                raise SpecError(name, True, f"DeepSeek's FP8 {'dispatch' if 'dispatch' in name else 'caching'} of "
-                                f"1 x 128 tiles does not apply to {what} training; use a stack that sets it false, "
-                                "or --fp8-recipe blockwise", context)
-    if dtype in (DType.FP8, DType.FP4) and not (dtype is DType.FP8 and stack.fp8_recipe is Fp8Recipe.BLOCKWISE):
-        what = "NVFP4" if dtype is DType.FP4 else f"the {stack.fp8_recipe.value} FP8 recipe"
-        own = (("fp8_kernels", stack.fp8_kernels.value, stack.fp8_kernels is not Fp8Kernels.TRANSFORMER_ENGINE),
-               ("fp8_attention_output_e5m6", True, stack.fp8_attention_output_e5m6))
-        for name, value, on in own:
-            if on:
-                raise SpecError(name, value, f"DeepSeek's own FP8 kernels and E5M6 copy go with its 1 x 128 tiles "
-                                f"(fp8_recipe: blockwise), not {what}; use a stack that sets it off, or "
-                                "--fp8-recipe blockwise", context)
-
-
-def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,
-                         selective_recompute: bool, context: str = "plan", cp: int = 1,
-                         schedule: Schedule | None = None, pp: int = 1) -> None:
-    """Raise SpecError when a plan asks for a feature the stack does not have."""
-    if pp > 1 and schedule is not None and stack.pipeline_schedules and schedule not in stack.pipeline_schedules:
-        raise SpecError("schedule", schedule.value, f"stack {stack.name} runs the pipeline schedules "
-                        f"{', '.join(s.value for s in stack.pipeline_schedules)}", context)
-    if cp > 1 and stack.attention is not AttentionKernel.FUSED:
-        raise SpecError("cp", cp, f"context parallelism needs the fused attention kernel; stack {stack.name} runs "
-                        f"{stack.attention.value} attention", context)
-    if sequence_parallel and not stack.sequence_parallel:
-        raise SpecError("sequence_parallel", True, f"stack {stack.name} has no sequence parallelism", context)
-    if distributed_optimizer and stack.optimizer_sharding is OptimizerSharding.NONE:
-        raise SpecError("distributed_optimizer", True, f"stack {stack.name} has no distributed optimizer", context)
-    if selective_recompute and not stack.recompute_modules and stack.recompute_policy is RecomputePolicy.MODULES:
-        raise SpecError("recompute", "selective", f"stack {stack.name} has no selective recomputation "
-                        "(its recompute_modules is empty); use none or full", context)

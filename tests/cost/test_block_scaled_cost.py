@@ -12,7 +12,7 @@ from echo_plan.cost.memory import estimate_memory
 from echo_plan.cost.weight_copies import layer_gather_bytes, layer_weight_extra_bytes, quantized_copy_bytes
 from echo_plan.errors import SpecError
 from echo_plan.specs import DType, PlanSpec, load_cluster, load_model, load_stack, validate_plan
-from echo_plan.specs.software import check_precision
+from echo_plan.specs.software_checks import check_precision
 from echo_plan.trace.records import OpKind, OpRecord, Phase, Stream, TensorMeta
 
 GB200 = load_cluster("gb200-nvl72")

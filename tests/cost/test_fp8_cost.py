@@ -13,7 +13,7 @@ from echo_plan.cost.memory import estimate_memory, fp8_weight_bytes
 from echo_plan.cost.weight_copies import quantized_copy_bytes
 from echo_plan.errors import SpecError
 from echo_plan.specs import DType, PlanSpec, load_cluster, load_model, load_stack, validate_plan
-from echo_plan.specs.software import check_precision
+from echo_plan.specs.software_checks import check_precision
 from echo_plan.trace.records import OpKind, OpRecord, Phase, Stream, TensorMeta
 
 H100 = load_cluster("dgx-h100")

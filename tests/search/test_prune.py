@@ -193,7 +193,7 @@ def test_a_stack_runs_only_its_own_pipeline_schedules():
 
     from echo_plan.errors import SpecError
     from echo_plan.specs import Schedule
-    from echo_plan.specs.software import check_stack_supports
+    from echo_plan.specs.software_checks import check_stack_supports
 
     ds = load_stack("megatron-deepspeed")
     assert ds.pipeline_schedules == (Schedule.ONE_F_ONE_B,) and load_stack("megatron-core").pipeline_schedules == ()

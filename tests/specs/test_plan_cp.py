@@ -30,7 +30,7 @@ def test_cp_rules_name_what_is_wrong():
 
 def test_a_stack_without_fused_attention_cannot_run_cp():
     from echo_plan.specs import load_stack
-    from echo_plan.specs.software import check_stack_supports
+    from echo_plan.specs.software_checks import check_stack_supports
 
     stack = load_stack("megatron-lm-2021")
     check_stack_supports(stack, sequence_parallel=False, distributed_optimizer=False, selective_recompute=False)

@@ -6,7 +6,8 @@ import pytest
 
 from echo_plan.errors import EchoPlanError, SpecError, UnknownPresetError
 from echo_plan.specs import DType, load_stack, stack_names
-from echo_plan.specs.software import OptimizerSharding, check_stack_supports
+from echo_plan.specs.software import OptimizerSharding
+from echo_plan.specs.software_checks import check_stack_supports
 
 
 def test_every_preset_loads_cites_its_sources_and_traces_differently():
