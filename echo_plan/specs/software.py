@@ -209,6 +209,9 @@ class SoftwareSpec(Spec):
                     "(Megatron-Core: Transformer Engine's fused RoPE takes no such factor, so apply_rotary_pos_emb "
                     "falls back to its unfused ops, scaling cos and sin on every call): a model whose factor is not "
                     "1 runs the unfused RoPE whatever fused_elementwise says")
+    pipeline_parallel: bool = Field(
+        default=True, description="the framework can split the model into pipeline stages (false: DeepSpeed "
+                                  "ZeRO-2/3, whose PipelineEngine takes ZeRO stage 0 or 1 only)")
     pipeline_schedules: tuple[Schedule, ...] = Field(
         default=(), description="the pipeline schedules the framework can run (its runtime's); empty: every schedule "
                                 "the replay has (docs/schedules.md)")

@@ -45,6 +45,8 @@ def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distri
                          selective_recompute: bool, context: str = "plan", cp: int = 1,
                          schedule: Schedule | None = None, pp: int = 1) -> None:
     """Raise SpecError when a plan asks for a feature the stack does not have."""
+    if pp > 1 and not stack.pipeline_parallel:
+        raise SpecError("pp", pp, f"stack {stack.name} has no pipeline parallelism: use pp 1", context)
     if pp > 1 and schedule is not None and stack.pipeline_schedules and schedule not in stack.pipeline_schedules:
         raise SpecError("schedule", schedule.value, f"stack {stack.name} runs the pipeline schedules "
                         f"{', '.join(s.value for s in stack.pipeline_schedules)}", context)

@@ -207,3 +207,20 @@ def test_a_stack_runs_only_its_own_pipeline_schedules():
                              schedule=Schedule.ZB_V, pp=4)
     check_stack_supports(ds, sequence_parallel=False, distributed_optimizer=True, selective_recompute=False,
                          schedule=Schedule.ZB_V, pp=1)  # no pipeline: nothing to run
+
+
+def test_deepspeed_zero3_has_no_pipeline():
+    """DeepSpeed's PipelineEngine takes ZeRO stage 0 or 1 only: the deepspeed-zero3 stack refuses pp > 1 and its search
+    keeps single-stage plans."""
+    import pytest
+
+    from echo_plan.errors import SpecError
+    from echo_plan.specs.software_checks import check_stack_supports
+
+    z3 = load_stack("deepspeed-zero3")
+    with pytest.raises(SpecError, match="no pipeline parallelism"):
+        check_stack_supports(z3, sequence_parallel=False, distributed_optimizer=True, selective_recompute=False, pp=2)
+    pruned = prune_space(Pruner(MODEL, load_cluster("h800", gpus=64), 512, load_space(), stack=z3))
+    kept = [v.plan for v in pruned.verdicts if v.reason is None]
+    assert kept and all(p.pp == 1 for p in kept)
+    assert load_stack("megatron-core").pipeline_parallel and load_stack("torchtitan").pipeline_parallel
