@@ -27,9 +27,9 @@ from echo_plan.specs.calibration import calibration_status
 from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.faults import Fault, check_faults, slowed_cluster, stage_effects
 from echo_plan.specs.model import ModelSpec
-from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
+from echo_plan.specs.plan import PlanSpec, Schedule, validate_plan
 from echo_plan.specs.software import MoEDispatcher, SoftwareSpec
-from echo_plan.specs.software_checks import check_precision, check_stack_supports
+from echo_plan.specs.software_checks import check_precision, check_plan_supported
 from echo_plan.trace.records import CollectiveKind, CommGroup, Phase
 from echo_plan.cost.base import with_stack_kernels
 from echo_plan.cost.memory import stage_memory
@@ -238,10 +238,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     stack = stack if stack is not None else memo.default_stack()
     asked = stack
     stack = stack.as_run(plan, cluster.gpu.sm_arch)
-    check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
-                         distributed_optimizer=plan.distributed_optimizer,
-                         selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp,
-                         schedule=plan.schedule, pp=plan.pp)
+    check_plan_supported(stack, plan)
     check_precision(stack, plan.dtype, cluster.gpu, model.is_moe)
     layout = PlanLayout.of(model, plan, stack)  # what follows from the plan alone, once: read by costs and memory
     cluster_key = cluster.model_dump_json()  # once: it keys the compute and comm models and every memo below

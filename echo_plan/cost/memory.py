@@ -340,7 +340,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
             dense, experts = dense + d2, experts + e2
         params = dense + experts
         optimizer = dense * o_b / shard + experts * o_b / eshard
-        grads = dense * g_b / gshard + experts * g_b / egshard
+        grads = buffer = dense * g_b / gshard + experts * g_b / egshard  # the (fp32) gradient buffer
         if sharding.bf16_buffers:  # DeepSpeed's BF16_Optimizer: each weight's bf16 gradient beside the buffer
             grads += params * w_b
         weights = params * w_b + fp8_weight_bytes(model, plan, stack, i, w_b)
@@ -371,10 +371,9 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
             # at the step's end, the activations freed, DeepSpeed's engine all-reduces a flattened copy of the fp32
             # gradient buffer (engine.py allreduce_bucket: flatten, all_reduce, copy back): the stage's peak if larger;
             # one block the size of the buffer, which the activations' freed (cached) blocks cannot serve
-            end_copy = grads - params * w_b
-            raised = max(0.0, end_copy - act * (1 + frag) - transient)
+            raised = max(0.0, buffer - act * (1 + frag) - transient)
             transient += raised
-            cached_extra = end_copy - raised
+            cached_extra = buffer - raised
         buffers = outside + frag * act + transient
         out.append(StageMemory(
             stage=i,

@@ -40,8 +40,8 @@ from echo_plan.trace.records import CollectiveKind, GroupKind, LayerTrace, Phase
 from echo_plan.replay.dp import PARAM_BYTES
 from echo_plan.replay.pipeline import build_tasks
 from echo_plan.simulate import SimulationMemo, step_costs
-from echo_plan.specs.plan import Recompute, validate_plan
-from echo_plan.specs.software_checks import check_stack_supports
+from echo_plan.specs.plan import validate_plan
+from echo_plan.specs.software_checks import check_plan_supported
 from echo_plan.errors import SpecError
 
 
@@ -237,10 +237,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     if DataParallelSharding.of(plan, stack).parameters:
         raise SpecError("sharding", "parameters", "the Chakra export writes Megatron-style gradient buckets, not "
                         "FSDP's per-block all-gathers yet: export a plan with sharding none or optimizer")
-    check_stack_supports(stack, sequence_parallel=plan.sequence_parallel,
-                         distributed_optimizer=plan.distributed_optimizer,
-                         selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp,
-                         schedule=plan.schedule, pp=plan.pp)
+    check_plan_supported(stack, plan)
     sharding = DataParallelSharding.of(plan, stack)
     ckey = cluster.model_dump_json()
     compute = with_stack_kernels(memo.default_compute(cluster, ckey), stack)

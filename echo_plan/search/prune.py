@@ -18,7 +18,7 @@ from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import (balanced_split, PlanSpec, Recompute, Schedule, Sharding, schedule_rule,
                                   validate_plan)
 from echo_plan.specs.software import SoftwareSpec
-from echo_plan.specs.software_checks import check_precision, check_stack_supports
+from echo_plan.specs.software_checks import check_plan_supported, check_precision
 from echo_plan.search.space import Knob, SearchSpace
 from echo_plan.cost.memory import estimate_memory, load_memory_constants
 from echo_plan.search.activation_scale import TracedActivationScale
@@ -196,10 +196,7 @@ class Pruner:
             reason = _FIELD_REASON.get(exc.field, PruneReason.INVALID)
             return Verdict(combo, None, reason, str(exc).split(": ", 1)[-1])
         try:
-            check_stack_supports(self.stack, sequence_parallel=plan.sequence_parallel,
-                                 distributed_optimizer=plan.distributed_optimizer,
-                                 selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp,
-                                 schedule=plan.schedule, pp=plan.pp)
+            check_plan_supported(self.stack, plan)
         except SpecError as exc:
             return Verdict(combo, None, PruneReason.STACK, str(exc).split(": ", 1)[-1])
         try:

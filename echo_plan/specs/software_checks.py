@@ -8,7 +8,7 @@ from typing import Any
 
 from echo_plan.errors import SpecError
 from echo_plan.specs.cluster import DType
-from echo_plan.specs.plan import Schedule
+from echo_plan.specs.plan import PlanSpec, Recompute, Schedule
 from echo_plan.specs.software import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, Fp8Kernels, Fp8Recipe,
                                       OptimizerSharding, RecomputePolicy, SoftwareSpec)
 
@@ -60,3 +60,10 @@ def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distri
     if selective_recompute and not stack.recompute_modules and stack.recompute_policy is RecomputePolicy.MODULES:
         raise SpecError("recompute", "selective", f"stack {stack.name} has no selective recomputation "
                         "(its recompute_modules is empty); use none or full", context)
+
+
+def check_plan_supported(stack: SoftwareSpec, plan: PlanSpec) -> None:
+    """:func:`check_stack_supports` for what ``plan`` asks of the stack (simulate, the search's pruning, the export)."""
+    check_stack_supports(stack, sequence_parallel=plan.sequence_parallel, distributed_optimizer=plan.distributed_optimizer,
+                         selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp, schedule=plan.schedule,
+                         pp=plan.pp)
