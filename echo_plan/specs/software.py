@@ -212,6 +212,12 @@ class SoftwareSpec(Spec):
     pipeline_parallel: bool = Field(
         default=True, description="the framework can split the model into pipeline stages (false: DeepSpeed "
                                   "ZeRO-2/3, whose PipelineEngine takes ZeRO stage 0 or 1 only)")
+    tensor_parallel: bool = Field(
+        default=True, description="the framework can shard layers over tensor parallelism (false: llm-foundry 0.3's "
+                                  "Composer FSDP, which has none)")
+    context_parallel: bool = Field(
+        default=True, description="the framework can split the sequence over context parallelism (false: llm-foundry "
+                                  "0.3, DeepSpeed ZeRO-3 with Hugging Face models)")
     pipeline_schedules: tuple[Schedule, ...] = Field(
         default=(), description="the pipeline schedules the framework can run (its runtime's); empty: every schedule "
                                 "the replay has (docs/schedules.md)")

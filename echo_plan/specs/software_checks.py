@@ -1,5 +1,5 @@
 """The checks a plan passes against its software stack before anything is simulated: the features it asks for
-(sequence parallelism, a sharded optimizer, selective recompute, context parallelism, its pipeline schedule) and its
+(tensor, sequence, context and pipeline parallelism, a sharded optimizer, selective recompute, its pipeline schedule) and its
 precision on the GPU. Each raises SpecError naming the value and what is valid."""
 
 from __future__ import annotations
@@ -43,8 +43,12 @@ def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = Fal
 
 def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,
                          selective_recompute: bool, context: str = "plan", cp: int = 1,
-                         schedule: Schedule | None = None, pp: int = 1) -> None:
+                         schedule: Schedule | None = None, pp: int = 1, tp: int = 1) -> None:
     """Raise SpecError when a plan asks for a feature the stack does not have."""
+    if tp > 1 and not stack.tensor_parallel:
+        raise SpecError("tp", tp, f"stack {stack.name} has no tensor parallelism: use tp 1", context)
+    if cp > 1 and not stack.context_parallel:
+        raise SpecError("cp", cp, f"stack {stack.name} has no context parallelism: use cp 1", context)
     if pp > 1 and not stack.pipeline_parallel:
         raise SpecError("pp", pp, f"stack {stack.name} has no pipeline parallelism: use pp 1", context)
     if pp > 1 and schedule is not None and stack.pipeline_schedules and schedule not in stack.pipeline_schedules:
@@ -66,4 +70,4 @@ def check_plan_supported(stack: SoftwareSpec, plan: PlanSpec) -> None:
     """:func:`check_stack_supports` for what ``plan`` asks of the stack (simulate, the search's pruning, the export)."""
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel, distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp, schedule=plan.schedule,
-                         pp=plan.pp)
+                         pp=plan.pp, tp=plan.tp)

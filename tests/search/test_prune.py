@@ -224,3 +224,27 @@ def test_deepspeed_zero3_has_no_pipeline():
     kept = [v.plan for v in pruned.verdicts if v.reason is None]
     assert kept and all(p.pp == 1 for p in kept)
     assert load_stack("megatron-core").pipeline_parallel and load_stack("torchtitan").pipeline_parallel
+
+
+def test_llm_foundry_has_no_tensor_or_context_parallelism():
+    """llm-foundry 0.3 (Composer FSDP) shards over data parallelism only: the stack refuses tp > 1 and cp > 1 in one
+    line each, and its search keeps plans without them."""
+    import pytest
+
+    from echo_plan.errors import SpecError
+    from echo_plan.specs.software_checks import check_stack_supports
+
+    lf = load_stack("llm-foundry")
+    ask = dict(sequence_parallel=False, distributed_optimizer=True, selective_recompute=False)
+    with pytest.raises(SpecError, match="tp.*no tensor parallelism: use tp 1"):
+        check_stack_supports(lf, **ask, tp=2)
+    with pytest.raises(SpecError, match="cp.*no context parallelism: use cp 1"):
+        check_stack_supports(lf, **ask, cp=2)
+    check_stack_supports(lf, **ask)
+    pruned = prune_space(Pruner(MODEL, load_cluster("dgx-a100", gpus=64), 512, load_space(), stack=lf))
+    kept = [v.plan for v in pruned.verdicts if v.reason is None]
+    assert kept and all(p.tp == 1 and p.pp == 1 and p.cp == 1 for p in kept)
+    refused = [v for v in pruned.verdicts if v.combo.get("tp", 1) > 1]
+    assert refused and all(v.reason is not None for v in refused)
+    for name in ("megatron-core", "torchtitan"):
+        assert load_stack(name).tensor_parallel and load_stack(name).context_parallel
