@@ -25,7 +25,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 from echo_plan.calibrate.blocks import build_blocks
 from echo_plan.calibrate.preset_files import fitted_on, recipes, recipes_without
+from echo_plan.cost.compute import load_compute_constants
 from echo_plan.cost.ranges import NOMINAL_COVERAGE, RangeMethod, RangeTable, prediction_range
+from echo_plan.specs.software_kinds import AttentionLibrary
 from echo_plan.specs import load_cluster, load_stack
 from echo_plan.validation.predict import RowSimulator
 from echo_plan.validation.registry import training_rows, training_suite
@@ -100,7 +102,11 @@ def predict_without(path: Path, vdir: Path, cache: Any = None,
         how += ": " + (_compute_words(cal) if "compute" in cal else "no compute calibration for this GPU (priors)")
     else:
         how = "the presets as shipped (no recipe was fitted on this suite)"
-    sim = RowSimulator(cluster, suite.stack, cache, model_settings=suite.model_settings)
+    transform = None
+    if suite.name in load_compute_constants().triton_attention_fitted_on:
+        transform = _triton_prior  # the Triton FlashAttention's rate was fitted on this suite (compute.yaml)
+        how += "; the Triton FlashAttention at FlashAttention-2's rate (its fitted share dropped)"
+    sim = RowSimulator(cluster, suite.stack, cache, model_settings=suite.model_settings, stack_transform=transform)
     rows = []
     for row in training_rows(suite):
         p = sim.predict(row)
@@ -108,6 +114,14 @@ def predict_without(path: Path, vdir: Path, cache: Any = None,
             continue
         rows.append(LosoRow(row.label, sim.stack_for(row), sim.model_for(row).is_moe, p.error, p.log_residual))
     return LosoSuite(suite.name, suite.cluster, family(suite.cluster), how, tuple(rows))
+
+
+def _triton_prior(stack: Any) -> Any:
+    """``stack`` as it would be had the Triton FlashAttention's rate never been fitted: FlashAttention-2's kernels'
+    rate, the prior of the share in compute.yaml (the other suites have no run of this kernel)."""
+    if stack.attention_library is AttentionLibrary.FLASH_ATTN_TRITON:
+        return stack.replace(attention_library=AttentionLibrary.FLASH_ATTN_2)
+    return stack
 
 
 def shipped_loso(path: Path) -> LosoSuite:

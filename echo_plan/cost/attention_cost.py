@@ -1,7 +1,8 @@
 """What a fused-attention kernel costs (``compute.py`` times it with these figures).
 
 * The efficiency per GPU generation and direction (``compute.yaml``: the default library's, or
-  FlashAttention-2's where the stack's ``attention_library`` says so), times the dropout kernel's
+  FlashAttention-2's where the stack's ``attention_library`` says so; flash-attn 1.x's Triton kernel at a
+  fitted share of FlashAttention-2's, ``flash_attn_triton`` there), times the dropout kernel's
   share, the wave quantisation of batch x heads x 128-row query blocks over the SMs, the short-key
   penalty s_k / (s_k + half) and the head-dimension factor.
 * The work: torch's counter counts the full s_q x s_k score matrix; a causal kernel does the
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from echo_plan.cost.compute import ComputeConstants
 
 FLASH_ATTN_2 = "flash-attn-2"  # specs.software.AttentionLibrary.FLASH_ATTN_2
+FLASH_ATTN_TRITON = "flash-attn-triton"  # specs.software.AttentionLibrary.FLASH_ATTN_TRITON
 
 
 def attention_efficiency(op: OpRecord, gpu: GPUSpec, constants: "ComputeConstants", library: str = "cudnn",
@@ -30,11 +32,13 @@ def attention_efficiency(op: OpRecord, gpu: GPUSpec, constants: "ComputeConstant
     """(fraction of the GPU's peak, FLOPs really done) of one fused-attention kernel."""
     c = constants
     arch = c.arch_params(gpu.sm_arch)
-    fa2 = library == FLASH_ATTN_2 and arch.fa2_forward_eff is not None
+    fa2 = library in (FLASH_ATTN_2, FLASH_ATTN_TRITON) and arch.fa2_forward_eff is not None
     if is_backward(op):
         base = arch.fa2_backward_eff if fa2 and arch.fa2_backward_eff is not None else arch.attention_backward_eff
     else:
         base = arch.fa2_forward_eff if fa2 else arch.attention_forward_eff
+    if library == FLASH_ATTN_TRITON:  # FlashAttention-2's rate on this GPU times the fitted ratio (compute.yaml)
+        base *= c.triton_attention_rate
     if "dropout" in op.name:  # the fused kernel with dropout (trace/kernels.py)
         base *= c.attention_dropout_eff
     causal = causal_attention and not is_noncausal(op)

@@ -23,7 +23,7 @@ Constants live in ``echo_plan/data/compute.yaml`` with their sources.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
 from importlib import resources
@@ -105,6 +105,8 @@ class ComputeConstants:
     fp8_mx_eff: float = 1.0  # MXFP8 GEMMs relative to per-tensor scaled FP8 ones
     fp4_k_overhead: int = 32  # the NVFP4 GEMM's pipeline fill in units of K
     attention_head_dim_half: float = 0.0  # 0: no head-dim dependence
+    triton_attention_rate: float = 1.0  # flash-attn 1.x's Triton kernel relative to FlashAttention-2 (fitted)
+    triton_attention_fitted_on: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     def arch_note(self, gpu_name: str, sm_arch: int) -> str | None:
         """One line when ``sm_arch`` has no measured entry of its own and another generation's stands in."""
@@ -185,9 +187,21 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
             fp8_mx_eff=float(raw.get("fp8_mx_efficiency", 1.0)),
             fp4_k_overhead=int(raw.get("fp4_gemm_k_overhead", raw.get("fp8_gemm_k_overhead", k0))),
             attention_head_dim_half=float(raw.get("attention_head_dim_half", 0.0)),
+            **_triton_attention(raw.get("flash_attn_triton") or {}),
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid compute-model constants: {exc!r}") from None
+
+
+def _triton_attention(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The Triton FlashAttention's rate relative to FlashAttention-2 and the validation rows it was fitted on."""
+    if not entry:
+        return {}
+    rate = float(entry["rate_vs_flash_attn_2"])
+    if not 0.0 < rate <= 2.0:
+        raise ValueError(f"flash_attn_triton.rate_vs_flash_attn_2 {rate} is not in (0, 2]")
+    fitted = {str(k): tuple(str(x) for x in v) for k, v in (entry.get("fitted_on") or {}).items()}
+    return {"triton_attention_rate": rate, "triton_attention_fitted_on": MappingProxyType(fitted)}
 
 
 def _optional(mapping: Mapping[str, Any], key: str) -> float | None:

@@ -85,9 +85,11 @@ class RowSimulator:
     """Simulates rows on one cluster preset with one stack; keeps a memo and trace cache across rows."""
 
     def __init__(self, cluster: Any, stack_name: str, cache: Any = None, memo: Any = None,
-                 model_settings: Any = None) -> None:
+                 model_settings: Any = None, stack_transform: Callable[[Any], Any] | None = None) -> None:
+        """``stack_transform``: applied to every row's stack last (leave-one-suite-out's priors, calibrate/loso.py)."""
         self.base = load_cluster(cluster) if isinstance(cluster, str) else cluster
         self.stack_name = stack_name
+        self.stack_transform = stack_transform
         self.model_settings = dict(model_settings or {})  # model name -> stack settings of its runs
         self.cache = cache
         self.memo = memo if memo is not None else SimulationMemo()
@@ -99,7 +101,8 @@ class RowSimulator:
                     and k not in ("layer_split_offsets", "stack")}
         settings.update(row.stack_overrides)  # the row's own columns win
         # a model's runs measured with another stack preset than the suite's name it (``stack: NAME``)
-        return load_stack(model_settings.get("stack", self.stack_name), settings)
+        stack = load_stack(model_settings.get("stack", self.stack_name), settings)
+        return stack if self.stack_transform is None else self.stack_transform(stack)
 
     def plan_for(self, row: TrainingRow) -> Any:
         """The row's plan; plan settings of the suite's model settings fill what the row's columns leave out."""

@@ -220,6 +220,7 @@ def read_step_times(path: Path, not_modelled: str = "",
                 "seq_length": _num(rec, "seq_length", path, line), "activation": rec["activation"],
                 "norm": rec["norm"], "position_embedding": position, "rotary_percent": rotary,
                 "tied_embeddings": _bool(rec["tied_embeddings"], "tied_embeddings", path, line),
+                "bias": _bool(rec["bias"], "bias", path, line) if rec.get("bias") else None,
                 "source": f"{path.name}, line {line}",
             }, context=f"{path.name}, line {line}")
         except EchoPlanError as exc:

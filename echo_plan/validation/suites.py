@@ -25,6 +25,7 @@ from echo_plan.cost.ranges import loo_coverage
 from echo_plan.validation.predict import RowSimulator
 from echo_plan.validation.rows import TFLOPS_UNIT
 from echo_plan.cost.collectives import params_from_calibration
+from echo_plan.cost.compute import load_compute_constants
 from echo_plan.interop.nccl_tests import parse_nccl_tests
 from echo_plan.specs import load_cluster
 from echo_plan.cost.expert_exchange import load_exchange_efficiency
@@ -256,12 +257,15 @@ def headroom_bounds(results: Any, skip_known_gaps: bool = True) -> list[Headroom
 
 def fitted_rows(cluster: Any, suite_name: str) -> set[str]:
     """Labels of the suite's rows the cluster's calibration was fitted on: its compute figures, the
-    all-to-all share of its NCCL figures (``calibrate.a2a_fit``) and its host issue time (``calibrate.host_fit``)."""
+    all-to-all share of its NCCL figures (``calibrate.a2a_fit``) and its host issue time (``calibrate.host_fit``);
+    and those the Triton FlashAttention's rate was fitted on (``calibrate.triton_attention_fit``)."""
     cal = cluster.calibration or {}
     fitted = (cal.get("compute") or {}).get("fitted_on") or {}
     a2a = (((cal.get("nccl") or {}).get("provenance") or {}).get("all_to_all_fit") or {}).get("fitted_on") or {}
     host = (((cal.get("host") or {}).get("provenance") or {}).get("fitted_on")) or {}
-    return {str(x) for x in (*fitted.get(suite_name, ()), *a2a.get(suite_name, ()), *host.get(suite_name, ()))}
+    library = load_compute_constants().triton_attention_fitted_on.get(suite_name, ())  # compute.yaml flash_attn_triton
+    return {str(x) for x in (*fitted.get(suite_name, ()), *a2a.get(suite_name, ()), *host.get(suite_name, ()),
+                             *library)}
 
 
 def run_training(ref: SuiteRef, cache: Any = None, progress: Callable[[int, int, str], None] | None = None) -> SuiteResult:

@@ -233,3 +233,34 @@ def test_attention_library_siblings_are_shared_and_calibrated():
     scaled = calibrated_constants(ComputeCalibration(attention_efficiency_scale=0.5), MODEL.constants).arch_params(90)
     assert scaled.fa2_forward_eff == pytest.approx(arch.fa2_forward_eff * 0.5)
     assert scaled.fa2_backward_eff == pytest.approx(arch.fa2_backward_eff * 0.5)
+
+
+def test_the_triton_flash_attention_runs_at_its_share_of_flash_attention_2s_rate():
+    """compute.yaml's flash_attn_triton: the same work at rate_vs_flash_attn_2 of FlashAttention-2's speed, both ways,
+    on every GPU; a rate of 1 (a constants file without the entry) is FlashAttention-2 itself."""
+    import dataclasses
+
+    rate = MODEL.constants.triton_attention_rate
+    assert 0.2 < rate < 1.0 and MODEL.constants.triton_attention_fitted_on  # fitted, and on named rows
+    launch = MODEL.constants.launch_overhead_s
+    for gpu in (A100, H800):
+        for op in (sdpa(4, 16, 4096, 128), sdpa(4, 16, 4096, 128, backward=True)):
+            fa2 = MODEL.with_attention_library("flash-attn-2").op_time(op, gpu, DType.BF16) - launch
+            triton = MODEL.with_attention_library("flash-attn-triton").op_time(op, gpu, DType.BF16) - launch
+            assert triton == pytest.approx(fa2 / rate, rel=1e-9)
+    unit = AnalyticalComputeModel(dataclasses.replace(MODEL.constants, triton_attention_rate=1.0))
+    op = sdpa(2, 8, 2048, 128)
+    assert unit.with_attention_library("flash-attn-triton").op_time(op, H800, DType.BF16) == \
+        unit.with_attention_library("flash-attn-2").op_time(op, H800, DType.BF16)
+
+
+def test_a_triton_rate_outside_its_range_is_a_one_line_error():
+    from echo_plan.cost.compute import load_compute_constants
+    from echo_plan.errors import FileFormatError
+    from importlib import resources
+
+    text = (resources.files("echo_plan") / "data" / "compute.yaml").read_text(encoding="utf-8")
+    assert load_compute_constants(text).triton_attention_rate == MODEL.constants.triton_attention_rate
+    bad = text.replace("rate_vs_flash_attn_2: ", "rate_vs_flash_attn_2: -")
+    with pytest.raises(FileFormatError, match="rate_vs_flash_attn_2"):
+        load_compute_constants(bad)

@@ -170,7 +170,7 @@ def test_a_plan_fits_only_with_its_headroom_free():
     assert all(s.fits for s in estimate(GPT, p, headroom=int(room) - 1))
     assert not all(s.fits for s in estimate(GPT, p, headroom=int(room) + 2**20))
     default = estimate(GPT, p)[0]
-    assert default.headroom_bytes == int(0.07 * 80 * 2**30)  # memory.yaml's default share
+    assert default.headroom_bytes == int(0.02 * 80 * 2**30)  # memory.yaml's default share
     assert default.usable_bytes == default.capacity_bytes - default.headroom_bytes
 
 

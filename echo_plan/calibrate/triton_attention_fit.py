@@ -1,0 +1,110 @@
+"""The Triton FlashAttention's rate relative to FlashAttention-2 (compute.yaml ``flash_attn_triton``), fitted on named rows.
+
+flash-attn 1.x's Triton kernel (llm-foundry's ``attn_impl: triton``) has no published kernel benchmark that could be
+read here, so its share of FlashAttention-2's rate is the one figure fitted on validation rows: the rows compute.yaml
+names (``fitted_on``), where attention is most of the step; every other row of their suite is held out. The figure
+is the geometric bisection that zeroes the mean log residual of the named rows, each predicted on its suite's
+cluster preset with its stack (whose ``attention_library`` must be ``flash-attn-triton``).
+
+    python -m echo_plan.calibrate.triton_attention_fit [--write]
+
+prints the figure and every row's error at it; ``--write`` puts the figure into echo_plan/data/compute.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+import sys
+from datetime import date
+from pathlib import Path
+from typing import Callable
+
+from echo_plan.calibrate.row_fit import bisect_figure, log_residuals, named_rows
+from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
+from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
+from echo_plan.errors import EchoPlanError
+from echo_plan.files import write_atomic
+from echo_plan.specs.software_kinds import AttentionLibrary
+from echo_plan.validation.megatron import validation_dir
+from echo_plan.validation.predict import RowSimulator
+from echo_plan.validation.registry import training_rows, training_suite
+
+LOW, HIGH, ITERATIONS = 0.2, 1.5, 12
+RATE_LINE = re.compile(r"^(  rate_vs_flash_attn_2: )[0-9.]+$", re.MULTILINE)
+SOURCE_LINE = re.compile(r'^(  source: "fitted )\d{4}-\d{2}-\d{2}( on the rows above)', re.MULTILINE)
+
+
+def suite_residuals(suite_name: str, vdir: Path) -> tuple[list, list, Callable[[float, list], list[float]]]:
+    """(the suite's modelled rows, the named ones, ``residuals(rate, rows)``: each row's log residual at that rate)."""
+    constants = load_compute_constants()
+    suite = training_suite(vdir / f"{suite_name}.csv")
+    rows, fit = named_rows(training_rows(suite), constants.triton_attention_fitted_on[suite_name],
+                           f"compute.yaml flash_attn_triton, suite {suite_name}")
+
+    def residuals(rate: float, which: list) -> list[float]:
+        sim = RowSimulator(suite.cluster, suite.stack, model_settings=suite.model_settings)  # a fresh memo per rate
+        if sim.stack_for(which[0]).attention_library is not AttentionLibrary.FLASH_ATTN_TRITON:
+            raise EchoPlanError(f"suite {suite_name}: its stack {suite.stack} does not run the Triton FlashAttention")
+        base = calibrated_constants(ComputeCalibration.of(sim.base), constants)
+        compute = AnalyticalComputeModel(dataclasses.replace(base, triton_attention_rate=rate))
+        return log_residuals(lambda r: sim.predict(r, compute), which)
+    return rows, fit, residuals
+
+
+def fit_rate(vdir: Path, progress: Callable[[int, str], None] | None = None) -> tuple[float, dict[str, float]]:
+    """(the fitted rate, each named suite's rows' errors at it)."""
+    named = load_compute_constants().triton_attention_fitted_on
+    if not named:
+        raise EchoPlanError("compute.yaml names no rows for flash_attn_triton (fitted_on)")
+    suites = {name: suite_residuals(name, vdir) for name in named}
+
+    def mean(rate: float) -> float:
+        values = [x for _, fit, res in suites.values() for x in res(rate, fit)]
+        return sum(values) / len(values)
+
+    rate = bisect_figure(mean, LOW, HIGH, ITERATIONS, progress, "Triton FlashAttention rate", 3)
+    errors = {}
+    for name, (rows, _, res) in suites.items():
+        for row, x in zip(rows, res(rate, rows)):
+            errors[f"{name}: {row.label}"] = math.exp(x) - 1.0
+    return rate, errors
+
+
+def write_rate(path: Path, rate: float) -> None:
+    """Replace the rate (and the fit's date) in compute.yaml, nothing else."""
+    text = path.read_text(encoding="utf-8")
+    new, n = RATE_LINE.subn(lambda m: f"{m.group(1)}{rate}", text)
+    if n != 1:
+        raise EchoPlanError(f"{path}: expected one 'rate_vs_flash_attn_2:' line under flash_attn_triton, found {n}")
+    new = SOURCE_LINE.sub(lambda m: f"{m.group(1)}{date.today().isoformat()}{m.group(2)}", new)
+    write_atomic(path, new)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Fit the Triton FlashAttention's rate relative to FlashAttention-2.")
+    ap.add_argument("--write", action="store_true", help="put the figure into echo_plan/data/compute.yaml")
+    ap.add_argument("--validation-dir", type=Path, default=None)
+    args = ap.parse_args(argv)
+    try:
+        rate, errors = fit_rate(args.validation_dir or validation_dir(),
+                                lambda i, msg: print(f"  [{i + 1}/{ITERATIONS}] {msg}", file=sys.stderr))
+        fitted = {f"{s}: {label}" for s, labels in load_compute_constants().triton_attention_fitted_on.items()
+                  for label in labels}
+        print(f"flash_attn_triton.rate_vs_flash_attn_2: {rate}")
+        for label, err in errors.items():
+            print(f"  {err:+7.1%}  {label}{'  (fitted)' if label in fitted else ''}")
+        if args.write:
+            path = Path(__file__).resolve().parents[1] / "data" / "compute.yaml"
+            write_rate(path, rate)
+            print(f"wrote {path}")
+    except EchoPlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
