@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from echo_plan.calibrate.blocks import build_blocks
 from echo_plan.calibrate.preset_files import fitted_on, recipes, recipes_without
+from echo_plan.calibrate.triton_attention_fit import fit_rate, rated_compute
 from echo_plan.cost.compute import load_compute_constants
 from echo_plan.cost.ranges import NOMINAL_COVERAGE, RangeMethod, RangeTable, prediction_range
 from echo_plan.specs.software_kinds import AttentionLibrary
@@ -102,14 +103,22 @@ def predict_without(path: Path, vdir: Path, cache: Any = None,
         how += ": " + (_compute_words(cal) if "compute" in cal else "no compute calibration for this GPU (priors)")
     else:
         how = "the presets as shipped (no recipe was fitted on this suite)"
-    transform = None
-    if suite.name in load_compute_constants().triton_attention_fitted_on:
-        transform = _triton_prior  # the Triton FlashAttention's rate was fitted on this suite (compute.yaml)
-        how += "; the Triton FlashAttention at FlashAttention-2's rate (its fitted share dropped)"
+    transform, compute = None, None
+    constants = load_compute_constants()
+    if suite.name in constants.triton_attention_fitted_on:  # the Triton FlashAttention's rate was fitted on it
+        stand_in = {k: v for k, v in constants.triton_attention_stand_in.items() if k != suite.name}
+        if stand_in:
+            rate, _ = fit_rate(vdir, stand_in)
+            compute = rated_compute(cluster, rate)
+            how += (f"; the Triton FlashAttention's rate refitted on its stand-in "
+                    f"{', '.join(f'{len(v)} rows of {k}' for k, v in stand_in.items())}: {rate}")
+        else:
+            transform = _triton_prior
+            how += "; the Triton FlashAttention at FlashAttention-2's rate (its fitted share dropped)"
     sim = RowSimulator(cluster, suite.stack, cache, model_settings=suite.model_settings, stack_transform=transform)
     rows = []
     for row in training_rows(suite):
-        p = sim.predict(row)
+        p = sim.predict(row, compute)
         if p.step_s is None:
             continue
         rows.append(LosoRow(row.label, sim.stack_for(row), sim.model_for(row).is_moe, p.error, p.log_residual))
@@ -118,7 +127,7 @@ def predict_without(path: Path, vdir: Path, cache: Any = None,
 
 def _triton_prior(stack: Any) -> Any:
     """``stack`` as it would be had the Triton FlashAttention's rate never been fitted: FlashAttention-2's kernels'
-    rate, the prior of the share in compute.yaml (the other suites have no run of this kernel)."""
+    rate, the prior of the share in compute.yaml (when no other suite ran this kernel: no stand-in)."""
     if stack.attention_library is AttentionLibrary.FLASH_ATTN_TRITON:
         return stack.replace(attention_library=AttentionLibrary.FLASH_ATTN_2)
     return stack

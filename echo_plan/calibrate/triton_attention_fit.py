@@ -4,7 +4,8 @@ flash-attn 1.x's Triton kernel (llm-foundry's ``attn_impl: triton``) has no publ
 read here, so its share of FlashAttention-2's rate is the one figure fitted on validation rows: the rows compute.yaml
 names (``fitted_on``), where attention is most of the step; every other row of their suite is held out. The figure
 is the geometric bisection that zeroes the mean log residual of the named rows, each predicted on its suite's
-cluster preset with its stack (whose ``attention_library`` must be ``flash-attn-triton``).
+cluster preset with its stack (whose ``attention_library`` must be ``flash-attn-triton``). Leave-one-suite-out
+(calibrate/loso.py) fits it the same way on the ``stand_in`` rows when the suite of ``fitted_on`` is left out.
 
     python -m echo_plan.calibrate.triton_attention_fit [--write]
 
@@ -20,11 +21,12 @@ import re
 import sys
 from datetime import date
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from echo_plan.calibrate.row_fit import bisect_figure, log_residuals, named_rows
 from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
 from echo_plan.cost.compute import AnalyticalComputeModel, load_compute_constants
+from echo_plan.cost.kernel_db import compute_model_for
 from echo_plan.errors import EchoPlanError
 from echo_plan.files import write_atomic
 from echo_plan.specs.software_kinds import AttentionLibrary
@@ -37,40 +39,47 @@ RATE_LINE = re.compile(r"^(  rate_vs_flash_attn_2: )[0-9.]+$", re.MULTILINE)
 SOURCE_LINE = re.compile(r'^(  source: "fitted )\d{4}-\d{2}-\d{2}( on the rows above)', re.MULTILINE)
 
 
-def suite_residuals(suite_name: str, vdir: Path) -> tuple[list, list, Callable[[float, list], list[float]]]:
-    """(the suite's modelled rows, the named ones, ``residuals(rate, rows)``: each row's log residual at that rate)."""
-    constants = load_compute_constants()
+def rated_compute(cluster: Any, rate: float) -> Any:
+    """The compute model of ``cluster`` (its calibration applied) with the Triton FlashAttention at ``rate``."""
+    base = calibrated_constants(ComputeCalibration.of(cluster), load_compute_constants())
+    return compute_model_for(cluster, fallback=AnalyticalComputeModel(dataclasses.replace(base, triton_attention_rate=rate)))
+
+
+def suite_residuals(suite_name: str, vdir: Path, labels: Sequence[str]) -> tuple[list, list, Callable[[float, list], list[float]]]:
+    """(the suite's modelled rows, those named ``labels``, ``residuals(rate, rows)``: each row's log residual at
+    that rate)."""
     suite = training_suite(vdir / f"{suite_name}.csv")
-    rows, fit = named_rows(training_rows(suite), constants.triton_attention_fitted_on[suite_name],
-                           f"compute.yaml flash_attn_triton, suite {suite_name}")
+    rows, fit = named_rows(training_rows(suite), labels, f"compute.yaml flash_attn_triton, suite {suite_name}")
 
     def residuals(rate: float, which: list) -> list[float]:
         sim = RowSimulator(suite.cluster, suite.stack, model_settings=suite.model_settings)  # a fresh memo per rate
         if sim.stack_for(which[0]).attention_library is not AttentionLibrary.FLASH_ATTN_TRITON:
             raise EchoPlanError(f"suite {suite_name}: its stack {suite.stack} does not run the Triton FlashAttention")
-        base = calibrated_constants(ComputeCalibration.of(sim.base), constants)
-        compute = AnalyticalComputeModel(dataclasses.replace(base, triton_attention_rate=rate))
+        compute = rated_compute(sim.base, rate)
         return log_residuals(lambda r: sim.predict(r, compute), which)
     return rows, fit, residuals
 
 
-def fit_rate(vdir: Path, progress: Callable[[int, str], None] | None = None) -> tuple[float, dict[str, float]]:
-    """(the fitted rate, each named suite's rows' errors at it)."""
-    named = load_compute_constants().triton_attention_fitted_on
+def fit_rate(vdir: Path, named: Mapping[str, Sequence[str]] | None = None,
+             progress: Callable[[int, str], None] | None = None) -> tuple[float, dict]:
+    """(the rate fitted on the ``named`` rows per suite, compute.yaml's ``fitted_on`` by default; the suites'
+    residual functions, for :func:`row_errors`)."""
+    named = load_compute_constants().triton_attention_fitted_on if named is None else named
     if not named:
         raise EchoPlanError("compute.yaml names no rows for flash_attn_triton (fitted_on)")
-    suites = {name: suite_residuals(name, vdir) for name in named}
+    suites = {name: suite_residuals(name, vdir, labels) for name, labels in named.items()}
 
     def mean(rate: float) -> float:
         values = [x for _, fit, res in suites.values() for x in res(rate, fit)]
         return sum(values) / len(values)
 
-    rate = bisect_figure(mean, LOW, HIGH, ITERATIONS, progress, "Triton FlashAttention rate", 3)
-    errors = {}
-    for name, (rows, _, res) in suites.items():
-        for row, x in zip(rows, res(rate, rows)):
-            errors[f"{name}: {row.label}"] = math.exp(x) - 1.0
-    return rate, errors
+    return bisect_figure(mean, LOW, HIGH, ITERATIONS, progress, "Triton FlashAttention rate", 3), suites
+
+
+def row_errors(rate: float, suites: dict) -> dict[str, float]:
+    """Every row's error (predicted / measured - 1) at ``rate``, labelled ``suite: row``."""
+    return {f"{name}: {row.label}": math.exp(x) - 1.0
+            for name, (rows, _, res) in suites.items() for row, x in zip(rows, res(rate, rows))}
 
 
 def write_rate(path: Path, rate: float) -> None:
@@ -89,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--validation-dir", type=Path, default=None)
     args = ap.parse_args(argv)
     try:
-        rate, errors = fit_rate(args.validation_dir or validation_dir(),
-                                lambda i, msg: print(f"  [{i + 1}/{ITERATIONS}] {msg}", file=sys.stderr))
+        rate, suites = fit_rate(args.validation_dir or validation_dir(),
+                                progress=lambda i, msg: print(f"  [{i + 1}/{ITERATIONS}] {msg}", file=sys.stderr))
+        errors = row_errors(rate, suites)
         fitted = {f"{s}: {label}" for s, labels in load_compute_constants().triton_attention_fitted_on.items()
                   for label in labels}
         print(f"flash_attn_triton.rate_vs_flash_attn_2: {rate}")

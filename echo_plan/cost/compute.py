@@ -107,6 +107,7 @@ class ComputeConstants:
     attention_head_dim_half: float = 0.0  # 0: no head-dim dependence
     triton_attention_rate: float = 1.0  # flash-attn 1.x's Triton kernel relative to FlashAttention-2 (fitted)
     triton_attention_fitted_on: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    triton_attention_stand_in: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     def arch_note(self, gpu_name: str, sm_arch: int) -> str | None:
         """One line when ``sm_arch`` has no measured entry of its own and another generation's stands in."""
@@ -200,8 +201,10 @@ def _triton_attention(entry: Mapping[str, Any]) -> dict[str, Any]:
     rate = float(entry["rate_vs_flash_attn_2"])
     if not 0.0 < rate <= 2.0:
         raise ValueError(f"flash_attn_triton.rate_vs_flash_attn_2 {rate} is not in (0, 2]")
-    fitted = {str(k): tuple(str(x) for x in v) for k, v in (entry.get("fitted_on") or {}).items()}
-    return {"triton_attention_rate": rate, "triton_attention_fitted_on": MappingProxyType(fitted)}
+    fitted, stand_in = ({str(k): tuple(str(x) for x in v) for k, v in (entry.get(key) or {}).items()}
+                        for key in ("fitted_on", "stand_in"))
+    return {"triton_attention_rate": rate, "triton_attention_fitted_on": MappingProxyType(fitted),
+            "triton_attention_stand_in": MappingProxyType(stand_in)}
 
 
 def _optional(mapping: Mapping[str, Any], key: str) -> float | None:

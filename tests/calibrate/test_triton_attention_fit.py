@@ -16,7 +16,7 @@ from echo_plan.validation.megatron import validation_dir
 def test_the_shipped_rate_is_the_fit_of_its_named_rows():
     constants = load_compute_constants()
     (suite,) = constants.triton_attention_fitted_on
-    _, fit, residuals = suite_residuals(suite, validation_dir())
+    _, fit, residuals = suite_residuals(suite, validation_dir(), constants.triton_attention_fitted_on[suite])
     at = residuals(constants.triton_attention_rate, fit)
     assert abs(sum(at) / len(at)) < 0.01  # bisection to three digits
     slower = residuals(constants.triton_attention_rate * 0.9, fit)
