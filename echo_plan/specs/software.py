@@ -218,6 +218,9 @@ class SoftwareSpec(Spec):
     context_parallel: bool = Field(
         default=True, description="the framework can split the sequence over context parallelism (false: llm-foundry "
                                   "0.3, DeepSpeed ZeRO-3 with Hugging Face models)")
+    partial_recompute: bool = Field(
+        default=True, description="the framework can checkpoint some of a stage's layers whole (--recompute-layers; "
+                                  "false: every layer or none, llm-foundry 0.3's activation_checkpointing)")
     pipeline_schedules: tuple[Schedule, ...] = Field(
         default=(), description="the pipeline schedules the framework can run (its runtime's); empty: every schedule "
                                 "the replay has (docs/schedules.md)")

@@ -43,8 +43,11 @@ def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = Fal
 
 def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,
                          selective_recompute: bool, context: str = "plan", cp: int = 1,
-                         schedule: Schedule | None = None, pp: int = 1, tp: int = 1) -> None:
+                         schedule: Schedule | None = None, pp: int = 1, tp: int = 1, recompute_layers: int = 0) -> None:
     """Raise SpecError when a plan asks for a feature the stack does not have."""
+    if recompute_layers and not stack.partial_recompute:
+        raise SpecError("recompute_layers", recompute_layers, f"stack {stack.name} checkpoints every layer or none: use "
+                        "--recompute full or none", context)
     if tp > 1 and not stack.tensor_parallel:
         raise SpecError("tp", tp, f"stack {stack.name} has no tensor parallelism: use tp 1", context)
     if cp > 1 and not stack.context_parallel:
@@ -70,4 +73,4 @@ def check_plan_supported(stack: SoftwareSpec, plan: PlanSpec) -> None:
     """:func:`check_stack_supports` for what ``plan`` asks of the stack (simulate, the search's pruning, the export)."""
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel, distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp, schedule=plan.schedule,
-                         pp=plan.pp, tp=plan.tp)
+                         pp=plan.pp, tp=plan.tp, recompute_layers=plan.recompute_layers)

@@ -240,10 +240,15 @@ def test_llm_foundry_has_no_tensor_or_context_parallelism():
         check_stack_supports(lf, **ask, tp=2)
     with pytest.raises(SpecError, match="cp.*no context parallelism: use cp 1"):
         check_stack_supports(lf, **ask, cp=2)
+    with pytest.raises(SpecError, match="recompute_layers.*every layer or none"):
+        check_stack_supports(lf, **ask, recompute_layers=20)
     check_stack_supports(lf, **ask)
     pruned = prune_space(Pruner(MODEL, load_cluster("dgx-a100", gpus=64), 512, load_space(), stack=lf))
     kept = [v.plan for v in pruned.verdicts if v.reason is None]
-    assert kept and all(p.tp == 1 and p.pp == 1 and p.cp == 1 for p in kept)
+    assert kept and all(p.tp == 1 and p.pp == 1 and p.cp == 1 and not p.recompute_layers for p in kept)
+    fsdp = prune_space(Pruner(MODEL, load_cluster("dgx-a100", gpus=64), 512, load_space("fsdp"), stack=lf))
+    assert not any(v.plan.recompute_layers for v in fsdp.verdicts if v.reason is None)
+    assert any(v.combo.get("recompute_layers") for v in fsdp.verdicts)  # the FSDP space asks, the stack refuses
     refused = [v for v in pruned.verdicts if v.combo.get("tp", 1) > 1]
     assert refused and all(v.reason is not None for v in refused)
     for name in ("megatron-core", "torchtitan"):
