@@ -79,3 +79,14 @@ def test_torchtitan_parses_the_exported_fsdp_toml(tmp_path, name, gpus, fields):
         parts = par.module_fqns_per_model_part
         assert len(parts) == plan.pp * plan.virtual_stages
         assert [sum(m.startswith("layers.") for m in p) for p in parts] == list(plan.virtual_layers(model.num_layers))
+
+
+@pytest.mark.parametrize("fmt", list(LaunchFormat))
+def test_a_plan_simulated_with_the_triton_flash_attention_is_not_exported_as_another_kernel(fmt):
+    """llm-foundry's Triton FlashAttention runs at 0.58 of FlashAttention-2's rate here: no launch format runs it,
+    so writing the plan as torchtitan's or Megatron's would launch another step than the one predicted."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-a100", gpus=64)
+    plan = PlanSpec(dp=64, global_batch_size=512, sharding="parameters")
+    with pytest.raises(CannotExpress, match="attention_library flash-attn-triton"):
+        export_launch(fmt, model, plan, load_stack("llm-foundry"), cluster)
+    export_launch(LaunchFormat.TORCHTITAN, model, plan, TT, cluster)  # the same plan on torchtitan's stack is written

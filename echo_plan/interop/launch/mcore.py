@@ -161,6 +161,10 @@ def _model_fields(model: ModelSpec, fmt: LaunchFormat) -> dict[str, Any]:
 
 
 def _refuse_plan(plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchFormat) -> None:
+    if stack.attention is AttentionKernel.FUSED and stack.attention_library is AttentionLibrary.FLASH_ATTN_TRITON:
+        raise CannotExpress(fmt, "attention_library", stack.attention_library.value,
+                            "Megatron runs Transformer Engine's fused attention (cuDNN or FlashAttention-2), not the "
+                            "Triton FlashAttention the plan was simulated with; simulate with another stack to export")
     if plan.schedule not in MCORE_SCHEDULES:
         raise CannotExpress(fmt, "schedule", plan.schedule.value, "Megatron-Core runs 1F1B and interleaved 1F1B "
                                                                   "pipelines only")

@@ -24,7 +24,7 @@ from echo_plan.layout.sharding import DataParallelSharding
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load_model, load_stack
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import DpComm, Recompute, Schedule
-from echo_plan.specs.software import CudaAllocator, Fp8Recipe, OptimizerSharding
+from echo_plan.specs.software import AttentionLibrary, CudaAllocator, Fp8Recipe, OptimizerSharding
 
 FMT = LaunchFormat.TORCHTITAN
 # echo-plan model preset -> torchtitan (model.name, model.flavor) of the same shape (torchtitan 0.2)
@@ -54,6 +54,10 @@ def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> bool:
     """Raise CannotExpress for what torchtitan cannot run as simulated; True when the plan is FSDP2."""
     level = DataParallelSharding.of(plan, stack)
     fsdp = level.parameters
+    if stack.attention_library is AttentionLibrary.FLASH_ATTN_TRITON:
+        raise CannotExpress(FMT, "attention_library", stack.attention_library.value,
+                            "torchtitan runs SDPA (FlashAttention-2 or cuDNN), not the Triton FlashAttention the plan "
+                            "was simulated with; simulate with another stack to export")
     if plan.distributed_optimizer and plan.shard_group_size % plan.cp:
         raise CannotExpress(FMT, "shard_degree", plan.shard_group_size, f"torchtitan shards over dp_shard x cp: a "
                                                                        f"multiple of cp {plan.cp}")
