@@ -9,13 +9,15 @@
   ``causal_work_fraction`` of it (or 1 - (1 - f) s_q / s_k when its queries are the last of its keys),
   an unmasked context-parallel ring step all of it.
 
-Pure functions of the traced op, the GPU and the constants.
+Pure functions of the traced op, the GPU and the constants; and the reading of compute.yaml's
+``flash_attn_triton`` entry (its rate and the rows it was fitted on) into those constants.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Mapping
 
 from echo_plan.specs.cluster import GPUSpec
 from echo_plan.trace.records import OpKind, OpRecord
@@ -100,3 +102,16 @@ def attention_work_flops(op: OpRecord, causal_work_fraction: float = 0.5) -> flo
 def is_backward(op: OpRecord) -> bool:
     """A backward kernel (its aten name says so); ops merely run during backward are not."""
     return "backward" in op.name
+
+
+def triton_attention_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The Triton FlashAttention's rate relative to FlashAttention-2 and the validation rows it was fitted on."""
+    if not entry:
+        return {}
+    rate = float(entry["rate_vs_flash_attn_2"])
+    if not 0.0 < rate <= 2.0:
+        raise ValueError(f"flash_attn_triton.rate_vs_flash_attn_2 {rate} is not in (0, 2]")
+    fitted, stand_in = ({str(k): tuple(str(x) for x in v) for k, v in (entry.get(key) or {}).items()}
+                        for key in ("fitted_on", "stand_in"))
+    return {"triton_attention_rate": rate, "triton_attention_fitted_on": MappingProxyType(fitted),
+            "triton_attention_stand_in": MappingProxyType(stand_in)}

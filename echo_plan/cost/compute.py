@@ -36,7 +36,7 @@ import yaml
 from echo_plan.errors import FileFormatError
 from echo_plan.specs.cluster import DType, GPUSpec
 from echo_plan.trace.records import OpKind, OpRecord, TensorMeta
-from echo_plan.cost.attention_cost import attention_efficiency, is_backward
+from echo_plan.cost.attention_cost import attention_efficiency, is_backward, triton_attention_entry
 
 DTYPE_BY_TORCH_NAME: dict[str, DType] = {
     "bfloat16": DType.BF16,
@@ -188,23 +188,10 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
             fp8_mx_eff=float(raw.get("fp8_mx_efficiency", 1.0)),
             fp4_k_overhead=int(raw.get("fp4_gemm_k_overhead", raw.get("fp8_gemm_k_overhead", k0))),
             attention_head_dim_half=float(raw.get("attention_head_dim_half", 0.0)),
-            **_triton_attention(raw.get("flash_attn_triton") or {}),
+            **triton_attention_entry(raw.get("flash_attn_triton") or {}),
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid compute-model constants: {exc!r}") from None
-
-
-def _triton_attention(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """The Triton FlashAttention's rate relative to FlashAttention-2 and the validation rows it was fitted on."""
-    if not entry:
-        return {}
-    rate = float(entry["rate_vs_flash_attn_2"])
-    if not 0.0 < rate <= 2.0:
-        raise ValueError(f"flash_attn_triton.rate_vs_flash_attn_2 {rate} is not in (0, 2]")
-    fitted, stand_in = ({str(k): tuple(str(x) for x in v) for k, v in (entry.get(key) or {}).items()}
-                        for key in ("fitted_on", "stand_in"))
-    return {"triton_attention_rate": rate, "triton_attention_fitted_on": MappingProxyType(fitted),
-            "triton_attention_stand_in": MappingProxyType(stand_in)}
 
 
 def _optional(mapping: Mapping[str, Any], key: str) -> float | None:
