@@ -32,6 +32,11 @@ __all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "C
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
 
+def _capability(what: str) -> Any:
+    """A feature the framework has unless its preset says otherwise."""
+    return Field(default=True, description=f"the framework can {what}")
+
+
 class SoftwareSpec(Spec):
     """The training framework's behaviour. Probabilities are fractions in [0, 1)."""
 
@@ -209,18 +214,13 @@ class SoftwareSpec(Spec):
                     "(Megatron-Core: Transformer Engine's fused RoPE takes no such factor, so apply_rotary_pos_emb "
                     "falls back to its unfused ops, scaling cos and sin on every call): a model whose factor is not "
                     "1 runs the unfused RoPE whatever fused_elementwise says")
-    pipeline_parallel: bool = Field(
-        default=True, description="the framework can split the model into pipeline stages (false: DeepSpeed "
-                                  "ZeRO-2/3, whose PipelineEngine takes ZeRO stage 0 or 1 only)")
-    tensor_parallel: bool = Field(
-        default=True, description="the framework can shard layers over tensor parallelism (false: llm-foundry 0.3's "
-                                  "Composer FSDP, which has none)")
-    context_parallel: bool = Field(
-        default=True, description="the framework can split the sequence over context parallelism (false: llm-foundry "
-                                  "0.3, DeepSpeed ZeRO-3 with Hugging Face models)")
-    partial_recompute: bool = Field(
-        default=True, description="the framework can checkpoint some of a stage's layers whole (--recompute-layers; "
-                                  "false: every layer or none, llm-foundry 0.3's activation_checkpointing)")
+    # what the framework can do at all (false: a plan asking for it is refused, and the search prunes it)
+    pipeline_parallel: bool = _capability("split the model into pipeline stages (false: DeepSpeed ZeRO-2/3, whose "
+                                          "PipelineEngine takes ZeRO stage 0 or 1 only)")
+    tensor_parallel: bool = _capability("shard layers over tensor parallelism (false: llm-foundry 0.3)")
+    context_parallel: bool = _capability("split the sequence over context parallelism (false: llm-foundry 0.3)")
+    partial_recompute: bool = _capability("checkpoint some of a stage's layers whole (--recompute-layers; false: "
+                                          "every layer or none, llm-foundry 0.3's activation_checkpointing)")
     pipeline_schedules: tuple[Schedule, ...] = Field(
         default=(), description="the pipeline schedules the framework can run (its runtime's); empty: every schedule "
                                 "the replay has (docs/schedules.md)")
