@@ -50,11 +50,12 @@ def suite_residuals(suite_name: str, vdir: Path, labels: Sequence[str]) -> tuple
     that rate)."""
     suite = training_suite(vdir / f"{suite_name}.csv")
     rows, fit = named_rows(training_rows(suite), labels, f"compute.yaml flash_attn_triton, suite {suite_name}")
+    # one simulator for every rate: its memo keeps the traces, and keys layer timings by the compute model itself
+    sim = RowSimulator(suite.cluster, suite.stack, model_settings=suite.model_settings)
+    if sim.stack_for(fit[0]).attention_library is not AttentionLibrary.FLASH_ATTN_TRITON:
+        raise EchoPlanError(f"suite {suite_name}: its stack {suite.stack} does not run the Triton FlashAttention")
 
     def residuals(rate: float, which: list) -> list[float]:
-        sim = RowSimulator(suite.cluster, suite.stack, model_settings=suite.model_settings)  # a fresh memo per rate
-        if sim.stack_for(which[0]).attention_library is not AttentionLibrary.FLASH_ATTN_TRITON:
-            raise EchoPlanError(f"suite {suite_name}: its stack {suite.stack} does not run the Triton FlashAttention")
         compute = rated_compute(sim.base, rate)
         return log_residuals(lambda r: sim.predict(r, compute), which)
     return rows, fit, residuals

@@ -48,12 +48,10 @@ def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distri
     if recompute_layers and not stack.partial_recompute:
         raise SpecError("recompute_layers", recompute_layers, f"stack {stack.name} checkpoints every layer or none: use "
                         "--recompute full or none", context)
-    if tp > 1 and not stack.tensor_parallel:
-        raise SpecError("tp", tp, f"stack {stack.name} has no tensor parallelism: use tp 1", context)
-    if cp > 1 and not stack.context_parallel:
-        raise SpecError("cp", cp, f"stack {stack.name} has no context parallelism: use cp 1", context)
-    if pp > 1 and not stack.pipeline_parallel:
-        raise SpecError("pp", pp, f"stack {stack.name} has no pipeline parallelism: use pp 1", context)
+    for knob, degree, has, what in (("tp", tp, stack.tensor_parallel, "tensor"), ("cp", cp, stack.context_parallel,
+                                     "context"), ("pp", pp, stack.pipeline_parallel, "pipeline")):
+        if degree > 1 and not has:
+            raise SpecError(knob, degree, f"stack {stack.name} has no {what} parallelism: use {knob} 1", context)
     if pp > 1 and schedule is not None and stack.pipeline_schedules and schedule not in stack.pipeline_schedules:
         raise SpecError("schedule", schedule.value, f"stack {stack.name} runs the pipeline schedules "
                         f"{', '.join(s.value for s in stack.pipeline_schedules)}", context)
