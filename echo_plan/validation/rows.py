@@ -221,6 +221,7 @@ def read_step_times(path: Path, not_modelled: str = "",
                 "norm": rec["norm"], "position_embedding": position, "rotary_percent": rotary,
                 "tied_embeddings": _bool(rec["tied_embeddings"], "tied_embeddings", path, line),
                 "bias": _bool(rec["bias"], "bias", path, line) if rec.get("bias") else None,
+                "qk_norm": _bool(rec["qk_norm"], "qk_norm", path, line) if rec.get("qk_norm") else False,
                 "source": f"{path.name}, line {line}",
             }, context=f"{path.name}, line {line}")
         except EchoPlanError as exc:
