@@ -45,7 +45,7 @@ def step_breakdown(step: StepTasks, result: ReplayResult, rank: int) -> Breakdow
             opt += w
         else:
             ph = ti.phase
-            compute += ph.compute_s * ti.share
+            compute += ph.compute_s * ti.share + ti.extra_s
             tp += ph.tp_comm_exposed_s * ti.share
             ep += ph.ep_comm_exposed_s * ti.share
             host += ph.host_exposed_s * ti.share

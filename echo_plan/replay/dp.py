@@ -104,11 +104,15 @@ def sharded_reduce_s(params: int, gb: int, shard: CommGroup, replica: CommGroup,
 
 
 def fsdp_units(units: list[tuple[int, int, float, float, bool, float]], gb: int, comm_time: CommTime,
-               group: CommGroup, expert_group: CommGroup, sharding: DataParallelSharding) -> tuple[DpBucket, ...]:
+               group: CommGroup, expert_group: CommGroup, sharding: DataParallelSharding,
+               copy_time: Callable[[float, float], float] | None = None) -> tuple[DpBucket, ...]:
     """A chunk's FSDP units in backward order (replay/fsdp.py) from ``units`` in forward order, each (dense
     parameters, expert parameters, forward seconds, backward seconds, kept for backward, bytes per parameter
     its all-gather moves). A unit's reduce-scatter moves ``gb`` bytes per gradient, plus the replicas'
-    all-reduce in HSDP."""
+    all-reduce in HSDP. ``copy_time(bytes read, bytes written)``, FSDP2's runtime (stack
+    ``fsdp_copy_kernels``): each gathered unit's copy-out (the gathered bytes read and written again as the
+    unsharded parameters) and each reduced unit's copy-in (bf16 gradients read, written in the reduce dtype),
+    both on the compute stream."""
     shard, replica = shard_groups(group, sharding)
     eshard, ereplica = shard_groups(expert_group, sharding)
     made: dict[tuple, DpBucket] = {}
@@ -122,10 +126,24 @@ def fsdp_units(units: list[tuple[int, int, float, float, bool, float]], gb: int,
             if experts:
                 gather += comm_time(CollectiveKind.ALL_GATHER, int(experts * pb), eshard) if eshard.size > 1 else 0.0
                 reduce += sharded_reduce_s(experts, gb, eshard, ereplica, comm_time)
+            gathered = (dense + experts) * pb
+            out_s = copy_time(gathered, gathered) if copy_time is not None and shard.size > 1 else 0.0
+            in_s = copy_time(2.0 * (dense + experts), float(gb * (dense + experts))) \
+                if copy_time is not None and shard.size > 1 else 0.0
             b = made[key] = DpBucket(dense + experts, reduce, TaskKind.REDUCE_SCATTER, gather, fwd_share=fwd,
-                                     bwd_share=bwd, kept=kept)
+                                     bwd_share=bwd, kept=kept, copy_out_s=out_s, copy_in_s=in_s)
         out.append(b)
     return tuple(reversed(out))
+
+
+def fsdp_copy_op(bytes_read: float, bytes_written: float) -> OpRecord:
+    """One of FSDP2's copy kernels (all-gather copy-out, reduce-scatter copy-in) as a memory-bound op for the
+    compute model."""
+    return OpRecord(
+        index=0, name="fsdp.copy", kind=OpKind.ELEMENTWISE, phase=Phase.BACKWARD, stream=Stream.COMPUTE,
+        inputs=(), outputs=(), flops=0.0, bytes_read=float(bytes_read), bytes_written=float(bytes_written), deps=(),
+        module="fsdp",
+    )
 
 
 def optimizer_op(params: int, sharding: DataParallelSharding, expert_params: int = 0) -> OpRecord:

@@ -9,7 +9,10 @@ waits for unit j's all-gather, and the all-gather of unit j + 1 is issued when u
 issued, after piece j - 1 ended (FSDP2's implicit prefetch of one unit: at most the current and the
 next unit are held unsharded). The all-gathers and reduce-scatters share one data-parallel stream in
 the order FSDP2 issues them (the next unit's all-gather, then the finished unit's reduce-scatter): two
-NCCL kernels on the same links share their bandwidth, which one FIFO stream stands for.
+NCCL kernels on the same links share their bandwidth, which one FIFO stream stands for. With FSDP2's runtime
+(stack ``fsdp_copy_kernels``) a unit's piece also carries the copy kernels FSDP2 runs on the compute stream: the
+copy-out of its all-gather into the unsharded parameters when the pass gathers it, and the copy-in of its
+gradients into the reduce-scatter buffer when the pass reduces (``DpBucket.copy_out_s``, ``copy_in_s``).
 
 When a pass gathers (``FsdpSteps``, from the plan):
 

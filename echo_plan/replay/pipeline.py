@@ -70,6 +70,7 @@ class TaskInfo:
     rank: int
     phase: PhaseCost | None = None  # compute pieces: the whole phase they are a share of
     share: float = 1.0  # compute pieces: their share of the phase
+    extra_s: float = 0.0  # FSDP2 pieces: the unit's copy kernels run with it (compute, beside the phase's share)
 
 
 class StepTasks:
@@ -239,9 +240,16 @@ def build_tasks(costs: StepCosts) -> StepTasks:
             share = shares[j] / tot
             piece = len(work_l)
             extra = (gather_ids[j],) if j in gather_ids else ()
-            add_dev(r), add_stream(COMPUTE), add_work(work * share), add_kind(kind), add_mix(mix)
+            copies = ((buckets[i].copy_out_s if j in fp.gathered else 0.0)
+                      + (buckets[i].copy_in_s if fp.reduces else 0.0)) * scale
+            piece_mix = mix
+            if copies > 0:  # the unit's FSDP2 copies (memory-bound) run before and after its compute
+                blend = dict((k, w * share * scale) for k, w in (mix or ((kind, work / scale),)))
+                blend[TaskKind.MEMORY] = blend.get(TaskKind.MEMORY, 0.0) + copies
+                piece_mix = tuple(sorted(blend.items(), key=lambda kw: kw[0].value))
+            add_dev(r), add_stream(COMPUTE), add_work(work * share + copies), add_kind(kind), add_mix(piece_mix)
             add_deps(deps + extra), add_cat(cat_value), add_name((kv, mb, c, label, j + 1, len(order)))
-            add_info(TaskInfo(cat, r, phase, share * scale))
+            add_info(TaskInfo(cat, r, phase, share * scale, copies))
             deps = (piece,)
             ids.append(piece)
             if fp.reduces:

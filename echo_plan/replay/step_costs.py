@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.layout.sharding import DataParallelSharding
-from echo_plan.replay.dp import chunk_buckets, fsdp_units, optimizer_op
+from echo_plan.replay.dp import chunk_buckets, fsdp_copy_op, fsdp_units, optimizer_op
 from echo_plan.replay.fsdp import FsdpSteps
 from echo_plan.layout.layer_mix import layer_params_per_rank
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts
@@ -149,6 +149,9 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
 
     def op_time(op):  # sparse exchanges' selection and feedback kernels
         return compute.op_time(op, cluster.gpu, plan.param_dtype)
+
+    def copy_time(read: float, written: float) -> float:  # FSDP2's copy-out and copy-in kernels
+        return op_time(fsdp_copy_op(read, written))
     gbytes = stack.grad_bytes(plan.param_dtype)
     schedule = lay.schedule
     split = timing.get("split") if schedule.split_backward else None
@@ -244,7 +247,8 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
                 buckets.append(_fsdp_chunk(kinds, by_kind, blk, emb if vs == 0 else None,
                                            out if vs == nvs - 1 else None, emb_params if vs == 0 else 0,
                                            params - layer_params - (emb_params if vs == 0 else 0),
-                                           model, plan, ct, gbytes, epb, lay, sharding))
+                                           model, plan, ct, gbytes, epb, lay, sharding,
+                                           copy_time if stack.fsdp_copy_kernels else None))
             else:
                 buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, sharding, group=dual_group,
                                          op_time=op_time, param_bytes=pb)
@@ -281,7 +285,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
 
 
 def _fsdp_chunk(kinds, by_kind, blk, emb, out, emb_params: int, out_params: int, model: ModelSpec, plan: PlanSpec,
-                comm_time, gbytes: int, layer_bytes: float, lay: PlanLayout, sharding) -> tuple:
+                comm_time, gbytes: int, layer_bytes: float, lay: PlanLayout, sharding, copy_time=None) -> tuple:
     """A chunk's FSDP units as torchtitan wraps them (replay/dp.py ``fsdp_units``): the token embedding
     (first stage), one unit per block with its own level-1 forward and backward time, and the final norm
     with the output layer (last stage; never resharded after forward, as torchtitan sets it) with the
@@ -298,4 +302,4 @@ def _fsdp_chunk(kinds, by_kind, blk, emb, out, emb_params: int, out_params: int,
     if out is not None:
         n = 1 + model.mtp_layers
         units.append((out_params, 0, out.forward.duration_s * n, out.backward.duration_s * n, True, 2.0))
-    return fsdp_units(units, gbytes, comm_time, lay.dp_group, lay.edp_group, sharding)
+    return fsdp_units(units, gbytes, comm_time, lay.dp_group, lay.edp_group, sharding, copy_time)

@@ -37,6 +37,8 @@ class DpBucket:
     fwd_share: float = 0.0  # FSDP units: the unit's share of the chunk's forward (and backward) compute
     bwd_share: float = 0.0
     kept: bool = False  # FSDP units not gathered again for backward (the root unit, the chunk's last block)
+    copy_out_s: float = 0.0  # FSDP2: the all-gather's copy into the unsharded parameters (compute stream)
+    copy_in_s: float = 0.0  # FSDP2: the gradients' copy into the reduce-scatter buffer (compute stream)
 
 
 @dataclass(frozen=True, slots=True)

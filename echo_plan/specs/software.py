@@ -143,6 +143,13 @@ class SoftwareSpec(Spec):
                     "reads too) is kept for backward only in DeepSeek's 12-bit E5M6 format, not in bf16 and FP8: one "
                     "cast in forward, one back in backward, the projection's weight-gradient operand cast per "
                     "channel from it (DeepSeek-V3 report 3.3.3); multi-head latent attention, as DeepSeek's")
+    fsdp_copy_kernels: bool = Field(
+        default=False,
+        description="sharding parameters: the data-parallel runtime is PyTorch's FSDP2 (fully_shard), which copies "
+                    "each all-gather's output into the unsharded parameters (split_with_sizes_copy) and each unit's "
+                    "gradients into the reduce-scatter buffer in the reduce dtype (chunk_cat), both on the compute "
+                    "stream; false: runtimes that gather into and reduce from the parameters' own buffers (FSDP1's "
+                    "flat parameters, DeepSpeed ZeRO-3, Megatron's distributed optimizer)")
     fp8_param_gather: bool = Field(
         default=False, description="weights kept and all-gathered in FP8 (no bf16 copy; Megatron --fp8-param-gather)")
     fp4_param_gather: bool = Field(
