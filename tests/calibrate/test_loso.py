@@ -22,7 +22,7 @@ def test_a_left_out_suite_takes_its_recipes_with_it_or_hands_them_to_its_stand_i
     assert "all-to-all-sm90" not in recipes_without(every, "moe_h100")
     assert recipes_without(every, "long_context_h100") == every  # it fed nothing
     assert fed_by("long_context_h100") == [] and fed_by("moe_h100") == ["all-to-all-sm90"]
-    assert family("h800") == family("dgx-h100") == {"dgx-h100", "h800"}
+    assert family("h800") == family("dgx-h100") == family("h100-800g") == {"dgx-h100", "h800", "h100-800g"}
     assert fed_by("moe_b200") == ["host-issue-x86"]  # the host's issue time: no stand-in, dropped with its suite
     assert "host-issue-x86" not in recipes_without(every, "moe_b200") and "host-issue-x86" in without_nemo
 

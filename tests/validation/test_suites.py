@@ -418,7 +418,7 @@ def test_the_gpt_oss_25_11_row_runs_its_configs_micro_batch():
 SHIPPED = ("bloom_jean_zay_a100", "fsdp_torchtitan_a100", "fsdp_torchtitan_h100", "fsdp_torchtitan_h200", "long_context_h100", "megatron_bridge_b200", "megatron_bridge_gb200", "megatron_bridge_gb300",
            "megatron_bridge_h100", "megatron_weak_scaling_a100", "moe_b200", "moe_b300", "moe_gb200", "moe_gb300",
            "moe_h100", "moe_h100_bridge", "mpt_llm_foundry_a100", "mpt_llm_foundry_a100_40gb",
-           "nemo_h100_dgxc", "olmo_core_h100",
+           "fms_fsdp_a100", "fms_fsdp_h100", "nemo_h100_dgxc", "olmo_core_h100",
            "deepep/h800", "deepep/h800-2025-02", "nccl-tests/azure-nd-a100-v4")
 
 
