@@ -29,6 +29,9 @@ When a pass gathers (``FsdpSteps``, from the plan):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from echo_plan.replay.kinds import TaskKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,12 @@ class FsdpPass:
         """Data-parallel tasks of the pass: its all-gathers and, when it reduces, a reduce per unit."""
         return len(self.gathered) + (units if self.reduces else 0)
 
+    def copies_s(self, unit: Any, position: int) -> float:
+        """FSDP2's compute-stream copies for ``unit`` (a ``DpBucket``) at ``position`` in this pass: its all-gather's
+        copy-out when the pass gathers it, its gradients' copy-in when the pass reduces."""
+        return ((unit.copy_out_s if position in self.gathered else 0.0)
+                + (unit.copy_in_s if self.reduces else 0.0))
+
 
 NO_PIECES = FsdpPass(False, frozenset(), False)
 
@@ -76,3 +85,12 @@ def fsdp_pass(steps: FsdpSteps, kept: tuple[bool, ...], forward: bool, first_for
     if not gathered and not reduces:
         return NO_PIECES
     return FsdpPass(True, gathered, reduces)
+
+
+def with_copies(mix: Any, kind: TaskKind, factor: float, alone_s: float, copies_s: float) -> tuple:
+    """A compute piece's work mix for the interference blend with ``copies_s`` of memory-bound copy kernels added:
+    its phase's ``mix`` (seconds per kind) times ``factor`` (the piece's share of the phase), or without a mix its
+    ``kind`` alone over ``alone_s``."""
+    blend = {k: w * factor for k, w in mix} if mix else {kind: alone_s}
+    blend[TaskKind.MEMORY] = blend.get(TaskKind.MEMORY, 0.0) + copies_s
+    return tuple(sorted(blend.items(), key=lambda kw: kw[0].value))

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from echo_plan.replay.engine import ReplayResult, Task, replay_columns
-from echo_plan.replay.fsdp import NO_PIECES, FsdpPass, fsdp_pass
+from echo_plan.replay.fsdp import NO_PIECES, FsdpPass, fsdp_pass, with_copies
 from echo_plan.replay.step_model import DpBucket, PhaseCost, StageCosts, StepCosts, overlapped
 from echo_plan.replay.interference import InterferenceModel, Mix
 from echo_plan.replay.kinds import TaskKind
@@ -240,13 +240,8 @@ def build_tasks(costs: StepCosts) -> StepTasks:
             share = shares[j] / tot
             piece = len(work_l)
             extra = (gather_ids[j],) if j in gather_ids else ()
-            copies = ((buckets[i].copy_out_s if j in fp.gathered else 0.0)
-                      + (buckets[i].copy_in_s if fp.reduces else 0.0)) * scale
-            piece_mix = mix
-            if copies > 0:  # the unit's FSDP2 copies (memory-bound) run before and after its compute
-                blend = dict((k, w * share * scale) for k, w in (mix or ((kind, work / scale),)))
-                blend[TaskKind.MEMORY] = blend.get(TaskKind.MEMORY, 0.0) + copies
-                piece_mix = tuple(sorted(blend.items(), key=lambda kw: kw[0].value))
+            copies = fp.copies_s(buckets[i], j) * scale  # FSDP2's copy kernels, before and after the unit
+            piece_mix = with_copies(mix, kind, share * scale, work * share, copies) if copies > 0 else mix
             add_dev(r), add_stream(COMPUTE), add_work(work * share + copies), add_kind(kind), add_mix(piece_mix)
             add_deps(deps + extra), add_cat(cat_value), add_name((kv, mb, c, label, j + 1, len(order)))
             add_info(TaskInfo(cat, r, phase, share * scale, copies))
