@@ -42,7 +42,7 @@ def test_the_layouts_that_ran_out_of_memory_do_not_fit(tmp_path):
 def test_validate_shows_the_device_figure_it_compares_with_nvidia_smis():
     from echo_plan.commands.validate_cmd import memory_words
     from echo_plan.validation.predict import RowMemory
-    from echo_plan.validation.suites import RowResult
+    from echo_plan.validation.results import RowResult
 
     cached = RowMemory(peak_gib=51.8, usable_gib=74.4, capacity_gib=80.0, reserved_gib=60.5, device_gib=62.2)
     row = RowResult("r", 1.0, 1.0, True, memory=cached, published_peak_gib=59.0)

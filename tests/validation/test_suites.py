@@ -319,7 +319,7 @@ def test_a_suite_that_fed_no_recipe_is_predicted_the_same_without_itself(validat
 
 
 def test_rows_of_a_precision_with_its_own_tolerance_are_judged_apart():
-    from echo_plan.validation.suites import RowResult, SuiteResult
+    from echo_plan.validation.results import RowResult, SuiteResult
 
     rows = (RowResult("a bf16", 1.04, 1.0, True, precision="bf16"),
             RowResult("b fp8", 1.07, 1.0, True, precision="fp8"),
@@ -533,7 +533,7 @@ def test_the_same_configuration_in_several_releases_is_labelled_by_its_source(tm
 
 def test_a_row_that_cannot_be_simulated_fails_its_suite():
     """A suite whose rows all fail to simulate is not 'not modelled' and never passes."""
-    from echo_plan.validation.suites import RowResult, SuiteResult
+    from echo_plan.validation.results import RowResult, SuiteResult
 
     rows = (RowResult("a", None, 1.0, True, detail="cannot simulate: bad plan"),)
     suite = SuiteResult("s", "training", "s.csv", "s/step", "megatron-core", "dgx-h100", 0.05, 0.10, rows)
@@ -561,7 +561,7 @@ def test_published_peaks_are_compared_like_for_like():
     compared with the predicted peak less what the allocator does not hold (CUDA context, NCCL buffers)."""
     from echo_plan.validation.predict import RowMemory
     from echo_plan.validation.registry import training_suite
-    from echo_plan.validation.suites import RowResult
+    from echo_plan.validation.results import RowResult
 
     for name in ("fsdp_torchtitan_h100", "fsdp_torchtitan_h200"):
         assert training_suite(SHARED / f"{name}.csv").published_peak == "reserved"
