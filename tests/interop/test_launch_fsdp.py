@@ -90,3 +90,17 @@ def test_a_plan_simulated_with_the_triton_flash_attention_is_not_exported_as_ano
     with pytest.raises(CannotExpress, match="attention_library flash-attn-triton"):
         export_launch(fmt, model, plan, load_stack("llm-foundry"), cluster)
     export_launch(LaunchFormat.TORCHTITAN, model, plan, TT, cluster)  # the same plan on torchtitan's stack is written
+
+
+def test_a_plan_simulated_with_another_fsdp_runtime_or_loss_is_not_exported_as_torchtitan():
+    """torchtitan runs FSDP2 (its copy kernels) and the loss its compile setting gives: a plan simulated with FSDP1's
+    runtime or with OLMo-core's loss on an fp32 copy of the logits would launch another step than the one predicted."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8)
+    plan = PlanSpec(dp=8, global_batch_size=16, sharding="parameters")
+    with pytest.raises(CannotExpress, match="fsdp_copy_kernels"):
+        export_launch(LaunchFormat.TORCHTITAN, model, plan, TT.replace(fsdp_copy_kernels=False), cluster)
+    with pytest.raises(CannotExpress, match="cross_entropy torch: torchtitan's loss with torch_compile true"):
+        export_launch(LaunchFormat.TORCHTITAN, model, plan, load_stack("olmo-core"), cluster)
+    export_launch(LaunchFormat.TORCHTITAN, model, plan, TT, cluster)
+    eager = TT.replace(torch_compile=False)  # eager torchtitan: the uncompiled loss, as the stack then says
+    export_launch(LaunchFormat.TORCHTITAN, model, plan, eager, cluster)

@@ -25,6 +25,7 @@ from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import DpComm, Recompute, Schedule
 from echo_plan.specs.software import AttentionLibrary, CudaAllocator, Fp8Recipe, OptimizerSharding
+from echo_plan.specs.software_kinds import CrossEntropy
 
 FMT = LaunchFormat.TORCHTITAN
 # echo-plan model preset -> torchtitan (model.name, model.flavor) of the same shape (torchtitan 0.2)
@@ -32,6 +33,7 @@ FLAVOURS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "lla
             "deepseek-v3": ("deepseek_v3", "671B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
             "qwen3-235b-a22b": ("qwen3", "235B-A22B")}
 NEEDS_FSDP = "needs torchtitan's FSDP2: simulate the plan with --sharding parameters"
+NEEDS_TT = "simulate the plan with --stack torchtitan to export it"
 AC_MODES = {Recompute.NONE: "none", Recompute.FULL: "full"}
 SCHEDULES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.GPIPE: "GPipe"}
 FLOAT8 = "quantize.linear.float8"  # torchtitan 0.2's converter name for torchao's float8 linears
@@ -97,6 +99,14 @@ def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> bool:
         raise CannotExpress(FMT, "dp_comm", plan.dp_comm.value, "torchtitan exchanges dense gradients only")
     if stack.grad_bytes(plan.param_dtype) != 4:
         raise CannotExpress(FMT, "grad_reduce_dtype", "bf16", "torchtitan reduces fp32 gradients")
+    if fsdp and not stack.fsdp_copy_kernels:
+        raise CannotExpress(FMT, "fsdp_copy_kernels", False, "torchtitan shards with FSDP2, whose copy kernels this "
+                                                             "plan was simulated without; " + NEEDS_TT)
+    loss = CrossEntropy.TORCH_COMPILED if stack.torch_compile else CrossEntropy.TORCH
+    if fsdp and stack.cross_entropy is not loss:  # an FSDP stack of another framework (olmo-core's fp32 logits)
+        raise CannotExpress(FMT, "cross_entropy", stack.cross_entropy.value, f"torchtitan's loss with torch_compile "
+                                                                             f"{str(stack.torch_compile).lower()} is "
+                                                                             f"{loss.value}; " + NEEDS_TT)
     if stack.tp_comm_overlap and plan.tp > 1 and not stack.fused_elementwise:
         raise CannotExpress(FMT, "tp_comm_overlap", True, "torchtitan's async TP needs torch.compile "
                                                           "(torch_compile: true)")
