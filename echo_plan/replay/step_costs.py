@@ -93,7 +93,10 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec, mla: bool = False) -> list[
                    f"block ahead, {keep}; gradients reduce-scattered after each block's backward"
                    + (f", then all-reduced across {sharding.replicas} replicas (HSDP)" if sharding.replicas > 1 else "")
                    + ("; with a pipeline the stage stays gathered and its gradients are reduced after the last "
-                      "micro-batch" if plan.pp > 1 else ""))
+                      "micro-batch" if plan.pp > 1 else "")
+                   + (f"; FSDP2 (stack {stack.name}) copies each gathered block out into its parameters and each "
+                      "block's gradients into the reduce-scatter buffer on the compute stream (counted as compute)"
+                      if stack.fsdp_copy_kernels and sharding.degree > 1 else ""))
     if plan.dtype is DType.FP8:
         gather = "; weights kept and all-gathered in FP8" if stack.fp8_param_gather else ""
         if stack.fp8_param_gather and stack.fp8_recipe is Fp8Recipe.MXFP8:

@@ -45,6 +45,8 @@ def test_copies_never_shorten_the_step_and_the_breakdown_adds_up(env, plan):
     b = with_.breakdown
     assert b.total_s == pytest.approx(with_.step_time_s, rel=1e-9)
     assert b.compute_s > without.breakdown.compute_s  # the copies are compute-stream kernels
+    assert any("FSDP2 (stack torchtitan) copies" in n for n in with_.notes)  # and simulate says so
+    assert not any("FSDP2" in n for n in without.notes)
 
 
 def test_a_shard_group_of_one_rank_copies_nothing(env):
