@@ -126,10 +126,10 @@ def fsdp_units(units: list[tuple[int, int, float, float, bool, float]], gb: int,
             if experts:
                 gather += comm_time(CollectiveKind.ALL_GATHER, int(experts * pb), eshard) if eshard.size > 1 else 0.0
                 reduce += sharded_reduce_s(experts, gb, eshard, ereplica, comm_time)
-            gathered = (dense + experts) * pb
-            out_s = copy_time(gathered, gathered) if copy_time is not None and shard.size > 1 else 0.0
-            in_s = copy_time(2.0 * (dense + experts), float(gb * (dense + experts))) \
-                if copy_time is not None and shard.size > 1 else 0.0
+            out_s = in_s = 0.0
+            if copy_time is not None and shard.size > 1:  # FSDP2: the gathered bytes out, the bf16 gradients in
+                n = dense + experts
+                out_s, in_s = copy_time(n * pb, n * pb), copy_time(2.0 * n, float(gb * n))
             b = made[key] = DpBucket(dense + experts, reduce, TaskKind.REDUCE_SCATTER, gather, fwd_share=fwd,
                                      bwd_share=bwd, kept=kept, copy_out_s=out_s, copy_in_s=in_s)
         out.append(b)
