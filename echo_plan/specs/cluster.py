@@ -184,6 +184,21 @@ class NetworkSpec(Spec):
         return self.nics_per_node * self.nic_GBps * self.nic_efficiency / self.oversubscription
 
 
+class HostSpec(Spec):
+    """A server's host side, read only when a plan offloads its optimizer to CPU memory (cost/offload.py).
+
+    Figures per server unless the name says per GPU; presets give spec-sheet figures with their source and
+    say which are judgements (the achievable share of a peak)."""
+
+    memory_GiB: float = Field(gt=0, le=1e6, description="CPU memory of one server")
+    memory_bw_GBps: float = Field(gt=0, le=1e6, description="CPU memory bandwidth one server's cores reach together "
+                                                            "(STREAM-like, all sockets)")
+    link_GBps: float = Field(gt=0, le=1e5, description="GPU-host copy bandwidth of one GPU, one direction, pinned "
+                                                       "memory (PCIe, or NVLink-C2C on Grace)")
+    usable_fraction: float = Field(default=0.9, gt=0, le=1, description="share of the CPU memory training may pin "
+                                   "(the rest: the OS, the data loader, page cache); a judgement")
+
+
 class ClusterSpec(Spec):
     name: str
     gpu: GPUSpec
@@ -195,6 +210,8 @@ class ClusterSpec(Spec):
         description="GPUs on one NVLink fabric, a whole number of servers: 72 for a GB200/GB300 NVL72 rack of "
                     "18 four-GPU trays; None: one server (HGX/DGX)")
     nvlink_latency_us: float = Field(default=0.6, ge=0, le=1e6)
+    host: HostSpec | None = Field(default=None, description="the servers' CPU memory and GPU-host links; needed "
+                                                            "only to offload the optimizer (--offload-optimizer)")
     sources: list[str] = Field(default_factory=list)
     calibration: dict = Field(
         default_factory=dict,
