@@ -34,6 +34,7 @@ from echo_plan.trace.records import CollectiveKind, CommGroup, Phase
 from echo_plan.cost.base import with_stack_kernels
 from echo_plan.cost.memory import stage_memory
 from echo_plan.cost.memory_notes import allocator_note, loss_note, pipeline_note
+from echo_plan.cost.offload import offload_notes
 from echo_plan.errors import SpecError
 from echo_plan.replay.no_gc import paused_gc
 from echo_plan.replay.steady import steady_state_step
@@ -332,12 +333,14 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     if step.extrapolated:
         notes.append("steady state verified periodic at {} micro-batches and extrapolated exactly".format(
             ", ".join(map(str, step.sampled[-3:]))))
-    over = [m for m in memory if not m.fits]
+    over = [m for m in memory if m.overflow_bytes]  # the GPU's; the host's is offload_notes' line
     if over:
         worst = max(over, key=lambda m: m.overflow_bytes)
         notes.append(f"does not fit: stage {worst.stage} needs {worst.total_bytes / 2**30:.1f} GiB of "
                      f"{worst.usable_bytes / 2**30:.1f} GiB usable ({worst.capacity_bytes / 2**30:.0f} GiB less "
                      f"{worst.headroom_bytes / 2**30:.1f} GiB headroom; over by {worst.overflow_bytes / 2**30:.1f} GiB)")
+    if plan.offload_optimizer:
+        notes += offload_notes([st.host_step for st in base.stages], memory, cluster, stack)
     rng = memo.prediction_range(cluster, cluster_key, stack, model.is_moe)
     exchange = dp_exchange_summary(plan, base)
     fault_report = None

@@ -62,6 +62,10 @@ PLAN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         None, "--reshard-after-forward/--keep-after-forward",
         help="--sharding parameters: gather each block again for its backward (default: yes without a pipeline, "
              "no with one, as torchtitan)")),
+    ("offload_optimizer", bool, typer.Option(
+        False, "--offload-optimizer", help="keep the optimizer states in CPU memory and step on the CPU (Megatron-Core's "
+                                           "--optimizer-cpu-offload, DeepSpeed's offload_optimizer); needs a sharded "
+                                           "optimizer and a cluster with host figures")),
     ("dtype", str, typer.Option("bf16", "--dtype", help=DTypeHelp)),
     ("fp8_recipe", Optional[str], Fp8RecipeOpt),
     ("fp8_param_gather", Optional[bool], Fp8ParamGatherOpt),
@@ -105,6 +109,7 @@ class PlanFlags:
     sharding: Optional[str]
     shard_degree: Optional[int]
     reshard_after_forward: Optional[bool]
+    offload_optimizer: bool
     dtype: str
     fp8_recipe: Optional[str]
     fp8_param_gather: Optional[bool]
@@ -214,6 +219,12 @@ def sharding_fields(flags: PlanFlags) -> dict[str, Any]:
             raise SpecError("--reshard-after-forward" if flags.reshard_after_forward else "--keep-after-forward",
                             True, "applies to --sharding parameters only")
         out["reshard_after_forward"] = flags.reshard_after_forward
+    if flags.offload_optimizer:
+        if not sharded:
+            raise SpecError("--offload-optimizer", True, "needs a sharded optimizer: --distributed-optimizer or "
+                            "--sharding optimizer, gradients or parameters (Megatron-Core and DeepSpeed offload only "
+                            "a sharded optimizer)")
+        out["offload_optimizer"] = True
     return out
 
 

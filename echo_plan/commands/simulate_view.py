@@ -98,7 +98,8 @@ def print_result(result: StepResult, trace_path: str | None = None) -> None:
         mem.add_row(str(m.stage), *(f"{b / GiB:.2f}" for b in (
             m.weights_bytes, m.gradients_bytes, m.optimizer_bytes, m.activations_bytes, m.buffers_bytes,
             m.total_bytes, m.usable_bytes)),
-            "yes" if m.fits else f"[red]no (+{m.overflow_bytes / GiB:.2f})[/red]")
+            "yes" if m.fits else f"[red]no (+{m.overflow_bytes / GiB:.2f})[/red]" if m.overflow_bytes
+            else "[red]no (host)[/red]")
     console.print(mem)
     for note in result.notes:
         console.print(f"note: {note}")

@@ -56,6 +56,7 @@ from echo_plan.files import safe_load
 import yaml
 
 from echo_plan.errors import FileFormatError
+from echo_plan.cost.offload import host_bytes, host_share_bytes
 from echo_plan.cost.stage_memory import StageMemory
 from echo_plan.cost.fsdp_memory import fsdp_states
 from echo_plan.cost.pipeline_buffers import pipeline_runtime_bytes
@@ -346,6 +347,9 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
         weights = params * w_b + fp8_weight_bytes(model, plan, stack, i, w_b)
         if sharding.parameters:
             weights, grads, optimizer = fsdp_states(model, plan, stack, sharding, counts, dense, experts, w_b, g_b, o_b)
+        host = 0.0
+        if plan.offload_optimizer:  # the optimizer shard (master weights, moments) lives in CPU memory instead
+            host, optimizer = host_bytes(dense / shard + experts / eshard, stack.optimizer_offload), 0.0
         if sched is not None:
             act = walk_stage(model, plan, sched, profile[i], i, saved, first, retained, embed_saved, output_saved,
                              walk_cache)
@@ -386,5 +390,7 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
             headroom_bytes=headroom,
             outside_allocator_bytes=int(outside),
             cached_extra_bytes=int(cached_extra),
+            host_bytes=int(host),
+            host_capacity_bytes=int(host_share_bytes(cluster)) if plan.offload_optimizer else 0,
         ))
     return tuple(out)

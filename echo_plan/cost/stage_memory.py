@@ -24,6 +24,8 @@ class StageMemory:
     # a block allocated after the peak whose size no cached segment can serve (DeepSpeed's step-end gradient copy): the
     # caching allocator reserves it beside the freed blocks it keeps, unless the GPU has no room (it then frees them)
     cached_extra_bytes: int = 0
+    host_bytes: int = 0  # CPU memory this GPU's rank pins for its offloaded optimizer shard (cost/offload.py)
+    host_capacity_bytes: int = 0  # its share of the server's usable CPU memory (0: nothing offloaded)
 
     @property
     def total_bytes(self) -> int:
@@ -50,8 +52,13 @@ class StageMemory:
         return self.capacity_bytes - self.headroom_bytes
 
     @property
+    def host_fits(self) -> bool:
+        """The offloaded optimizer shard fits the rank's share of the server's CPU memory (true when none is)."""
+        return self.host_bytes <= self.host_capacity_bytes or not self.host_bytes
+
+    @property
     def fits(self) -> bool:
-        return self.total_bytes <= self.usable_bytes
+        return self.total_bytes <= self.usable_bytes and self.host_fits
 
     @property
     def overflow_bytes(self) -> int:
@@ -66,5 +73,6 @@ class StageMemory:
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(total_gib=self.total_bytes / GiB, capacity_gib=self.capacity_bytes / GiB,
-                 headroom_gib=self.headroom_bytes / GiB, free_gib=self.free_bytes / GiB, fits=self.fits)
+                 headroom_gib=self.headroom_bytes / GiB, free_gib=self.free_bytes / GiB, fits=self.fits,
+                 host_gib=self.host_bytes / GiB, host_capacity_gib=self.host_capacity_bytes / GiB)
         return d

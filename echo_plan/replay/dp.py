@@ -146,10 +146,16 @@ def fsdp_copy_op(bytes_read: float, bytes_written: float) -> OpRecord:
     )
 
 
+def optimizer_shard_params(params: int, sharding: DataParallelSharding, expert_params: int = 0) -> int:
+    """Parameters whose optimizer states this rank holds: its ``params`` dense and ``expert_params`` expert
+    parameters, each over its shards."""
+    return -(-params // sharding.optimizer_shards()) + -(-expert_params // sharding.optimizer_shards(expert=True))
+
+
 def optimizer_op(params: int, sharding: DataParallelSharding, expert_params: int = 0) -> OpRecord:
     """The Adam step of ``params`` dense and ``expert_params`` expert parameters of this rank as one
     memory-bound op for the compute model (each on its shard of the optimizer states)."""
-    n = -(-params // sharding.optimizer_shards()) + -(-expert_params // sharding.optimizer_shards(expert=True))
+    n = optimizer_shard_params(params, sharding, expert_params)
     return OpRecord(
         index=0, name="optimizer.adam", kind=OpKind.ELEMENTWISE, phase=Phase.BACKWARD, stream=Stream.COMPUTE,
         inputs=(), outputs=(), flops=12.0 * n, bytes_read=OPT_READ_BYTES_PER_PARAM * n,

@@ -15,7 +15,7 @@ from echo_plan.specs.faults import Fault
 
 def _busy(stage, microbatches: int, scale: float) -> float:
     per_mb = sum(f.work_s for f in stage.forward) + sum(b.work_s for b in stage.backward)
-    return per_mb * microbatches * scale + stage.optimizer_s * scale
+    return per_mb * microbatches * scale + stage.optimizer_time(scale)
 
 
 def fault_summary(faults: tuple[Fault, ...], effects, costs, step_s: float, healthy, plan) -> dict[str, Any]:

@@ -374,7 +374,7 @@ def build_tasks(costs: StepCosts) -> StepTasks:
                         gather_task(r, c, b_i, b, (i,))
         if len(work_l) != i or len(dp_rows[r]) != ndp[r]:
             raise ValueError("internal: task positions counted ahead do not match the tasks built")
-        add_dev(r), add_stream(COMPUTE), add_work(st.optimizer_s * scale), add_kind(TaskKind.MEMORY), add_mix(None)
+        add_dev(r), add_stream(COMPUTE), add_work(st.optimizer_time(scale)), add_kind(TaskKind.MEMORY), add_mix(None)
         add_deps((last_compute[r], *reduce_ids[r], *((tied,) if tied is not None and r in (0, pp - 1) else ())))
         add_cat(Category.OPTIMIZER.value), add_name("optimizer"), add_info(TaskInfo(Category.OPTIMIZER, r, share=scale))
         opt_ids.append(i)

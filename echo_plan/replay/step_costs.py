@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.layout.sharding import DataParallelSharding
-from echo_plan.replay.dp import chunk_buckets, fsdp_copy_op, fsdp_units, optimizer_op
+from echo_plan.cost.offload import host_step
+from echo_plan.replay.dp import chunk_buckets, fsdp_copy_op, fsdp_units, optimizer_op, optimizer_shard_params
 from echo_plan.replay.fsdp import FsdpSteps
 from echo_plan.layout.layer_mix import layer_params_per_rank
 from echo_plan.replay.pipeline import PhaseCost, StageCosts, StepCosts
@@ -259,7 +260,13 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
                                                op_time=op_time, param_bytes=epb))
             rank_params += params
             rank_experts += experts
-        opt = compute.op_time(optimizer_op(rank_params, sharding, rank_experts), cluster.gpu, plan.param_dtype)
+        host = None
+        if plan.offload_optimizer:  # the step runs on the CPU; the GPU waits for what the copies do not hide
+            host = host_step(optimizer_shard_params(rank_params, sharding, rank_experts), cluster,
+                             stack.optimizer_offload)
+            opt = host.exposed_s
+        else:
+            opt = compute.op_time(optimizer_op(rank_params, sharding, rank_experts), cluster.gpu, plan.param_dtype)
         opt += once_per_step  # counted with the optimizer step: the other per-step compute of the rank
         pair = None
         if schedule is Schedule.DUALPIPE:
@@ -270,7 +277,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
                          for cf in range(chunks))
         stages.append(StageCosts(tuple(fwd), tuple(bwd), tuple(labels), tuple(buckets), opt,
                                  tuple(bin_) if split is not None else None,
-                                 tuple(wgt) if split is not None else None, pair))
+                                 tuple(wgt) if split is not None else None, pair, host))
 
     p2p_by_stage = None
     if stage_comm is not None and nvs > 1:  # a transfer is as slow as the slower end's link

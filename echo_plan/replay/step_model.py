@@ -53,6 +53,13 @@ class StageCosts:
     input_grad: tuple[PhaseCost, ...] | None = None  # per chunk, schedules that split the backward
     weight_grad: tuple[PhaseCost, ...] | None = None
     pair_saving_s: tuple[tuple[float, ...], ...] | None = None  # DualPipe: [forward chunk][backward chunk]
+    host_step: Any = None  # cost.offload.HostStep when the optimizer runs on the CPU (optimizer_s holds its wait)
+
+    def optimizer_time(self, scale: float = 1.0) -> float:
+        """The optimizer step on a GPU whose work runs ``scale`` times as long (a slow GPU): the host's part of an
+        offloaded step does not scale with it."""
+        host = self.host_step.exposed_s if self.host_step is not None else 0.0
+        return (self.optimizer_s - host) * scale + host
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,8 @@ MODELLED = (
     "published average rates (docs/resilience.md).",
 )
 NOT_MODELLED = (
-    "Data loading, evaluation, logging, and offloading to CPU memory (FSDP's CPU offload included).",
+    "Data loading, evaluation, logging, and offloading parameters or activations to CPU memory (FSDP2's CPU offload "
+    "included); the optimizer's offload (--offload-optimizer) is costed from the host's spec figures, unvalidated.",
     "Stragglers and failures nobody names: a predicted step assumes healthy GPUs and links; failures "
     "enter only as an average rate, in goodput.",
     "Other jobs' traffic on the network, and thermal or power throttling.",

@@ -95,6 +95,8 @@ def canonical(combo: dict[str, Any], dp: int | None = None) -> dict[str, Any]:
         c["sharding"] = None if c.get("sharding") is None else Sharding.NONE.value
     if not c["distributed_optimizer"]:
         c["shard_degree"] = 0  # nothing sharded
+        if c.get("offload_optimizer"):
+            c["offload_optimizer"] = False  # nothing sharded, nothing offloaded: the same plan as without
     if c.get("recompute") == Recompute.FULL.value:
         c["recompute_layers"] = 0  # every layer recomputed already
     if c["tp"] == 1:
@@ -221,7 +223,9 @@ class Pruner:
         if over:
             worst = max(over, key=lambda m: m.overflow_bytes)
             detail = (f"stage {worst.stage} needs {worst.total_bytes / 2**30:.1f} GiB of "
-                      f"{worst.capacity_bytes / 2**30:.1f} GiB")
+                      f"{worst.capacity_bytes / 2**30:.1f} GiB") if worst.overflow_bytes else (
+                      f"stage {worst.stage}'s offloaded optimizer needs {worst.host_bytes / 2**30:.1f} GiB of host "
+                      f"memory per GPU, {worst.host_capacity_bytes / 2**30:.1f} GiB usable")
             if verdict.plan.cp == 1 and self._activations_decide(worst):
                 detail += (f", {worst.activations_bytes / 2**30:.1f} GiB of it activations of {self.model.seq_length:,}"
                            "-token sequences: context parallelism would split them")

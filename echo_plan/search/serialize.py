@@ -26,6 +26,8 @@ _BREAKDOWN_KEYS = {
 _BREAKDOWN_SINCE = {"ep_comm_exposed", "host_exposed"}  # added later: a stored outcome without it had none (0)
 _MEMORY_FIELDS = ("stage", "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
                   "buffers_bytes", "capacity_bytes")
+_MEMORY_SINCE = ("headroom_bytes", "outside_allocator_bytes", "cached_extra_bytes", "host_bytes",
+                 "host_capacity_bytes")  # 0 in records written before them
 
 
 def step_result_to_json(r: StepResult) -> dict[str, Any]:
@@ -44,8 +46,8 @@ def step_result_from_json(d: dict[str, Any]) -> StepResult:
         bd = d["breakdown"]
         breakdown = Breakdown(**{field: float(bd[key] if key in bd or key not in _BREAKDOWN_SINCE else 0.0)
                                  for key, field in _BREAKDOWN_KEYS.items()})
-        memory = tuple(StageMemory(**{f: int(m[f]) for f in _MEMORY_FIELDS}, headroom_bytes=int(m.get("headroom_bytes", 0)),
-                                   outside_allocator_bytes=int(m.get("outside_allocator_bytes", 0)))
+        memory = tuple(StageMemory(**{f: int(m[f]) for f in _MEMORY_FIELDS},
+                                   **{f: int(m.get(f, 0)) for f in _MEMORY_SINCE})
                        for m in d["memory_per_stage"])
         rng = d.get("step_time_range_s")
         timeline = tuple(

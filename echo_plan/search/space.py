@@ -45,6 +45,7 @@ class Knob(str, Enum):
     SHARDING = "sharding"  # none | optimizer | gradients | parameters (ZeRO 0-3); unset: distributed_optimizer says
     SHARD_DEGREE = "shard_degree"  # HSDP: shard within groups of N ranks; 0: the whole data-parallel group
     RECOMPUTE_LAYERS = "recompute_layers"  # full recompute of the first N layers of each chunk; 0: none
+    OFFLOAD_OPTIMIZER = "offload_optimizer"  # optimizer states in CPU memory, the step on the CPU (cost/offload.py)
 
 
 class Constraint(str, Enum):
@@ -55,7 +56,7 @@ INT_KNOBS = (Knob.TP, Knob.PP, Knob.MICRO_BATCH_SIZE, Knob.VIRTUAL_STAGES, Knob.
 COUNT_KNOBS = (Knob.SHARD_DEGREE, Knob.RECOMPUTE_LAYERS)  # 0 allowed: "the whole group" / "no layers"
 EXPERT_KNOBS = (Knob.EP, Knob.ETP)
 BOOL_KNOBS = (Knob.SEQUENCE_PARALLEL, Knob.DISTRIBUTED_OPTIMIZER, Knob.OVERLAP_GRAD_REDUCE,
-              Knob.OVERLAP_PARAM_GATHER)
+              Knob.OVERLAP_PARAM_GATHER, Knob.OFFLOAD_OPTIMIZER)
 ENUM_KNOBS: dict[Knob, type[Enum]] = {Knob.SCHEDULE: Schedule, Knob.RECOMPUTE: Recompute, Knob.DP_COMM: DpComm,
                                       Knob.SHARDING: Sharding}
 FLOAT_KNOBS = (Knob.DENSITY,)
@@ -67,10 +68,11 @@ KNOB_DEFAULTS: dict[Knob, Any] = {
     Knob.SEQUENCE_PARALLEL: False, Knob.DISTRIBUTED_OPTIMIZER: False,
     Knob.OVERLAP_GRAD_REDUCE: True, Knob.OVERLAP_PARAM_GATHER: True, Knob.EP: 1, Knob.ETP: 1,
     Knob.DP_COMM: DpComm.DENSE.value, Knob.DENSITY: 1.0, Knob.DTYPE: DType.BF16.value, Knob.CP: 1,
-    Knob.SHARDING: None, Knob.SHARD_DEGREE: 0, Knob.RECOMPUTE_LAYERS: 0,
+    Knob.SHARDING: None, Knob.SHARD_DEGREE: 0, Knob.RECOMPUTE_LAYERS: 0, Knob.OFFLOAD_OPTIMIZER: False,
 }
 # Knobs whose default the digest leaves out, so spaces written before them keep their digests.
-NEW_KNOB_DEFAULTS = {Knob.CP: 1, Knob.SHARDING: None, Knob.SHARD_DEGREE: 0, Knob.RECOMPUTE_LAYERS: 0}
+NEW_KNOB_DEFAULTS = {Knob.CP: 1, Knob.SHARDING: None, Knob.SHARD_DEGREE: 0, Knob.RECOMPUTE_LAYERS: 0,
+                     Knob.OFFLOAD_OPTIMIZER: False}
 TRAINING_DTYPES = (DType.BF16.value, DType.FP16.value, DType.FP8.value, DType.FP4.value)
 # Settings that may only be fixed (one value for the whole search).
 FIXED_ONLY: set[str] = set()

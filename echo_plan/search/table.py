@@ -12,7 +12,7 @@ from echo_plan.specs.plan import PlanSpec
 
 RANK_COLUMNS = ["rank", "plan", "tp", "cp", "pp", "dp", "micro_batch_size", "virtual_stages", "schedule", "recompute",
                 "recompute_layers", "sequence_parallel", "distributed_optimizer", "sharding", "shard_degree",
-                "overlap_grad_reduce", "overlap_param_gather",
+                "overlap_grad_reduce", "overlap_param_gather", "offload_optimizer",
                 "step_time_s", "tokens_per_s", "mfu", "memory_peak_gib", "margin_to_next",
                 "step_time_low_s", "step_time_high_s", "memory_free_gib", "goodput_tokens_per_s", "ettr"]
 

@@ -132,6 +132,10 @@ class PlanSpec(Spec):
         default=None, description="parameters sharding: free a block's gathered parameters after its forward and "
                                   "gather them again for its backward (FSDP's reshard_after_forward); None: "
                                   "torchtitan's default policy, true without a pipeline and false with one")
+    offload_optimizer: bool = Field(
+        default=False, description="keep the optimizer states in CPU memory and run the optimizer step on the CPU "
+                                   "(Megatron-Core's --optimizer-cpu-offload, DeepSpeed's offload_optimizer); needs "
+                                   "a sharded optimizer and a stack and cluster that say how (cost/offload.py)")
 
     @model_validator(mode="after")
     def _rules(self) -> "PlanSpec":
@@ -189,6 +193,10 @@ class PlanSpec(Spec):
                 valid = [d for d in range(1, self.grad_dp + 1) if self.grad_dp % d == 0]
                 raise ValueError(f"shard_degree {self.shard_degree} must divide dp x cp = {self.grad_dp}; valid: "
                                  f"{', '.join(map(str, valid))}")
+        if self.offload_optimizer and not self.distributed_optimizer:
+            raise ValueError("offload_optimizer moves each rank's optimizer shard to the CPU: it needs sharding "
+                             "optimizer, gradients or parameters (--distributed-optimizer); Megatron-Core and "
+                             "DeepSpeed offload only a sharded optimizer")
         if self.sharding is Sharding.PARAMETERS and self.schedule.split_backward:
             raise ValueError(f"sharding parameters gathers each block for its backward, which the {self.schedule.value} "
                              "schedule splits into passes run apart: use gpipe, 1f1b or interleaved")
@@ -299,6 +307,8 @@ class PlanSpec(Spec):
         if self.sharding is Sharding.PARAMETERS and self.reshard_after_forward is not None \
                 and self.reshard_after_forward != (self.pp == 1):
             parts.append("reshard" if self.reshard_after_forward else "keep-fwd")
+        if self.offload_optimizer:
+            parts.append("opt-offload")
         return parts
 
 

@@ -21,13 +21,14 @@ from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import Schedule
 from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, AttentionLibrary, CPComm,
                                             CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, DeepEPRelease,
-                                            Fp8Kernels, Fp8Recipe, GradientBuffers, MoEDispatcher, OptimizerSharding,
+                                            Fp8Kernels, Fp8Recipe, GradientBuffers, MoEDispatcher, OptimizerOffload,
+                                            OptimizerSharding,
                                             PipelineRuntime, RecomputeModule, RecomputePolicy)
 
 # the enums live in software_kinds.py; importing them from here keeps working
 __all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CPRuntime", "CrossEntropy",
            "CudaAllocator", "CudaGraphScope", "DeepEPRelease", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "GradientBuffers", "MoEDispatcher",
-           "OptimizerSharding", "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec"]
+           "OptimizerOffload", "OptimizerSharding", "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec"]
 
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
@@ -150,6 +151,12 @@ class SoftwareSpec(Spec):
                     "gradients into the reduce-scatter buffer in the reduce dtype (chunk_cat), both on the compute "
                     "stream; false: runtimes that gather into and reduce from the parameters' own buffers (FSDP1's "
                     "flat parameters, DeepSpeed ZeRO-3, Megatron's distributed optimizer)")
+    optimizer_offload: OptimizerOffload = Field(
+        default=OptimizerOffload.NONE,
+        description="how the stack runs the optimizer on the CPU when a plan offloads it (--offload-optimizer): "
+                    "megatron-hybrid (Megatron-Core's HybridDeviceOptimizer), zero-offload (DeepSpeed's "
+                    "offload_optimizer); none: the stack cannot, or its way (FSDP2's CPUOffloadPolicy, which moves the "
+                    "parameters too) is not modelled")
     fp8_param_gather: bool = Field(
         default=False, description="weights kept and all-gathered in FP8 (no bf16 copy; Megatron --fp8-param-gather)")
     fp4_param_gather: bool = Field(

@@ -10,7 +10,7 @@ from echo_plan.errors import SpecError
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import PlanSpec, Recompute, Schedule
 from echo_plan.specs.software import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, Fp8Kernels, Fp8Recipe,
-                                      OptimizerSharding, RecomputePolicy, SoftwareSpec)
+                                      OptimizerOffload, OptimizerSharding, RecomputePolicy, SoftwareSpec)
 
 
 def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = False, context: str = "plan") -> None:
@@ -43,8 +43,14 @@ def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = Fal
 
 def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,
                          selective_recompute: bool, context: str = "plan", cp: int = 1,
-                         schedule: Schedule | None = None, pp: int = 1, tp: int = 1, recompute_layers: int = 0) -> None:
+                         schedule: Schedule | None = None, pp: int = 1, tp: int = 1, recompute_layers: int = 0,
+                         offload_optimizer: bool = False) -> None:
     """Raise SpecError when a plan asks for a feature the stack does not have."""
+    if offload_optimizer and stack.optimizer_offload is OptimizerOffload.NONE:
+        raise SpecError("offload_optimizer", True, f"stack {stack.name} sets optimizer_offload none: it cannot run "
+                        "the optimizer on the CPU, or echo-plan does not model how it does (FSDP2's CPUOffloadPolicy "
+                        "moves the parameters too); stacks that can: megatron-core (megatron-hybrid), "
+                        "deepspeed-zero3 (zero-offload)", context)
     if recompute_layers and not stack.partial_recompute:
         raise SpecError("recompute_layers", recompute_layers, f"stack {stack.name} checkpoints every layer or none: use "
                         "--recompute full or none", context)
@@ -71,4 +77,5 @@ def check_plan_supported(stack: SoftwareSpec, plan: PlanSpec) -> None:
     """:func:`check_stack_supports` for what ``plan`` asks of the stack (simulate, the search's pruning, the export)."""
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel, distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp, schedule=plan.schedule,
-                         pp=plan.pp, tp=plan.tp, recompute_layers=plan.recompute_layers)
+                         pp=plan.pp, tp=plan.tp, recompute_layers=plan.recompute_layers,
+                         offload_optimizer=plan.offload_optimizer)

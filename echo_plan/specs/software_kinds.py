@@ -94,6 +94,22 @@ class OptimizerSharding(str, Enum):
     PARAMS = "params"  # the parameters too (ZeRO-3, FSDP full shard: torchtitan, DeepSpeed ZeRO-3)
 
 
+class OptimizerOffload(str, Enum):
+    """How the stack runs the optimizer on the CPU when a plan offloads it (``--offload-optimizer``;
+    cost/offload.py). Each value is one framework's code path, read in its source."""
+
+    NONE = "none"  # the stack cannot (or echo-plan does not model how it does)
+    # Megatron-Core's HybridDeviceOptimizer (--optimizer-cpu-offload, offload fraction 1, with
+    # --overlap-cpu-optimizer-d2h-h2d): fp32 master weights and moments on the host; each parameter's fp32 main
+    # gradient copied to pinned memory on a side stream, torch's fused CPU AdamW, the bf16 parameter copied back,
+    # one optimizer per parameter so the three pipeline (megatron/core/optimizer/cpu_offloading)
+    MEGATRON_HYBRID = "megatron-hybrid"
+    # DeepSpeed ZeRO-Offload (zero_optimization.offload_optimizer.device: cpu): the fp32 partition, its moments and
+    # its gradients on the host; gradients copied as each bucket is reduced, during the backward pass;
+    # DeepSpeedCPUAdam after it, then the updated 16-bit partition copied back (runtime/zero/stage_1_and_2.py)
+    ZERO_OFFLOAD = "zero-offload"
+
+
 class GradientBuffers(str, Enum):
     """What holds the weight gradients between micro-batches, and how the sharded optimizer reduces them."""
 

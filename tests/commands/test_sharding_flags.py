@@ -19,6 +19,10 @@ PLAN = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "
     (["--recompute-layers", "3", "--recompute", "full"], "recomputes every layer already"),
     (["--recompute-layers", "40"], "at most the 32 layers of a model chunk"),
     (["--recompute-layers", "-1"], "greater than or equal to 0"),
+    (["--offload-optimizer"], "needs a sharded optimizer"),
+    (["--offload-optimizer", "--sharding", "parameters", "--stack", "torchtitan"], "stack torchtitan sets "
+                                                                                    "optimizer_offload none"),
+    (["--offload-optimizer", "--distributed-optimizer", "--cluster", "h100-gt"], "gives no host figures"),
 ])
 def test_a_bad_sharding_or_recompute_flag_is_one_line(capsys, extra, says):
     assert main(PLAN + extra) == 2
@@ -33,3 +37,15 @@ def test_simulate_says_which_sharding_runs(capsys):
     out = json.loads(capsys.readouterr().out)
     notes = " ".join(out["notes"])
     assert "shards the parameters" in notes and "all-reduced across 2 replicas (HSDP)" in notes
+
+
+def test_simulate_offloads_the_optimizer_and_says_what_it_costs(capsys):
+    import json
+
+    assert main(PLAN + ["--distributed-optimizer", "--offload-optimizer", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["offload_optimizer"] is True
+    stages = out["memory_per_stage"]
+    assert all(s["optimizer_bytes"] == 0 < s["host_bytes"] <= s["host_capacity_bytes"] for s in stages)
+    assert any(n.startswith("optimizer offloaded to the CPU (stack megatron-core: megatron-hybrid)")
+               for n in out["notes"])

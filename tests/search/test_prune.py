@@ -253,3 +253,19 @@ def test_llm_foundry_has_no_tensor_or_context_parallelism():
     assert refused and all(v.reason is not None for v in refused)
     for name in ("megatron-core", "torchtitan"):
         assert load_stack(name).tensor_parallel and load_stack(name).context_parallel
+
+
+def test_offloading_the_optimizer_is_a_knob_that_lets_a_bigger_shard_fit():
+    """A space that varies offload_optimizer: without a sharded optimizer it is the same plan (a duplicate); the
+    offloaded plans hold no optimizer states on the GPU; a stack that cannot offload prunes them by name."""
+    space = space_from_mapping({"knobs": {"tp": [8], "pp": [8], "distributed_optimizer": [True, False],
+                                          "offload_optimizer": [False, True]}})
+    model, cluster = load_model("gpt3-175b"), load_cluster("h800", gpus=128)
+    pruned = prune_space(Pruner(model, cluster, 128, space))
+    offloaded = [v for v in pruned.valid if v.plan.offload_optimizer]
+    assert offloaded and all(v.plan.distributed_optimizer for v in offloaded)
+    assert all(m.optimizer_bytes == 0 < m.host_bytes for v in offloaded for m in v.memory)
+    assert sum(v.reason is PruneReason.DUPLICATE for v in pruned.verdicts) == 1  # no dist-opt: nothing offloaded
+    refused = prune_space(Pruner(model, cluster, 128, space, stack=load_stack("megatron-lm-2022")))
+    assert not [v for v in refused.valid if v.plan.offload_optimizer]
+    assert any("optimizer_offload none" in v.detail for v in refused.verdicts)

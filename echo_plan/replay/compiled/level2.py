@@ -261,7 +261,7 @@ def _stage_arrays(costs: StepCosts, pp: int, v: int) -> tuple | None:
             b_ptr.append(len(b_params))
     scale = [costs.work_scale[r] if costs.work_scale else 1.0 for r in range(pp)]
     p2p = [costs.p2p_by_stage[r] if costs.p2p_by_stage else costs.p2p_s for r in range(pp)]
-    opt = [st.optimizer_s * scale[r] for r, st in enumerate(costs.stages)]
+    opt = [st.optimizer_time(scale[r]) for r, st in enumerate(costs.stages)]
     b_arrays = (np.asarray(b_ptr, dtype=i64), np.asarray(b_params, dtype=i64), np.asarray(b_reduce, dtype=f64),
                 np.asarray(b_code, dtype=i64), np.asarray(b_gather, dtype=f64))
     per_rank = (np.asarray(p2p, dtype=f64), float(costs.p2p_recv_s), float(costs.tied_allreduce_s),

@@ -1,0 +1,112 @@
+"""The optimizer on the CPU (--offload-optimizer, cost/offload.py): the properties it must keep.
+
+Offloading never raises a GPU's memory and moves the optimizer shard to the host; a faster host never slows the
+step; a host too small for the shard does not fit; a stack or a cluster that cannot say how is refused in one line
+naming the setting; the breakdown still adds up to the step."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo_plan.cost.offload import (CPU_BYTES_PER_PARAM, GRAD_D2H_BYTES, HOST_BYTES_PER_PARAM, PARAM_H2D_BYTES,
+                                    host_step)
+from echo_plan.errors import SpecError
+from echo_plan.simulate import SimulationMemo, simulate
+from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
+from echo_plan.specs.software_checks import check_plan_supported
+from echo_plan.specs.software_kinds import OptimizerOffload
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    from echo_plan.trace.cache import TraceCache
+
+    return TraceCache(tmp_path_factory.mktemp("traces")), SimulationMemo()
+
+
+def run(env, cluster=None, stack="megatron-core", **changes):
+    cache, memo = env
+    fields = dict(tp=2, pp=2, dp=4, global_batch_size=16, sequence_parallel=True, distributed_optimizer=True)
+    fields.update(changes)
+    model = load_model("llama3-8b").replace(seq_length=2048)
+    return simulate(model, cluster or load_cluster("dgx-h100", gpus=16), PlanSpec(**fields), cache=cache, memo=memo,
+                    stack=load_stack(stack))
+
+
+@pytest.mark.parametrize("kind", [OptimizerOffload.MEGATRON_HYBRID, OptimizerOffload.ZERO_OFFLOAD])
+def test_more_host_bandwidth_never_slows_the_host_step(kind):
+    cluster = load_cluster("dgx-h100", gpus=16)
+    base = host_step(10**9, cluster, kind)
+    for field in ("memory_bw_GBps", "link_GBps"):
+        faster = cluster.replace(host=cluster.host.replace(**{field: getattr(cluster.host, field) * 2}).model_dump())
+        assert host_step(10**9, faster, kind).exposed_s <= base.exposed_s
+    assert host_step(2 * 10**9, cluster, kind).exposed_s > base.exposed_s
+
+
+def test_the_host_step_is_its_parts_as_each_framework_runs_them():
+    cluster = load_cluster("dgx-h100", gpus=16)
+    n, host = 10**9, cluster.host
+    hybrid = host_step(n, cluster, OptimizerOffload.MEGATRON_HYBRID)
+    assert hybrid.d2h_s == pytest.approx(n * GRAD_D2H_BYTES / (host.link_GBps * 1e9))
+    assert hybrid.h2d_s == pytest.approx(n * PARAM_H2D_BYTES / (host.link_GBps * 1e9))
+    assert hybrid.cpu_s == pytest.approx(n * CPU_BYTES_PER_PARAM * cluster.gpus_per_node / (host.memory_bw_GBps * 1e9))
+    assert hybrid.exposed_s == max(hybrid.d2h_s, hybrid.cpu_s, hybrid.h2d_s)  # pipelined per parameter
+    zero = host_step(n, cluster, OptimizerOffload.ZERO_OFFLOAD)
+    assert zero.exposed_s == pytest.approx(zero.cpu_s + zero.h2d_s)  # gradients copied during the backward
+
+
+def test_offloading_moves_the_optimizer_to_the_host_and_never_raises_gpu_memory(env):
+    on, off = run(env, offload_optimizer=True), run(env)
+    for a, b in zip(on.memory, off.memory):
+        assert a.total_bytes <= b.total_bytes and a.optimizer_bytes == 0 < b.optimizer_bytes
+        params = b.optimizer_bytes / 12  # megatron-core: fp32 master weights and two fp32 moments
+        assert a.host_bytes == pytest.approx(params * HOST_BYTES_PER_PARAM, rel=1e-6)
+        assert 0 < a.host_bytes <= a.host_capacity_bytes and b.host_bytes == b.host_capacity_bytes == 0
+
+
+def test_an_offloaded_step_is_slower_here_and_its_breakdown_adds_up(env):
+    on, off = run(env, offload_optimizer=True), run(env)
+    assert on.step_time_s > off.step_time_s  # a CPU step over PCIe on every preset host
+    assert on.breakdown.optimizer_s > off.breakdown.optimizer_s
+    assert on.breakdown.total_s == pytest.approx(on.step_time_s, rel=1e-6)
+    notes = " ".join(on.notes)
+    assert "optimizer offloaded to the CPU" in notes and "not checked against measured runs" in notes
+    assert "host memory for the offloaded optimizer" in notes
+
+
+def test_a_host_too_small_for_the_shard_does_not_fit(env):
+    cluster = load_cluster("dgx-h100", gpus=16)
+    tiny = cluster.replace(host=cluster.host.replace(memory_GiB=8).model_dump())
+    result = run(env, cluster=tiny, offload_optimizer=True)
+    assert not result.fits and all(not m.host_fits for m in result.memory)
+    assert all(m.overflow_bytes == 0 for m in result.memory)  # the GPUs themselves have room
+    assert any("does not fit; more GPUs" in n for n in result.notes)
+
+
+def test_a_cluster_without_host_figures_is_refused_by_name(env):
+    with pytest.raises(SpecError, match="offload_optimizer.*gives no host figures"):
+        run(env, cluster=load_cluster("h100-gt", gpus=16), offload_optimizer=True)
+
+
+def test_a_stack_that_cannot_offload_is_refused_by_name():
+    plan = PlanSpec(dp=16, global_batch_size=16, sharding="parameters", offload_optimizer=True)
+    with pytest.raises(SpecError, match="offload_optimizer.*stack torchtitan"):
+        check_plan_supported(load_stack("torchtitan"), plan)
+    check_plan_supported(load_stack("deepspeed-zero3"), plan)
+
+
+def test_offload_needs_a_sharded_optimizer():
+    with pytest.raises(ValueError, match="offload_optimizer .* needs sharding"):
+        PlanSpec(dp=16, global_batch_size=16, offload_optimizer=True)
+    assert "opt-offload" in PlanSpec(dp=16, global_batch_size=16, distributed_optimizer=True,
+                                     offload_optimizer=True).short()
+
+
+def test_a_slow_gpu_slows_the_gpu_part_of_the_optimizer_step_not_the_hosts():
+    from echo_plan.cost.offload import HostStep
+    from echo_plan.replay.step_model import StageCosts
+
+    host = HostStep(d2h_s=0.1, cpu_s=2.0, h2d_s=0.05, exposed_s=2.0, params=10**9)
+    offloaded = StageCosts((), (), (), (), 2.5, host_step=host)  # 0.5 s of other per-step GPU work
+    assert offloaded.optimizer_time(2.0) == pytest.approx(2.0 + 0.5 * 2.0)
+    assert StageCosts((), (), (), (), 2.5).optimizer_time(2.0) == pytest.approx(5.0)
