@@ -28,7 +28,7 @@ from echo_plan.specs.model import Activation, Norm, PositionEmbedding
 from echo_plan.layout.sharding import DataParallelSharding
 from echo_plan.specs.plan import DpComm, Recompute, Schedule, Sharding
 from echo_plan.specs.software import (
-    AttentionKernel, AttentionLibrary, Fp8Recipe, MoEDispatcher, OptimizerSharding, RecomputeModule,
+    AttentionKernel, AttentionLibrary, Fp8Recipe, MoEDispatcher, OptimizerOffload, OptimizerSharding, RecomputeModule,
 )
 
 SECTIONS = ("model", "train", "ddp", "optimizer")
@@ -200,6 +200,18 @@ def _refuse_plan(plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchFormat) -> None
     if plan.recompute_layers and plan.recompute is not Recompute.NONE:
         raise CannotExpress(fmt, "recompute_layers", plan.recompute_layers, "Megatron-Core recomputes a block of "
                             "layers only under full granularity, not beside selective recompute")
+    if plan.offload_optimizer:
+        if stack.optimizer_offload is not OptimizerOffload.MEGATRON_HYBRID:
+            raise CannotExpress(fmt, "optimizer_offload", stack.optimizer_offload.value, "Megatron-Core offloads "
+                                "the optimizer with its HybridDeviceOptimizer (megatron-hybrid); the plan was "
+                                "simulated with another framework's offload: simulate with --stack megatron-core")
+        if plan.dtype is DType.FP8 and stack.fp8_param_gather and stack.fp8_recipe is not Fp8Recipe.DELAYED:
+            raise CannotExpress(fmt, "fp8_param_gather", True, "Megatron-Core's optimizer CPU offload takes FP8 "
+                                "parameters only with the delayed recipe (arguments.py); use --fp8-param-gather false "
+                                "or --fp8-recipe delayed")
+        if stack.optimizer_state_bytes == 8.0:
+            raise CannotExpress(fmt, "optimizer_state_bytes", 8.0, "the CPU AdamW Megatron-Core offloads to keeps "
+                                "fp32 moments; simulate with a stack whose optimizer_state_bytes is 12")
     if stack.optimizer_state_bytes not in (None, 12.0, 8.0):
         raise CannotExpress(fmt, "optimizer_state_bytes", stack.optimizer_state_bytes,
                             "Megatron-Core keeps 12 (fp32 master and moments) or 8 (bf16 moments, the "
@@ -261,6 +273,9 @@ def to_mcore(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchF
             ddp["reuse_grad_buf_for_mxfp8_param_ag"] = opt["reuse_grad_buf_for_mxfp8_param_ag"] = True
     if stack.optimizer_state_bytes == 8.0:
         opt.update(use_precision_aware_optimizer=True, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16")
+    if plan.offload_optimizer:  # HybridDeviceOptimizer needs the precision-aware optimizer's code path
+        opt.update(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0, use_precision_aware_optimizer=True,
+                   overlap_cpu_optimizer_d2h_h2d=True)
     train = {"micro_batch_size": plan.micro_batch_size, "global_batch_size": plan.global_batch_size}
     return {"model": m, "train": train, "ddp": ddp, "optimizer": opt}
 

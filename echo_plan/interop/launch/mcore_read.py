@@ -89,10 +89,12 @@ def _stack(sec: Mapping[str, Mapping[str, Any]], base: SoftwareSpec, source: str
         changes["optimizer_sharding"] = "states"
     if as_bool(opt.get("use_precision_aware_optimizer", False)):
         dtypes = {str(opt.get("exp_avg_dtype", "fp32")), str(opt.get("exp_avg_sq_dtype", "fp32"))}
-        if dtypes != {"bf16"} and dtypes != {"torch.bfloat16"}:
+        offloaded = as_bool(opt.get("optimizer_cpu_offload", False))  # the CPU AdamW keeps fp32 moments
+        if dtypes in ({"bf16"}, {"torch.bfloat16"}) and not offloaded:
+            changes["optimizer_state_bytes"] = 8.0
+        elif dtypes not in ({"fp32"}, {"torch.float32"}):
             raise CannotImport(source, "exp_avg_dtype", sorted(dtypes), "bf16 moments (8 bytes per parameter) or "
                                                                         "the default fp32 ones")
-        changes["optimizer_state_bytes"] = 8.0
     return base.replace(**changes) if changes else base
 
 
@@ -158,6 +160,7 @@ def _plan(sec: Mapping[str, Mapping[str, Any]], model: ModelSpec, gpus: int, sou
     dist = as_bool(ddp.get("use_distributed_optimizer", sec.get("optimizer", {}).get("use_distributed_optimizer", False)))
     fields.update(distributed_optimizer=dist, overlap_grad_reduce=as_bool(ddp.get("overlap_grad_reduce", False)),
                   overlap_param_gather=dist and as_bool(ddp.get("overlap_param_gather", False)))
+    fields["offload_optimizer"] = _offload(sec.get("optimizer", {}), source)
     if model.moe is not None:
         fields["ep"] = as_int(m, "expert_model_parallel_size", source, 1)
         fields["etp"] = as_int(m, "expert_tensor_parallel_size", source, tp)
@@ -183,3 +186,21 @@ def job_from_mcore(sec: Mapping[str, Mapping[str, Any]], base_stack: SoftwareSpe
         raise CannotImport(source, "plan", plan.short(), str(exc)) from None
     return LaunchJob(model=model, plan=plan, stack=stack, gpus=gpus, gpus_per_node=gpus_per_node, source=source,
                      notes=notes)
+
+
+def _offload(opt: Mapping[str, Any], source: str) -> bool:
+    """Whether the job offloads its whole optimizer to the CPU (Megatron-Core's HybridDeviceOptimizer)."""
+    if not as_bool(opt.get("optimizer_cpu_offload", False)):
+        return False
+    fraction = opt.get("optimizer_offload_fraction", 1.0)
+    try:
+        whole = float(fraction) == 1.0
+    except (TypeError, ValueError):
+        whole = False
+    if not whole:
+        raise CannotImport(source, "optimizer_offload_fraction", fraction, "1.0: the whole optimizer on the CPU (a "
+                                                                           "split between CPU and GPU is not modelled)")
+    if not as_bool(opt.get("overlap_cpu_optimizer_d2h_h2d", False)):
+        raise CannotImport(source, "overlap_cpu_optimizer_d2h_h2d", False, "true: the offloaded step is modelled "
+                                                                           "with the copies and the CPU step overlapped")
+    return True

@@ -98,6 +98,9 @@ FLAGS: tuple[Flag, ...] = (
     _f("--grad-reduce-in-bf16", "grad_reduce_in_fp32", "false", "ddp", dest="grad_reduce_in_bf16"),
     _f("--use-precision-aware-optimizer", section="optimizer", kind="true"),
     _f("--exp-avg-dtype", section="optimizer", kind="str"), _f("--exp-avg-sq-dtype", section="optimizer", kind="str"),
+    _f("--optimizer-cpu-offload", section="optimizer", kind="true"),
+    _f("--optimizer-offload-fraction", section="optimizer", kind="float"),
+    _f("--overlap-cpu-optimizer-d2h-h2d", section="optimizer", kind="true"),
 )
 BY_FLAG = {f.flag: f for f in FLAGS}
 # Megatron-LM's defaults for the fields an import reads (arguments.py), where they differ from "absent"

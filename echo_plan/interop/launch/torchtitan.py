@@ -60,6 +60,10 @@ def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> bool:
         raise CannotExpress(FMT, "attention_library", stack.attention_library.value,
                             "torchtitan runs SDPA (FlashAttention-2 or cuDNN), not the Triton FlashAttention the plan "
                             "was simulated with; simulate with another stack to export")
+    if plan.offload_optimizer:
+        raise CannotExpress(FMT, "offload_optimizer", True, "torchtitan's CPU offload (FSDP2's CPUOffloadPolicy) moves "
+                            "the parameters and gradients too, which echo-plan does not model; export the plan "
+                            "without --offload-optimizer")
     if plan.distributed_optimizer and plan.shard_group_size % plan.cp:
         raise CannotExpress(FMT, "shard_degree", plan.shard_group_size, f"torchtitan shards over dp_shard x cp: a "
                                                                        f"multiple of cp {plan.cp}")
