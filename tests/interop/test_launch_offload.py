@@ -65,3 +65,14 @@ def test_megatron_cores_optimizer_config_accepts_the_offload(monkeypatch):
     # (optimizer_config.py returns before it), so the whole section is built here
     config = OptimizerConfig(bf16=True, **opt)
     assert config.optimizer_cpu_offload and config.optimizer_offload_fraction == 1.0
+
+
+def test_the_precision_aware_optimizer_with_its_default_moments_imports_as_twelve_bytes():
+    plain = export_launch(LaunchFormat.MEGATRON_LM, MODEL, PLAN.replace(offload_optimizer=False), load_stack(),
+                          CLUSTER).text
+    job = import_launch(plain.replace("--use-distributed-optimizer", "--use-distributed-optimizer "
+                                      "--use-precision-aware-optimizer"), "job.sh", load_stack())
+    assert job.stack.optimizer_state_bytes in (None, 12.0) and not job.plan.offload_optimizer
+    with pytest.raises(CannotImport, match="exp_avg_dtype"):
+        import_launch(plain.replace("--use-distributed-optimizer", "--use-distributed-optimizer "
+                                    "--use-precision-aware-optimizer --exp-avg-dtype fp16"), "job.sh", load_stack())
