@@ -77,7 +77,7 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
             dtype: Optional[str] = None, fp8_recipe: Optional[str] = None, fp8_param_gather: Optional[bool] = None,
             processes: Optional[int] = None, seq_length: Optional[int] = None, cp: Optional[int] = None,
             routing: Optional[str] = None, flows_per_connection: Optional[int] = None, job=None,
-            cache_dir: Optional[str] = None):
+            cache_dir: Optional[str] = None, offload_optimizer: Optional[bool] = None):
     try:
         kind = SamplerKind(sampler.lower())
     except ValueError:
@@ -111,6 +111,9 @@ def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int],
         space_spec = space_spec.with_values({k: (v,) for k, v in fields.items()})
     if dtype is not None and "," not in dtype:  # --dtype fixes the precision knob (a list: compare per dtype)
         space_spec = space_spec.with_values({"dtype": (dtype,)})
+    if offload_optimizer is not None:  # --offload-optimizer fixes that knob (and shards the optimizer it moves)
+        fixed = {"offload_optimizer": (offload_optimizer,)}
+        space_spec = space_spec.with_values(dict(fixed, distributed_optimizer=(True,)) if offload_optimizer else fixed)
 
     any_fp8 = "fp8" if "fp8" in space_spec.values(Knob.DTYPE) or "fp8" in str(dtype or "") else str(dtype or "bf16")
     return SearchConfig(model=m, cluster=c, global_batch_size=gbs, space=space_spec, sampler=kind, seed=seed,
@@ -278,6 +281,9 @@ def register(app: typer.Typer) -> None:
         dtype: Optional[str] = typer.Option(None, "--dtype", help="fix the precision: bf16 | fp16 | fp8 | fp4 "
                                             "(default: the space's dtype knob)"),
         fp8_recipe: Optional[str] = Fp8RecipeOpt, fp8_param_gather: Optional[bool] = Fp8ParamGatherOpt,
+        offload_optimizer: Optional[bool] = typer.Option(
+            None, "--offload-optimizer/--no-offload-optimizer", help="fix the optimizer's place: in CPU memory with "
+            "a sharded optimizer, or on the GPUs (default: the space's offload_optimizer knob, off; docs/fsdp.md)"),
         routing: Optional[str] = RoutingOpt, flows_per_connection: Optional[int] = FlowsOpt,
         top: int = typer.Option(DEFAULT_TOP, "--top", help="plans to show"),
         as_json: bool = JsonOpt,
@@ -309,7 +315,7 @@ def register(app: typer.Typer) -> None:
                          density=density, dtype=dtype, fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather,
                          processes=processes, seq_length=seq_length, cp=cp,
                          routing=routing, flows_per_connection=flows_per_connection, job=job,
-                         cache_dir=cache_dir)
+                         cache_dir=cache_dir, offload_optimizer=offload_optimizer)
         if dtype is not None and "," in dtype:
             raise SpecError("--dtype", dtype, "one precision for search (compare takes a list: --dtype bf16,fp8)")
         pruned = prune_for(config)

@@ -84,15 +84,19 @@ def canonical(combo: dict[str, Any], dp: int | None = None) -> dict[str, Any]:
     optimizer (Megatron-LM); a single pipeline stage has no schedule to choose, so it is 1F1B;
     1F1B with virtual stages is the interleaved 1F1B schedule. With ``dp`` 1 (when known) there is
     no data-parallel communication and nothing to shard: the distributed optimizer and both DP
-    overlap switches change nothing, so they take their plain values (off, off, and the default on).
+    overlap switches change nothing, so they take their plain values (off, off, and the default on), unless the
+    optimizer is offloaded (what Megatron and DeepSpeed move to the CPU is their sharded optimizer, here of one
+    rank). Without a sharded optimizer nothing is offloaded.
     """
     c = dict(combo)
     if c.get("sharding") is not None:  # the level named: distributed_optimizer is its name for optimizer and up
         c["distributed_optimizer"] = c["sharding"] != Sharding.NONE.value
-    if dp == 1:
+    if dp == 1 and not c.get("offload_optimizer"):
         c["distributed_optimizer"] = False
         c["overlap_grad_reduce"] = True
         c["sharding"] = None if c.get("sharding") is None else Sharding.NONE.value
+    elif dp == 1:  # offloaded: Megatron and DeepSpeed move only their sharded optimizer, here of one rank
+        c["overlap_grad_reduce"] = True
     if not c["distributed_optimizer"]:
         c["shard_degree"] = 0  # nothing sharded
         if c.get("offload_optimizer"):

@@ -106,3 +106,17 @@ def test_compare_refuses_absurd_numbers_before_searching(args, says, capsys):
     assert main(["compare", "--storage", "memory", "--no-progress", *args]) == 2
     err = capsys.readouterr()
     assert says in err.err and err.out == ""
+
+
+def test_a_search_whose_plans_are_all_too_big_points_at_offloading_the_optimizer(tmp_path, capsys):
+    space = tmp_path / "one-server.yaml"
+    space.write_text("knobs:\n  tp: [8]\n  recompute: [none, full]\nfixed:\n  sequence_parallel: true\n")
+    argv = ["search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "32", "--space",
+            str(space), "--storage", "memory", "--no-progress", "--cache-dir", str(tmp_path / "traces")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--offload-optimizer (the optimizer in CPU memory) may" in err
+    assert main(argv + ["--offload-optimizer", "--trials", "2", "--json"]) == 0  # dp 1: the one-rank shard moves
+    ranked = json.loads(capsys.readouterr().out)["ranked"]
+    assert ranked and all(r["plan"]["offload_optimizer"] and r["plan"]["distributed_optimizer"] for r in ranked)
+    assert all(m["optimizer_bytes"] == 0 < m["host_bytes"] for r in ranked for m in r["memory_per_stage"])
