@@ -112,8 +112,9 @@ def offload_notes(steps, memory, cluster, stack) -> list[str]:
            f"per GPU, weights back {worst.h2d_s:.3f} s over {host.link_GBps:g} GB/s; {how}: {worst.exposed_s:.3f} s "
            "per step. An estimate from the cluster's host figures (spec sheets, achievable shares judged), not "
            "checked against measured runs; it assumes each rank's CPU threads (OMP_NUM_THREADS) cover its share of "
-           "the cores (torchrun's default of 1 is several times slower); the step's 80% range comes from runs "
-           "without offload and does not cover this part"]
+           "the cores (torchrun's default of 1 is several times slower), so it is a lower bound: users report "
+           "offloaded steps several times longer (docs/fsdp.md); the step's 80% range comes from runs without "
+           "offload and does not cover this part"]
     used = max(m.host_bytes for m in memory)
     cap = max(m.host_capacity_bytes for m in memory)
     server = cluster.gpus_per_node
