@@ -16,6 +16,9 @@ def test_presets_lists_models_and_clusters(capsys):
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
     assert "gpt3-175b" in out and "h800" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert "host 2048 GiB" in lines["dgx-h100"] and "host issue time" in lines["dgx-h100"]
+    assert "host " not in lines["h100-gt"]  # no CPU figures: --offload-optimizer is refused there
 
 
 def test_help_is_fast_and_lazy():

@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"  {c.name:<12} {c.num_nodes} x {c.gpus_per_node} {c.gpu.name}, "
                        f"{c.network.nics_per_node} x {c.network.nic_bw_Gbps:g} Gb/s per node"
                        + (f", NVLink domain {c.domain_gpus} GPUs" if c.domain_gpus > c.gpus_per_node else "")
+                       + (f", host {c.host.memory_GiB:g} GiB" if c.host is not None else "")
                        + f" ({calibrated})")
         for alias, target in sorted(CLUSTER_ALIASES.items()):
             typer.echo(f"  {alias:<12} another name for {target}")
@@ -44,13 +45,15 @@ def register(app: typer.Typer) -> None:
 
 def calibrated_parts(calibration: dict) -> list[str]:
     """The calibrated parts of a cluster, saying when its NCCL figures are only the MoE all-to-all share
-    (the H100/H800 presets: no nccl-tests logs of those clusters are held)."""
+    (the H100/H800 presets: no nccl-tests logs of those clusters are held); ``host`` is the host's issue time of an
+    MoE layer's kernels, not the CPU memory of the cluster's ``host:`` section."""
     parts = []
     for name in sorted(calibration):
         if name == "from":  # which preset the inherited sections came from
             continue
         params = set(((calibration.get(name) or {}).get("params") or {})) if name == "nccl" else set()
-        parts.append("nccl (MoE all-to-all share only)" if params == {"all_to_all_net_efficiency"} else name)
+        parts.append("nccl (MoE all-to-all share only)" if params == {"all_to_all_net_efficiency"}
+                     else "host issue time" if name == "host" else name)
     if calibration.get("from"):
         parts.append(f"inherited from {str(calibration['from']).split(' ')[0]}")
     return parts
