@@ -340,7 +340,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
                      f"{worst.usable_bytes / 2**30:.1f} GiB usable ({worst.capacity_bytes / 2**30:.0f} GiB less "
                      f"{worst.headroom_bytes / 2**30:.1f} GiB headroom; over by {worst.overflow_bytes / 2**30:.1f} GiB)")
     if plan.offload_optimizer:
-        notes += offload_notes([st.host_step for st in base.stages], memory, cluster, stack)
+        notes += offload_notes([st.host_step for st in base.stages], memory, cluster, stack, plan.offload_fraction)
     rng = memo.prediction_range(cluster, cluster_key, stack, model.is_moe)
     exchange = dp_exchange_summary(plan, base)
     fault_report = None

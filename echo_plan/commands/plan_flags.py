@@ -66,6 +66,9 @@ PLAN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         False, "--offload-optimizer", help="keep the optimizer states in CPU memory and step on the CPU (Megatron-Core's "
                                            "--optimizer-cpu-offload, DeepSpeed's offload_optimizer); needs a sharded "
                                            "optimizer and a cluster with host figures")),
+    ("offload_fraction", Optional[float], typer.Option(
+        None, "--offload-fraction", help="with --offload-optimizer: the share of each rank's optimizer moved to the "
+                                         "CPU, in (0, 1]; the rest steps on the GPU meanwhile (default 1)")),
     ("dtype", str, typer.Option("bf16", "--dtype", help=DTypeHelp)),
     ("fp8_recipe", Optional[str], Fp8RecipeOpt),
     ("fp8_param_gather", Optional[bool], Fp8ParamGatherOpt),
@@ -110,6 +113,7 @@ class PlanFlags:
     shard_degree: Optional[int]
     reshard_after_forward: Optional[bool]
     offload_optimizer: bool
+    offload_fraction: Optional[float]
     dtype: str
     fp8_recipe: Optional[str]
     fp8_param_gather: Optional[bool]
@@ -225,6 +229,12 @@ def sharding_fields(flags: PlanFlags) -> dict[str, Any]:
                             "--sharding optimizer, gradients or parameters (Megatron-Core and DeepSpeed offload only "
                             "a sharded optimizer)")
         out["offload_optimizer"] = True
+    if flags.offload_fraction is not None:
+        if not flags.offload_optimizer:
+            raise SpecError("--offload-fraction", flags.offload_fraction, "needs --offload-optimizer")
+        if not 0.0 < flags.offload_fraction <= 1.0:  # NaN fails too
+            raise SpecError("--offload-fraction", flags.offload_fraction, "a share in (0, 1], e.g. 0.5")
+        out["offload_fraction"] = flags.offload_fraction
     return out
 
 

@@ -348,8 +348,10 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
         if sharding.parameters:
             weights, grads, optimizer = fsdp_states(model, plan, stack, sharding, counts, dense, experts, w_b, g_b, o_b)
         host = 0.0
-        if plan.offload_optimizer:  # the optimizer shard (master weights, moments) lives in CPU memory instead
-            host, optimizer = host_bytes(dense / shard + experts / eshard, stack.optimizer_offload), 0.0
+        if plan.offload_optimizer:  # the optimizer shard (master weights, moments), or a share, in CPU memory
+            f = plan.offload_fraction
+            host, optimizer = host_bytes(f * (dense / shard + experts / eshard), stack.optimizer_offload), \
+                (1.0 - f) * optimizer
         if sched is not None:
             act = walk_stage(model, plan, sched, profile[i], i, saved, first, retained, embed_saved, output_saved,
                              walk_cache)

@@ -43,22 +43,29 @@ HOST_BYTES_PER_PARAM = 16.0
 
 @dataclass(frozen=True, slots=True)
 class HostStep:
-    """One rank's optimizer step on the host, in seconds."""
+    """One rank's optimizer step with its offloaded share on the host, in seconds."""
 
     d2h_s: float
     cpu_s: float
     h2d_s: float
-    exposed_s: float  # what the step waits for after the backward pass
-    params: int
+    exposed_s: float  # what the host's share makes the step wait for after the backward pass
+    params: int  # offloaded parameters
+    gpu_s: float = 0.0  # the share kept on the GPU, stepped there while the host steps its own (partial offload)
+
+    def wait_s(self, gpu_scale: float = 1.0) -> float:
+        """The optimizer step's wait: the host's share and the GPU's, at once (the GPU's ``gpu_scale`` times as long
+        on a slow GPU)."""
+        return max(self.exposed_s, self.gpu_s * gpu_scale)
 
     def as_json(self) -> dict:
         return {"params": self.params, "d2h_s": self.d2h_s, "cpu_s": self.cpu_s, "h2d_s": self.h2d_s,
-                "exposed_s": self.exposed_s}
+                "exposed_s": self.exposed_s, "gpu_s": self.gpu_s}
 
 
-def host_step(params: int, cluster, offload: OptimizerOffload) -> HostStep:
-    """The host step of a rank whose optimizer shard holds ``params`` parameters, on ``cluster``'s host, the way the
-    stack's ``offload`` runs it."""
+def host_step(params: int, cluster, offload: OptimizerOffload, gpu_s: float = 0.0) -> HostStep:
+    """The host step of a rank that offloads ``params`` parameters of its optimizer shard, on ``cluster``'s host, the
+    way the stack's ``offload`` runs it; ``gpu_s``: the GPU's step of the share it keeps (Megatron-Core launches it
+    before the CPU's, so the two run at once)."""
     host = require_host(cluster)
     if offload is OptimizerOffload.NONE:
         raise ValueError("host_step needs a stack that offloads the optimizer")
@@ -71,7 +78,7 @@ def host_step(params: int, cluster, offload: OptimizerOffload) -> HostStep:
         exposed = max(d2h, cpu, h2d)
     else:  # ZeRO-Offload: gradients copied during the backward pass, then the CPU step, then the copy back
         exposed = cpu + h2d
-    return HostStep(d2h, cpu, h2d, exposed, int(params))
+    return HostStep(d2h, cpu, h2d, exposed, int(params), gpu_s)
 
 
 def host_bytes(params: float, offload: OptimizerOffload) -> float:
@@ -94,23 +101,25 @@ def require_host(cluster):
     return cluster.host
 
 
-def offload_notes(steps, memory, cluster, stack) -> list[str]:
+def offload_notes(steps, memory, cluster, stack, fraction: float = 1.0) -> list[str]:
     """simulate's lines on an offloaded optimizer: the slowest rank's host step by part, the host memory per server
     against what it may pin, and that none of it is checked against measurement. ``steps``: each pipeline rank's
     HostStep (None where nothing is offloaded); ``memory``: the StageMemory records."""
     steps = [s for s in steps if s is not None]
     if not steps:
         return []
-    worst = max(steps, key=lambda s: s.exposed_s)
+    worst = max(steps, key=lambda s: s.wait_s())
     host = require_host(cluster)
+    share = f" ({fraction:.0%} of its optimizer shard)" if fraction != 1.0 else ""
     how = ("the copies and the CPU step pipelined per parameter; the step waits for the slowest"
            if stack.optimizer_offload is OptimizerOffload.MEGATRON_HYBRID else
            "gradients copied during the backward pass; the step waits for the CPU update and the copy back")
     out = [f"optimizer offloaded to the CPU (stack {stack.name}: {stack.optimizer_offload.value}): "
-           f"{worst.params / 1e9:.2f} B parameters per GPU; gradients to the host {worst.d2h_s:.3f} s, CPU AdamW "
+           f"{worst.params / 1e9:.2f} B parameters per GPU{share}; gradients to the host {worst.d2h_s:.3f} s, CPU AdamW "
            f"{worst.cpu_s:.3f} s at {host.memory_bw_GBps / cluster.gpus_per_node:.0f} GB/s of host memory bandwidth "
            f"per GPU, weights back {worst.h2d_s:.3f} s over {host.link_GBps:g} GB/s; {how}: {worst.exposed_s:.3f} s "
-           "per step. An estimate from the cluster's host figures (spec sheets, achievable shares judged), not "
+           + (f"beside the GPU's {worst.gpu_s:.3f} s for the share it keeps: {worst.wait_s():.3f} s " if worst.gpu_s
+              else "") + "per step. An estimate from the cluster's host figures (spec sheets, achievable shares judged), not "
            "checked against measured runs; it assumes each rank's CPU threads (OMP_NUM_THREADS) cover its share of "
            "the cores (torchrun's default of 1 is several times slower), so it is a lower bound: users report "
            "offloaded steps several times longer (docs/fsdp.md); the step's 80% range comes from runs without "

@@ -261,12 +261,12 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
             rank_params += params
             rank_experts += experts
         host = None
+        opt = compute.op_time(optimizer_op(rank_params, sharding, rank_experts), cluster.gpu, plan.param_dtype)
         if plan.offload_optimizer:  # the step runs on the CPU; the GPU waits for what the copies do not hide
-            host = host_step(optimizer_shard_params(rank_params, sharding, rank_experts), cluster,
-                             stack.optimizer_offload)
-            opt = host.exposed_s
-        else:
-            opt = compute.op_time(optimizer_op(rank_params, sharding, rank_experts), cluster.gpu, plan.param_dtype)
+            f = plan.offload_fraction  # the GPU steps the share it keeps meanwhile (memory-bound: its share of opt)
+            host = host_step(round(f * optimizer_shard_params(rank_params, sharding, rank_experts)), cluster,
+                             stack.optimizer_offload, gpu_s=(1.0 - f) * opt)
+            opt = host.wait_s()
         opt += once_per_step  # counted with the optimizer step: the other per-step compute of the rank
         pair = None
         if schedule is Schedule.DUALPIPE:

@@ -58,8 +58,9 @@ class StageCosts:
     def optimizer_time(self, scale: float = 1.0) -> float:
         """The optimizer step on a GPU whose work runs ``scale`` times as long (a slow GPU): the host's part of an
         offloaded step does not scale with it."""
-        host = self.host_step.exposed_s if self.host_step is not None else 0.0
-        return (self.optimizer_s - host) * scale + host
+        if self.host_step is None:
+            return self.optimizer_s * scale
+        return (self.optimizer_s - self.host_step.wait_s()) * scale + self.host_step.wait_s(scale)
 
 
 @dataclass(frozen=True, slots=True)

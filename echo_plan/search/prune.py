@@ -101,6 +101,8 @@ def canonical(combo: dict[str, Any], dp: int | None = None) -> dict[str, Any]:
         c["shard_degree"] = 0  # nothing sharded
         if c.get("offload_optimizer"):
             c["offload_optimizer"] = False  # nothing sharded, nothing offloaded: the same plan as without
+    if not c.get("offload_optimizer") and "offload_fraction" in c:
+        c["offload_fraction"] = 1.0
     if c.get("recompute") == Recompute.FULL.value:
         c["recompute_layers"] = 0  # every layer recomputed already
     if c["tp"] == 1:
@@ -186,6 +188,8 @@ class Pruner:
             fields.pop("sharding", None)
         if fields.get("dp_comm", "dense") == "dense":
             fields["density"] = 1.0  # a dense exchange has no density
+        if not fields.get("offload_optimizer"):
+            fields["offload_fraction"] = 1.0  # nothing offloaded has no share
         nvs, layers = pp * vpp, self.model.num_layers
         short = -layers % nvs  # layers missing for an even split
         if schedule == Schedule.DUALPIPE.value:

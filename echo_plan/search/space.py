@@ -46,6 +46,7 @@ class Knob(str, Enum):
     SHARD_DEGREE = "shard_degree"  # HSDP: shard within groups of N ranks; 0: the whole data-parallel group
     RECOMPUTE_LAYERS = "recompute_layers"  # full recompute of the first N layers of each chunk; 0: none
     OFFLOAD_OPTIMIZER = "offload_optimizer"  # optimizer states in CPU memory, the step on the CPU (cost/offload.py)
+    OFFLOAD_FRACTION = "offload_fraction"  # the share of the optimizer offloaded, in (0, 1]
 
 
 class Constraint(str, Enum):
@@ -59,7 +60,7 @@ BOOL_KNOBS = (Knob.SEQUENCE_PARALLEL, Knob.DISTRIBUTED_OPTIMIZER, Knob.OVERLAP_G
               Knob.OVERLAP_PARAM_GATHER, Knob.OFFLOAD_OPTIMIZER)
 ENUM_KNOBS: dict[Knob, type[Enum]] = {Knob.SCHEDULE: Schedule, Knob.RECOMPUTE: Recompute, Knob.DP_COMM: DpComm,
                                       Knob.SHARDING: Sharding}
-FLOAT_KNOBS = (Knob.DENSITY,)
+FLOAT_KNOBS = (Knob.DENSITY, Knob.OFFLOAD_FRACTION)
 
 # What a knob is when a space says nothing about it (PlanSpec's defaults, Megatron-LM's usual).
 KNOB_DEFAULTS: dict[Knob, Any] = {
@@ -69,10 +70,11 @@ KNOB_DEFAULTS: dict[Knob, Any] = {
     Knob.OVERLAP_GRAD_REDUCE: True, Knob.OVERLAP_PARAM_GATHER: True, Knob.EP: 1, Knob.ETP: 1,
     Knob.DP_COMM: DpComm.DENSE.value, Knob.DENSITY: 1.0, Knob.DTYPE: DType.BF16.value, Knob.CP: 1,
     Knob.SHARDING: None, Knob.SHARD_DEGREE: 0, Knob.RECOMPUTE_LAYERS: 0, Knob.OFFLOAD_OPTIMIZER: False,
+    Knob.OFFLOAD_FRACTION: 1.0,
 }
 # Knobs whose default the digest leaves out, so spaces written before them keep their digests.
 NEW_KNOB_DEFAULTS = {Knob.CP: 1, Knob.SHARDING: None, Knob.SHARD_DEGREE: 0, Knob.RECOMPUTE_LAYERS: 0,
-                     Knob.OFFLOAD_OPTIMIZER: False}
+                     Knob.OFFLOAD_OPTIMIZER: False, Knob.OFFLOAD_FRACTION: 1.0}
 TRAINING_DTYPES = (DType.BF16.value, DType.FP16.value, DType.FP8.value, DType.FP4.value)
 # Settings that may only be fixed (one value for the whole search).
 FIXED_ONLY: set[str] = set()

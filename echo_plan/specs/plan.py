@@ -136,6 +136,10 @@ class PlanSpec(Spec):
         default=False, description="keep the optimizer states in CPU memory and run the optimizer step on the CPU "
                                    "(Megatron-Core's --optimizer-cpu-offload, DeepSpeed's offload_optimizer); needs "
                                    "a sharded optimizer and a stack and cluster that say how (cost/offload.py)")
+    offload_fraction: float = Field(
+        default=1.0, gt=0.0, le=1.0, description="offload_optimizer: the share of the rank's optimizer shard moved "
+                                                 "to the CPU, the rest stepped on the GPU at the same time "
+                                                 "(Megatron-Core's --optimizer-offload-fraction)")
 
     @model_validator(mode="after")
     def _rules(self) -> "PlanSpec":
@@ -193,6 +197,8 @@ class PlanSpec(Spec):
                 valid = [d for d in range(1, self.grad_dp + 1) if self.grad_dp % d == 0]
                 raise ValueError(f"shard_degree {self.shard_degree} must divide dp x cp = {self.grad_dp}; valid: "
                                  f"{', '.join(map(str, valid))}")
+        if self.offload_fraction != 1.0 and not self.offload_optimizer:
+            raise ValueError(f"offload_fraction {self.offload_fraction:g} needs offload_optimizer")
         if self.offload_optimizer and not self.distributed_optimizer:
             raise ValueError("offload_optimizer moves each rank's optimizer shard to the CPU: it needs sharding "
                              "optimizer, gradients or parameters (--distributed-optimizer); Megatron-Core and "
@@ -308,7 +314,7 @@ class PlanSpec(Spec):
                 and self.reshard_after_forward != (self.pp == 1):
             parts.append("reshard" if self.reshard_after_forward else "keep-fwd")
         if self.offload_optimizer:
-            parts.append("opt-offload")
+            parts.append("opt-offload" + (f"{self.offload_fraction:g}" if self.offload_fraction != 1.0 else ""))
         return parts
 
 

@@ -44,8 +44,12 @@ def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = Fal
 def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,
                          selective_recompute: bool, context: str = "plan", cp: int = 1,
                          schedule: Schedule | None = None, pp: int = 1, tp: int = 1, recompute_layers: int = 0,
-                         offload_optimizer: bool = False) -> None:
+                         offload_optimizer: bool = False, offload_fraction: float = 1.0) -> None:
     """Raise SpecError when a plan asks for a feature the stack does not have."""
+    if offload_optimizer and offload_fraction != 1.0 and stack.optimizer_offload is OptimizerOffload.ZERO_OFFLOAD:
+        raise SpecError("offload_fraction", offload_fraction, f"1 on stack {stack.name}: DeepSpeed's partial offload "
+                        "(ZeRO-3's Twin-Flow ratio) is not modelled; stacks that offload a share: megatron-core "
+                        "(megatron-hybrid)", context)
     if offload_optimizer and stack.optimizer_offload is OptimizerOffload.NONE:
         raise SpecError("offload_optimizer", True, f"stack {stack.name} sets optimizer_offload none: it cannot run "
                         "the optimizer on the CPU, or echo-plan does not model how it does (FSDP2's CPUOffloadPolicy "
@@ -78,4 +82,4 @@ def check_plan_supported(stack: SoftwareSpec, plan: PlanSpec) -> None:
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel, distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp, schedule=plan.schedule,
                          pp=plan.pp, tp=plan.tp, recompute_layers=plan.recompute_layers,
-                         offload_optimizer=plan.offload_optimizer)
+                         offload_optimizer=plan.offload_optimizer, offload_fraction=plan.offload_fraction)

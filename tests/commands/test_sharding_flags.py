@@ -23,6 +23,9 @@ PLAN = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "
     (["--offload-optimizer", "--sharding", "parameters", "--stack", "torchtitan"], "stack torchtitan sets "
                                                                                     "optimizer_offload none"),
     (["--offload-optimizer", "--distributed-optimizer", "--cluster", "h100-gt"], "gives no host figures"),
+    (["--offload-fraction", "0.5", "--distributed-optimizer"], "needs --offload-optimizer"),
+    (["--offload-optimizer", "--distributed-optimizer", "--offload-fraction", "0"], "a share in (0, 1]"),
+    (["--offload-optimizer", "--distributed-optimizer", "--offload-fraction", "nan"], "a share in (0, 1]"),
 ])
 def test_a_bad_sharding_or_recompute_flag_is_one_line(capsys, extra, says):
     assert main(PLAN + extra) == 2

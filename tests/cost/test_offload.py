@@ -109,4 +109,30 @@ def test_a_slow_gpu_slows_the_gpu_part_of_the_optimizer_step_not_the_hosts():
     host = HostStep(d2h_s=0.1, cpu_s=2.0, h2d_s=0.05, exposed_s=2.0, params=10**9)
     offloaded = StageCosts((), (), (), (), 2.5, host_step=host)  # 0.5 s of other per-step GPU work
     assert offloaded.optimizer_time(2.0) == pytest.approx(2.0 + 0.5 * 2.0)
+    partial = StageCosts((), (), (), (), 2.5, host_step=HostStep(0.1, 2.0, 0.05, 2.0, 10**9, gpu_s=1.5))
+    assert partial.optimizer_time(1.0) == pytest.approx(2.5)  # the GPU's share hides under the host's
+    assert partial.optimizer_time(2.0) == pytest.approx(3.0 + 0.5 * 2.0)  # until a slow GPU takes longer
     assert StageCosts((), (), (), (), 2.5).optimizer_time(2.0) == pytest.approx(5.0)
+
+
+def test_offloading_more_of_the_optimizer_never_raises_gpu_memory(env):
+    peaks, hosts = [], []
+    for fraction in (0.25, 0.5, 0.75, 1.0):
+        result = run(env, offload_optimizer=True, offload_fraction=fraction)
+        peaks.append(max(m.total_bytes for m in result.memory))
+        hosts.append(max(m.host_bytes for m in result.memory))
+    plain = max(m.total_bytes for m in run(env).memory)
+    assert plain >= peaks[0] and all(b <= a for a, b in zip(peaks, peaks[1:])) and peaks[-1] < peaks[0]
+    assert all(b > a for a, b in zip(hosts, hosts[1:]))
+
+
+def test_a_partial_offload_steps_both_shares_at_once(env):
+    half = run(env, offload_optimizer=True, offload_fraction=0.5)
+    whole = run(env, offload_optimizer=True)
+    assert half.breakdown.optimizer_s < whole.breakdown.optimizer_s  # half the host's share, the GPU's beside it
+    assert "50% of its optimizer shard" in " ".join(half.notes)
+    with pytest.raises(SpecError, match="offload_fraction.*Twin-Flow"):
+        check_plan_supported(load_stack("deepspeed-zero3"), PlanSpec(dp=16, global_batch_size=16, sharding="parameters",
+                                                                     offload_optimizer=True, offload_fraction=0.5))
+    with pytest.raises(ValueError, match="offload_fraction 0.5 needs offload_optimizer"):
+        PlanSpec(dp=16, global_batch_size=16, distributed_optimizer=True, offload_fraction=0.5)

@@ -33,7 +33,15 @@ def test_an_offloaded_plan_round_trips(fmt, name):
     assert not import_launch(plain.text, name, load_stack()).plan.offload_optimizer
 
 
-@pytest.mark.parametrize("replace, says", [("--optimizer-offload-fraction 1.0", "--optimizer-offload-fraction 0.5"),
+def test_a_partial_offload_round_trips():
+    plan = PLAN.replace(offload_fraction=0.25)
+    out = export_launch(LaunchFormat.MEGATRON_LM, MODEL, plan, load_stack(), CLUSTER)
+    assert "--optimizer-offload-fraction 0.25" in out.text
+    job = import_launch(out.text, "job.sh", load_stack())
+    assert job.plan.offload_optimizer and job.plan.offload_fraction == 0.25
+
+
+@pytest.mark.parametrize("replace, says", [("--optimizer-offload-fraction 1.0", "--optimizer-offload-fraction 1.5"),
                                            ("--overlap-cpu-optimizer-d2h-h2d", "")])
 def test_an_offload_echo_plan_does_not_model_is_refused_on_import(replace, says):
     text = export_launch(LaunchFormat.MEGATRON_LM, MODEL, PLAN, load_stack(), CLUSTER).text.replace(replace, says)

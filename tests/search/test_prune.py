@@ -269,3 +269,15 @@ def test_offloading_the_optimizer_is_a_knob_that_lets_a_bigger_shard_fit():
     refused = prune_space(Pruner(model, cluster, 128, space, stack=load_stack("megatron-lm-2022")))
     assert not [v for v in refused.valid if v.plan.offload_optimizer]
     assert any("optimizer_offload none" in v.detail for v in refused.verdicts)
+
+
+def test_an_offloaded_share_is_a_knob_and_means_nothing_without_offload():
+    space = space_from_mapping({"knobs": {"tp": [8], "pp": [8], "offload_optimizer": [False, True],
+                                          "offload_fraction": [0.5, 1.0]}, "fixed": {"distributed_optimizer": True}})
+    model, cluster = load_model("gpt3-175b"), load_cluster("h800", gpus=128)
+    pruned = prune_space(Pruner(model, cluster, 128, space))
+    plans = {(v.plan.offload_optimizer, v.plan.offload_fraction) for v in pruned.valid}
+    assert plans == {(False, 1.0), (True, 0.5), (True, 1.0)}  # not offloaded at 0.5 is the plan not offloaded
+    half = next(v for v in pruned.valid if v.plan.offload_fraction == 0.5)
+    whole = next(v for v in pruned.valid if v.plan.offload_optimizer and v.plan.offload_fraction == 1.0)
+    assert all(0 < h.optimizer_bytes and h.host_bytes < w.host_bytes for h, w in zip(half.memory, whole.memory))

@@ -274,8 +274,8 @@ def to_mcore(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, fmt: LaunchF
     if stack.optimizer_state_bytes == 8.0:
         opt.update(use_precision_aware_optimizer=True, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16")
     if plan.offload_optimizer:  # HybridDeviceOptimizer needs the precision-aware optimizer's code path
-        opt.update(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0, use_precision_aware_optimizer=True,
-                   overlap_cpu_optimizer_d2h_h2d=True)
+        opt.update(optimizer_cpu_offload=True, optimizer_offload_fraction=plan.offload_fraction,
+                   use_precision_aware_optimizer=True, overlap_cpu_optimizer_d2h_h2d=True)
     train = {"micro_batch_size": plan.micro_batch_size, "global_batch_size": plan.global_batch_size}
     return {"model": m, "train": train, "ddp": ddp, "optimizer": opt}
 

@@ -160,7 +160,9 @@ def _plan(sec: Mapping[str, Mapping[str, Any]], model: ModelSpec, gpus: int, sou
     dist = as_bool(ddp.get("use_distributed_optimizer", sec.get("optimizer", {}).get("use_distributed_optimizer", False)))
     fields.update(distributed_optimizer=dist, overlap_grad_reduce=as_bool(ddp.get("overlap_grad_reduce", False)),
                   overlap_param_gather=dist and as_bool(ddp.get("overlap_param_gather", False)))
-    fields["offload_optimizer"] = _offload(sec.get("optimizer", {}), source)
+    fraction = _offload(sec.get("optimizer", {}), source)
+    if fraction is not None:
+        fields.update(offload_optimizer=True, offload_fraction=fraction)
     if model.moe is not None:
         fields["ep"] = as_int(m, "expert_model_parallel_size", source, 1)
         fields["etp"] = as_int(m, "expert_tensor_parallel_size", source, tp)
@@ -188,19 +190,19 @@ def job_from_mcore(sec: Mapping[str, Mapping[str, Any]], base_stack: SoftwareSpe
                      notes=notes)
 
 
-def _offload(opt: Mapping[str, Any], source: str) -> bool:
-    """Whether the job offloads its whole optimizer to the CPU (Megatron-Core's HybridDeviceOptimizer)."""
+def _offload(opt: Mapping[str, Any], source: str) -> float | None:
+    """The share of its optimizer the job offloads to the CPU (Megatron-Core's HybridDeviceOptimizer), or None."""
     if not as_bool(opt.get("optimizer_cpu_offload", False)):
-        return False
-    fraction = opt.get("optimizer_offload_fraction", 1.0)
+        return None
+    fraction = opt.get("optimizer_offload_fraction", 1.0)  # Megatron-LM's flag defaults to 1.0
     try:
-        whole = float(fraction) == 1.0
+        share = float(fraction)
     except (TypeError, ValueError):
-        whole = False
-    if not whole:
-        raise CannotImport(source, "optimizer_offload_fraction", fraction, "1.0: the whole optimizer on the CPU (a "
-                                                                           "split between CPU and GPU is not modelled)")
+        share = float("nan")
+    if not 0.0 < share <= 1.0:  # NaN fails too
+        raise CannotImport(source, "optimizer_offload_fraction", fraction, "a share in (0, 1] of the optimizer on "
+                                                                           "the CPU")
     if not as_bool(opt.get("overlap_cpu_optimizer_d2h_h2d", False)):
         raise CannotImport(source, "overlap_cpu_optimizer_d2h_h2d", False, "true: the offloaded step is modelled "
                                                                            "with the copies and the CPU step overlapped")
-    return True
+    return share
