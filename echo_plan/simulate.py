@@ -27,7 +27,8 @@ from echo_plan.specs.calibration import calibration_status
 from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.faults import Fault, check_faults, slowed_cluster, stage_effects
 from echo_plan.specs.model import ModelSpec
-from echo_plan.specs.plan import PlanSpec, Schedule, validate_plan
+from echo_plan.specs.plan import PlanSpec, Schedule
+from echo_plan.specs.plan_checks import validate_plan
 from echo_plan.specs.software import MoEDispatcher, SoftwareSpec
 from echo_plan.specs.software_checks import check_precision, check_plan_supported
 from echo_plan.trace.records import CollectiveKind, CommGroup, Phase

@@ -16,7 +16,7 @@ from echo_plan.interop.launch import (
 from echo_plan.interop.launch.job import FORMAT_NAMES
 from echo_plan.output_paths import check_output_file
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load_cluster, load_stack
-from echo_plan.specs.plan import validate_plan
+from echo_plan.specs.plan_checks import validate_plan
 
 FormatOpt = typer.Option(..., "--format", "-f", help=f"launch format: {FORMAT_NAMES}")
 LaunchFormatOpt = typer.Option(None, "--launch-format", help=f"the file's format ({FORMAT_NAMES}; default: from its "

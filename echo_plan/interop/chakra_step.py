@@ -40,7 +40,7 @@ from echo_plan.trace.records import CollectiveKind, GroupKind, LayerTrace, Phase
 from echo_plan.replay.dp import PARAM_BYTES
 from echo_plan.replay.pipeline import build_tasks
 from echo_plan.simulate import SimulationMemo, step_costs
-from echo_plan.specs.plan import validate_plan
+from echo_plan.specs.plan_checks import validate_plan
 from echo_plan.specs.software_checks import check_plan_supported
 from echo_plan.errors import SpecError
 

@@ -15,8 +15,8 @@ from echo_plan.errors import EchoPlanError, SpecError
 from echo_plan.cost.stage_memory import StageMemory
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
-from echo_plan.specs.plan import (balanced_split, PlanSpec, Recompute, Schedule, Sharding, schedule_rule,
-                                  validate_plan)
+from echo_plan.specs.plan import balanced_split, PlanSpec, Recompute, Schedule, Sharding, schedule_rule
+from echo_plan.specs.plan_checks import validate_plan
 from echo_plan.specs.software import SoftwareSpec
 from echo_plan.specs.software_checks import check_plan_supported, check_precision
 from echo_plan.search.space import Knob, SearchSpace

@@ -2,7 +2,8 @@
 
 from echo_plan.specs.cluster import ClusterSpec, DType, Fabric, GPUSpec, NetworkSpec
 from echo_plan.specs.model import Activation, ModelSpec, Norm, PositionEmbedding
-from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, validate_plan
+from echo_plan.specs.plan import PlanSpec, Recompute, Schedule
+from echo_plan.specs.plan_checks import validate_plan
 from echo_plan.specs.presets import (
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,

@@ -15,7 +15,7 @@ from echo_plan.errors import SpecError
 from echo_plan.specs import DType, ModelSpec, Recompute
 from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
 from echo_plan.trace.records import StageKind, TraceKey
-from echo_plan.specs.plan import validate_cp
+from echo_plan.specs.plan_checks import validate_cp
 
 # The modules whose source decides what a trace contains.
 TRACED_MODULES = (

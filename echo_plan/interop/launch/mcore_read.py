@@ -13,7 +13,7 @@ from echo_plan.errors import EchoPlanError
 from echo_plan.interop.launch.job import CannotImport, LaunchJob, canonical_plan
 from echo_plan.interop.launch.mcore import FP4_FORMAT, FP4_RECIPE, FP8_RECIPES, RECOMPUTE_NAMES, as_bool, as_int, model_from_mcore, parse_layout
 from echo_plan.specs import ModelSpec, PlanSpec, SoftwareSpec
-from echo_plan.specs.plan import validate_experts
+from echo_plan.specs.plan_checks import validate_experts
 from echo_plan.specs.software import AttentionKernel, AttentionLibrary
 
 ATTENTION = {"fused": (AttentionKernel.FUSED, AttentionLibrary.CUDNN),
