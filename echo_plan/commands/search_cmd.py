@@ -68,6 +68,9 @@ ProcessesOpt = typer.Option(None, "--processes", envvar="ECHO_PLAN_PROCESSES",
                                  "16 plans or more; 1 runs in-process)")
 ProgressOpt = typer.Option(None, "--progress/--no-progress", help="progress bar on stderr (default: when a TTY)")
 ReportOpt = typer.Option(None, "--report", help="also write the HTML recommendation report to this file")
+OffloadOpt = typer.Option(None, "--offload-optimizer/--no-offload-optimizer", help="fix the optimizer's place: in "
+                          "CPU memory with a sharded optimizer, or on the GPUs (default: the space's offload_optimizer "
+                          "knob, off; docs/fsdp.md)")
 
 
 def _config(model: str, cluster: str, nodes: Optional[int], gpus: Optional[int], gbs: int, space: Optional[str],
@@ -281,9 +284,7 @@ def register(app: typer.Typer) -> None:
         dtype: Optional[str] = typer.Option(None, "--dtype", help="fix the precision: bf16 | fp16 | fp8 | fp4 "
                                             "(default: the space's dtype knob)"),
         fp8_recipe: Optional[str] = Fp8RecipeOpt, fp8_param_gather: Optional[bool] = Fp8ParamGatherOpt,
-        offload_optimizer: Optional[bool] = typer.Option(
-            None, "--offload-optimizer/--no-offload-optimizer", help="fix the optimizer's place: in CPU memory with "
-            "a sharded optimizer, or on the GPUs (default: the space's offload_optimizer knob, off; docs/fsdp.md)"),
+        offload_optimizer: Optional[bool] = OffloadOpt,
         routing: Optional[str] = RoutingOpt, flows_per_connection: Optional[int] = FlowsOpt,
         top: int = typer.Option(DEFAULT_TOP, "--top", help="plans to show"),
         as_json: bool = JsonOpt,
@@ -368,6 +369,7 @@ def register(app: typer.Typer) -> None:
         dtype: Optional[str] = typer.Option(None, "--dtype", help="precision(s): bf16 | fp16 | fp8 | fp4, or a list "
                                             "such as bf16,fp8 to search each size once per precision and compare them"),
         fp8_recipe: Optional[str] = Fp8RecipeOpt, fp8_param_gather: Optional[bool] = Fp8ParamGatherOpt,
+        offload_optimizer: Optional[bool] = OffloadOpt,
         routing: Optional[str] = RoutingOpt, flows_per_connection: Optional[int] = FlowsOpt,
         failures_per_gpu_day: Optional[float] = FailRateOpt, checkpoint_gbps_per_gpu: Optional[float] = CkptBwOpt,
         restart_min: Optional[float] = RestartOpt, detect_min: Optional[float] = DetectOpt,
@@ -389,7 +391,8 @@ def register(app: typer.Typer) -> None:
                            ray_address, tokens=parse_tokens(tokens), stack=stack, memory_headroom=memory_headroom,
                            dp_comm=dp_comm, density=density, dtype=dtype, fp8_recipe=fp8_recipe,
                            fp8_param_gather=fp8_param_gather, processes=processes, seq_length=seq_length, cp=cp,
-                           routing=routing, flows_per_connection=flows_per_connection, cache_dir=cache_dir)
+                           routing=routing, flows_per_connection=flows_per_connection, cache_dir=cache_dir,
+                           offload_optimizer=offload_optimizer)
 
         if len(names) > 1 or listed is not None:
             compare_clusters([config_for(n) for n in names], sizes, prices, cache_dir, progress, csv, report,
@@ -402,7 +405,8 @@ def register(app: typer.Typer) -> None:
                        dp_comm=dp_comm, density=density, dtype=dtype, fp8_recipe=fp8_recipe,
                        fp8_param_gather=fp8_param_gather, processes=processes,
                        seq_length=seq_length, cp=cp, routing=routing,
-                       flows_per_connection=flows_per_connection, cache_dir=cache_dir)
+                       flows_per_connection=flows_per_connection, cache_dir=cache_dir,
+                       offload_optimizer=offload_optimizer)
         fm = failure_model(failures_per_gpu_day, checkpoint_gbps_per_gpu, restart_min, detect_min)
 
         def run(config, label: str = ""):

@@ -120,3 +120,7 @@ def test_a_search_whose_plans_are_all_too_big_points_at_offloading_the_optimizer
     ranked = json.loads(capsys.readouterr().out)["ranked"]
     assert ranked and all(r["plan"]["offload_optimizer"] and r["plan"]["distributed_optimizer"] for r in ranked)
     assert all(m["optimizer_bytes"] == 0 < m["host_bytes"] for r in ranked for m in r["memory_per_stage"])
+    compare = ["compare" if a == "search" else a for a in argv]
+    assert main(compare + ["--offload-optimizer", "--trials", "2", "--json"]) == 0  # compare takes it too
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["num_gpus"] == 8 and all(r["plan"]["offload_optimizer"] for r in row["outcome"]["ranked"])
