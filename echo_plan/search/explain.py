@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from echo_plan.replay.results import Breakdown, StepResult
-from echo_plan.search.prune import PrunedSpace
+from echo_plan.search.prune import PrunedSpace, PruneReason
 from echo_plan.search.results import TrialRecord, TrialState
 from echo_plan.search.space import Knob
+from echo_plan.specs.software_kinds import OptimizerOffload
 
 # Breakdown fields in words, for sentences.
 _PART_NAMES = {
@@ -122,3 +123,14 @@ def explain_top(ranked: tuple[StepResult, ...]) -> list[str]:
                  f"{', '.join(diffs) or 'nothing in the plan'}: " + (", ".join(moved) or "same breakdown")
                  + f"; peak memory {mem:+.1f} GiB.")
     return lines
+
+
+def offload_hint(stack: Any, cluster: Any, space: Any, pruned: PrunedSpace) -> str:
+    """When plans were too big and the space kept the optimizer on the GPUs though the stack and the cluster could
+    move it: say that --offload-optimizer might make one fit."""
+    too_big = any(v.reason is PruneReason.OOM_ESTIMATE for v in pruned.verdicts)
+    can = (getattr(stack, "optimizer_offload", None) not in (None, OptimizerOffload.NONE)
+           and cluster.host is not None)
+    if too_big and can and True not in space.values(Knob.OFFLOAD_OPTIMIZER):
+        return "; --offload-optimizer (the optimizer in CPU memory) may make one fit (docs/fsdp.md)"
+    return ""

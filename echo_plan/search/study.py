@@ -24,7 +24,7 @@ from typing import Any
 from echo_plan.errors import EchoPlanError
 from echo_plan.replay.results import StepResult
 from echo_plan.search.evaluator import Evaluation, EvaluatorFactory, LocalPool
-from echo_plan.search.explain import knob_stats
+from echo_plan.search.explain import knob_stats, offload_hint
 from echo_plan.search.progress import ProgressSink
 from echo_plan.search.config import DEFAULT_TRIALS, SamplerKind, SearchConfig, prune_for, resolve_sampler
 from echo_plan.search.prune import MemoryEstimator, PrunedSpace, PruneReason, Verdict, plan_key
@@ -36,7 +36,6 @@ from echo_plan import __version__
 from echo_plan.search.ray_eval import ray_advice
 from echo_plan.search.process_pool import MIN_PLANS_FOR_PROCESSES, auto_processes, own_pool
 from echo_plan.search.ray_eval import RayPool
-from echo_plan.specs.software_kinds import OptimizerOffload
 
 # the search's public names (SearchConfig and the sampler live in config.py; imported from here too)
 __all__ = ["DEFAULT_TRIALS", "IN_MEMORY", "POLISH_SHARE", "ROUND_SIZE", "SamplerKind", "SearchConfig", "pareto_front",
@@ -61,19 +60,8 @@ def run_search(config: SearchConfig, factory: EvaluatorFactory, *, pruned: Prune
         counts = "; ".join(f"{n} {r}" for r, n in pruned.counts().items())
         raise EchoPlanError(f"no candidate plan of the space passes the checks ({pruned.total} candidates: "
                             f"{counts}); run with --explain to see each knob value, or widen the space"
-                            + _offload_hint(config, pruned))
+                            + offload_hint(config.stack, config.cluster, config.space, pruned))
     return _Search(config, factory, pruned, progress, processes, memo).run(t0)
-
-
-def _offload_hint(config: SearchConfig, pruned: PrunedSpace) -> str:
-    """When plans were too big and the space kept the optimizer on the GPUs though the stack and the cluster could
-    move it: say that --offload-optimizer might make one fit."""
-    too_big = any(v.reason is PruneReason.OOM_ESTIMATE for v in pruned.verdicts)
-    can = (getattr(config.stack, "optimizer_offload", None) not in (None, OptimizerOffload.NONE)
-           and config.cluster.host is not None)
-    if too_big and can and True not in config.space.values(Knob.OFFLOAD_OPTIMIZER):
-        return "; --offload-optimizer (the optimizer in CPU memory) may make one fit (docs/fsdp.md)"
-    return ""
 
 
 class _Search:
