@@ -114,16 +114,17 @@ def offload_notes(steps, memory, cluster, stack, fraction: float = 1.0) -> list[
     how = ("the copies and the CPU step pipelined per parameter; the step waits for the slowest"
            if stack.optimizer_offload is OptimizerOffload.MEGATRON_HYBRID else
            "gradients copied during the backward pass; the step waits for the CPU update and the copy back")
+    beside = (f"beside the GPU's {worst.gpu_s:.3f} s for the share it keeps: {worst.wait_s():.3f} s "
+              if worst.gpu_s else "")
     out = [f"optimizer offloaded to the CPU (stack {stack.name}: {stack.optimizer_offload.value}): "
-           f"{worst.params / 1e9:.2f} B parameters per GPU{share}; gradients to the host {worst.d2h_s:.3f} s, CPU AdamW "
-           f"{worst.cpu_s:.3f} s at {host.memory_bw_GBps / cluster.gpus_per_node:.0f} GB/s of host memory bandwidth "
-           f"per GPU, weights back {worst.h2d_s:.3f} s over {host.link_GBps:g} GB/s; {how}: {worst.exposed_s:.3f} s "
-           + (f"beside the GPU's {worst.gpu_s:.3f} s for the share it keeps: {worst.wait_s():.3f} s " if worst.gpu_s
-              else "") + "per step. An estimate from the cluster's host figures (spec sheets, achievable shares judged), not "
-           "checked against measured runs; it assumes each rank's CPU threads (OMP_NUM_THREADS) cover its share of "
-           "the cores (torchrun's default of 1 is several times slower), so it is a lower bound: users report "
-           "offloaded steps several times longer (docs/fsdp.md); the step's 80% range comes from runs without "
-           "offload and does not cover this part"]
+           f"{worst.params / 1e9:.2f} B parameters per GPU{share}; gradients to the host {worst.d2h_s:.3f} s, "
+           f"CPU AdamW {worst.cpu_s:.3f} s at {host.memory_bw_GBps / cluster.gpus_per_node:.0f} GB/s of host memory "
+           f"bandwidth per GPU, weights back {worst.h2d_s:.3f} s over {host.link_GBps:g} GB/s; {how}: "
+           f"{worst.exposed_s:.3f} s {beside}per step. An estimate from the cluster's host figures (spec sheets, "
+           "achievable shares judged), not checked against measured runs; it assumes each rank's CPU threads "
+           "(OMP_NUM_THREADS) cover its share of the cores (torchrun's default of 1 is several times slower), so it "
+           "is a lower bound: users report offloaded steps several times longer (docs/fsdp.md); the step's 80% "
+           "range comes from runs without offload and does not cover this part"]
     used = max(m.host_bytes for m in memory)
     cap = max(m.host_capacity_bytes for m in memory)
     server = cluster.gpus_per_node
