@@ -17,12 +17,16 @@ Megatron-Core's HybridDeviceOptimizer with ``overlap_cpu_optimizer_d2h_h2d`` giv
 optimizer and stream events, so the three run as a pipeline over the rank's parameters: the step costs the slowest
 of the three (the first and last parameter's share of the others is small beside a shard of millions). DeepSpeed
 copies the gradients during the backward pass, as each bucket is reduced (hidden here behind it), and after the
-backward runs the CPU step of each parameter group, then its copy back: the CPU step plus the copy.
+backward runs the CPU step of each parameter group, then its copy back: the CPU step plus the copy. With a share
+(``offload_fraction`` below 1, Megatron-Core's ``--optimizer-offload-fraction``), the GPU steps the parameters it
+keeps while the host steps its own (HybridDeviceOptimizer.step launches the GPU's optimizer first): the step waits
+for the slower of the two.
 
 What is a judgement, not a measurement: the host figures of a preset are spec-sheet peaks times an achievable share
 (clusters/*.yaml say which); the CPU update is taken as memory-bound with each rank's threads (OMP_NUM_THREADS)
-covering its share of the cores: torchrun's default of one thread per rank is several times slower. No published
-run with the optimizer offloaded is among the validation suites, so none of this is checked against measurement.
+covering its share of the cores: torchrun's default of one thread per rank is several times slower, so the host's
+part is a lower bound. No published run with the optimizer offloaded is among the validation suites, so none of
+this is checked against measurement.
 """
 
 from __future__ import annotations
