@@ -234,7 +234,7 @@ class Pruner:
                       f"{worst.capacity_bytes / 2**30:.1f} GiB") if worst.overflow_bytes else (
                       f"stage {worst.stage}'s offloaded optimizer needs {worst.host_bytes / 2**30:.1f} GiB of host "
                       f"memory per GPU, {worst.host_capacity_bytes / 2**30:.1f} GiB usable")
-            if verdict.plan.cp == 1 and self._activations_decide(worst):
+            if verdict.plan.cp == 1 and worst.overflow_bytes and self._activations_decide(worst):
                 detail += (f", {worst.activations_bytes / 2**30:.1f} GiB of it activations of {self.model.seq_length:,}"
                            "-token sequences: context parallelism would split them")
                 return Verdict(verdict.combo, verdict.plan, PruneReason.NEEDS_CP, detail, memory)
