@@ -281,3 +281,15 @@ def test_an_offloaded_share_is_a_knob_and_means_nothing_without_offload():
     half = next(v for v in pruned.valid if v.plan.offload_fraction == 0.5)
     whole = next(v for v in pruned.valid if v.plan.offload_optimizer and v.plan.offload_fraction == 1.0)
     assert all(0 < h.optimizer_bytes and h.host_bytes < w.host_bytes for h, w in zip(half.memory, whole.memory))
+
+
+def test_a_host_too_small_for_the_offloaded_optimizer_is_pruned_as_out_of_memory_not_for_cp():
+    space = space_from_mapping({"knobs": {"tp": [8]}, "fixed": {"distributed_optimizer": True,
+                                                                "offload_optimizer": True, "recompute": "full"}})
+    cluster = load_cluster("dgx-h100", gpus=8)
+    tiny = cluster.replace(host=cluster.host.replace(memory_GiB=4).model_dump())
+    model = load_model("llama3-8b").replace(seq_length=32768)  # long: a GPU overflow would point at CP
+    pruned = prune_space(Pruner(model, tiny, 8, space))
+    assert not pruned.valid
+    over = [v for v in pruned.verdicts if v.reason is PruneReason.OOM_ESTIMATE]
+    assert over and all("offloaded optimizer needs" in v.detail and "host memory" in v.detail for v in over)
