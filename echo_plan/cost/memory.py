@@ -56,7 +56,7 @@ from echo_plan.files import safe_load
 import yaml
 
 from echo_plan.errors import FileFormatError
-from echo_plan.cost.offload import host_bytes, host_share_bytes
+from echo_plan.cost.offload import host_share_bytes, offloaded_states
 from echo_plan.cost.stage_memory import StageMemory
 from echo_plan.cost.fsdp_memory import fsdp_states
 from echo_plan.cost.pipeline_buffers import pipeline_runtime_bytes
@@ -349,9 +349,8 @@ def _assemble(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec, stack: Sof
             weights, grads, optimizer = fsdp_states(model, plan, stack, sharding, counts, dense, experts, w_b, g_b, o_b)
         host = 0.0
         if plan.offload_optimizer:  # the optimizer shard (master weights, moments), or a share, in CPU memory
-            f = plan.offload_fraction
-            host, optimizer = host_bytes(f * (dense / shard + experts / eshard), stack.optimizer_offload), \
-                (1.0 - f) * optimizer
+            grads, optimizer, host = offloaded_states(plan, stack, optimizer, grads, buffer,
+                                                      dense / shard + experts / eshard)
         if sched is not None:
             act = walk_stage(model, plan, sched, profile[i], i, saved, first, retained, embed_saved, output_saved,
                              walk_cache)

@@ -43,6 +43,9 @@ CPU_BYTES_PER_PARAM = 28.0 + 6.0  # fused AdamW (read w, g, m, v; write w, m, v,
 # whatever the stack's GPU optimizer does), the pinned fp32 gradient copy; DeepSpeed also pins the 16-bit copy it
 # sends back (param_buffer_of_bit16_for_cpu_offload_groups)
 HOST_BYTES_PER_PARAM = 16.0
+# FSDP2: the fused CPU AdamW on the fp32 shard without a 16-bit copy to make; the fp32 shard goes to the GPU
+FSDP2_CPU_BYTES_PER_PARAM = 28.0
+FSDP2_H2D_BYTES = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +83,32 @@ def host_step(params: int, cluster, offload: OptimizerOffload, gpu_s: float = 0.
     h2d = params * PARAM_H2D_BYTES / link
     if offload is OptimizerOffload.MEGATRON_HYBRID:
         exposed = max(d2h, cpu, h2d)
-    else:  # ZeRO-Offload: gradients copied during the backward pass, then the CPU step, then the copy back
+    elif offload is OptimizerOffload.ZERO_OFFLOAD:  # gradients copied during the backward pass, then step, copy back
         exposed = cpu + h2d
+    else:  # FSDP2: the copies ride with each unit's collectives (fsdp_unit_copy_s); the fp32 weights stay on the host
+        cpu = params * FSDP2_CPU_BYTES_PER_PARAM / per_gpu_bw
+        d2h, h2d, exposed = params * GRAD_D2H_BYTES / link, params * FSDP2_H2D_BYTES / link, cpu
     return HostStep(d2h, cpu, h2d, exposed, int(params), gpu_s)
+
+
+def fsdp_unit_copy_s(shard_params: float, nbytes: float, cluster) -> float:
+    """FSDP2 under CPUOffloadPolicy: one unit's copy of ``shard_params`` parameters of ``nbytes`` each between the
+    host and the GPU (its fp32 shard in before each all-gather, its reduced gradient shard out after each
+    reduce-scatter), on the collective's own stream."""
+    return shard_params * nbytes / (require_host(cluster).link_GBps * 1e9)
+
+
+def offloaded_states(plan, stack, optimizer: float, grads: float, sharded_grads: float,
+                     shard_params: float) -> tuple[float, float, float]:
+    """(gradients, optimizer states) left on the GPU, and the host bytes, when ``plan`` offloads its optimizer shard of
+    ``shard_params`` parameters: Megatron-Core and DeepSpeed keep the gradient buffer on the GPU and move the states
+    (a share of them, ``offload_fraction``); FSDP2 moves the sharded gradients too (its sharded fp32 parameters are
+    the optimizer's master weights, counted with the states)."""
+    f = plan.offload_fraction
+    host = host_bytes(f * shard_params, stack.optimizer_offload)
+    if stack.optimizer_offload is OptimizerOffload.FSDP2:
+        return grads - sharded_grads, 0.0, host
+    return grads, (1.0 - f) * optimizer, host
 
 
 def host_bytes(params: float, offload: OptimizerOffload) -> float:
@@ -115,9 +141,15 @@ def offload_notes(steps, memory, cluster, stack, fraction: float = 1.0) -> list[
     worst = max(steps, key=lambda s: s.wait_s())
     host = require_host(cluster)
     share = f" ({fraction:.0%} of its optimizer shard)" if fraction != 1.0 else ""
-    how = ("the copies and the CPU step pipelined per parameter; the step waits for the slowest"
-           if stack.optimizer_offload is OptimizerOffload.MEGATRON_HYBRID else
-           "gradients copied during the backward pass; the step waits for the CPU update and the copy back")
+    how = {OptimizerOffload.MEGATRON_HYBRID: "the copies and the CPU step pipelined per parameter; the step waits "
+                                             "for the slowest",
+           OptimizerOffload.ZERO_OFFLOAD: "gradients copied during the backward pass; the step waits for the CPU "
+                                          "update and the copy back",
+           OptimizerOffload.FSDP2: "the parameters, gradients and optimizer states live on the host: each "
+                                   "all-gather first copies its unit's fp32 shard in (all units: the weights' figure, "
+                                   "once per gather pass) and each reduce-scatter its gradient shard out (the "
+                                   "gradients' figure), on those collectives' streams (in the data-parallel part); "
+                                   "the step waits for the CPU update"}[stack.optimizer_offload]
     beside = (f"beside the GPU's {worst.gpu_s:.3f} s for the share it keeps: {worst.wait_s():.3f} s "
               if worst.gpu_s else "")
     out = [f"optimizer offloaded to the CPU (stack {stack.name}: {stack.optimizer_offload.value}): "

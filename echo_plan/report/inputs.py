@@ -32,8 +32,9 @@ MODELLED = (
     "published average rates (docs/resilience.md).",
 )
 NOT_MODELLED = (
-    "Data loading, evaluation, logging, and offloading parameters or activations to CPU memory (FSDP2's CPU offload "
-    "included); the optimizer's offload (--offload-optimizer) is costed from the host's spec figures, unvalidated.",
+    "Data loading, evaluation, logging, and offloading activations (or ZeRO-3's parameters) to CPU memory; the "
+    "optimizer's offload (--offload-optimizer, FSDP2's CPUOffloadPolicy with it) is costed from the host's spec "
+    "figures, unvalidated.",
     "Stragglers and failures nobody names: a predicted step assumes healthy GPUs and links; failures "
     "enter only as an average rate, in goodput.",
     "Other jobs' traffic on the network, and thermal or power throttling.",

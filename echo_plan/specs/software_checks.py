@@ -8,7 +8,7 @@ from typing import Any
 
 from echo_plan.errors import SpecError
 from echo_plan.specs.cluster import DType
-from echo_plan.specs.plan import PlanSpec, Recompute, Schedule
+from echo_plan.specs.plan import PlanSpec, Recompute, Schedule, Sharding
 from echo_plan.specs.software import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, Fp8Kernels, Fp8Recipe,
                                       OptimizerOffload, OptimizerSharding, RecomputePolicy, SoftwareSpec)
 
@@ -52,9 +52,8 @@ def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distri
                         "(megatron-hybrid)", context)
     if offload_optimizer and stack.optimizer_offload is OptimizerOffload.NONE:
         raise SpecError("offload_optimizer", True, f"stack {stack.name} sets optimizer_offload none: it cannot run "
-                        "the optimizer on the CPU, or echo-plan does not model how it does (FSDP2's CPUOffloadPolicy "
-                        "moves the parameters too); stacks that can: megatron-core (megatron-hybrid), "
-                        "deepspeed-zero3 (zero-offload)", context)
+                        "the optimizer on the CPU, or echo-plan does not model how it does; stacks that can: "
+                        "megatron-core (megatron-hybrid), deepspeed-zero3 (zero-offload), torchtitan (fsdp2)", context)
     if recompute_layers and not stack.partial_recompute:
         raise SpecError("recompute_layers", recompute_layers, f"stack {stack.name} checkpoints every layer or none: use "
                         "--recompute full or none", context)
@@ -77,8 +76,28 @@ def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distri
                         "(its recompute_modules is empty); use none or full", context)
 
 
+def check_fsdp2_offload(stack: SoftwareSpec, plan: PlanSpec) -> None:
+    """FSDP2's CPUOffloadPolicy as modelled: the parameters sharded, the whole state on the host, one micro-batch a
+    step and no pipeline (with more, FSDP2 accumulates each gradient on the CPU, blocking, in the backward pass:
+    not modelled)."""
+    if not (plan.offload_optimizer and stack.optimizer_offload is OptimizerOffload.FSDP2):
+        return
+    for knob, value, ok, valid in (
+            ("sharding", getattr(plan.sharding, "value", None), plan.sharding in (None, Sharding.PARAMETERS),
+             "parameters (FSDP2 offloads its sharded parameters with their optimizer states)"),
+            ("offload_fraction", plan.offload_fraction, plan.offload_fraction == 1.0, "1 (CPUOffloadPolicy moves all)"),
+            ("pp", plan.pp, plan.pp == 1, "1: under a pipeline FSDP2 accumulates gradients on the CPU, not modelled"),
+            ("micro-batches per step", plan.num_microbatches, plan.num_microbatches == 1,
+             "1 (global batch = dp x micro-batch): with gradient accumulation FSDP2 adds each micro-batch's "
+             "gradients on the CPU, blocking, which is not modelled")):
+        if not ok:
+            raise SpecError(knob, value, f"{valid}, to offload with stack {stack.name}'s FSDP2 CPUOffloadPolicy",
+                            "plan")
+
+
 def check_plan_supported(stack: SoftwareSpec, plan: PlanSpec) -> None:
     """:func:`check_stack_supports` for what ``plan`` asks of the stack (simulate, the search's pruning, the export)."""
+    check_fsdp2_offload(stack, plan)
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel, distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp, schedule=plan.schedule,
                          pp=plan.pp, tp=plan.tp, recompute_layers=plan.recompute_layers,

@@ -108,6 +108,12 @@ class OptimizerOffload(str, Enum):
     # its gradients on the host; gradients copied as each bucket is reduced, during the backward pass;
     # DeepSpeedCPUAdam after it, then the updated 16-bit partition copied back (runtime/zero/stage_1_and_2.py)
     ZERO_OFFLOAD = "zero-offload"
+    # PyTorch FSDP2's CPUOffloadPolicy (torchtitan's training.enable_cpu_offload): the sharded fp32 parameters, their
+    # gradients and the optimizer states live on the host; each unit's shard is copied to the GPU before its
+    # all-gather (FSDPParam.all_gather_inputs), each reduced gradient shard copied back after its reduce-scatter on
+    # the reduce-scatter stream (foreach_reduce, non-blocking into pinned memory), and the optimizer steps on the CPU
+    # (torch/distributed/fsdp/_fully_shard, 2.13 as installed)
+    FSDP2 = "fsdp2"
 
 
 class GradientBuffers(str, Enum):

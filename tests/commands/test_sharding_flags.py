@@ -20,8 +20,9 @@ PLAN = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "
     (["--recompute-layers", "40"], "at most the 32 layers of a model chunk"),
     (["--recompute-layers", "-1"], "greater than or equal to 0"),
     (["--offload-optimizer"], "needs a sharded optimizer"),
-    (["--offload-optimizer", "--sharding", "parameters", "--stack", "torchtitan"], "stack torchtitan sets "
-                                                                                    "optimizer_offload none"),
+    (["--offload-optimizer", "--sharding", "parameters", "--stack", "olmo-core"], "stack olmo-core sets "
+                                                                                   "optimizer_offload none"),
+    (["--offload-optimizer", "--sharding", "parameters", "--stack", "torchtitan"], "micro-batches per step=2"),
     (["--offload-optimizer", "--distributed-optimizer", "--cluster", "h100-gt"], "gives no host figures"),
     (["--offload-fraction", "0.5", "--distributed-optimizer"], "needs --offload-optimizer"),
     (["--offload-optimizer", "--distributed-optimizer", "--offload-fraction", "0"], "a share in (0, 1]"),

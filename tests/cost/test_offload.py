@@ -90,9 +90,32 @@ def test_a_cluster_without_host_figures_is_refused_by_name(env):
 
 def test_a_stack_that_cannot_offload_is_refused_by_name():
     plan = PlanSpec(dp=16, global_batch_size=16, sharding="parameters", offload_optimizer=True)
-    with pytest.raises(SpecError, match="offload_optimizer.*stack torchtitan"):
-        check_plan_supported(load_stack("torchtitan"), plan)
+    with pytest.raises(SpecError, match="offload_optimizer.*stack olmo-core"):
+        check_plan_supported(load_stack("olmo-core"), plan)
     check_plan_supported(load_stack("deepspeed-zero3"), plan)
+    check_plan_supported(load_stack("torchtitan"), plan)
+
+
+FSDP = dict(tp=1, pp=1, dp=16, global_batch_size=16, sequence_parallel=False, sharding="parameters")
+
+
+def test_fsdp2_offload_moves_parameters_gradients_and_states_and_slows_the_gathers(env):
+    on, off = (run(env, stack="torchtitan", offload_optimizer=o, **FSDP) for o in (True, False))
+    for a, b in zip(on.memory, off.memory):
+        assert a.optimizer_bytes == 0 < b.optimizer_bytes and a.gradients_bytes < b.gradients_bytes
+        assert a.total_bytes < b.total_bytes and a.host_bytes > 0
+    assert on.step_time_s > off.step_time_s and on.breakdown.optimizer_s > off.breakdown.optimizer_s
+    assert on.breakdown.total_s == pytest.approx(on.step_time_s, rel=1e-6)
+    assert "(stack torchtitan: fsdp2)" in " ".join(on.notes)
+
+
+@pytest.mark.parametrize("changes, knob", [(dict(global_batch_size=32), "micro-batches per step"),
+                                           (dict(offload_fraction=0.5), "offload_fraction"),
+                                           (dict(sharding="optimizer"), "sharding")])
+def test_fsdp2_offload_outside_what_is_modelled_is_refused_by_name(changes, knob):
+    plan = PlanSpec(**dict(FSDP, offload_optimizer=True, **changes))
+    with pytest.raises(SpecError, match=f"^plan: {knob}=.*CPUOffloadPolicy"):
+        check_plan_supported(load_stack("torchtitan"), plan)
 
 
 def test_offload_needs_a_sharded_optimizer():

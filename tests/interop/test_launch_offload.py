@@ -53,9 +53,23 @@ def test_another_frameworks_offload_is_not_exported_as_megatrons():
     zero3 = load_stack("deepspeed-zero3").replace(pipeline_parallel=True, sequence_parallel=True)
     with pytest.raises(CannotExpress, match="optimizer_offload"):
         export_launch(LaunchFormat.MEGATRON_LM, MODEL, PLAN.replace(sharding="optimizer"), zero3, CLUSTER)
-    plan = PlanSpec(dp=64, global_batch_size=128, sharding="parameters", offload_optimizer=True)
-    with pytest.raises(CannotExpress, match="offload_optimizer.*CPUOffloadPolicy"):
-        export_launch(LaunchFormat.TORCHTITAN, load_model("llama3-8b"), plan, load_stack("torchtitan"), CLUSTER)
+    plan = PlanSpec(dp=64, global_batch_size=64, sharding="parameters", offload_optimizer=True)
+    with pytest.raises(CannotExpress, match="optimizer_offload zero-offload.*CPUOffloadPolicy"):
+        export_launch(LaunchFormat.TORCHTITAN, load_model("llama3-8b"), plan, load_stack("deepspeed-zero3"), CLUSTER)
+
+
+def test_fsdp2_offload_round_trips_through_torchtitans_job_config(tmp_path):
+    plan = PlanSpec(dp=64, global_batch_size=64, sharding="parameters", offload_optimizer=True)
+    out = export_launch(LaunchFormat.TORCHTITAN, load_model("llama3-8b"), plan, load_stack("torchtitan"), CLUSTER)
+    assert "enable_cpu_offload = true" in out.text
+    job = import_launch(out.text, "job.toml", load_stack("torchtitan"))
+    assert job.plan.offload_optimizer and job.plan.sharding.value == "parameters"
+    pytest.importorskip("torchtitan.config", reason="torchtitan is not installed (pip install -e '.[frameworks]')")
+    from torchtitan.config import ConfigManager
+
+    path = tmp_path / "job.toml"
+    path.write_text(out.text)
+    assert ConfigManager().parse_args(["--job.config_file", str(path)]).training.enable_cpu_offload
 
 
 def test_megatron_cores_optimizer_config_accepts_the_offload(monkeypatch):

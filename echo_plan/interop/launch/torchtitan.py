@@ -25,7 +25,7 @@ from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import DpComm, Recompute, Schedule
 from echo_plan.specs.software import AttentionLibrary, CudaAllocator, Fp8Recipe, OptimizerSharding
-from echo_plan.specs.software_kinds import CrossEntropy
+from echo_plan.specs.software_kinds import CrossEntropy, OptimizerOffload
 
 FMT = LaunchFormat.TORCHTITAN
 # echo-plan model preset -> torchtitan (model.name, model.flavor) of the same shape (torchtitan 0.2)
@@ -60,10 +60,10 @@ def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> bool:
         raise CannotExpress(FMT, "attention_library", stack.attention_library.value,
                             "torchtitan runs SDPA (FlashAttention-2 or cuDNN), not the Triton FlashAttention the plan "
                             "was simulated with; simulate with another stack to export")
-    if plan.offload_optimizer:
-        raise CannotExpress(FMT, "offload_optimizer", True, "torchtitan's CPU offload (FSDP2's CPUOffloadPolicy) moves "
-                            "the parameters and gradients too, which echo-plan does not model; export the plan "
-                            "without --offload-optimizer")
+    if plan.offload_optimizer and stack.optimizer_offload is not OptimizerOffload.FSDP2:
+        raise CannotExpress(FMT, "optimizer_offload", stack.optimizer_offload.value, "torchtitan offloads with "
+                            "FSDP2's CPUOffloadPolicy (parameters, gradients and optimizer states); the plan was "
+                            "simulated with another framework's offload: simulate with --stack torchtitan")
     if plan.distributed_optimizer and plan.shard_group_size % plan.cp:
         raise CannotExpress(FMT, "shard_degree", plan.shard_group_size, f"torchtitan shards over dp_shard x cp: a "
                                                                        f"multiple of cp {plan.cp}")
@@ -144,7 +144,7 @@ def export_torchtitan(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, clu
     if plan.dtype is DType.FP8:
         lines.append(f'converters = ["{FLOAT8}"]')
     lines += ["[training]", f"local_batch_size = {local}", f"global_batch_size = {plan.global_batch_size}",
-              f"seq_len = {model.seq_length}",
+              f"seq_len = {model.seq_length}"] + (["enable_cpu_offload = true"] if plan.offload_optimizer else []) + [
               "[parallelism]", f"data_parallel_replicate_degree = {replicate}",
               f"data_parallel_shard_degree = {shard}", f"tensor_parallel_degree = {plan.tp}",
               f"pipeline_parallel_degree = {plan.pp}", f"context_parallel_degree = {plan.cp}"]
@@ -269,7 +269,11 @@ def import_torchtitan(text: str, source: str, base_stack: SoftwareSpec, gpus: in
         if policy not in ("default", "always", "never"):
             raise CannotImport(source, "parallelism.fsdp_reshard_after_forward", policy, "default, always or never")
         fields.update(sharding="parameters", shard_degree=shard * cp if replicate > 1 else None,
-                      reshard_after_forward=None if policy == "default" else policy == "always")
+                      reshard_after_forward=None if policy == "default" else policy == "always",
+                      offload_optimizer=bool(train.get("enable_cpu_offload", False)))
+    elif train.get("enable_cpu_offload", False):
+        raise CannotImport(source, "training.enable_cpu_offload", True, "with FSDP2 only (a data_parallel_shard_degree "
+                                                                         "above 1): it is FSDP2's CPUOffloadPolicy")
     if pp > 1:
         sched = {v: k for k, v in SCHEDULES.items()}.get(str(par.get("pipeline_parallel_schedule", "1F1B")))
         if sched is None:
