@@ -76,26 +76,27 @@ def host_step(params: int, cluster, offload: OptimizerOffload, gpu_s: float = 0.
     host = require_host(cluster)
     if offload is OptimizerOffload.NONE:
         raise ValueError("host_step needs a stack that offloads the optimizer")
+    fsdp2 = offload is OptimizerOffload.FSDP2  # the fp32 weights stay on the host: nothing cast, the fp32 shard in
     link = host.link_GBps * 1e9
     per_gpu_bw = host.memory_bw_GBps * 1e9 / cluster.gpus_per_node  # every rank of the server steps at once
     d2h = params * GRAD_D2H_BYTES / link
-    cpu = params * CPU_BYTES_PER_PARAM / per_gpu_bw
-    h2d = params * PARAM_H2D_BYTES / link
+    cpu = params * (FSDP2_CPU_BYTES_PER_PARAM if fsdp2 else CPU_BYTES_PER_PARAM) / per_gpu_bw
+    h2d = params * (FSDP2_H2D_BYTES if fsdp2 else PARAM_H2D_BYTES) / link
     if offload is OptimizerOffload.MEGATRON_HYBRID:
         exposed = max(d2h, cpu, h2d)
     elif offload is OptimizerOffload.ZERO_OFFLOAD:  # gradients copied during the backward pass, then step, copy back
         exposed = cpu + h2d
-    else:  # FSDP2: the copies ride with each unit's collectives (fsdp_unit_copy_s); the fp32 weights stay on the host
-        cpu = params * FSDP2_CPU_BYTES_PER_PARAM / per_gpu_bw
-        d2h, h2d, exposed = params * GRAD_D2H_BYTES / link, params * FSDP2_H2D_BYTES / link, cpu
+    else:  # FSDP2: the copies ride with each unit's collectives (fsdp_unit_copies_s)
+        exposed = cpu
     return HostStep(d2h, cpu, h2d, exposed, int(params), gpu_s)
 
 
-def fsdp_unit_copy_s(shard_params: float, nbytes: float, cluster) -> float:
-    """FSDP2 under CPUOffloadPolicy: one unit's copy of ``shard_params`` parameters of ``nbytes`` each between the
-    host and the GPU (its fp32 shard in before each all-gather, its reduced gradient shard out after each
-    reduce-scatter), on the collective's own stream."""
-    return shard_params * nbytes / (require_host(cluster).link_GBps * 1e9)
+def fsdp_unit_copies_s(shard_params: float, grad_bytes: float, cluster) -> tuple[float, float]:
+    """FSDP2 under CPUOffloadPolicy: one unit's copies between the host and the GPU, on its collectives' own streams:
+    (its fp32 shard of ``shard_params`` parameters in, before each all-gather; its reduced gradient shard of
+    ``grad_bytes`` a parameter out, after each reduce-scatter)."""
+    link = require_host(cluster).link_GBps * 1e9
+    return shard_params * FSDP2_H2D_BYTES / link, shard_params * grad_bytes / link
 
 
 def offloaded_states(plan, stack, optimizer: float, grads: float, sharded_grads: float,

@@ -106,16 +106,16 @@ def sharded_reduce_s(params: int, gb: int, shard: CommGroup, replica: CommGroup,
 def fsdp_units(units: list[tuple[int, int, float, float, bool, float]], gb: int, comm_time: CommTime,
                group: CommGroup, expert_group: CommGroup, sharding: DataParallelSharding,
                copy_time: Callable[[float, float], float] | None = None,
-               host_copy: Callable[[float, float], float] | None = None) -> tuple[DpBucket, ...]:
+               host_copies: Callable[[float, float], tuple[float, float]] | None = None) -> tuple[DpBucket, ...]:
     """A chunk's FSDP units in backward order (replay/fsdp.py) from ``units`` in forward order, each (dense
     parameters, expert parameters, forward seconds, backward seconds, kept for backward, bytes per parameter
     its all-gather moves). A unit's reduce-scatter moves ``gb`` bytes per gradient, plus the replicas'
     all-reduce in HSDP. ``copy_time(bytes read, bytes written)``, FSDP2's runtime (stack
     ``fsdp_copy_kernels``): each gathered unit's copy-out (the gathered bytes read and written again as the
     unsharded parameters) and each reduced unit's copy-in (bf16 gradients read, written in the reduce dtype),
-    both on the compute stream. ``host_copy(parameters, bytes each)``, FSDP2 under CPUOffloadPolicy: each unit's fp32
-    shard copied in from the host before its all-gather, its reduced gradient shard copied out after its
-    reduce-scatter, on those collectives' streams."""
+    both on the compute stream. ``host_copies(shard parameters, gradient bytes each)``, FSDP2 under CPUOffloadPolicy:
+    (each unit's fp32 shard copied in from the host before its all-gather, its reduced gradient shard copied out
+    after its reduce-scatter), on those collectives' streams."""
     shard, replica = shard_groups(group, sharding)
     eshard, ereplica = shard_groups(expert_group, sharding)
     made: dict[tuple, DpBucket] = {}
@@ -129,9 +129,9 @@ def fsdp_units(units: list[tuple[int, int, float, float, bool, float]], gb: int,
             if experts:
                 gather += comm_time(CollectiveKind.ALL_GATHER, int(experts * pb), eshard) if eshard.size > 1 else 0.0
                 reduce += sharded_reduce_s(experts, gb, eshard, ereplica, comm_time)
-            if host_copy is not None:
-                n_shard = dense / shard.size + experts / eshard.size
-                gather, reduce = gather + host_copy(n_shard, 4.0), reduce + host_copy(n_shard, float(gb))
+            if host_copies is not None:
+                copy_in, copy_out = host_copies(dense / shard.size + experts / eshard.size, float(gb))
+                gather, reduce = gather + copy_in, reduce + copy_out
             out_s = in_s = 0.0
             if copy_time is not None and shard.size > 1:  # FSDP2: the gathered bytes out, the bf16 gradients in
                 n = dense + experts

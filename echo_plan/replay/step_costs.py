@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from echo_plan.layout.plan_layout import PlanLayout
 from echo_plan.layout.sharding import DataParallelSharding
-from echo_plan.cost.offload import fsdp_unit_copy_s, host_step
+from echo_plan.cost.offload import fsdp_unit_copies_s, host_step
 from echo_plan.replay.dp import chunk_buckets, fsdp_copy_op, fsdp_units, optimizer_op, optimizer_shard_params
 from echo_plan.replay.fsdp import FsdpSteps
 from echo_plan.layout.layer_mix import layer_params_per_rank
@@ -158,7 +158,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
         return op_time(fsdp_copy_op(read, written))
     fsdp2_offload = plan.offload_optimizer and stack.optimizer_offload is OptimizerOffload.FSDP2
     # FSDP2 under CPUOffloadPolicy: each unit's shard to and from the host beside its collectives
-    host_copy = (lambda params, nbytes: fsdp_unit_copy_s(params, nbytes, cluster)) if fsdp2_offload else None
+    host_copies = (lambda params, gb: fsdp_unit_copies_s(params, gb, cluster)) if fsdp2_offload else None
     gbytes = stack.grad_bytes(plan.param_dtype)
     schedule = lay.schedule
     split = timing.get("split") if schedule.split_backward else None
@@ -255,7 +255,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
                                            out if vs == nvs - 1 else None, emb_params if vs == 0 else 0,
                                            params - layer_params - (emb_params if vs == 0 else 0),
                                            model, plan, ct, gbytes, epb, lay, sharding,
-                                           copy_time if stack.fsdp_copy_kernels else None, host_copy))
+                                           copy_time if stack.fsdp_copy_kernels else None, host_copies))
             else:
                 buckets.append(chunk_buckets(params, plan, ct, gbytes, overlap_grad, sharding, group=dual_group,
                                          op_time=op_time, param_bytes=pb)
@@ -299,7 +299,7 @@ def step_costs(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, timing: d
 
 def _fsdp_chunk(kinds, by_kind, blk, emb, out, emb_params: int, out_params: int, model: ModelSpec, plan: PlanSpec,
                 comm_time, gbytes: int, layer_bytes: float, lay: PlanLayout, sharding, copy_time=None,
-                host_copy=None) -> tuple:
+                host_copies=None) -> tuple:
     """A chunk's FSDP units as torchtitan wraps them (replay/dp.py ``fsdp_units``): the token embedding
     (first stage), one unit per block with its own level-1 forward and backward time, and the final norm
     with the output layer (last stage; never resharded after forward, as torchtitan sets it) with the
@@ -316,4 +316,4 @@ def _fsdp_chunk(kinds, by_kind, blk, emb, out, emb_params: int, out_params: int,
     if out is not None:
         n = 1 + model.mtp_layers
         units.append((out_params, 0, out.forward.duration_s * n, out.backward.duration_s * n, True, 2.0))
-    return fsdp_units(units, gbytes, comm_time, lay.dp_group, lay.edp_group, sharding, copy_time, host_copy)
+    return fsdp_units(units, gbytes, comm_time, lay.dp_group, lay.edp_group, sharding, copy_time, host_copies)

@@ -41,15 +41,20 @@ def check_precision(stack: SoftwareSpec, dtype: DType, gpu: Any, moe: bool = Fal
                                 "--fp8-recipe blockwise", context)
 
 
+# offloads that move the whole optimizer or none of it, and why a share of it is not modelled
+NO_SHARE = {OptimizerOffload.ZERO_OFFLOAD: "DeepSpeed's partial offload (ZeRO-3's Twin-Flow ratio) is not modelled",
+            OptimizerOffload.FSDP2: "FSDP2's CPUOffloadPolicy moves the whole state"}
+
+
 def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distributed_optimizer: bool,
                          selective_recompute: bool, context: str = "plan", cp: int = 1,
                          schedule: Schedule | None = None, pp: int = 1, tp: int = 1, recompute_layers: int = 0,
                          offload_optimizer: bool = False, offload_fraction: float = 1.0) -> None:
     """Raise SpecError when a plan asks for a feature the stack does not have."""
-    if offload_optimizer and offload_fraction != 1.0 and stack.optimizer_offload is OptimizerOffload.ZERO_OFFLOAD:
-        raise SpecError("offload_fraction", offload_fraction, f"1 on stack {stack.name}: DeepSpeed's partial offload "
-                        "(ZeRO-3's Twin-Flow ratio) is not modelled; stacks that offload a share: megatron-core "
-                        "(megatron-hybrid)", context)
+    no_share = NO_SHARE.get(stack.optimizer_offload)
+    if offload_optimizer and offload_fraction != 1.0 and no_share:
+        raise SpecError("offload_fraction", offload_fraction, f"1 on stack {stack.name}: {no_share}; stacks that "
+                        "offload a share: megatron-core (megatron-hybrid)", context)
     if offload_optimizer and stack.optimizer_offload is OptimizerOffload.NONE:
         raise SpecError("offload_optimizer", True, f"stack {stack.name} sets optimizer_offload none: it cannot run "
                         "the optimizer on the CPU, or echo-plan does not model how it does; stacks that can: "
@@ -85,7 +90,6 @@ def check_fsdp2_offload(stack: SoftwareSpec, plan: PlanSpec) -> None:
     for knob, value, ok, valid in (
             ("sharding", getattr(plan.sharding, "value", None), plan.sharding in (None, Sharding.PARAMETERS),
              "parameters (FSDP2 offloads its sharded parameters with their optimizer states)"),
-            ("offload_fraction", plan.offload_fraction, plan.offload_fraction == 1.0, "1 (CPUOffloadPolicy moves all)"),
             ("pp", plan.pp, plan.pp == 1, "1: under a pipeline FSDP2 accumulates gradients on the CPU, not modelled"),
             ("micro-batches per step", plan.num_microbatches, plan.num_microbatches == 1,
              "1 (global batch = dp x micro-batch): with gradient accumulation FSDP2 adds each micro-batch's "
