@@ -1,7 +1,8 @@
 """What a fused-attention kernel costs (``compute.py`` times it with these figures).
 
 * The efficiency per GPU generation and direction (``compute.yaml``: the default library's, or
-  FlashAttention-2's where the stack's ``attention_library`` says so; flash-attn 1.x's Triton kernel at a
+  FlashAttention-2's where the stack's ``attention_library`` says so, its causal kernels at their measured
+  share of its unmasked rate; flash-attn 1.x's Triton kernel at a
   fitted share of FlashAttention-2's, ``flash_attn_triton`` there), times the dropout kernel's
   share, the wave quantisation of batch x heads x 128-row query blocks over the SMs, the short-key
   penalty s_k / (s_k + half) and the head-dimension factor.
@@ -44,6 +45,8 @@ def attention_efficiency(op: OpRecord, gpu: GPUSpec, constants: "ComputeConstant
     if "dropout" in op.name:  # the fused kernel with dropout (trace/kernels.py)
         base *= c.attention_dropout_eff
     causal = causal_attention and not is_noncausal(op)
+    if fa2 and causal:  # FlashAttention-2's published rates are unmasked; its causal kernels reach less
+        base *= arch.fa2_causal_ratio
     work = c.causal_work_fraction if causal else 1.0
     dims = attention_dims(op)
     if dims is None:

@@ -85,6 +85,7 @@ class ArchParams:
     fp4_max_eff: float | None = None
     fa2_forward_eff: float | None = None  # FlashAttention-2's kernels (None: the same as the default library's)
     fa2_backward_eff: float | None = None
+    fa2_causal_ratio: float = 1.0  # what FlashAttention-2's causal kernels reach of its unmasked rate
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
                 fp4_asymptotic_eff=fp4_asym, fp4_max_eff=fp8_max,
                 fa2_forward_eff=_optional(a, "flash_attn_2_forward_eff"),
                 fa2_backward_eff=_optional(a, "flash_attn_2_backward_eff"),
+                fa2_causal_ratio=float(a.get("flash_attn_2_causal_ratio", 1.0)),
             )
         hbm = {OpKind(k): float(v) for k, v in raw["hbm_efficiency"].items()}
         return ComputeConstants(
