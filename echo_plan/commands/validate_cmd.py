@@ -18,7 +18,9 @@ from echo_plan.trace.cache import TraceCache
 def register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate(
-        suite: Optional[List[str]] = typer.Option(None, "--suite", "-s", help="run only these suites (names as listed by --list)"),
+        suite: Optional[List[str]] = typer.Option(None, "--suite", "-s",
+                                                  help="run only these suites (names as listed by --list; repeat the "
+                                                       "option or separate names by commas)"),
         dirs: Optional[List[Path]] = typer.Option(None, "--dir", help="another folder of suites (CSV files, nccl-tests/<cluster>/)"),
         list_only: bool = typer.Option(False, "--list", help="list the suites found and exit"),
         rows: bool = typer.Option(True, "--rows/--summary-only", help="print every row after the summary"),
@@ -56,6 +58,7 @@ def register(app: typer.Typer) -> None:
                                 f"(is the package data installed?)")
         if suite:
             known = {r.name for r in refs}
+            suite = [n.strip() for s in suite for n in ([s] if s in known else s.split(",")) if n.strip()]
             unknown = [s for s in suite if s not in known]
             if unknown:
                 raise EchoPlanError(f"unknown suite {unknown[0]!r}; found: {', '.join(sorted(known))}")

@@ -155,6 +155,14 @@ def test_a_bad_dispatcher_in_a_row_is_named(tmp_path, capsys):
 def test_cli_unknown_suite_and_missing_dir(tmp_path, capsys):
     assert main(["validate", "--dir", str(tmp_path / "nope"), "--list"]) == 2
     assert "no such folder" in capsys.readouterr().err
+    assert main(["validate", "--suite", "olmo_core_h100,nope", "--list"]) == 2
+    assert "unknown suite 'nope'" in capsys.readouterr().err
+
+
+def test_suites_may_be_named_in_one_comma_separated_option(capsys):
+    assert main(["validate", "--suite", "olmo_core_h100, fms_fsdp_h100", "-s", "bloom_jean_zay_a100", "--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert sorted(listed) == ["bloom_jean_zay_a100", "fms_fsdp_h100", "olmo_core_h100"]
 
 
 def test_user_suite_in_the_same_format_runs(tmp_path, capsys):
