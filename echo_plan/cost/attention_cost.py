@@ -24,7 +24,7 @@ from echo_plan.specs.cluster import GPUSpec
 from echo_plan.trace.records import OpKind, OpRecord
 
 if TYPE_CHECKING:
-    from echo_plan.cost.compute import ComputeConstants
+    from echo_plan.cost.compute_constants import ComputeConstants
 
 FLASH_ATTN_2 = "flash-attn-2"  # specs.software.AttentionLibrary.FLASH_ATTN_2
 FLASH_ATTN_TRITON = "flash-attn-triton"  # specs.software.AttentionLibrary.FLASH_ATTN_TRITON
