@@ -82,9 +82,10 @@ def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, pro
 COMPUTE_FIGURES = ("gemm_efficiency_scale", "attention_efficiency_scale", "memory_bandwidth_scale", "kernel_overhead_us")
 
 
-def inherited_compute(preset: str) -> dict[str, Any]:
-    """The compute figures of ``preset`` as another preset's starting point (an fp8-only recipe's)."""
-    got = preset_calibration(preset).get("compute") or {}
+def inherited_compute(preset: str, fitted: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The compute figures of ``preset`` as another preset's starting point (an fp8-only recipe's): those just
+    ``fitted`` for it in the same run where there are any, else the ones its file ships."""
+    got = (fitted or {}).get("compute") or preset_calibration(preset).get("compute") or {}
     out: dict[str, Any] = {k: got[k] for k in COMPUTE_FIGURES if k in got}
     out["source"] = f"the {preset} preset's compute figures (fitted on its own suites: {preset}.yaml says which)"
     out["fitted_on"] = {}
@@ -108,13 +109,14 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None, leave_out: str | 
             nccl = network_block(recipe, vdir)
             for preset in recipe["presets"]:
                 blocks.setdefault(preset, {})["nccl"] = nccl
-    for name, recipe in every.items():
+    # an fp8-only recipe starts from the figures another recipe fits in this run: those first
+    for name, recipe in sorted(every.items(), key=lambda item: bool(item[1].get("fp8_only"))):
         if "suite" not in recipe:
             continue
         first = recipe["presets"][0]
         cluster = load_cluster(first).replace(calibration=blocks.get(first, {}))
         if recipe.get("fp8_only"):  # no bf16 run to fit on: the inherited compute figures, the fp8 rate fitted
-            block = {"compute": inherited_compute(recipe["inherit"])}
+            block = {"compute": inherited_compute(recipe["inherit"], blocks.get(recipe["inherit"]))}
         else:
             block = compute_block(recipe, vdir, cluster, cache, progress)
 

@@ -38,3 +38,24 @@ def test_a_stand_in_suite_does_not_inherit_the_rows_named_for_attention():
                    "stand_in": {"suite": "b", "fit_rows": "even"}}}
     assert recipes_without(every, "a")["r"]["attention_rows"] == []
     assert recipes_without(every, "c") == every
+
+
+def test_an_fp8_only_recipe_starts_from_the_figures_fitted_in_the_same_run():
+    """fp8-blackwell and fp8-blackwell-ultra take dgx-h100's compute figures: the ones just fitted when the same run
+    refits dgx-h100 (not its file's, which one refit would leave a run behind), and the shipped presets agree."""
+    from echo_plan.calibrate.blocks import COMPUTE_FIGURES, inherited_compute
+
+    fitted = {"compute": {"gemm_efficiency_scale": 0.5, "attention_efficiency_scale": 0.6,
+                          "memory_bandwidth_scale": 0.7, "kernel_overhead_us": 8.0, "fp8_gemm_efficiency_scale": 2.0}}
+    got = inherited_compute("dgx-h100", fitted)
+    assert {k: got[k] for k in COMPUTE_FIGURES} == {k: fitted["compute"][k] for k in COMPUTE_FIGURES}
+    assert "fp8_gemm_efficiency_scale" not in got  # each recipe fits its own low-precision rates
+    shipped = inherited_compute("dgx-h100")
+    assert shipped["gemm_efficiency_scale"] == load_cluster("dgx-h100").calibration["compute"]["gemm_efficiency_scale"]
+    for name, recipe in recipes().items():
+        if not recipe.get("fp8_only"):
+            continue
+        base = load_cluster(recipe["inherit"]).calibration["compute"]
+        for preset in recipe["presets"]:
+            mine = load_cluster(preset).calibration["compute"]
+            assert {k: mine[k] for k in COMPUTE_FIGURES} == {k: base[k] for k in COMPUTE_FIGURES}, (name, preset)
