@@ -117,7 +117,7 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
                 fp4_asymptotic_eff=fp4_asym, fp4_max_eff=fp8_max,
                 fa2_forward_eff=_optional(a, "flash_attn_2_forward_eff"),
                 fa2_backward_eff=_optional(a, "flash_attn_2_backward_eff"),
-                fa2_causal_ratio=float(a.get("flash_attn_2_causal_ratio", 1.0)),
+                fa2_causal_ratio=_share(a.get("flash_attn_2_causal_ratio", 1.0), "flash_attn_2_causal_ratio"),
             )
         hbm = {OpKind(k): float(v) for k, v in raw["hbm_efficiency"].items()}
         return ComputeConstants(
@@ -141,6 +141,16 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
         )
     except (KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError) as exc:
         raise FileFormatError(origin, f"invalid compute-model constants: {exc!r}") from None
+
+
+def _share(value: Any, key: str) -> float:
+    try:
+        share = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} {value!r}: a share of a rate, a number above 0 and at most 1") from None
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"{key} {value!r}: a share of a rate, above 0 and at most 1")
+    return share
 
 
 def _optional(mapping: Mapping[str, Any], key: str) -> float | None:

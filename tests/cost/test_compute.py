@@ -258,6 +258,16 @@ def test_flash_attn_2_causal_forward_reproduces_the_published_causal_rates():
         assert tflops == pytest.approx(published, rel=0.05), s
 
 
+@pytest.mark.parametrize("bad", ["0", "1.5", "-0.9", "fast"])
+def test_a_causal_ratio_that_is_not_a_share_is_a_file_format_error(bad):
+    from importlib import resources
+
+    text = (resources.files("echo_plan") / "data" / "compute.yaml").read_text()
+    assert "flash_attn_2_causal_ratio: 0.905" in text
+    with pytest.raises(FileFormatError, match="flash_attn_2_causal_ratio"):
+        load_compute_constants(text.replace("flash_attn_2_causal_ratio: 0.905", f"flash_attn_2_causal_ratio: {bad}"))
+
+
 def test_attention_library_siblings_are_shared_and_calibrated():
     from echo_plan.cost.calibration import ComputeCalibration, calibrated_constants
 
