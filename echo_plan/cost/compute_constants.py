@@ -147,9 +147,9 @@ def _share(value: Any, key: str) -> float:
     try:
         share = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{key} {value!r}: a share of a rate, a number above 0 and at most 1") from None
-    if not 0.0 < share <= 1.0:
-        raise ValueError(f"{key} {value!r}: a share of a rate, above 0 and at most 1")
+        share = math.nan
+    if not 0.0 < share <= 1.0:  # NaN fails too
+        raise ValueError(f"{key} {value!r}: a share of a rate, a number above 0 and at most 1")
     return share
 
 
