@@ -34,6 +34,7 @@ from echo_plan.specs.software_checks import check_precision, check_plan_supporte
 from echo_plan.trace.records import CollectiveKind, CommGroup, Phase
 from echo_plan.cost.base import with_stack_kernels
 from echo_plan.cost.memory import stage_memory
+from echo_plan.cost.fit_hints import fit_changes, fit_note
 from echo_plan.cost.memory_notes import allocator_note, loss_note, pipeline_note
 from echo_plan.cost.offload import offload_notes
 from echo_plan.errors import SpecError
@@ -340,6 +341,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
         notes.append(f"does not fit: stage {worst.stage} needs {worst.total_bytes / 2**30:.1f} GiB of "
                      f"{worst.usable_bytes / 2**30:.1f} GiB usable ({worst.capacity_bytes / 2**30:.0f} GiB less "
                      f"{worst.headroom_bytes / 2**30:.1f} GiB headroom; over by {worst.overflow_bytes / 2**30:.1f} GiB)")
+        notes.append(fit_note(fit_changes(model, plan, cluster, traces, asked, memory_headroom_bytes)))
     if plan.offload_optimizer:
         notes += offload_notes([st.host_step for st in base.stages], memory, cluster, stack, plan.offload_fraction)
     rng = memo.prediction_range(cluster, cluster_key, stack, model.is_moe)
