@@ -9,7 +9,7 @@ from echo_plan.errors import FileFormatError
 from echo_plan.files import parse_json, parse_yaml, read_text
 from echo_plan.specs.hf_moe import HF_MOE_FAMILIES, moe_fields_from_hf
 
-# Hugging Face config.json keys -> ModelSpec fields (Llama, Mistral, Qwen2 and GPT-2 families).
+# Hugging Face config.json keys -> ModelSpec fields (Llama, Mistral, Qwen2, Qwen3 and GPT-2 families).
 HF_KEY_MAP: dict[str, str] = {
     "num_hidden_layers": "num_layers",  # Llama, Mistral, Qwen2
     "n_layer": "num_layers",  # GPT-2
@@ -25,7 +25,7 @@ HF_KEY_MAP: dict[str, str] = {
     "n_positions": "seq_length",  # GPT-2
     "tie_word_embeddings": "tied_embeddings",
 }
-HF_LLAMA_TYPES = {"llama", "mistral", "qwen2"}
+HF_LLAMA_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 HF_GPT2_TYPES = {"gpt2"}
 # Activations as each family names them; the llama family's is the gate of a SwiGLU MLP.
 HF_ACTIVATIONS = {"llama": {"silu": "swiglu", "swish": "swiglu"},
@@ -80,25 +80,63 @@ def model_fields_from_hf(data: dict[str, Any], name: str, path: str = "config.js
         fields.setdefault("tied_embeddings", False)
         if isinstance(fields.get("seq_length"), int):  # long-context configs: train at most at 8k by default
             fields["seq_length"] = min(fields["seq_length"], 8192)
+        if model_type == "qwen3":
+            fields["qk_norm"] = True  # RMSNorm on each query and key head (Qwen3Attention)
+        if model_type == "qwen2":  # Qwen2Attention's q/k/v projections always carry biases: no key says so
+            fields["source"] += " (Qwen2's query/key/value biases not modelled)"
+        _attention_fields(data, fields, model_type, path)
     _unsupported(data, fields, path)
     return fields
+
+
+def _windowed_layers(data: dict[str, Any], model_type: str, layers: int) -> list[bool]:
+    """Which layers attend over a sliding window, as the family's attention code decides it: ``layer_types``
+    where the config lists them; Qwen2/Qwen3 only with ``use_sliding_window``, from layer ``max_window_layers``
+    on; Mistral and Llama every layer."""
+    types = data.get("layer_types")
+    if isinstance(types, list) and types:
+        return [t == "sliding_attention" for t in types]
+    if model_type in ("qwen2", "qwen3"):
+        if not data.get("use_sliding_window", False):
+            return [False] * layers
+        first = data.get("max_window_layers")
+        first = int(first) if isinstance(first, int) else 0
+        return [i >= first for i in range(layers)]
+    return [True] * layers
+
+
+def _attention_fields(data: dict[str, Any], fields: dict[str, Any], model_type: str, path: str) -> None:
+    """The head width when not hidden_size / heads, and sliding-window attention where its window is shorter
+    than the training sequence and its windowed layers are every n-th from layer 0 (the model's pattern)."""
+    heads, hidden, head_dim = fields.get("num_attention_heads"), fields.get("hidden_size"), data.get("head_dim")
+    if isinstance(head_dim, int) and isinstance(heads, int) and isinstance(hidden, int) and heads > 0 \
+            and head_dim != hidden // heads:
+        fields["attention_head_dim"] = head_dim
+    types = data.get("layer_types")
+    odd = sorted({str(t) for t in types} - {"sliding_attention", "full_attention"}) if isinstance(types, list) else []
+    if odd:
+        raise FileFormatError(path, f"layer_types {odd[0]!r} is not supported; supported: full_attention, "
+                                    "sliding_attention")
+    window, seq, layers = data.get("sliding_window"), fields.get("seq_length"), fields.get("num_layers")
+    if not (isinstance(window, int) and isinstance(seq, int) and isinstance(layers, int) and 0 < window < seq):
+        return
+    windowed = _windowed_layers(data, model_type, layers)
+    if len(windowed) != layers:
+        raise FileFormatError(path, f"layer_types lists {len(windowed)} layers; num_hidden_layers is {layers}")
+    if not any(windowed):
+        return
+    every = next((n for n in range(1, layers + 1) if windowed == [i % n == 0 for i in range(layers)]), None)
+    if every is None:
+        shown = ", ".join(str(i) for i, w in enumerate(windowed) if w)
+        raise FileFormatError(path, f"sliding_window {window}: windowed layers {shown} are not every n-th layer "
+                                    "from layer 0, the only pattern supported; set max_position_embeddings to at "
+                                    f"most {window} to simulate full attention")
+    fields.update(sliding_window=window, sliding_window_pattern=every)
 
 
 def _unsupported(data: dict[str, Any], fields: dict[str, Any], path: str) -> None:
     """FileFormatError for keys that change the architecture in ways echo-plan does not model yet:
     a simulation of the dense model instead would be silently wrong."""
-    window = data.get("sliding_window")
-    seq = fields.get("seq_length")
-    if window and data.get("use_sliding_window", True) is not False and isinstance(seq, int) and window < seq:
-        raise FileFormatError(path, f"sliding_window {window!r} is shorter than the training sequence {seq}: "
-                                    "sliding-window attention is not supported yet; set max_position_embeddings "
-                                    f"to at most {window} or remove sliding_window")
-    heads, hidden = fields.get("num_attention_heads"), fields.get("hidden_size")
-    head_dim = data.get("head_dim")
-    if head_dim is not None and isinstance(heads, int) and isinstance(hidden, int) and heads > 0 \
-            and head_dim != hidden // heads:
-        raise FileFormatError(path, f"head_dim {head_dim!r} differs from hidden_size / num_attention_heads = "
-                                    f"{hidden // heads}: not supported yet")
     for key in ("attention_bias", "mlp_bias"):
         if data.get(key):
             raise FileFormatError(path, f"{key}: true is not supported for this family yet (biases on some "

@@ -78,7 +78,8 @@ def load_model(ref: str) -> ModelSpec:
         ref = str(Path(ref) / "config.json")
     data = read_mapping(ref)
     if is_hf_config(data):
-        name = Path(ref).parent.name or Path(ref).stem
+        # config.json names its model by its folder (a Hugging Face checkout); any other file by its own name
+        name = (Path(ref).parent.name if Path(ref).name == "config.json" else "") or Path(ref).stem
         return ModelSpec.build(model_fields_from_hf(data, name, ref), context=ref)
     data.setdefault("name", Path(ref).stem)
     return ModelSpec.build(data, context=ref)

@@ -128,9 +128,11 @@ LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num
     ({"model_type": "mixtral"}, "a mixtral config.json needs"),  # a family we model, keys missing
     ({"model_type": "qwen2_moe", "num_experts": 60}, "mixture-of-experts"),
     ({"hidden_act": "relu"}, "hidden_act 'relu'"),
-    ({"model_type": "mistral", "sliding_window": 1024}, "sliding_window 1024"),
-    ({"head_dim": 128}, "head_dim 128"),
     ({"attention_bias": True}, "attention_bias"),
+    ({"model_type": "gemma2"}, "model_type 'gemma2' is not supported"),
+    ({"sliding_window": 1024, "layer_types": ["sliding_attention", "full_attention"] * 2},
+     "layer_types lists 4 layers; num_hidden_layers is 2"),
+    ({"layer_types": ["chunked_attention", "full_attention"]}, "layer_types 'chunked_attention'"),
 ])
 def test_hf_keys_that_change_the_architecture_are_errors(tmp_path, changes, says):
     p = tmp_path / "config.json"
@@ -143,12 +145,67 @@ def test_hf_keys_that_change_the_architecture_are_errors(tmp_path, changes, says
 @pytest.mark.parametrize("changes", [
     {"model_type": "mistral", "sliding_window": 4096},  # the window covers the whole sequence
     {"model_type": "qwen2", "sliding_window": 1024, "use_sliding_window": False},
+    {"model_type": "qwen2", "sliding_window": 1024},  # Qwen2's windows are off unless use_sliding_window says on
+    {"model_type": "qwen2", "sliding_window": 1024, "use_sliding_window": True, "max_window_layers": 2},
+    {"sliding_window": 1024, "layer_types": ["full_attention", "full_attention"]},
     {"head_dim": 64, "hidden_act": "silu", "attention_bias": False},
 ])
 def test_hf_keys_that_change_nothing_are_accepted(tmp_path, changes):
     p = tmp_path / "config.json"
     p.write_text(json.dumps({**LLAMA, **changes}))
     assert load_model(str(p)).num_layers == 2
+
+
+def test_hf_keys_that_change_nothing_leave_full_attention(tmp_path):
+    for changes in ({"model_type": "qwen2", "sliding_window": 1024},
+                    {"sliding_window": 1024, "layer_types": ["full_attention", "full_attention"]}):
+        p = tmp_path / "config.json"
+        p.write_text(json.dumps({**LLAMA, **changes}))
+        assert load_model(str(p)).sliding_window is None
+
+
+QWEN3_32B = {  # Hugging Face Qwen/Qwen3-32B config.json (the keys read)
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120, "head_dim": 128,
+    "intermediate_size": 25600, "num_attention_heads": 64, "num_hidden_layers": 64, "num_key_value_heads": 8,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": False, "hidden_act": "silu",
+    "attention_bias": False, "sliding_window": None, "use_sliding_window": False, "max_window_layers": 64}
+
+
+def test_a_qwen3_dense_config_keeps_its_head_width_and_qk_norm(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(QWEN3_32B))
+    m = load_model(str(p))
+    assert (m.attention_head_dim, m.qk_norm, m.kv_heads, m.seq_length) == (128, True, 8, 8192)
+    assert m.num_params / 1e9 == pytest.approx(32.8, rel=0.01)  # Qwen3-32B: 32.8B parameters (model card)
+
+
+@pytest.mark.parametrize("changes, window, every", [
+    ({"model_type": "mistral", "sliding_window": 1024}, 1024, 1),  # Mistral: every layer windowed
+    ({"sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"]}, 512, 2),
+    ({"model_type": "qwen2", "sliding_window": 1024, "use_sliding_window": True, "max_window_layers": 0}, 1024, 1),
+])
+def test_sliding_windows_shorter_than_the_sequence_are_modelled(tmp_path, changes, window, every):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**LLAMA, **changes}))
+    m = load_model(str(p))
+    assert (m.sliding_window, m.sliding_window_pattern) == (window, every)
+
+
+def test_windowed_layers_that_are_not_every_nth_are_an_error(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**LLAMA, "num_hidden_layers": 4, "sliding_window": 1024, "model_type": "qwen2",
+                             "use_sliding_window": True, "max_window_layers": 2}))
+    with pytest.raises(FileFormatError, match="windowed layers 2, 3 are not every n-th layer from layer 0") as err:
+        load_model(str(p))
+    assert "\n" not in str(err.value)
+
+
+def test_a_hf_config_file_not_named_config_json_is_named_by_its_file(tmp_path):
+    d = tmp_path / "downloads"
+    d.mkdir()
+    (d / "mistral-7b.json").write_text(json.dumps({**LLAMA, "model_type": "mistral", "sliding_window": 1024}))
+    m = load_model(str(d / "mistral-7b.json"))
+    assert m.name == "mistral-7b" and m.sliding_window == 1024
 
 
 def test_a_folder_holding_config_json_is_a_model(tmp_path):
