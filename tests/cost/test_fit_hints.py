@@ -7,36 +7,28 @@ import pytest
 
 from echo_plan.cost.fit_hints import FitChange, fit_changes, fit_note
 from echo_plan.simulate import SimulationMemo, simulate
-from echo_plan.specs import ModelSpec, PlanSpec, Recompute, load_cluster, load_stack
+from echo_plan.specs import PlanSpec, Recompute, load_cluster, load_stack
 from echo_plan.trace.cache import TraceCache
 
 CLUSTER = load_cluster("h800").resized(gpus=8)
 GiB = 2**30
 
 
-@pytest.fixture(scope="module")
-def small():
-    return ModelSpec.build(dict(
-        name="small-dense", num_layers=4, hidden_size=512, num_attention_heads=8, num_kv_heads=4, vocab_size=4096,
-        seq_length=1024, activation="swiglu", norm="rmsnorm", position_embedding="rotary", ffn_hidden_size=1536,
-        tied_embeddings=False))
-
-
 def _peak(result) -> int:
     return max(m.total_bytes for m in result.memory)
 
 
-def test_every_change_needs_no_more_memory_and_matches_simulating_it(small, tmp_path):
+def test_every_change_matches_simulating_it_and_sharding_never_needs_more_memory(small_dense, tmp_path):
     plan = PlanSpec.build({"tp": 1, "pp": 2, "dp": 4, "micro_batch_size": 4, "global_batch_size": 64})
     cache, memo, stack = TraceCache(tmp_path), SimulationMemo(), load_stack()
-    roomy = simulate(small, CLUSTER, plan, stack=stack, cache=cache, memo=memo, memory_headroom_bytes=0)
+    roomy = simulate(small_dense, CLUSTER, plan, stack=stack, cache=cache, memo=memo, memory_headroom_bytes=0)
     # a headroom that leaves one byte less than the plan needs: it no longer fits, lighter plans may
     headroom = int(CLUSTER.gpu.hbm_GiB * GiB) - _peak(roomy) + 1
-    tight = simulate(small, CLUSTER, plan, stack=stack, cache=cache, memo=memo, memory_headroom_bytes=headroom)
+    tight = simulate(small_dense, CLUSTER, plan, stack=stack, cache=cache, memo=memo, memory_headroom_bytes=headroom)
     assert not tight.fits
     (hint,) = [n for n in tight.notes if n.startswith("it fits with")]
-    traces = memo.traces(small, plan, cache, stack)
-    changes = fit_changes(small, plan, CLUSTER, traces, stack, headroom)
+    traces = memo.traces(small_dense, plan, cache, stack)
+    changes = fit_changes(small_dense, plan, CLUSTER, traces, stack, headroom)
     flags = {c.flags for c in changes}
     assert {"--recompute selective", "--recompute full", "--sharding optimizer"} <= flags
     assert "--recompute full --sharding optimizer" in flags
@@ -48,7 +40,7 @@ def test_every_change_needs_no_more_memory_and_matches_simulating_it(small, tmp_
         if "sharding" in fields:
             fields["distributed_optimizer"] = True
         changed = PlanSpec.build({**plan.model_dump(mode="json"), **fields})
-        real = simulate(small, CLUSTER, changed, stack=stack, cache=cache, memo=memo, memory_headroom_bytes=headroom)
+        real = simulate(small_dense, CLUSTER, changed, stack=stack, cache=cache, memo=memo, memory_headroom_bytes=headroom)
         assert _peak(real) == pytest.approx(change.peak_bytes, rel=1e-9), change.flags  # its own traces agree
         assert real.fits == change.fits
     for kind in ("--recompute", "--sharding"):  # the least of each that fits alone is named, nothing heavier
@@ -57,9 +49,9 @@ def test_every_change_needs_no_more_memory_and_matches_simulating_it(small, tmp_
             assert alone[0].flags in hint and all(c.flags not in hint for c in alone[1:])
 
 
-def test_a_plan_that_fits_gets_no_hint(small, tmp_path):
+def test_a_plan_that_fits_gets_no_hint(small_dense, tmp_path):
     plan = PlanSpec.build({"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1, "global_batch_size": 8})
-    result = simulate(small, CLUSTER, plan, cache=TraceCache(tmp_path))
+    result = simulate(small_dense, CLUSTER, plan, cache=TraceCache(tmp_path))
     assert result.fits
     assert not any(n.startswith(("it fits with", "no more recomputation")) for n in result.notes)
 

@@ -17,16 +17,6 @@ from echo_plan.trace.cache import TraceCache
 from echo_plan.trace.tracer import trace_model
 
 
-@pytest.fixture(scope="module")
-def small_dense():
-    """A four-layer Llama-style model small enough to trace and simulate in a blink."""
-    from echo_plan.specs import ModelSpec
-
-    return ModelSpec.build(dict(
-        name="small-dense", num_layers=4, hidden_size=1024, num_attention_heads=8, num_kv_heads=4, vocab_size=4096,
-        seq_length=1024, activation="swiglu", norm="rmsnorm", position_embedding="rotary", ffn_hidden_size=2816,
-        tied_embeddings=False))
-
 
 def _plan(**kw):
     base = {"tp": 2, "pp": 2, "dp": 4, "micro_batch_size": 1, "global_batch_size": 16, "dtype": "fp8",
