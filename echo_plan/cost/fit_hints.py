@@ -97,10 +97,13 @@ def fit_changes(model, plan: PlanSpec, cluster, traces, asked: SoftwareSpec,
 def fit_note(changes: tuple[FitChange, ...]) -> str:
     """One line for simulate: the least recomputation that fits alone, the least sharding that fits alone, and
     the first pair that needs less of both, or that nothing fits."""
+    rest = ("more pipeline, tensor or context parallelism, or a smaller micro-batch (search ranks the plans that "
+            "fit)")
+    if not changes:
+        return "it already has the most recomputation and sharding the plan and stack allow: " + rest
     if not any(c.fits for c in changes):
-        tried = ", ".join(c.flags for c in changes if c.single) or "none the plan and stack allow"
-        return ("no more recomputation or sharding makes it fit (tried " + tried + ", and each pair of them): more "
-                "pipeline, tensor or context parallelism, or a smaller micro-batch (search ranks the plans that fit)")
+        tried = ", ".join(c.flags for c in changes if c.single)
+        return f"no more recomputation or sharding makes it fit (tried {tried}, and each pair of them): " + rest
     rank = {c.flags: i for i, c in enumerate(changes)}  # _variants' order: lighter changes first
     alone = [c for c in changes if c.fits and c.single]
     recompute = next((c for c in alone if c.flags.startswith("--recompute")), None)

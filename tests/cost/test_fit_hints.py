@@ -75,4 +75,5 @@ def test_when_nothing_fits_the_note_says_what_was_tried_and_what_is_left():
     assert note.startswith("no more recomputation or sharding makes it fit (tried --recompute full, --sharding "
                            "optimizer, and each pair of them)")
     assert "pipeline, tensor or context parallelism" in note
-    assert fit_note(()).startswith("no more recomputation or sharding makes it fit (tried none the plan and stack")
+    assert fit_note(()).startswith("it already has the most recomputation and sharding the plan and stack allow: "
+                                   "more pipeline")
