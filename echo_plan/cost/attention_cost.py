@@ -1,8 +1,8 @@
 """What a fused-attention kernel costs (``compute.py`` times it with these figures).
 
 * The efficiency per GPU generation and direction (``compute.yaml``: the default library's, or
-  FlashAttention-2's where the stack's ``attention_library`` says so, its causal kernels at their measured
-  share of its unmasked rate; flash-attn 1.x's Triton kernel at a
+  FlashAttention-2's or FlashAttention-3's where the stack's ``attention_library`` says so, their causal
+  kernels at their measured share of the unmasked rate; flash-attn 1.x's Triton kernel at a
   fitted share of FlashAttention-2's, ``flash_attn_triton`` there), times the dropout kernel's
   share, the wave quantisation of batch x heads x 128-row query blocks over the SMs, the short-key
   penalty s_k / (s_k + half) and the head-dimension factor.
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 FLASH_ATTN_2 = "flash-attn-2"  # specs.software.AttentionLibrary.FLASH_ATTN_2
 FLASH_ATTN_TRITON = "flash-attn-triton"  # specs.software.AttentionLibrary.FLASH_ATTN_TRITON
+FLASH_ATTN_3 = "flash-attn-3"  # specs.software.AttentionLibrary.FLASH_ATTN_3
 
 
 def attention_efficiency(op: OpRecord, gpu: GPUSpec, constants: "ComputeConstants", library: str = "cudnn",
@@ -36,7 +37,10 @@ def attention_efficiency(op: OpRecord, gpu: GPUSpec, constants: "ComputeConstant
     c = constants
     arch = c.arch_params(gpu.sm_arch)
     fa2 = library in (FLASH_ATTN_2, FLASH_ATTN_TRITON) and arch.fa2_forward_eff is not None
-    if is_backward(op):
+    fa3 = library == FLASH_ATTN_3 and arch.fa3_forward_eff is not None and arch.fa3_backward_eff is not None
+    if fa3:  # FlashAttention-3's measured rates (compute.yaml); a GPU it does not run on keeps the default's
+        base = arch.fa3_backward_eff if is_backward(op) else arch.fa3_forward_eff
+    elif is_backward(op):
         base = arch.fa2_backward_eff if fa2 and arch.fa2_backward_eff is not None else arch.attention_backward_eff
     else:
         base = arch.fa2_forward_eff if fa2 else arch.attention_forward_eff
@@ -47,6 +51,8 @@ def attention_efficiency(op: OpRecord, gpu: GPUSpec, constants: "ComputeConstant
     causal = causal_attention and not is_noncausal(op)
     if fa2 and causal:  # FlashAttention-2's published rates are unmasked; its causal kernels reach less
         base *= arch.fa2_causal_ratio
+    if fa3 and causal:  # FlashAttention-3's too
+        base *= arch.fa3_causal_ratio
     work = c.causal_work_fraction if causal else 1.0
     dims = attention_dims(op)
     if dims is None:

@@ -43,7 +43,9 @@ def calibrated_constants(cal: ComputeCalibration, constants: Any) -> Any:
                        attention_forward_eff=a.attention_forward_eff * cal.attention_efficiency_scale,
                        attention_backward_eff=a.attention_backward_eff * cal.attention_efficiency_scale,
                        fa2_forward_eff=_scaled(a.fa2_forward_eff, cal.attention_efficiency_scale),
-                       fa2_backward_eff=_scaled(a.fa2_backward_eff, cal.attention_efficiency_scale))
+                       fa2_backward_eff=_scaled(a.fa2_backward_eff, cal.attention_efficiency_scale),
+                       fa3_forward_eff=_scaled(a.fa3_forward_eff, cal.attention_efficiency_scale),
+                       fa3_backward_eff=_scaled(a.fa3_backward_eff, cal.attention_efficiency_scale))
             for k, a in constants.arch.items()}
     hbm: dict[OpKind, float] = {k: min(1.0, v * cal.memory_bandwidth_scale)
                                 for k, v in constants.hbm_efficiency.items()}

@@ -40,6 +40,9 @@ class ArchParams:
     fa2_forward_eff: float | None = None  # FlashAttention-2's kernels (None: the same as the default library's)
     fa2_backward_eff: float | None = None
     fa2_causal_ratio: float = 1.0  # what FlashAttention-2's causal kernels reach of its unmasked rate
+    fa3_forward_eff: float | None = None  # FlashAttention-3's kernels (None: this GPU runs none; the default's)
+    fa3_backward_eff: float | None = None
+    fa3_causal_ratio: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,9 @@ def load_compute_constants(text: str | None = None, origin: str = "compute.yaml"
                 fa2_forward_eff=_optional(a, "flash_attn_2_forward_eff"),
                 fa2_backward_eff=_optional(a, "flash_attn_2_backward_eff"),
                 fa2_causal_ratio=_share(a.get("flash_attn_2_causal_ratio", 1.0), "flash_attn_2_causal_ratio"),
+                fa3_forward_eff=_optional(a, "flash_attn_3_forward_eff"),
+                fa3_backward_eff=_optional(a, "flash_attn_3_backward_eff"),
+                fa3_causal_ratio=_share(a.get("flash_attn_3_causal_ratio", 1.0), "flash_attn_3_causal_ratio"),
             )
         hbm = {OpKind(k): float(v) for k, v in raw["hbm_efficiency"].items()}
         return ComputeConstants(

@@ -16,6 +16,7 @@ class AttentionLibrary(str, Enum):
     CUDNN = "cudnn"  # Transformer Engine's cuDNN fused attention (its Hopper default from TE 1.6 on)
     FLASH_ATTN_2 = "flash-attn-2"  # Dao's FlashAttention-2 package (TE's first choice before 1.6; PyTorch SDPA's flash)
     FLASH_ATTN_TRITON = "flash-attn-triton"  # the Triton FlashAttention of flash-attn 1.x (llm-foundry's attn_impl triton)
+    FLASH_ATTN_3 = "flash-attn-3"  # Dao's FlashAttention-3 (flash-attention's hopper/ kernels): Hopper only
 
 
 class CudaAllocator(str, Enum):

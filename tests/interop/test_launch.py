@@ -12,6 +12,7 @@ from echo_plan.interop.launch import (
 )
 from echo_plan.interop.launch.megatron_lm import import_argument_dump, parse_argument_dump
 from echo_plan.specs import PlanSpec, load_cluster, load_model, load_stack
+from echo_plan.specs.software import AttentionLibrary
 
 from tests.interop.launch_searches import SEARCHES, STACK, _search_plans  # shared with the benchmark
 
@@ -49,9 +50,12 @@ def test_deepseek_stack_and_uneven_split_round_trip(fmt):
     cluster = load_cluster("h800", gpus=2048)
     job = import_launch(export_launch(fmt, model, plan, stack, cluster).text, f"x{fmt.suffix}", load_stack(None))
     assert job.plan == canonical_plan(plan, model)
-    for field in ("moe_dispatcher", "moe_comm_sms", "fp8_recipe", "recompute_modules", "optimizer_state_bytes",
-                  "attention_library"):
+    for field in ("moe_dispatcher", "moe_comm_sms", "fp8_recipe", "recompute_modules", "optimizer_state_bytes"):
         assert getattr(job.stack, field) == getattr(stack, field), field
+    # DeepSeek's FlashAttention-3 goes out as Transformer Engine's flash backend (FlashAttention-3 where its
+    # Hopper package is installed) and is read back as that backend's FlashAttention-2
+    assert stack.attention_library is AttentionLibrary.FLASH_ATTN_3
+    assert job.stack.attention_library is AttentionLibrary.FLASH_ATTN_2
 
 
 @pytest.mark.parametrize("keep", ["moe_act_input_fp8", "moe_dispatch_fp8", "fp8_kernels", "fp8_attention_output_e5m6"])

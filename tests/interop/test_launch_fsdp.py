@@ -92,6 +92,19 @@ def test_a_plan_simulated_with_the_triton_flash_attention_is_not_exported_as_ano
     export_launch(LaunchFormat.TORCHTITAN, model, plan, TT, cluster)  # the same plan on torchtitan's stack is written
 
 
+def test_flash_attention_3_is_megatrons_flash_backend_and_not_torchtitans():
+    """FlashAttention-3 (DeepSeek's kernels) is Transformer Engine's flash backend where its Hopper package is
+    installed; torchtitan's SDPA has no such backend, so a plan simulated with it is not written as torchtitan's."""
+    model, cluster = load_model("llama3-8b"), load_cluster("h800", gpus=64)
+    plan = PlanSpec(dp=64, global_batch_size=512, sharding="parameters")
+    with pytest.raises(CannotExpress, match="attention_library flash-attn-3.*not the FlashAttention-3"):
+        export_launch(LaunchFormat.TORCHTITAN, model, plan, TT.replace(attention_library="flash-attn-3"), cluster)
+    dense = PlanSpec(dp=64, global_batch_size=512, distributed_optimizer=True)
+    text = export_launch(LaunchFormat.MEGATRON_LM, model, dense, load_stack("megatron-core").replace(
+        attention_library="flash-attn-3"), cluster).text
+    assert "--attention-backend flash" in text and "NVTE_FLASH_ATTN=1" in text
+
+
 def test_a_plan_simulated_with_another_fsdp_runtime_or_loss_is_not_exported_as_torchtitan():
     """torchtitan runs FSDP2 (its copy kernels) and the loss its compile setting gives: a plan simulated with FSDP1's
     runtime or with OLMo-core's loss on an fp32 copy of the logits would launch another step than the one predicted."""

@@ -44,10 +44,15 @@ MCORE_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
 RECOMPUTE_NAMES = {m.value for m in RecomputeModule}
 
 
+FLASH_LIBRARIES = (AttentionLibrary.FLASH_ATTN_2, AttentionLibrary.FLASH_ATTN_3)
+
+
 def _attention_backend(stack: SoftwareSpec) -> str:
     if stack.attention is AttentionKernel.UNFUSED:
         return "unfused"
-    return "flash" if stack.attention_library is AttentionLibrary.FLASH_ATTN_2 else "fused"
+    # Transformer Engine's flash backend runs FlashAttention-3 on Hopper where its package (flash_attn_3) is
+    # installed, FlashAttention-2 otherwise: a config read back says flash, taken as FlashAttention-2
+    return "flash" if stack.attention_library in FLASH_LIBRARIES else "fused"
 
 
 def layout_string(split: tuple[int, ...], mtp_layers: int) -> str:

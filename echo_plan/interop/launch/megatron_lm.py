@@ -132,7 +132,7 @@ def _render_value(flag: Flag, value: Any) -> list[str] | None:
 def environment(stack: SoftwareSpec, plan: PlanSpec) -> dict[str, str]:
     """The environment the stack relies on (Transformer Engine's attention backend, Megatron's stream rule)."""
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # Megatron-LM: TP/SP communication issued in program order
-    if stack.attention_library is AttentionLibrary.FLASH_ATTN_2:
+    if stack.attention_library in (AttentionLibrary.FLASH_ATTN_2, AttentionLibrary.FLASH_ATTN_3):
         env.update(NVTE_FLASH_ATTN="1", NVTE_FUSED_ATTN="0")
     else:
         env.update(NVTE_FLASH_ATTN="0", NVTE_FUSED_ATTN="1")

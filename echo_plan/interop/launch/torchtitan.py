@@ -56,10 +56,11 @@ def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> bool:
     """Raise CannotExpress for what torchtitan cannot run as simulated; True when the plan is FSDP2."""
     level = DataParallelSharding.of(plan, stack)
     fsdp = level.parameters
-    if stack.attention_library is AttentionLibrary.FLASH_ATTN_TRITON:
+    if stack.attention_library in (AttentionLibrary.FLASH_ATTN_TRITON, AttentionLibrary.FLASH_ATTN_3):
         raise CannotExpress(FMT, "attention_library", stack.attention_library.value,
-                            "torchtitan runs SDPA (FlashAttention-2 or cuDNN), not the Triton FlashAttention the plan "
-                            "was simulated with; simulate with another stack to export")
+                            "torchtitan runs SDPA (FlashAttention-2 or cuDNN), not the "
+                            f"{'Triton FlashAttention' if stack.attention_library is AttentionLibrary.FLASH_ATTN_TRITON else 'FlashAttention-3'}"
+                            " the plan was simulated with; simulate with another stack to export")
     if plan.offload_optimizer and stack.optimizer_offload is not OptimizerOffload.FSDP2:
         raise CannotExpress(FMT, "optimizer_offload", stack.optimizer_offload.value, "torchtitan offloads with "
                             "FSDP2's CPUOffloadPolicy (parameters, gradients and optimizer states); the plan was "
