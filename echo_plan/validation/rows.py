@@ -339,8 +339,9 @@ def _stack_fields(rec: dict[str, str], path: Path, line: int) -> dict[str, Any]:
         out.update(hidden_dropout=p, attention_dropout=p)
     if rec.get("cuda_graph_scope"):  # the parts of each layer the run captured in CUDA graphs
         out["cuda_graph_scope"] = _plus_list(rec["cuda_graph_scope"])
-    # how tokens reach their experts (alltoall, allgather, deepep); the loss kernel the run's framework version ran
-    for col in ("moe_dispatcher", "cross_entropy"):
+    # how tokens reach their experts (alltoall, allgather, deepep); the loss kernel the run's framework version ran;
+    # whose fused-attention kernels it ran
+    for col in ("moe_dispatcher", "cross_entropy", "attention_library"):
         if rec.get(col):
             out[col] = rec[col].strip().lower()
     for col in ("tp_comm_overlap", "torch_compile", "fp8_param_gather", "fp4_param_gather", "moe_a2a_overlap"):

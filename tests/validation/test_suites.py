@@ -423,7 +423,7 @@ def test_the_gpt_oss_25_11_row_runs_its_configs_micro_batch():
 
 # ---- the shipped suites, the folders that add more, and the exit status ---------------------------
 
-SHIPPED = ("bloom_jean_zay_a100", "fsdp_torchtitan_a100", "fsdp_torchtitan_h100", "fsdp_torchtitan_h200", "long_context_h100", "megatron_bridge_b200", "megatron_bridge_gb200", "megatron_bridge_gb300",
+SHIPPED = ("automodel_h100", "bloom_jean_zay_a100", "fsdp_torchtitan_a100", "fsdp_torchtitan_h100", "fsdp_torchtitan_h200", "long_context_h100", "megatron_bridge_b200", "megatron_bridge_gb200", "megatron_bridge_gb300",
            "megatron_bridge_h100", "megatron_weak_scaling_a100", "moe_b200", "moe_b300", "moe_gb200", "moe_gb300",
            "moe_h100", "moe_h100_bridge", "mpt_llm_foundry_a100", "mpt_llm_foundry_a100_40gb",
            "fms_fsdp_a100", "fms_fsdp_h100", "nemo_h100_dgxc", "olmo_core_h100",
