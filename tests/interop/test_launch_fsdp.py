@@ -105,6 +105,18 @@ def test_flash_attention_3_is_megatrons_flash_backend_and_not_torchtitans():
     assert "--attention-backend flash" in text and "NVTE_FLASH_ATTN=1" in text
 
 
+def test_a_plan_simulated_with_automodels_fused_kernels_is_not_exported_as_torchtitan():
+    """AutoModel's stack runs Transformer Engine's RMSNorm and fused elementwise kernels without compiling: torchtitan
+    would run its eager modules, another step than the one predicted."""
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", gpus=64)
+    plan = PlanSpec(cp=2, dp=32, global_batch_size=128, sharding="parameters", recompute="full")
+    with pytest.raises(CannotExpress, match="fused_norm true"):
+        export_launch(LaunchFormat.TORCHTITAN, model, plan, load_stack("automodel"), cluster)
+    with pytest.raises(CannotExpress, match="fused_elementwise true"):
+        export_launch(LaunchFormat.TORCHTITAN, model, plan, load_stack("automodel").replace(fused_norm=False), cluster)
+    export_launch(LaunchFormat.TORCHTITAN, model, plan, TT, cluster)  # torchtitan's own stack is written
+
+
 def test_a_plan_simulated_with_another_fsdp_runtime_or_loss_is_not_exported_as_torchtitan():
     """torchtitan runs FSDP2 (its copy kernels) and the loss its compile setting gives: a plan simulated with FSDP1's
     runtime or with OLMo-core's loss on an fp32 copy of the logits would launch another step than the one predicted."""

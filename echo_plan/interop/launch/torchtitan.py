@@ -107,6 +107,12 @@ def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> bool:
     if fsdp and not stack.fsdp_copy_kernels:
         raise CannotExpress(FMT, "fsdp_copy_kernels", False, "torchtitan shards with FSDP2, whose copy kernels this "
                                                              "plan was simulated without; " + NEEDS_TT)
+    if fsdp and (stack.fused_norm or stack.fused_elementwise != bool(stack.torch_compile)):
+        # torchtitan's norms and elementwise chains are its eager modules, fused only inside compiled blocks: a plan
+        # simulated with another framework's fused kernels (Transformer Engine's, AutoModel's) is another step
+        field = "fused_norm" if stack.fused_norm else "fused_elementwise"
+        raise CannotExpress(FMT, field, str(getattr(stack, field)).lower(), "torchtitan fuses norms and "
+                            "elementwise chains only by compiling its blocks; " + NEEDS_TT)
     loss = CrossEntropy.TORCH_COMPILED if stack.torch_compile else CrossEntropy.TORCH
     if fsdp and stack.cross_entropy is not loss:  # an FSDP stack of another framework (olmo-core's fp32 logits)
         raise CannotExpress(FMT, "cross_entropy", stack.cross_entropy.value, f"torchtitan's loss with torch_compile "
