@@ -112,8 +112,9 @@ def test_the_shipped_ranges_are_leave_one_suite_out_and_say_so():
         assert "leave-one-suite-out" in prediction_range(load_cluster(name), load_stack(
             "megatron-lm-2021" if "a100" in name else "megatron-core")).basis
     groups = moe_residuals(load_cluster("dgx-h100").calibration)
-    assert set(groups) == {"megatron-core"}
+    assert set(groups) == {"megatron-core", "automodel"}  # each stack's MoE rows range its own predictions
     assert all(r.startswith(("moe_h100: ", "moe_h100_bridge: ")) for r in groups["megatron-core"].rows)
+    assert all(r.startswith("automodel_h100: ") for r in groups["automodel"].rows)
     # Blackwell MoE predictions: from the MoE runs of the same die, not the H100's
     for name, suites in (("gb200-nvl72", ("moe_gb200", "moe_b200")), ("b200", ("moe_gb200", "moe_b200")),
                          ("gb300-nvl72", ("moe_gb300", "moe_b300")), ("b300", ("moe_gb300", "moe_b300"))):
