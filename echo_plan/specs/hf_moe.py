@@ -19,6 +19,17 @@ HF_MOE_FAMILIES = ("deepseek_v3", "gpt_oss", "mixtral", "qwen3_moe")
 TRAIN_SEQ_MAX = 4096  # configs give the longest position; MoE pre-training ran at 4K (moe_h100.csv)
 
 
+def whole_number(data: dict[str, Any], key: str, path: str, least: int) -> int | None:
+    """``data[key]`` as a whole number of at least ``least``, None when absent or null; anything else (a word, a
+    fraction, true/false, a list) is a one-line file error rather than a key silently ignored or misread."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise FileFormatError(path, f"{key} {value!r} is not a whole number of at least {least} (or null)")
+    return value
+
+
 def _need(data: dict[str, Any], path: str, family: str, *keys: str) -> list[Any]:
     missing = [k for k in keys if data.get(k) is None]
     if missing:
@@ -49,15 +60,15 @@ def moe_fields_from_hf(data: dict[str, Any], family: str, name: str, path: str) 
         experts, ffn = _need(data, path, family, "num_experts", "moe_intermediate_size")
         fields.update(ffn_hidden_size=data.get("intermediate_size") or ffn, qk_norm=True,
                       moe=dict(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=ffn))
-        if data.get("head_dim"):
+        if whole_number(data, "head_dim", path, 1):
             fields["attention_head_dim"] = data["head_dim"]
     elif family == "gpt_oss":
         experts, ffn = _need(data, path, family, "num_local_experts", "intermediate_size")
         fields.update(ffn_hidden_size=ffn, bias=bool(data.get("attention_bias", True)), activation="swiglu_clamped",
                       moe=dict(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=ffn))
-        if data.get("head_dim"):
+        if whole_number(data, "head_dim", path, 1):
             fields["attention_head_dim"] = data["head_dim"]
-        window, types = data.get("sliding_window"), data.get("layer_types")
+        window, types = whole_number(data, "sliding_window", path, 1), data.get("layer_types")
         if window:
             fields["sliding_window"] = window
             if isinstance(types, list) and len(types) > 1:

@@ -7,7 +7,7 @@ from typing import Any
 
 from echo_plan.errors import FileFormatError
 from echo_plan.files import parse_json, parse_yaml, read_text
-from echo_plan.specs.hf_moe import HF_MOE_FAMILIES, moe_fields_from_hf
+from echo_plan.specs.hf_moe import HF_MOE_FAMILIES, moe_fields_from_hf, whole_number
 
 # Hugging Face config.json keys -> ModelSpec fields (Llama, Mistral, Qwen2, Qwen3 and GPT-2 families).
 HF_KEY_MAP: dict[str, str] = {
@@ -99,26 +99,31 @@ def _windowed_layers(data: dict[str, Any], model_type: str, layers: int) -> list
     if model_type in ("qwen2", "qwen3"):
         if not data.get("use_sliding_window", False):
             return [False] * layers
-        first = data.get("max_window_layers")
-        first = int(first) if isinstance(first, int) else 0
-        return [i >= first for i in range(layers)]
+        return [i >= (data.get("max_window_layers") or 0) for i in range(layers)]
     return [True] * layers
 
 
 def _attention_fields(data: dict[str, Any], fields: dict[str, Any], model_type: str, path: str) -> None:
     """The head width when not hidden_size / heads, and sliding-window attention where its window is shorter
     than the training sequence and its windowed layers are every n-th from layer 0 (the model's pattern)."""
-    heads, hidden, head_dim = fields.get("num_attention_heads"), fields.get("hidden_size"), data.get("head_dim")
-    if isinstance(head_dim, int) and isinstance(heads, int) and isinstance(hidden, int) and heads > 0 \
+    heads, hidden = fields.get("num_attention_heads"), fields.get("hidden_size")
+    head_dim = whole_number(data, "head_dim", path, 1)
+    if head_dim is not None and isinstance(heads, int) and isinstance(hidden, int) and heads > 0 \
             and head_dim != hidden // heads:
         fields["attention_head_dim"] = head_dim
+    whole_number(data, "max_window_layers", path, 0)
+    if not isinstance(data.get("use_sliding_window", False), bool):
+        raise FileFormatError(path, f"use_sliding_window {data['use_sliding_window']!r} is not true or false")
     types = data.get("layer_types")
-    odd = sorted({str(t) for t in types} - {"sliding_attention", "full_attention"}) if isinstance(types, list) else []
+    if types is not None and not isinstance(types, list):
+        raise FileFormatError(path, f"layer_types {types!r} is not a list of full_attention / sliding_attention")
+    odd = sorted({str(t) for t in types or ()} - {"sliding_attention", "full_attention"})
     if odd:
         raise FileFormatError(path, f"layer_types {odd[0]!r} is not supported; supported: full_attention, "
                                     "sliding_attention")
-    window, seq, layers = data.get("sliding_window"), fields.get("seq_length"), fields.get("num_layers")
-    if not (isinstance(window, int) and isinstance(seq, int) and isinstance(layers, int) and 0 < window < seq):
+    window, seq, layers = whole_number(data, "sliding_window", path, 1), fields.get("seq_length"), \
+        fields.get("num_layers")
+    if not (window is not None and isinstance(seq, int) and isinstance(layers, int) and window < seq):
         return
     windowed = _windowed_layers(data, model_type, layers)
     if len(windowed) != layers:

@@ -41,6 +41,14 @@ def test_mixtral_config_matches_the_preset(tmp_path):
     assert m.num_params == load_model("mixtral-8x7b").num_params
 
 
+@pytest.mark.parametrize("family, key, value", [("gpt_oss", "head_dim", True), ("gpt_oss", "sliding_window", "128"),
+                                                ("qwen3_moe", "head_dim", 12.5)])
+def test_a_malformed_width_or_window_is_named_not_misread(tmp_path, family, key, value):
+    data = {**MIXTRAL, "model_type": family, "num_experts": 8, "moe_intermediate_size": 1024, key: value}
+    with pytest.raises(EchoPlanError, match=f"{key} .* is not a whole number"):
+        load_model(write(tmp_path, data))
+
+
 @pytest.mark.parametrize("key", ["n_routed_experts", "kv_lora_rank", "num_experts_per_tok"])
 def test_a_missing_key_is_named(tmp_path, key):
     data = dict(DEEPSEEK_V3)

@@ -133,6 +133,14 @@ LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num
     ({"sliding_window": 1024, "layer_types": ["sliding_attention", "full_attention"] * 2},
      "layer_types lists 4 layers; num_hidden_layers is 2"),
     ({"layer_types": ["chunked_attention", "full_attention"]}, "layer_types 'chunked_attention'"),
+    ({"layer_types": "sliding_attention"}, "is not a list"),
+    # a malformed number is an error, never a key ignored or (true) read as 1
+    ({"model_type": "mistral", "sliding_window": True}, "sliding_window True is not a whole number"),
+    ({"model_type": "mistral", "sliding_window": "4k"}, "sliding_window '4k' is not a whole number"),
+    ({"model_type": "mistral", "sliding_window": -5}, "sliding_window -5 is not a whole number of at least 1"),
+    ({"head_dim": 7.5}, "head_dim 7.5 is not a whole number"),
+    ({"model_type": "qwen2", "use_sliding_window": "yes"}, "use_sliding_window 'yes' is not true or false"),
+    ({"model_type": "qwen2", "max_window_layers": "all"}, "max_window_layers 'all' is not a whole number"),
 ])
 def test_hf_keys_that_change_the_architecture_are_errors(tmp_path, changes, says):
     p = tmp_path / "config.json"
