@@ -36,23 +36,15 @@ def attention_efficiency(op: OpRecord, gpu: GPUSpec, constants: "ComputeConstant
     """(fraction of the GPU's peak, FLOPs really done) of one fused-attention kernel."""
     c = constants
     arch = c.arch_params(gpu.sm_arch)
-    fa2 = library in (FLASH_ATTN_2, FLASH_ATTN_TRITON) and arch.fa2_forward_eff is not None
-    fa3 = library == FLASH_ATTN_3 and arch.fa3_forward_eff is not None and arch.fa3_backward_eff is not None
-    if fa3:  # FlashAttention-3's measured rates (compute.yaml); a GPU it does not run on keeps the default's
-        base = arch.fa3_backward_eff if is_backward(op) else arch.fa3_forward_eff
-    elif is_backward(op):
-        base = arch.fa2_backward_eff if fa2 and arch.fa2_backward_eff is not None else arch.attention_backward_eff
-    else:
-        base = arch.fa2_forward_eff if fa2 else arch.attention_forward_eff
+    forward, backward, causal_share = library_rates(arch, library)
+    base = backward if is_backward(op) else forward
     if library == FLASH_ATTN_TRITON:  # FlashAttention-2's rate on this GPU times the fitted ratio (compute.yaml)
         base *= c.triton_attention_rate
     if "dropout" in op.name:  # the fused kernel with dropout (trace/kernels.py)
         base *= c.attention_dropout_eff
     causal = causal_attention and not is_noncausal(op)
-    if fa2 and causal:  # FlashAttention-2's published rates are unmasked; its causal kernels reach less
-        base *= arch.fa2_causal_ratio
-    if fa3 and causal:  # FlashAttention-3's too
-        base *= arch.fa3_causal_ratio
+    if causal:  # a library's published rates are unmasked; its causal kernels reach this share of them
+        base *= causal_share
     work = c.causal_work_fraction if causal else 1.0
     dims = attention_dims(op)
     if dims is None:
@@ -69,6 +61,18 @@ def attention_efficiency(op: OpRecord, gpu: GPUSpec, constants: "ComputeConstant
     wave_q = ctas / (waves * gpu.sm_count)
     seq = s_k / (s_k + c.attention_seq_half)
     return base * wave_q * seq * head_dim_factor(head_dim, c.attention_head_dim_half), flops * work
+
+
+def library_rates(arch, library: str) -> tuple[float, float, float]:
+    """(forward, backward efficiency, causal share) of ``library``'s fused-attention kernels on a generation: its
+    own measured figures where ``compute.yaml`` has them (FlashAttention-2's, which the Triton kernel is priced off;
+    FlashAttention-3's), else the default library's, fitted on causal runs (share 1)."""
+    if library in (FLASH_ATTN_2, FLASH_ATTN_TRITON) and arch.fa2_forward_eff is not None:
+        backward = arch.fa2_backward_eff if arch.fa2_backward_eff is not None else arch.attention_backward_eff
+        return arch.fa2_forward_eff, backward, arch.fa2_causal_ratio
+    if library == FLASH_ATTN_3 and arch.fa3_forward_eff is not None and arch.fa3_backward_eff is not None:
+        return arch.fa3_forward_eff, arch.fa3_backward_eff, arch.fa3_causal_ratio  # Hopper only
+    return arch.attention_forward_eff, arch.attention_backward_eff, 1.0
 
 
 def head_dim_factor(head_dim: int, half: float) -> float:

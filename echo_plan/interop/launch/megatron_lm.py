@@ -18,11 +18,11 @@ from typing import Any, Mapping
 
 from echo_plan.interop.launch.job import (ALLOC_CONF, EXPANDABLE, CannotImport, LaunchExport, LaunchFormat, LaunchJob,
                                           allocator_of)
-from echo_plan.interop.launch.mcore import to_mcore
+from echo_plan.interop.launch.mcore import FLASH_LIBRARIES, to_mcore
 from echo_plan.interop.launch.mcore_read import job_from_mcore
 from echo_plan.interop.launch.megatron_ignored import IGNORED_FLAGS
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec
-from echo_plan.specs.software import AttentionLibrary, CudaAllocator
+from echo_plan.specs.software import CudaAllocator
 
 FMT = LaunchFormat.MEGATRON_LM
 
@@ -132,7 +132,7 @@ def _render_value(flag: Flag, value: Any) -> list[str] | None:
 def environment(stack: SoftwareSpec, plan: PlanSpec) -> dict[str, str]:
     """The environment the stack relies on (Transformer Engine's attention backend, Megatron's stream rule)."""
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # Megatron-LM: TP/SP communication issued in program order
-    if stack.attention_library in (AttentionLibrary.FLASH_ATTN_2, AttentionLibrary.FLASH_ATTN_3):
+    if stack.attention_library in FLASH_LIBRARIES:
         env.update(NVTE_FLASH_ATTN="1", NVTE_FUSED_ATTN="0")
     else:
         env.update(NVTE_FLASH_ATTN="0", NVTE_FUSED_ATTN="1")

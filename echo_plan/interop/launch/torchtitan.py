@@ -52,14 +52,17 @@ def _flavour(model: ModelSpec) -> tuple[str, str]:
                         + ", ".join(f"{n} {f}" for n, f in FLAVOURS.values()) + "); this shape is none of them")
 
 
+# fused-attention libraries PyTorch's SDPA has no backend for
+NOT_SDPA = {AttentionLibrary.FLASH_ATTN_TRITON: "Triton FlashAttention", AttentionLibrary.FLASH_ATTN_3: "FlashAttention-3"}
+
+
 def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> bool:
     """Raise CannotExpress for what torchtitan cannot run as simulated; True when the plan is FSDP2."""
     level = DataParallelSharding.of(plan, stack)
     fsdp = level.parameters
-    if stack.attention_library in (AttentionLibrary.FLASH_ATTN_TRITON, AttentionLibrary.FLASH_ATTN_3):
+    if stack.attention_library in NOT_SDPA:
         raise CannotExpress(FMT, "attention_library", stack.attention_library.value,
-                            "torchtitan runs SDPA (FlashAttention-2 or cuDNN), not the "
-                            f"{'Triton FlashAttention' if stack.attention_library is AttentionLibrary.FLASH_ATTN_TRITON else 'FlashAttention-3'}"
+                            f"torchtitan runs SDPA (FlashAttention-2 or cuDNN), not the {NOT_SDPA[stack.attention_library]}"
                             " the plan was simulated with; simulate with another stack to export")
     if plan.offload_optimizer and stack.optimizer_offload is not OptimizerOffload.FSDP2:
         raise CannotExpress(FMT, "optimizer_offload", stack.optimizer_offload.value, "torchtitan offloads with "
