@@ -23,7 +23,7 @@ from echo_plan.replay.compiled.switch import CompiledSwitch
 from echo_plan.replay.step_replay import ScheduleCache, StepReplayer
 from echo_plan.layout.schedules import schedule_shape
 from echo_plan.replay.step_costs import ep_overlap_pairs, stack_notes, step_costs
-from echo_plan.specs.calibration import calibration_status
+from echo_plan.specs.calibration import calibration_status, kernels_status
 from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.faults import Fault, check_faults, slowed_cluster, stage_effects
 from echo_plan.specs.model import ModelSpec
@@ -109,11 +109,12 @@ class SimulationMemo:
             self._defaults[key] = load_exchange_efficiency(release=release)
         return self._defaults[key]
 
-    def default_compute(self, cluster: ClusterSpec, cluster_key: str | None = None) -> "ComputeModel":
-        """``cluster_key``: the cluster's ``model_dump_json()`` where the caller has it already."""
-        key = ("compute", cluster_key or cluster.model_dump_json())  # the GPU and the compute calibration
+    def default_compute(self, cluster: ClusterSpec, cluster_key: str | None = None, kernels=None) -> "ComputeModel":
+        """``cluster_key``: the cluster's ``model_dump_json()`` where the caller has it already; ``kernels``: the
+        stack's kernel family, whose compute calibration the cluster may carry (None: its ``compute`` block)."""
+        key = ("compute", cluster_key or cluster.model_dump_json(), kernels)  # the GPU and the compute calibration
         if key not in self._defaults:
-            self._defaults[key] = compute_model_for(cluster)
+            self._defaults[key] = compute_model_for(cluster, kernels=kernels)
         return self._defaults[key]
 
     def prediction_range(self, cluster: ClusterSpec, cluster_key: str, stack: SoftwareSpec, moe: bool = False):
@@ -202,8 +203,8 @@ def stack_models(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, stack: 
     and the SMs it holds. ``compute``, ``comm``, ``interference``: the caller's, or None for the defaults."""
     cluster_key = cluster_key or cluster.model_dump_json()
     held = stack.fp8_gemm_sms_held(model.is_moe, plan.ep, plan.dtype)
-    compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster, cluster_key), stack,
-                                 held)
+    compute = with_stack_kernels(compute if compute is not None else memo.default_compute(cluster, cluster_key,
+                                                                                         stack.kernels), stack, held)
     comm = comm if comm is not None else memo.default_comm(cluster, cluster_key)
     if interference is None:
         interference = memo.default_interference()
@@ -296,6 +297,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, stack: S
     status = calibration_status(cluster)
     if not status.startswith("calibrated"):  # inherited from a preset, or none for this GPU: said plainly
         notes.append(status)
+    family = kernels_status(cluster, stack.kernels)  # figures of the stack's kernel family, where there are some
+    if family:
+        notes.append(family)
     arch = load_compute_constants().arch_note(cluster.gpu.name, cluster.gpu.sm_arch)
     if arch:
         notes.append(arch)

@@ -364,11 +364,14 @@ def database_note(compute: Any, traces: Any, cluster: ClusterSpec, dtype: DType)
             "the rest from the analytical model")
 
 
-def compute_model_for(cluster: ClusterSpec, kernels_dir: str | Path | None = None, *, fallback: Any = None) -> Any:
+def compute_model_for(cluster: ClusterSpec, kernels_dir: str | Path | None = None, *, fallback: Any = None,
+                      kernels: Any = None) -> Any:
     """The compute model for ``cluster``: database-backed when a database serves its GPU, else the
-    analytical model with the cluster's compute calibration (``calibration.compute``) applied."""
+    analytical model with the cluster's compute calibration applied (``calibration.compute``, or its
+    ``compute_by_kernels`` block for the stack's kernel family ``kernels`` where it carries one)."""
     if fallback is None:
-        fallback = AnalyticalComputeModel(calibrated_constants(ComputeCalibration.of(cluster), load_compute_constants()))
+        fallback = AnalyticalComputeModel(calibrated_constants(ComputeCalibration.of(cluster, kernels),
+                                                               load_compute_constants()))
     base = fallback
     db = find_database(cluster.gpu, kernels_dir)
     return DatabaseComputeModel(db, base) if db is not None else base

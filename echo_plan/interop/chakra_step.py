@@ -240,7 +240,7 @@ def build_step_graph(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, *, 
     check_plan_supported(stack, plan)
     sharding = DataParallelSharding.of(plan, stack)
     ckey = cluster.model_dump_json()
-    compute = with_stack_kernels(memo.default_compute(cluster, ckey), stack)
+    compute = with_stack_kernels(memo.default_compute(cluster, ckey, stack.kernels), stack)
     comm = comm if comm is not None else memo.default_comm(cluster, ckey)
     interference = interference if interference is not None else memo.default_interference()
     traces = memo.traces(model, plan, cache, stack)

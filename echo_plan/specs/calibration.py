@@ -8,6 +8,9 @@ each keeping the rows it was fitted on:
   efficiency scale, an achieved-memory-bandwidth scale and the fixed cost of one kernel;
 * ``nccl``: the collective model's fitted parameters (``echo-plan calibrate nccl``), by the names
   and shapes of :data:`CALIBRATABLE`;
+* ``compute_by_kernels``: a ``compute`` block per kernel family (``SoftwareSpec.kernels``: ``pytorch``), fitted on
+  runs of stacks of that family; its figures replace the ``compute`` block's for those stacks, and what it does not
+  fit (the low-precision GEMM scales, say) stays the ``compute`` block's;
 * ``ranges``: the spread of held-out prediction errors per software stack, from which every
   prediction's range comes;
 * ``from``: a cluster preset whose ``compute`` and ``ranges`` this cluster takes (a cluster file of one's
@@ -28,9 +31,10 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from echo_plan.errors import SpecError
+from echo_plan.specs.software_kinds import KernelFamily
 
-SECTIONS = ("compute", "nccl", "ranges", "host", "from")  # from: where inherited sections came from (presets.load_cluster)
-INHERITED = ("compute", "ranges")  # what a preset takes from the preset it names (calibration.from)
+SECTIONS = ("compute", "compute_by_kernels", "nccl", "ranges", "host", "from")  # from: where inherited sections came from (presets.load_cluster)
+INHERITED = ("compute", "compute_by_kernels", "ranges")  # what a preset takes from the preset it names (calibration.from)
 # what a cluster of one's own takes from the preset it names or that has its GPU: also the host's issue time, which a
 # preset of another host (GB200's Grace, after dgx-h100's compute figures) does not take from its ``from``
 USER_INHERITED = INHERITED + ("host",)
@@ -58,6 +62,8 @@ def check_calibration(calibration: Mapping[str, Any], context: str = "calibratio
                             context)
     if "compute" in calibration:
         ComputeCalibration.from_mapping(calibration["compute"], context)
+    if "compute_by_kernels" in calibration:
+        _check_by_kernels(calibration["compute_by_kernels"], context)
     if "ranges" in calibration:
         RangeTable.from_mapping(calibration["ranges"], context)
     if "from" in calibration and not isinstance(calibration["from"], str):
@@ -72,6 +78,17 @@ def check_calibration(calibration: Mapping[str, Any], context: str = "calibratio
         if isinstance(op, bool) or not isinstance(op, (int, float)) or not (HOST_OP_US[0] < op <= HOST_OP_US[1]):
             raise SpecError("calibration.host.op_us", op, f"a number in ({HOST_OP_US[0]:g}, {HOST_OP_US[1]:g}]",
                             context)
+
+
+def _check_by_kernels(by_kernels: Any, context: str) -> None:
+    valid = ", ".join(k.value for k in KernelFamily)
+    if not isinstance(by_kernels, Mapping) or not by_kernels:
+        raise SpecError("calibration.compute_by_kernels", by_kernels,
+                        f"a mapping of kernel family ({valid}) to a compute block", context)
+    for family, block in by_kernels.items():
+        if family not in {k.value for k in KernelFamily}:
+            raise SpecError("calibration.compute_by_kernels", family, f"a kernel family: {valid}", context)
+        ComputeCalibration.from_mapping(block, f"{context}: calibration.compute_by_kernels.{family}")
 
 
 def check_nccl_section(nccl: Any, context: str = "calibration") -> None:
@@ -143,9 +160,19 @@ class ComputeCalibration:
         return cls(**values, info=info)
 
     @classmethod
-    def of(cls, cluster: Any) -> "ComputeCalibration":
+    def of(cls, cluster: Any, kernels: Any = None) -> "ComputeCalibration":
+        """The cluster's compute figures for stacks running ``kernels`` (a KernelFamily or its value; None: the
+        ``compute`` block's): the family's block over the ``compute`` block where the cluster carries one."""
         cal = getattr(cluster, "calibration", None) or {}
-        return cls.from_mapping(cal.get("compute"), getattr(cluster, "name", "cluster"))
+        name = getattr(cluster, "name", "cluster")
+        base = cls.from_mapping(cal.get("compute"), name)
+        family = getattr(kernels, "value", kernels)
+        own = (cal.get("compute_by_kernels") or {}).get(family) if family else None
+        if own is None:
+            return base
+        got = cls.from_mapping(own, f"{name}: calibration.compute_by_kernels.{family}")
+        values = {**base.values(), **{k: v for k, v in got.values().items() if k in own}}
+        return cls(**values, info=got.info)
 
 
 # ---- calibration.nccl: the collective model's parameters a fit may set, by shape
@@ -362,6 +389,20 @@ def _group(name: str, g: Any, field_: str, context: str) -> ResidualGroup:
 # What an uncalibrated prediction's error looked like on the visible suites (validate, leave-one-suite-out:
 # the SC21 A100 rows with no A100 calibration left were 5-16% slow)
 UNCALIBRATED_ERROR = "uncalibrated, the SC21 A100 runs were predicted 5-16% off"
+
+
+def kernels_status(cluster: Any, kernels: Any) -> str | None:
+    """One line on the compute figures the cluster carries for the stack's kernel family ``kernels``, or None when
+    it carries none (the ``compute`` block's figures then time every stack)."""
+    family = getattr(kernels, "value", kernels)
+    block = ((getattr(cluster, "calibration", None) or {}).get("compute_by_kernels") or {}).get(family)
+    if not block:
+        return None
+    figures = ", ".join(k for k in block if k in COMPUTE_FIELDS)
+    fitted = block.get("fitted_on") or {}
+    rows = sum(len(v) for v in fitted.values())
+    return (f"compute figures for {family} kernels (the stack's kernels): {figures} fitted on {rows} runs of "
+            f"{', '.join(fitted) or 'its own'}, the rest the GPU's (docs/validation.md)")
 
 
 def calibration_status(cluster: Any) -> str:

@@ -139,8 +139,11 @@ def _with_inherited_calibration(data: dict, context: str, inherited: tuple[str, 
         got = _preset_calibration(source, context)
         other_arch = _gpu_arch(read_mapping(clusters_dir() / f"{source}.yaml")) != _gpu_arch(data)
         # another GPU generation: its sustained shares of the kernel model are a prior, not a measurement of this
-        # GPU, so its ranges (errors measured on its own runs) are not taken: the uncalibrated ones say how unsure
-        kinds = tuple(k for k in inherited if not (other_arch and k == "ranges"))
+        # GPU, so its ranges (errors measured on its own runs) are not taken: the uncalibrated ones say how unsure;
+        # nor are its figures per kernel family, fitted on that GPU's runs of those stacks beside its compute figures
+        # (a file with compute figures of its own, fitted on its own runs, keeps them for every family)
+        kinds = tuple(k for k in inherited if not (other_arch and k in ("ranges", "compute_by_kernels"))
+                      and not (k == "compute_by_kernels" and "compute" in cal))
         merged = {k: got[k] for k in kinds if k in got}
         merged.update({k: v for k, v in cal.items() if k != "from"})
         taken = ", ".join(k for k in kinds if k in got and k not in cal)

@@ -21,13 +21,14 @@ from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import Schedule
 from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, AttentionLibrary, CPComm,
                                             CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, DeepEPRelease,
-                                            Fp8Kernels, Fp8Recipe, GradientBuffers, MoEDispatcher, OptimizerOffload,
-                                            OptimizerSharding,
+                                            Fp8Kernels, Fp8Recipe, GradientBuffers, KernelFamily, MoEDispatcher,
+                                            OptimizerOffload, OptimizerSharding,
                                             PipelineRuntime, RecomputeModule, RecomputePolicy)
 
 # the enums live in software_kinds.py; importing them from here keeps working
 __all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CPRuntime", "CrossEntropy",
-           "CudaAllocator", "CudaGraphScope", "DeepEPRelease", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "GradientBuffers", "MoEDispatcher",
+           "CudaAllocator", "CudaGraphScope", "DeepEPRelease", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "GradientBuffers", "KernelFamily",
+           "MoEDispatcher",
            "OptimizerOffload", "OptimizerSharding", "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec"]
 
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
@@ -47,6 +48,9 @@ class SoftwareSpec(Spec):
     attention: AttentionKernel = AttentionKernel.FUSED
     attention_library: AttentionLibrary = Field(
         default=AttentionLibrary.CUDNN, description="whose fused-attention kernels run (fused attention only)")
+    kernels: KernelFamily = Field(
+        default=KernelFamily.NVIDIA, description="whose kernels the layers run (nvidia: Transformer Engine, Apex; pytorch: "
+        "aten, SDPA, Inductor): the cluster's compute calibration for that family where it carries one")
     hidden_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout after attention, MLP, embedding")
     attention_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout on attention probabilities")
     fused_elementwise: bool = Field(

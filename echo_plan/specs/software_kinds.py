@@ -19,6 +19,15 @@ class AttentionLibrary(str, Enum):
     FLASH_ATTN_3 = "flash-attn-3"  # Dao's FlashAttention-3 (flash-attention's hopper/ kernels): Hopper only
 
 
+class KernelFamily(str, Enum):
+    """Whose kernels a stack's layers run: a cluster may carry a compute calibration of its own per family
+    (``calibration.compute_by_kernels``), fitted on runs of stacks of that family, where the kernels of the two reach
+    a different share of the same GPU (docs/validation.md, "PyTorch's own kernels on Hopper")."""
+
+    NVIDIA = "nvidia"  # NVIDIA's training libraries: Transformer Engine's modules, Apex's and Megatron's fused kernels
+    PYTORCH = "pytorch"  # PyTorch's own: aten GEMMs through cuBLAS, SDPA, eager or Inductor-generated elementwise code
+
+
 class CudaAllocator(str, Enum):
     """PyTorch's caching-allocator setting (``PYTORCH_CUDA_ALLOC_CONF``): how much of the activation memory
     it holds reserved beyond what is allocated at the peak (``memory.yaml``, measured per setting)."""

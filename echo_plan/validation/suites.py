@@ -86,15 +86,18 @@ def headroom_bounds(results: Any, skip_known_gaps: bool = True) -> list[Headroom
 
 
 def fitted_rows(cluster: Any, suite_name: str) -> set[str]:
-    """Labels of the suite's rows the cluster's calibration was fitted on: its compute figures, the
+    """Labels of the suite's rows the cluster's calibration was fitted on: its compute figures (those of every kernel
+    family it carries included), the
     all-to-all share of its NCCL figures (``calibrate.a2a_fit``) and its host issue time (``calibrate.host_fit``);
     and those the Triton FlashAttention's rate was fitted on (``calibrate.triton_attention_fit``)."""
     cal = cluster.calibration or {}
     fitted = (cal.get("compute") or {}).get("fitted_on") or {}
+    by_kernels = [(block or {}).get("fitted_on") or {} for block in (cal.get("compute_by_kernels") or {}).values()]
     a2a = (((cal.get("nccl") or {}).get("provenance") or {}).get("all_to_all_fit") or {}).get("fitted_on") or {}
     host = (((cal.get("host") or {}).get("provenance") or {}).get("fitted_on")) or {}
     library = load_compute_constants().triton_attention_fitted_on.get(suite_name, ())  # compute.yaml flash_attn_triton
-    return {str(x) for x in (*fitted.get(suite_name, ()), *a2a.get(suite_name, ()), *host.get(suite_name, ()),
+    family = [x for f in by_kernels for x in f.get(suite_name, ())]
+    return {str(x) for x in (*fitted.get(suite_name, ()), *family, *a2a.get(suite_name, ()), *host.get(suite_name, ()),
                              *library)}
 
 

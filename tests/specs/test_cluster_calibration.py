@@ -107,3 +107,14 @@ def test_a_file_of_ones_own_takes_the_host_time_of_its_presets_server_and_preset
 def test_a_bad_host_time_is_a_clear_error(tmp_path, host):
     with pytest.raises(EchoPlanError, match="calibration.host"):
         load_cluster(_own(tmp_path, "bad", calibration={"host": host}))
+
+
+def test_figures_per_kernel_family_follow_the_gpu_they_were_fitted_on(tmp_path):
+    """dgx-h100's figures for PyTorch's kernels go with its compute figures to a file of one's own with the same GPU
+    and to h200 (the same die), not to a preset of another GPU generation (b200: its compute figures are a prior)
+    nor to one with compute figures fitted on its own runs (h100-gt)."""
+    shipped = load_cluster("dgx-h100").calibration["compute_by_kernels"]
+    assert load_cluster(_own(tmp_path, "mine")).calibration["compute_by_kernels"] == shipped
+    assert load_cluster("h200").calibration["compute_by_kernels"] == shipped
+    for preset in ("b200", "gb200-nvl72", "h100-gt"):
+        assert "compute_by_kernels" not in (load_cluster(preset).calibration or {}), preset
