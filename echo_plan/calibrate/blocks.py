@@ -19,7 +19,7 @@ from echo_plan.calibrate.a2a_fit import a2a_block, merge as merge_a2a
 from echo_plan.calibrate.fp8_fit import FIGURES, fp8_block, is_fp8, merge
 from echo_plan.calibrate.host_fit import host_block, merge as merge_host
 from echo_plan.calibrate.preset_files import fit_labels, recipes, recipes_without, rule_words
-from echo_plan.cost.calibration import ComputeCalibration
+from echo_plan.cost.calibration import COMPUTE_INFO, ComputeCalibration
 from echo_plan.errors import EchoPlanError
 from echo_plan.interop.nccl_tests import parse_nccl_tests
 from echo_plan.specs import load_cluster
@@ -57,11 +57,14 @@ def network_block(recipe: dict, vdir: Path) -> dict[str, Any]:
 
 
 def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, progress=None,
-                  low_precision: dict[str, float] | None = None) -> dict[str, Any]:
+                  low_precision: dict[str, float] | None = None, figures: tuple[str, ...] | None = None,
+                  base: ComputeCalibration | None = None) -> dict[str, Any]:
     """The compute figures of ``recipe``, fitted on its bf16 rows (fp8 rows fit their own figure, fp8_fit.py)
     and on its ``attention_rows``: rows of any precision named because their long sequences make the
-    fused-attention figure visible (their GEMMs at the low-precision figures ``low_precision``, else the priors)."""
+    fused-attention figure visible (their GEMMs at the low-precision figures ``low_precision``, else the priors).
+    ``figures``: those fitted (default: every one with a prior), the others at ``base``'s values."""
     from echo_plan.calibrate.steps import calibrate_rows, calibration_block  # deferred: loads numpy
+    from echo_plan.calibrate.steps_fit import DEFAULT_FIT  # deferred: loads numpy
 
     suite = training_suite(vdir / f"{recipe['suite']}.csv")
     every = training_rows(suite)
@@ -73,8 +76,9 @@ def compute_block(recipe: dict, vdir: Path, cluster: Any, cache: Any = None, pro
     rows = [r for r in every if not is_fp8(r) or r.label in attention]
     fit = fit_labels(rows, recipe["fit_rows"]) | attention
     held = {r.label for r in rows if not r.not_modelled} - fit
-    cal = calibrate_rows(rows, cluster, suite.stack, held, model_settings=suite.model_settings, cache=cache,
-                         progress=progress, fixed=ComputeCalibration(**(low_precision or {})))
+    cal = calibrate_rows(rows, cluster, suite.stack, held, fit=figures or DEFAULT_FIT,
+                         model_settings=suite.model_settings, cache=cache, progress=progress,
+                         fixed=base if base is not None else ComputeCalibration(**(low_precision or {})))
     words = rule_words(recipe["fit_rows"]) + (f" and {len(attention)} named for attention" if attention else "")
     return calibration_block(cal, suite.name, f"{suite.path.name}, {words}", dict(cluster.calibration or {}))
 
@@ -90,6 +94,22 @@ def inherited_compute(preset: str, fitted: dict[str, Any] | None = None) -> dict
     out["source"] = f"the {preset} preset's compute figures (fitted on its own suites: {preset}.yaml says which)"
     out["fitted_on"] = {}
     return out
+
+
+def kernels_block(recipe: dict, vdir: Path, blocks: dict[str, dict[str, Any]], cache: Any = None,
+                  progress=None) -> dict[str, Any]:
+    """A ``compute_by_kernels`` entry: the figures ``fit_figures`` of ``recipe`` fitted on its rows (a suite run
+    with a stack of the recipe's kernel family), the others at the compute figures ``blocks`` gives the suite's
+    cluster in this run; only the fitted figures and their provenance are kept (the rest follow the compute block)."""
+    from echo_plan.calibrate.steps_fit import DEFAULT_FIT  # deferred: loads numpy
+
+    suite = training_suite(vdir / f"{recipe['suite']}.csv")
+    name = suite.cluster if suite.cluster in blocks else recipe["presets"][0]
+    cluster = load_cluster(name).replace(calibration=blocks.get(name, {}))
+    figures = tuple(recipe.get("fit_figures") or DEFAULT_FIT)
+    got = compute_block(recipe, vdir, cluster, cache, progress, figures=figures,
+                        base=ComputeCalibration.of(cluster))["compute"]
+    return {k: v for k, v in got.items() if k in figures or k in COMPUTE_INFO}
 
 
 def build_blocks(vdir: Path, cache: Any = None, progress=None, leave_out: str | None = None,
@@ -111,7 +131,7 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None, leave_out: str | 
                 blocks.setdefault(preset, {})["nccl"] = nccl
     # an fp8-only recipe starts from the figures another recipe fits in this run: those first
     for name, recipe in sorted(every.items(), key=lambda item: bool(item[1].get("fp8_only"))):
-        if "suite" not in recipe:
+        if "suite" not in recipe or "kernels" in recipe:
             continue
         first = recipe["presets"][0]
         cluster = load_cluster(first).replace(calibration=blocks.get(first, {}))
@@ -139,6 +159,14 @@ def build_blocks(vdir: Path, cache: Any = None, progress=None, leave_out: str | 
                 merged = {"from": recipe["inherit"], **merged}
             blocks[preset] = merged
 
+    # a kernel family's figures, fitted on runs of its stacks on top of the compute figures just fitted
+    for name, recipe in every.items():
+        if "kernels" in recipe:
+            got = kernels_block(recipe, vdir, blocks, cache, progress)
+            for preset in recipe["presets"]:
+                merged = dict(blocks.get(preset, {}))
+                merged["compute_by_kernels"] = {**(merged.get("compute_by_kernels") or {}), recipe["kernels"]: got}
+                blocks[preset] = merged
     # the figures fitted on named rows, each on top of what its presets already carry: the host's issue time on the
     # compute calibration, then the all-to-all share on both
     _named_fits(blocks, every, "host_suite", host_block, "host", merge_host, vdir, cache, progress)

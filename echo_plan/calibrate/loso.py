@@ -152,8 +152,13 @@ def shipped_loso(path: Path) -> LosoSuite:
 
 
 def _compute_words(cal: dict) -> str:
-    fitted = (cal.get("compute") or {}).get("fitted_on") or {}
-    return "compute fitted on " + ", ".join(f"{len(v)} rows of {k}" for k, v in fitted.items())
+    def rows(block: dict) -> str:
+        return ", ".join(f"{len(v)} rows of {k}" for k, v in (block.get("fitted_on") or {}).items())
+
+    words = "compute fitted on " + rows(cal.get("compute") or {})
+    for family, block in (cal.get("compute_by_kernels") or {}).items():
+        words += f", {family} kernels' figures on {rows(block)}"
+    return words
 
 
 def _dense(s: LosoSuite) -> bool:

@@ -59,3 +59,20 @@ def test_an_fp8_only_recipe_starts_from_the_figures_fitted_in_the_same_run():
         for preset in recipe["presets"]:
             mine = load_cluster(preset).calibration["compute"]
             assert {k: mine[k] for k in COMPUTE_FIGURES} == {k: base[k] for k in COMPUTE_FIGURES}, (name, preset)
+
+
+def test_a_kernel_family_recipe_fits_only_its_figures_and_validate_counts_its_rows_as_fitted():
+    """compute-sm90-pytorch fits the GEMM figure of PyTorch's kernels on OLMo-core's rows: the shipped block holds
+    that figure and its provenance only (the rest follow the compute block), its rows are not counted as held out,
+    and left out with its suite the recipe fits its stand-in instead."""
+    from echo_plan.cost.calibration import COMPUTE_INFO
+
+    recipe = recipes()["compute-sm90-pytorch"]
+    for preset in recipe["presets"]:
+        block = load_cluster(preset).calibration["compute_by_kernels"][recipe["kernels"]]
+        assert set(block) - set(COMPUTE_INFO) == set(recipe["fit_figures"]), preset
+        named = set(block["fitted_on"][recipe["suite"]])
+        assert named and named <= fitted_rows(load_cluster(preset), recipe["suite"])
+        assert not set(block["held_out"][recipe["suite"]]) & named
+    without = recipes_without(recipes(), recipe["suite"])["compute-sm90-pytorch"]
+    assert without["suite"] == recipe["stand_in"]["suite"] and without["kernels"] == recipe["kernels"]
