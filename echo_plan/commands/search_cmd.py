@@ -23,6 +23,7 @@ from echo_plan.commands.search_config import (
 from echo_plan.commands.launch_cmd import FromLaunchOpt, LaunchFormatOpt, print_job_comparison
 from echo_plan.interop.launch import launch_format as parse_launch_format, read_launch
 from echo_plan.errors import SpecError
+from echo_plan.specs.calibration import kernels_status
 from echo_plan.report.inputs import calibration_summary
 from echo_plan.search.space import Knob
 from echo_plan.commands.common import check_cache_dir
@@ -174,6 +175,10 @@ def compare_clusters(configs, sizes, prices, cache_dir, progress, csv, report, a
                    + " vs ".join(c.cluster.name for c in configs))
         for line in format_cluster_compare(result):
             typer.echo(line)
+        for config in configs:  # whose figures time a PyTorch-native stack's kernels on each cluster
+            said = kernels_status(config.cluster, config.stack.kernels)
+            if said and config.stack.kernels.value != "nvidia":
+                typer.echo(f"{config.cluster.name}: {said}")
         if csv:
             typer.echo(f"wrote {csv}")
     if report:

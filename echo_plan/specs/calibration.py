@@ -392,12 +392,21 @@ UNCALIBRATED_ERROR = "uncalibrated, the SC21 A100 runs were predicted 5-16% off"
 
 
 def kernels_status(cluster: Any, kernels: Any) -> str | None:
-    """One line on the compute figures the cluster carries for the stack's kernel family ``kernels``, or None when
-    it carries none (the ``compute`` block's figures then time every stack)."""
+    """One line on the compute figures the cluster carries for the stack's kernel family ``kernels``; where it carries
+    none, for a family other than the default one, that its compute figures time them (fitted on which stack's
+    runs); None for the default family without a block of its own (the compute figures are its)."""
     family = getattr(kernels, "value", kernels)
-    block = ((getattr(cluster, "calibration", None) or {}).get("compute_by_kernels") or {}).get(family)
+    cal = getattr(cluster, "calibration", None) or {}
+    block = (cal.get("compute_by_kernels") or {}).get(family)
     if not block:
-        return None
+        if family in (None, KernelFamily.NVIDIA.value) or "compute" not in cal:
+            return None
+        fitted = (cal.get("compute") or {}).get("stack")
+        source = str(cal.get("from") or "").split(" (")[0]
+        whose = f", fitted on {fitted} runs" if fitted else (f", {source}'s" if source else "")
+        return (f"no compute figures of this cluster's for {family} kernels (the stack's kernels): its compute "
+                f"figures time them{whose} (on the Hopper presets PyTorch's own kernels have figures of their own: "
+                "docs/validation.md)")
     figures = ", ".join(k for k in block if k in COMPUTE_FIELDS)
     fitted = block.get("fitted_on") or {}
     rows = sum(len(v) for v in fitted.values())

@@ -92,3 +92,13 @@ def test_the_hopper_presets_carry_a_pytorch_block_fitted_on_named_rows():
         block = (load_cluster(preset).calibration.get("compute_by_kernels") or {}).get("pytorch")
         assert block and block["fitted_on"], preset
     assert ComputeCalibration.of(H100, "pytorch").gemm_efficiency_scale < ComputeCalibration.of(H100).gemm_efficiency_scale
+
+
+def test_the_status_line_says_whose_figures_time_the_stacks_kernels():
+    from echo_plan.specs.calibration import kernels_status
+
+    assert kernels_status(H100, KernelFamily.PYTORCH).startswith("compute figures for pytorch kernels")
+    assert kernels_status(H100, KernelFamily.NVIDIA) is None  # the compute block's own family: nothing to say
+    other = kernels_status(load_cluster("b200"), KernelFamily.PYTORCH)
+    assert other.startswith("no compute figures of this cluster's for pytorch kernels") and "dgx-h100" in other
+    assert kernels_status(load_cluster("dgx-a100").replace(calibration={}), "pytorch") is None  # nothing calibrated

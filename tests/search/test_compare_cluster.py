@@ -83,3 +83,15 @@ def test_a_yaml_list_names_the_clusters_and_their_prices(tmp_path, capsys):
     listed.write_text("clusters:\n  - {cluster: h800, price_per_gpu_hour: 2.1}\n  - {cluster: b200}\n")
     assert main(["compare", "--cluster", str(listed), "--gpus", "16", "--price-per-gpu-hour", "3"]) == 2
     assert "it gives the prices" in capsys.readouterr().err
+
+
+def test_with_a_pytorch_native_stack_each_cluster_says_whose_figures_time_its_kernels(tmp_path, capsys):
+    """h800 carries figures of its own for PyTorch's kernels, gb200-nvl72 does not (its compute figures are the
+    H100's Transformer Engine ones, a prior): a side-by-side comparison says so per cluster."""
+    args = ["compare", "--model", "gpt-13b", "--cluster", "h800,gb200-nvl72", "--gpus", "16", "--gbs", "64",
+            "--stack", "torchtitan", "--trials", "2", "--processes", "1", "--no-progress",
+            "--storage", f"sqlite:///{tmp_path / 's.db'}", "--cache-dir", str(tmp_path / "cache")]
+    assert main(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "h800: compute figures for pytorch kernels" in out
+    assert "gb200-nvl72: no compute figures of this cluster's for pytorch kernels" in out
