@@ -21,7 +21,9 @@ memory or generation than the runs the calibration and its ranges came from, as 
 leave-one-suite-out rows of the suites that were in that position themselves (``calibrate/loso.py``), the error of
 a calibration carried to another GPU (JUDGEMENT: every stack's rows in one group, too few to split; the stack is
 not what moved them). When the cluster has no residuals for the stack, the range falls back, and
-says so: to another stack of the same GPU generation widened by ``OTHER_STACK_WIDENING``, else to ``JUDGEMENT_SD``.
+says so: to another stack of the same GPU generation widened by ``OTHER_STACK_WIDENING`` (the largest group of a stack
+whose kernels are the stack's family, ``SoftwareSpec.kernels``, where there is one: their errors are the nearer
+kind), else to ``JUDGEMENT_SD``.
 Both are judgements (stated where they are defined, here and in specs/calibration.py, and in the
 result's ``range_basis``).
 """
@@ -115,16 +117,33 @@ def _dense_range(cluster: Any, table: RangeTable | None, stack: Any, names: list
         if own is not None:
             return own
         if table.groups:
-            g = max(table.groups.values(), key=lambda g: g.n)
+            family = getattr(getattr(stack, "kernels", None), "value", None)
+            kin = [g for g in table.groups.values() if family and _kernels_of(g.stack) == family]
+            g = max(kin or table.groups.values(), key=lambda g: (g.n, g.stack))
             lo, hi = table.log_interval(g, OTHER_STACK_WIDENING)
+            kind = f", whose kernels are the same family ({family})" if kin else ""
             return PredictionRange(math.exp(lo), math.exp(hi), NOMINAL_COVERAGE,
                                    f"no validation rows for stack {stack.name} on this GPU: {g.n} rows of stack "
-                                   f"{g.stack} ({table.method.value}), widened {OTHER_STACK_WIDENING:g}x "
+                                   f"{g.stack}{kind} ({table.method.value}), widened {OTHER_STACK_WIDENING:g}x "
                                    f"because the stack is unknown (judgement)")
     hw = JUDGEMENT_SD * Z90
     return PredictionRange(math.exp(-hw), math.exp(hw), NOMINAL_COVERAGE,
                            f"no validation rows for this GPU ({cluster.gpu.name}): a judgement range of "
                            f"+-{math.exp(hw) - 1:.0%}")
+
+
+def _kernels_of(stack_name: str) -> str | None:
+    """The kernel family of the stack preset ``stack_name`` (a residual group's stack), or None when it is not one
+    (a team's own stack file, named in its own calibration)."""
+    from echo_plan.errors import EchoPlanError
+    from echo_plan.specs.presets import load_stack, stack_names  # deferred: reads the stack presets' files
+
+    if stack_name not in stack_names():
+        return None
+    try:
+        return load_stack(stack_name).kernels.value
+    except EchoPlanError:
+        return None
 
 
 def loo_coverage(residuals: Sequence[float]) -> float | None:

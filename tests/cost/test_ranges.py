@@ -54,6 +54,19 @@ def test_the_range_falls_back_and_says_so():
     assert "judgement" in guess.basis and guess.high_factor == pytest.approx(math.exp(JUDGEMENT_SD * 1.2816))
 
 
+def test_a_stack_without_rows_borrows_those_of_its_kernel_family_first():
+    """torchtitan has no rows of its own on dgx-h100; OLMo-core's and fms-fsdp's (PyTorch's kernels, like
+    torchtitan's) are nearer its errors than Megatron-Core's, which has more rows; a stack of NVIDIA's kernels
+    without rows of its own borrows the largest group of its own family."""
+    h100 = load_cluster("dgx-h100")
+    groups = RangeTable.from_mapping(h100.calibration["ranges"]).groups
+    assert "torchtitan" not in groups and groups["megatron-core"].n > groups["olmo-core"].n > groups["fms-fsdp"].n
+    kin = prediction_range(h100, load_stack("torchtitan"))
+    assert "rows of stack olmo-core, whose kernels are the same family (pytorch)" in kin.basis and "widened" in kin.basis
+    other = prediction_range(h100, load_stack("megatron-lm-2021"))
+    assert "rows of stack megatron-core, whose kernels are the same family (nvidia)" in other.basis
+
+
 def test_a_derived_stack_uses_its_base_presets_rows(tmp_path):
     f = tmp_path / "mine.yaml"
     f.write_text("base: megatron-core\nhidden_dropout: 0.1\n")
