@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from echo_plan.errors import EchoPlanError
 from echo_plan.specs.calibration import (JUDGEMENT_SD, NOMINAL_COVERAGE, T90, Z90, RangeMethod, RangeTable, ResidualGroup,
                                          t90)
 
@@ -135,7 +136,6 @@ def _dense_range(cluster: Any, table: RangeTable | None, stack: Any, names: list
 def _kernels_of(stack_name: str) -> str | None:
     """The kernel family of the stack preset ``stack_name`` (a residual group's stack), or None when it is not one
     (a team's own stack file, named in its own calibration)."""
-    from echo_plan.errors import EchoPlanError
     from echo_plan.specs.presets import load_stack, stack_names  # deferred: reads the stack presets' files
 
     if stack_name not in stack_names():
