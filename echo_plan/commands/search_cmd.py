@@ -177,7 +177,7 @@ def compare_clusters(configs, sizes, prices, cache_dir, progress, csv, report, a
             typer.echo(line)
         for config in configs:  # whose figures time a PyTorch-native stack's kernels on each cluster
             said = kernels_status(config.cluster, config.stack.kernels)
-            if said and config.stack.kernels.value != "nvidia":
+            if said:
                 typer.echo(f"{config.cluster.name}: {said}")
         if csv:
             typer.echo(f"wrote {csv}")

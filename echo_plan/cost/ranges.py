@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Sequence
 
 from echo_plan.errors import EchoPlanError
@@ -118,8 +119,8 @@ def _dense_range(cluster: Any, table: RangeTable | None, stack: Any, names: list
         if own is not None:
             return own
         if table.groups:
-            family = getattr(getattr(stack, "kernels", None), "value", None)
-            kin = [g for g in table.groups.values() if family and _kernels_of(g.stack) == family]
+            family = stack.kernels.value
+            kin = [g for g in table.groups.values() if _kernels_of(g.stack) == family]
             g = max(kin or table.groups.values(), key=lambda g: (g.n, g.stack))
             lo, hi = table.log_interval(g, OTHER_STACK_WIDENING)
             kind = f", whose kernels are the same family ({family})" if kin else ""
@@ -133,6 +134,7 @@ def _dense_range(cluster: Any, table: RangeTable | None, stack: Any, names: list
                            f"+-{math.exp(hw) - 1:.0%}")
 
 
+@lru_cache(maxsize=64)  # the stack presets are package files: read once per name, not once per range
 def _kernels_of(stack_name: str) -> str | None:
     """The kernel family of the stack preset ``stack_name`` (a residual group's stack), or None when it is not one
     (a team's own stack file, named in its own calibration)."""

@@ -80,6 +80,14 @@ def check_calibration(calibration: Mapping[str, Any], context: str = "calibratio
                             context)
 
 
+def family_block(cluster: Any, kernels: Any) -> tuple[str | None, Mapping[str, Any] | None]:
+    """(the family's value, the cluster's ``compute_by_kernels`` block for it or None) for ``kernels``, a KernelFamily
+    or its value (None: no family)."""
+    family = getattr(kernels, "value", kernels)
+    cal = getattr(cluster, "calibration", None) or {}
+    return family, ((cal.get("compute_by_kernels") or {}).get(family) if family else None)
+
+
 def _check_by_kernels(by_kernels: Any, context: str) -> None:
     valid = ", ".join(k.value for k in KernelFamily)
     if not isinstance(by_kernels, Mapping) or not by_kernels:
@@ -166,8 +174,7 @@ class ComputeCalibration:
         cal = getattr(cluster, "calibration", None) or {}
         name = getattr(cluster, "name", "cluster")
         base = cls.from_mapping(cal.get("compute"), name)
-        family = getattr(kernels, "value", kernels)
-        own = (cal.get("compute_by_kernels") or {}).get(family) if family else None
+        family, own = family_block(cluster, kernels)
         if own is None:
             return base
         got = cls.from_mapping(own, f"{name}: calibration.compute_by_kernels.{family}")
@@ -395,9 +402,8 @@ def kernels_status(cluster: Any, kernels: Any) -> str | None:
     """One line on the compute figures the cluster carries for the stack's kernel family ``kernels``; where it carries
     none, for a family other than the default one, that its compute figures time them (fitted on which stack's
     runs); None for the default family without a block of its own (the compute figures are its)."""
-    family = getattr(kernels, "value", kernels)
+    family, block = family_block(cluster, kernels)
     cal = getattr(cluster, "calibration", None) or {}
-    block = (cal.get("compute_by_kernels") or {}).get(family)
     if not block:
         if family in (None, KernelFamily.NVIDIA.value) or "compute" not in cal:
             return None
