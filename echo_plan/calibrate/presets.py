@@ -16,16 +16,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from echo_plan.calibrate.blocks import build_blocks
 from echo_plan.calibrate.loso import leave_one_suite_out, pooled_ranges
-from echo_plan.calibrate.preset_files import MARKER, write_block
+from echo_plan.calibrate.preset_files import MARKER, file_block, write_block
 from echo_plan.specs.presets import clusters_dir
 from echo_plan.trace.cache import TraceCache
 from echo_plan.validation.megatron import validation_dir
 
 __all__ = ["MARKER", "shipped_blocks", "write_block", "main"]
 
-MAX_PASSES = 3  # refits on the written files until the blocks stop changing (main)
+MAX_PASSES = 3  # refits on the written files until the files hold what a refit makes (main)
 
 
 def shipped_blocks(vdir: Path, cache: Any = None, progress=None) -> dict[str, dict[str, Any]]:
@@ -58,15 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     # may take another's figures by calibration.from: written once, the ranges may still hold residuals of the figures
     # the files had before. Refitted on the written files until nothing changes (the fits do not read the ranges).
     for attempt in range(1, MAX_PASSES + 1):
+        if all(_as_written(block) == file_block(clusters_dir() / f"{preset}.yaml") for preset, block in blocks.items()):
+            print(f"the presets in {clusters_dir()} hold these blocks")
+            return 0
         for preset, block in sorted(blocks.items()):
             write_block(clusters_dir() / f"{preset}.yaml", block)
         print(f"wrote {len(blocks)} presets in {clusters_dir()} (pass {attempt})")
-        again = shipped_blocks(vdir, TraceCache(None), progress=lambda i, m: print(f"  {m}", flush=True))
-        if again == blocks:
-            return 0
-        blocks = again
+        blocks = shipped_blocks(vdir, TraceCache(None), progress=lambda i, m: print(f"  {m}", flush=True))
     print(f"the ranges still moved after {MAX_PASSES} passes: run it again", file=sys.stderr)
     return 1
+
+
+def _as_written(block: dict[str, Any]) -> dict[str, Any]:
+    """``block`` as a preset file reads back once written (YAML's lists for tuples, its numbers)."""
+    return yaml.safe_load(yaml.safe_dump(block, sort_keys=False))
 
 
 if __name__ == "__main__":
