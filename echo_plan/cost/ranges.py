@@ -36,8 +36,8 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from echo_plan.errors import EchoPlanError
-from echo_plan.specs.calibration import (JUDGEMENT_SD, NOMINAL_COVERAGE, T90, Z90, RangeMethod, RangeTable, ResidualGroup,
-                                         t90)
+from echo_plan.specs.calibration_ranges import (JUDGEMENT_SD, NOMINAL_COVERAGE, T90, Z90, RangeMethod, RangeTable,
+                                                ResidualGroup, t90)
 
 __all__ = ["NOMINAL_COVERAGE", "T90", "Z90", "JUDGEMENT_SD", "OTHER_STACK_WIDENING", "RangeMethod", "RangeTable",
            "ResidualGroup", "PredictionRange", "t90", "moe_residuals", "prediction_range", "loo_coverage"]
