@@ -18,7 +18,7 @@ from echo_plan.commands.common import (
 from echo_plan.commands.common import resolve_stack
 from echo_plan.commands.search_config import (
     DEFAULT_GBS, DEFAULT_TOP, GbsOpt, OffloadOpt, ProcessesOpt, ProgressOpt, RayOpt, ReportOpt, SamplerOpt, SeedOpt,
-    SpaceOpt, StorageOpt, StudyOpt, TrialsOpt, WorkersOpt, build_config,
+    SearchDpCommOpt, SpaceOpt, StorageOpt, StudyOpt, TrialsOpt, WorkersOpt, build_config,
 )
 from echo_plan.commands.launch_cmd import FromLaunchOpt, LaunchFormatOpt, print_job_comparison
 from echo_plan.interop.launch import launch_format as parse_launch_format, read_launch
@@ -205,8 +205,7 @@ def register(app: typer.Typer) -> None:
         trials: Optional[int] = TrialsOpt, seed: int = SeedOpt, storage: Optional[str] = StorageOpt,
         study_name: Optional[str] = StudyOpt, workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt,
         processes: Optional[int] = ProcessesOpt, cache_dir: Optional[str] = CacheDirOpt,
-        dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
-                                              "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
+        dp_comm: Optional[str] = SearchDpCommOpt,
         density: Optional[float] = DensityOpt,
         dtype: Optional[str] = typer.Option(None, "--dtype", help="fix the precision: bf16 | fp16 | fp8 | fp4 "
                                             "(default: the space's dtype knob)"),
@@ -290,8 +289,7 @@ def register(app: typer.Typer) -> None:
                                                  "price for all or one per cluster (2.1,2.5,6)"),
         workers: int = WorkersOpt, ray_address: Optional[str] = RayOpt, processes: Optional[int] = ProcessesOpt,
         cache_dir: Optional[str] = CacheDirOpt,
-        dp_comm: Optional[str] = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | "
-                                              "cltk | hard-threshold | exdyna (default: the space's dp_comm knob)"),
+        dp_comm: Optional[str] = SearchDpCommOpt,
         density: Optional[float] = DensityOpt,
         dtype: Optional[str] = typer.Option(None, "--dtype", help="precision(s): bf16 | fp16 | fp8 | fp4, or a list "
                                             "such as bf16,fp8 to search each size once per precision and compare them"),

@@ -33,6 +33,8 @@ RayOpt = typer.Option(None, "--ray-address", help="evaluate on an existing Ray c
 ProcessesOpt = typer.Option(None, "--processes", envvar="ECHO_PLAN_PROCESSES",
                             help="local worker processes, no Ray (default: one per CPU, at most 4, for a search of "
                                  "16 plans or more; 1 runs in-process)")
+SearchDpCommOpt = typer.Option(None, "--dp-comm", help="fix the data-parallel exchange: dense | topk | cltk | "
+                               "hard-threshold | exdyna (default: the space's dp_comm knob)")
 ProgressOpt = typer.Option(None, "--progress/--no-progress", help="progress bar on stderr (default: when a TTY)")
 ReportOpt = typer.Option(None, "--report", help="also write the HTML recommendation report to this file")
 OffloadOpt = typer.Option(None, "--offload-optimizer/--no-offload-optimizer", help="fix the optimizer's place: in "
