@@ -1,6 +1,7 @@
 """The analytical compute model against kernels measured on a GPU, op class by op class.
 
 Run: .venv/bin/python benchmarks/kernel_accuracy.py [--db FILE] [--cluster h800] [--traces DIR] [--bandwidth]
+     [--attention-library flash-attn-2] [--kernels pytorch]
 
 The measured database (default: ``echo_plan/data/measured/h100_sxm5/H100-80GB-HBM3.json``, made
 by ``echo-plan calibrate kernels --traces`` on an H100 SXM5 lent to this project on 2026-11-27) is keyed
@@ -10,6 +11,12 @@ measured from. For each class of op the table gives how many measured ops it hol
 10th/90th percentile of predicted/measured time, and the time-weighted ratio (sum predicted over sum
 measured), over every op and over the ops that took 200 us or more. Measurements whose 10th and 90th
 percentiles are over 25% apart are left out as noisy. Nothing is fitted here.
+
+The model times attention with the cluster's default library (cuDNN's on Hopper) and GEMMs with its default kernel
+family's figures; ``--attention-library`` and ``--kernels`` set them to a stack's (a database measured with
+``calibrate kernels --sdpa-backend flash`` against ``--attention-library flash-attn-2 --kernels pytorch``: PyTorch's
+FlashAttention-2 and aten GEMMs, as torchtitan, fms-fsdp and OLMo-core ran them). The database's SDPA backend is
+printed with it (``auto`` where it was not named, as in the 2026-11-27 file).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from echo_plan.cost.kernel_db import KernelDatabase, compute_model_for, kernel_key  # noqa: E402
 from echo_plan.specs import DType, load_cluster  # noqa: E402
+from echo_plan.specs.software_kinds import AttentionLibrary, KernelFamily  # noqa: E402
 from echo_plan.trace.cache import TraceCache  # noqa: E402
 from echo_plan.trace.records import OpKind  # noqa: E402
 
@@ -54,9 +62,10 @@ def fill_cache(folder: Path) -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _analytical(cluster):
+def _analytical(cluster, library: str | None = None, kernels: str | None = None):
     with tempfile.TemporaryDirectory() as empty:  # the analytical model alone, even where kernels/ serves
-        return compute_model_for(cluster, empty)
+        model = compute_model_for(cluster, empty, kernels=kernels)
+    return model.with_attention_library(library) if library else model
 
 
 def measured_ops(db: KernelDatabase, traces):
@@ -73,9 +82,10 @@ def measured_ops(db: KernelDatabase, traces):
                 yield trace, op, entry
 
 
-def compare(db: KernelDatabase, traces, cluster_name: str) -> dict[str, list[tuple[float, float]]]:
+def compare(db: KernelDatabase, traces, cluster_name: str, library: str | None = None,
+            kernels: str | None = None) -> dict[str, list[tuple[float, float]]]:
     cluster = load_cluster(cluster_name)
-    model = _analytical(cluster)
+    model = _analytical(cluster, library, kernels)
     groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for trace, op, entry in measured_ops(db, traces):
         predicted = model.op_time(op, cluster.gpu, DType(trace.key.dtype)) * 1e6
@@ -115,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", type=Path, default=DEFAULT_DB)
     parser.add_argument("--cluster", default="h800")
     parser.add_argument("--traces", type=Path, default=None)
+    parser.add_argument("--attention-library", choices=[a.value for a in AttentionLibrary], default=None,
+                        help="time attention as this library's kernels (default: the cluster's, cuDNN on Hopper)")
+    parser.add_argument("--kernels", choices=[k.value for k in KernelFamily], default=None,
+                        help="the kernel family whose compute figures time the ops (default: the cluster's default)")
     parser.add_argument("--bandwidth", action="store_true",
                         help="also print what each measured memory-bound op reaches of the HBM bandwidth")
     args = parser.parse_args(argv)
@@ -125,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             folder = Path(tmp)
             fill_cache(folder)
         traces, _ = TraceCache(folder).stored()
-        groups = compare(db, traces, args.cluster)
-    print(f"measured: {db.gpu.name} ({len(db)} ops, {db.provenance.get('date')}); model: {args.cluster} preset, "
-          f"analytical with its calibration; {len(traces)} traces")
+        groups = compare(db, traces, args.cluster, args.attention_library, args.kernels)
+    print(f"measured: {db.gpu.name} ({len(db)} ops, {db.provenance.get('date')}, SDPA backend "
+          f"{db.provenance.get('sdpa_backend', 'auto')}); model: {args.cluster} preset, analytical with its calibration"
+          f" (attention {args.attention_library or 'default'}, kernels {args.kernels or 'default'}); {len(traces)} traces")
     print(f"{'class':22s} {'n':>5s} {'median':>7s} {'p10':>6s} {'p90':>6s} {'weighted':>8s} {'n>=200us':>8s} "
           f"{'weighted':>8s} {'measured ms':>11s}")
     for name, rows in sorted(groups.items(), key=lambda kv: -sum(m for _, m in kv[1])):

@@ -4,6 +4,12 @@ For every distinct (op, input and output shapes and dtypes) of the traces, real 
 on the device and the op runs ``warmup`` times, then ``iters`` timed times: CUDA events around
 each call on a GPU, ``time.perf_counter`` on the CPU. The median goes into the database with the
 count and the 10th/90th percentiles. Ops that cannot be rebuilt or run are reported, not guessed.
+
+Fused attention runs through ``torch.nn.functional.scaled_dot_product_attention`` (``op_args.py``), whose backend
+PyTorch picks by its own priority unless ``sdpa_backend`` names one (``SdpaBackend``): ``flash`` is PyTorch's
+FlashAttention-2 (what torchtitan, fms-fsdp and OLMo-core ran on Hopper: the ``flash-attn-2`` library of
+``compute.yaml``), ``cudnn`` cuDNN's fused attention (Transformer Engine's Hopper default), so that a database says
+whose kernels it timed. An attention op the named backend cannot run is skipped with that reason.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import platform
 import socket
 import statistics
 import subprocess
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Callable, Iterable
 
 from echo_plan.calibrate.op_args import CannotRun, build_call, outputs_match
@@ -24,6 +32,27 @@ from echo_plan import __version__ as echo_version
 
 class NoCudaDevice(Exception):
     """``--device cuda`` on a machine without a CUDA GPU."""
+
+
+class SdpaBackend(str, Enum):
+    """Which of SDPA's backends times the attention ops (``torch.nn.attention.SDPBackend``); ``auto``: PyTorch's
+    own priority order, whichever runs first on the device (not recorded by PyTorch, so a database says ``auto``)."""
+
+    AUTO = "auto"
+    FLASH = "flash"  # FLASH_ATTENTION: PyTorch's FlashAttention-2
+    CUDNN = "cudnn"  # CUDNN_ATTENTION
+    EFFICIENT = "efficient"  # EFFICIENT_ATTENTION: the memory-efficient (xformers/CUTLASS) kernels
+    MATH = "math"  # MATH: unfused matmuls and softmax (the CPU's, or a reference)
+
+    def context(self):  # noqa: ANN201
+        """A context manager that restricts SDPA to this backend (nothing for ``auto``)."""
+        if self is SdpaBackend.AUTO:
+            return nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel  # deferred: loads torch
+
+        name = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                "math": "MATH"}[self.value]
+        return sdpa_kernel([getattr(SDPBackend, name)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +140,9 @@ def _percentile(sorted_xs: list[float], q: float) -> float:
 
 
 def measure_ops(ops: Iterable[OpRecord], device: str, *, warmup: int = 5, iters: int = 20,
-                progress: Callable[[int, int, str], None] | None = None) -> CalibrationRun:
-    """Time every distinct op of ``ops`` on ``device``."""
+                progress: Callable[[int, int, str], None] | None = None,
+                sdpa_backend: SdpaBackend = SdpaBackend.AUTO) -> CalibrationRun:
+    """Time every distinct op of ``ops`` on ``device`` (fused attention on ``sdpa_backend``)."""
     import torch
 
     check_device(device)
@@ -123,8 +153,9 @@ def measure_ops(ops: Iterable[OpRecord], device: str, *, warmup: int = 5, iters:
         if progress is not None:
             progress(i, len(todo), op.name)
         key = kernel_key(op)
+        attention = op.kind is OpKind.ATTENTION
         try:
-            with torch.no_grad() if op.kind is not OpKind.ATTENTION else _nullcontext():
+            with torch.no_grad() if not attention else sdpa_backend.context():
                 call = build_call(op, device)
                 first = call()
                 if not outputs_match(first, op):
@@ -138,19 +169,14 @@ def measure_ops(ops: Iterable[OpRecord], device: str, *, warmup: int = 5, iters:
             torch.cuda.empty_cache()
             continue
         except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
-            skipped.append(Skipped(key, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            if attention and sdpa_backend is not SdpaBackend.AUTO:
+                why = f"SDPA backend {sdpa_backend.value} cannot run it on {device} ({why})"
+            skipped.append(Skipped(key, why))
             continue
         us = [s * 1e6 for s in samples]
         measured.append(Measurement(key, statistics.median(us), _percentile(us, 0.1), _percentile(us, 0.9), len(us)))
     return CalibrationRun(tuple(measured), tuple(skipped), len(todo))
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return False
 
 
 def device_identity(device: str) -> dict[str, Any]:

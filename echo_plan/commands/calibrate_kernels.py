@@ -22,7 +22,7 @@ from echo_plan.trace.keys import check_layout
 from echo_plan.trace.cache import TraceCache
 from echo_plan.trace.records import StageKind
 from echo_plan.trace.tracer import trace_stage
-from echo_plan.calibrate.kernels import NoCudaDevice, check_device, database_json, measure_ops
+from echo_plan.calibrate.kernels import NoCudaDevice, SdpaBackend, check_device, database_json, measure_ops
 from echo_plan.specs import DType, load_model
 from echo_plan.output_paths import check_output_file
 from echo_plan.commands.common import resolve_stack
@@ -121,11 +121,19 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
         traces: Optional[Path] = typer.Option(None, "--traces", help="measure the ops of every trace in this trace-cache "
                                               "folder (one a search or validate filled, ECHO_PLAN_CACHE_DIR) instead "
                                               "of tracing --model"),
+        sdpa_backend: str = typer.Option("auto", "--sdpa-backend", help="whose kernels time fused attention: "
+                                         "auto (PyTorch's priority), flash (FlashAttention-2, as PyTorch-native "
+                                         "stacks ran on Hopper), cudnn, efficient, math; kept in the database"),
         as_json: bool = typer.Option(False, "--json", help="print a JSON summary"),
     ) -> None:
         """Run the model's traced ops on this machine's GPU and write a kernel database."""
         if device not in ("cuda", "cpu"):
             raise SpecError("--device", device, "cuda or cpu")
+        try:
+            backend = SdpaBackend(sdpa_backend)
+        except ValueError:
+            raise SpecError("--sdpa-backend", sdpa_backend,
+                            "one of " + ", ".join(b.value for b in SdpaBackend)) from None
         check_output_file(output, "--output", (".json",))
         try:
             check_device(device)
@@ -140,7 +148,8 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
 
         if traces is not None:
             ops, settings = _stored_ops(traces)
-            _measure_and_write(ops, device, warmup, iters, {**settings, "warmup": warmup, "iters": iters}, output, as_json)
+            _measure_and_write(ops, device, warmup, iters, {**settings, "warmup": warmup, "iters": iters}, output, as_json,
+                               backend)
             return
         spec = load_model(model)
         stack_spec = resolve_stack(stack)
@@ -158,7 +167,7 @@ def register_kernels(calibrate_app: typer.Typer) -> None:
                     "recompute": [m.value for m in modes], "dtype": dt.value, "warmup": warmup, "iters": iters}
         if spec.is_moe:
             settings.update(ep=eps, etp=etps if etps is not None else "tp")
-        _measure_and_write(ops, device, warmup, iters, settings, output, as_json)
+        _measure_and_write(ops, device, warmup, iters, settings, output, as_json, backend)
 
 
 def _stored_ops(folder: Path) -> tuple[list, dict]:
@@ -181,13 +190,13 @@ def _stored_ops(folder: Path) -> tuple[list, dict]:
 
 
 def _measure_and_write(ops: list, device: str, warmup: int, iters: int, settings: dict, output: Optional[Path],
-                       as_json: bool) -> None:
+                       as_json: bool, backend: SdpaBackend = SdpaBackend.AUTO) -> None:
     def progress(i: int, n: int, name: str) -> None:
         if i % 25 == 0:
             typer.echo(f"  [{i}/{n}] {name}", err=True)
 
-    run = measure_ops(ops, device, warmup=warmup, iters=iters, progress=progress)
-    data = database_json(run, device, settings)
+    run = measure_ops(ops, device, warmup=warmup, iters=iters, progress=progress, sdpa_backend=backend)
+    data = database_json(run, device, {**settings, "sdpa_backend": backend.value})
     target = output if output is not None else default_output(data["gpu"]["name"])
     if not run.measured:
         raise EchoPlanError(f"no op could be measured on {device}; nothing written")

@@ -231,3 +231,39 @@ def test_cli_measures_the_traces_of_a_cache_folder_and_names_what_it_cannot_read
     missing = CliRunner().invoke(_app(), ["calibrate", "kernels", "--traces", str(tmp_path / "nowhere"),
                                           "--device", "cpu", "-o", str(tmp_path / "x.json")])
     assert missing.exit_code != 0 and not (tmp_path / "x.json").exists()
+
+
+def _measure_tiny(tmp_path, backend: str):
+    model_file = tmp_path / "tiny.yaml"
+    model_file.write_text(json.dumps(TINY))
+    out = tmp_path / f"{backend}.json"
+    result = CliRunner().invoke(_app(), ["calibrate", "kernels", "--model", str(model_file), "--tp", "1",
+                                         "--device", "cpu", "--warmup", "0", "--iters", "1", "--sdpa-backend", backend,
+                                         "-o", str(out), "--json"])
+    return result, out
+
+
+def test_a_named_sdpa_backend_times_the_attention_and_the_database_says_whose(tmp_path):
+    """Whose attention kernels a database timed is part of it: PyTorch-native stacks ran FlashAttention-2, TE cuDNN's."""
+    result, out = _measure_tiny(tmp_path, "math")
+    assert result.exit_code == 0, result.output
+    db = KernelDatabase.load(out)
+    assert db.provenance["sdpa_backend"] == "math"
+    assert any(key[0].startswith("echo_plan.flash_attention") for key in db.entries)
+
+
+def test_attention_a_named_backend_cannot_run_is_skipped_with_that_reason(tmp_path):
+    result, out = _measure_tiny(tmp_path, "cudnn")  # no cuDNN attention on a CPU
+    assert result.exit_code == 0, result.output
+    skipped = json.loads(result.stdout)["skipped"]
+    attention = [s for s in skipped if s["op"].startswith("echo_plan.flash_attention")]
+    assert attention and all("SDPA backend cudnn cannot run it on cpu" in s["reason"] for s in attention)
+    db = KernelDatabase.load(out)
+    assert db.provenance["sdpa_backend"] == "cudnn"
+    assert not any(key[0].startswith("echo_plan.flash_attention") for key in db.entries)
+
+
+def test_an_unknown_sdpa_backend_is_a_one_line_error_and_writes_nothing(tmp_path):
+    result, out = _measure_tiny(tmp_path, "fa4")
+    assert result.exit_code != 0 and not out.exists() and isinstance(result.exception, SpecError)
+    assert "--sdpa-backend='fa4' is invalid" in str(result.exception) and "flash" in str(result.exception)
