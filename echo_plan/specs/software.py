@@ -23,13 +23,14 @@ from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionK
                                             CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, DeepEPRelease,
                                             Fp8Kernels, Fp8Recipe, GradientBuffers, KernelFamily, MoEDispatcher,
                                             OptimizerOffload, OptimizerSharding,
-                                            PipelineRuntime, RecomputeModule, RecomputePolicy)
+                                            PipelineRuntime, RecomputeModule, RecomputePolicy, TPRuntime)
 
 # the enums live in software_kinds.py; importing them from here keeps working
 __all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CPRuntime", "CrossEntropy",
            "CudaAllocator", "CudaGraphScope", "DeepEPRelease", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "GradientBuffers", "KernelFamily",
            "MoEDispatcher",
-           "OptimizerOffload", "OptimizerSharding", "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec"]
+           "OptimizerOffload", "OptimizerSharding", "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec",
+           "TPRuntime"]
 
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
@@ -220,6 +221,12 @@ class SoftwareSpec(Spec):
         description="bias + dropout + residual add as one kernel; None: as fused_elementwise says (Megatron-Core's "
                     "bias_dropout_fusion apart from bias_activation_fusion: Megatron-Bridge's GPT-OSS provider turns "
                     "only the first off)")
+    tp_runtime: TPRuntime = Field(
+        default=TPRuntime.MEGATRON,
+        description="what runs tensor/sequence parallelism: megatron (sequence-first activations, no copies) or torch "
+                    "(DTensor's batch-first ones: with more than one sequence a micro-batch, a copy after each "
+                    "sequence-parallel all-gather and before each reduce-scatter; with tp_comm_overlap, async TP's "
+                    "fused kernels, the reduce-scatters' copies only)")
     pipeline_runtime: PipelineRuntime = Field(
         default=PipelineRuntime.MEGATRON,
         description="what runs the pipeline schedule: megatron (Megatron-Core's schedules) or torch "
@@ -343,6 +350,7 @@ class SoftwareSpec(Spec):
                 + (",fp8-dispatch" if self.moe_dispatch_fp8 else "")
                 + ("" if self.cp_comm is CPComm.P2P else f";cp={self.cp_comm.value}")
                 + ("" if self.cp_runtime is CPRuntime.TRANSFORMER_ENGINE else f";cp-rt={self.cp_runtime.value}")
+                + ("" if self.tp_runtime is TPRuntime.MEGATRON else f";tp-rt={self.tp_runtime.value}")
                 + ("" if self.fused_projections else ";split-proj")
                 + ("" if self.cross_entropy is CrossEntropy.UNFUSED else f";ce={self.cross_entropy.value}")
                 + ("" if self.fused_rope_scales else ";rope-unscaled")

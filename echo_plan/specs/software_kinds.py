@@ -55,6 +55,14 @@ class RecomputeModule(str, Enum):
     MOE_ACT = "moe_act"  # the routed experts' activation (its output freed after FC2, recomputed)
 
 
+class TPRuntime(str, Enum):
+    """The code that runs tensor and sequence parallelism, for the layout its collectives work on (``trace/parallel.py``)."""
+
+    MEGATRON = "megatron"  # Megatron-Core's: activations sequence-first, [s, b, h], gathered and scattered on dim 0 in place
+    TORCH = "torch"  # DTensor's (torchtitan): activations batch-first, [b, s, h], sharded on the sequence (dim 1), so with
+    # more than one sequence a micro-batch each all-gather's output and each reduce-scatter's input is rearranged by a copy
+
+
 class PipelineRuntime(str, Enum):
     """The code that runs a pipeline schedule, for what it holds between micro-batches (``cost/pipeline_buffers.py``)."""
 

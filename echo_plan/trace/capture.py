@@ -10,7 +10,7 @@ measurement under each recompute mode gives that mode's saved bytes.
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import torch
@@ -18,7 +18,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from echo_plan.specs import DType, ModelSpec, Recompute, SoftwareSpec
-from echo_plan.specs.software import GradientBuffers
+from echo_plan.specs.software import GradientBuffers, TPRuntime
 from echo_plan.trace.parallel import CAST_COPY
 from echo_plan.trace.block import TransformerBlock
 from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
@@ -136,6 +136,16 @@ def _param_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def _dtensor_layout(groups: TraceGroups, stack: SoftwareSpec, micro_batch_size: int) -> TraceGroups:
+    """The groups with the TP group marked as rearranging (``parallel.py``) where DTensor's batch-first layout
+    copies around its collectives: the stack's TP is DTensor's and a micro-batch holds more than one sequence (with
+    one, the gathered shards are already in sequence order: a view). Under async TP the same mark gives the fused
+    matmul-reduce-scatter's input copy; its all-gathers are ring exchanges, which copy nothing."""
+    if groups.tp is None or stack.tp_runtime is not TPRuntime.TORCH or micro_batch_size < 2:
+        return groups
+    return replace(groups, tp=replace(groups.tp, rearranges=True))
+
+
 def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: bool,
             micro_batch_size: int, dtype: DType, recompute: Recompute, stack: SoftwareSpec,
             kind: LayerKind = DENSE, layout: ExpertLayout | None = None,
@@ -149,6 +159,7 @@ def capture(model: ModelSpec, stage: StageKind, *, tp: int, sequence_parallel: b
     saved: dict[str, int] = {}  # the other modes' saved bytes, when a trace of this stage under them is known
     other_known = {k: v for k, v in (known_saved or {}).items() if k != recompute.value}
     with FakeTensorMode(), fake_groups(tp, layout.ep, layout.etp, cp) as groups:
+        groups = _dtensor_layout(groups, stack, micro_batch_size)
         recorder = Recorder(tp, groups.comm)
         meter = SavedBytesMeter(set())
         module = _build(stage, model, groups, sequence_parallel, tdtype, recompute, stack, recorder.recomputing,

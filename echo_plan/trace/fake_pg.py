@@ -23,6 +23,9 @@ class TPGroup:
     size: int
     name: str
     handle: Any  # the torch ProcessGroup
+    # DTensor's batch-first layout with more than one sequence a micro-batch (stack tp_runtime torch): each all-gather's
+    # output and each reduce-scatter's input is rearranged by a copy (trace/parallel.py)
+    rearranges: bool = False
 
 
 @dataclass(frozen=True)

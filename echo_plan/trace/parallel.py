@@ -2,7 +2,17 @@
 
 Each function issues real functional collectives (``torch.ops._c10d_functional``) on the fake TP
 group, so the tracer records them with their true sizes. Tensors are laid out [seq, batch, ...]
-as in Megatron-LM, so sequence-parallel gathers and scatters work on dimension 0.
+as in Megatron-LM, so sequence-parallel gathers and scatters work on dimension 0. DTensor (stack ``tp_runtime``
+torch: torchtitan) keeps activations batch-first and shards them on the sequence, dim 1, while NCCL gathers and
+scatters on dim 0: with more than one sequence a micro-batch, PyTorch's functional collectives copy each
+all-gather's output into sequence order (``_maybe_view_chunk_cat``: a view for one sequence) and each
+reduce-scatter's input into rank order (``_chunk_or_narrow_cat``), ``torch/distributed/_functional_collectives.py``.
+Such a group ``rearranges``: a copy after each all-gather the layer waits for at once and before each
+reduce-scatter. Not after the input re-gathers of a linear's backward (launched without waiting): DTensor keeps the
+gathered input instead, so the re-gather this trace records (Megatron's way) stands for no collective there. Async
+TP's fused kernels (``overlap.py``, ``torch/distributed/_symmetric_memory``) keep half of them: the fused
+all-gather-matmul takes the shards as they are (ring exchanges, no copy), the fused matmul-reduce-scatter copies its
+input once unless it already is in rank order (its docstring), which the reduce-scatters here stand for.
 
 Conjugate pairs (Shoeybi et al. 2019, Fig. 3; Korthikanti et al. 2022, Sec. 4.2.2):
   copy_to_tp       f: identity forward,      all-reduce backward
@@ -36,14 +46,18 @@ def all_gather(x: torch.Tensor, group: TPGroup | None, wait: bool = True) -> tor
     if group is None:
         return x
     out = _c10d.all_gather_into_tensor(x.contiguous(), group.size, group.name)
-    return _c10d.wait_tensor(out) if wait else out
+    if not wait:
+        return out
+    out = _c10d.wait_tensor(out)
+    return out.clone() if group.rearranges else out
 
 
 def reduce_scatter(x: torch.Tensor, group: TPGroup | None, wait: bool = True) -> torch.Tensor:
     """Sum over ranks, keep this rank's 1/size slice of dimension 0."""
     if group is None:
         return x
-    out = _c10d.reduce_scatter_tensor(x.contiguous(), "sum", group.size, group.name)
+    x = x.clone() if group.rearranges else x.contiguous()
+    out = _c10d.reduce_scatter_tensor(x, "sum", group.size, group.name)
     return _c10d.wait_tensor(out) if wait else out
 
 
