@@ -86,3 +86,17 @@ def test_the_copies_never_speed_a_step():
     with_copies = simulate(m, cluster, plan, stack=load_stack("torchtitan")).step_time_s
     without = simulate(m, cluster, plan, stack=load_stack("torchtitan", {"tp_runtime": "megatron"})).step_time_s
     assert with_copies > without
+
+
+def test_simulate_says_where_the_layout_copies_run():
+    from echo_plan.simulate import simulate
+
+    cluster = load_cluster("dgx-h100", gpus=8)
+    plan = PlanSpec(tp=2, pp=1, dp=4, micro_batch_size=2, global_batch_size=16, sequence_parallel=True)
+    said = [n for n in simulate(model(), cluster, plan, stack=load_stack("torchtitan")).notes if "batch-first" in n]
+    assert len(said) == 1 and "all-gather's output" in said[0]
+    async_tp = simulate(model(), cluster, plan, stack=load_stack("torchtitan", {"tp_comm_overlap": True})).notes
+    assert any("reduce-scatter's input is copied" in n and "fused all-gathers" in n for n in async_tp)
+    one = plan.model_copy(update={"micro_batch_size": 1})
+    assert not any("batch-first" in n for n in simulate(model(), cluster, one, stack=load_stack("torchtitan")).notes)
+    assert not any("batch-first" in n for n in simulate(model(), cluster, plan, stack=load_stack("megatron-core")).notes)
