@@ -22,15 +22,14 @@ from echo_plan.specs.plan import Schedule
 from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, AttentionLibrary, CPComm,
                                             CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, DeepEPRelease,
                                             Fp8Kernels, Fp8Recipe, GradientBuffers, KernelFamily, MoEDispatcher,
-                                            OptimizerOffload, OptimizerSharding,
-                                            PipelineRuntime, RecomputeModule, RecomputePolicy, TPRuntime)
+                                            OptimizerOffload, OptimizerSharding, PipelineRuntime, RecomputeModule,
+                                            RecomputePolicy, TPRuntime)
 
 # the enums live in software_kinds.py; importing them from here keeps working
 __all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CPRuntime", "CrossEntropy",
-           "CudaAllocator", "CudaGraphScope", "DeepEPRelease", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES", "GradientBuffers", "KernelFamily",
-           "MoEDispatcher",
-           "OptimizerOffload", "OptimizerSharding", "RecomputeModule", "PipelineRuntime", "RecomputePolicy", "SoftwareSpec",
-           "TPRuntime"]
+           "CudaAllocator", "CudaGraphScope", "DeepEPRelease", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES",
+           "GradientBuffers", "KernelFamily", "MoEDispatcher", "OptimizerOffload", "OptimizerSharding", "PipelineRuntime",
+           "RecomputeModule", "RecomputePolicy", "SoftwareSpec", "TPRuntime"]
 
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
