@@ -8,7 +8,8 @@ from __future__ import annotations
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE, LayerKind
 from echo_plan.specs.plan import PlanSpec, Recompute
-from echo_plan.specs.software import AttentionKernel, CrossEntropy, RecomputeModule, RecomputePolicy, SoftwareSpec
+from echo_plan.specs.software import (AttentionKernel, CheckpointUnit, CrossEntropy, RecomputeModule, RecomputePolicy,
+                                     SoftwareSpec)
 from echo_plan.specs.moe import ExpertLayout
 from echo_plan.specs.model import Activation, PositionEmbedding
 
@@ -32,9 +33,12 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     e = plan.param_dtype.nbytes
     rep = 1.0 / t if plan.sequence_parallel else 1.0  # regions outside the TP split
     sb = s * b
-    if recompute is Recompute.FULL:
-        return int(e * sb * h * rep)  # the layer's input, the checkpoint Megatron-LM keeps
     moe = kind.moe and model.moe is not None
+    if recompute is Recompute.FULL and (stack.full_recompute_unit is CheckpointUnit.BLOCK or moe):
+        return int(e * sb * h * rep)  # the layer's input, the checkpoint Megatron-LM keeps
+    if recompute is Recompute.FULL:  # AutoModel's (trace/block.py): both norms' saved tensors, the two checkpoints'
+        # inputs (the norms' outputs)
+        return int(2 * (e * sb * h * rep + (4 * model.norm.params) * sb * rep) + 2 * e * sb * h * rep)
     # torchtitan's wq/wk/wv and w1/w3 (trace/linears.py column_parallel_linears): a GEMM each on one gathered input
     split = not stack.fused_projections
     split_mlp = split and model.activation is Activation.SWIGLU and not moe

@@ -19,8 +19,9 @@ from pydantic import Field, field_validator, model_validator
 from echo_plan.specs.base import Spec
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import Schedule
+from echo_plan.specs import software_signature
 from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, AttentionLibrary, CPComm,
-                                            CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, DeepEPRelease,
+                                            CheckpointUnit, CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, DeepEPRelease,
                                             Fp8Kernels, Fp8Recipe, GradientBuffers, KernelFamily, MoEDispatcher,
                                             OptimizerOffload, OptimizerSharding, PipelineRuntime, RecomputeModule,
                                             RecomputePolicy, TPRuntime)
@@ -29,7 +30,7 @@ from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionK
 __all__ = ["AttentionKernel", "AttentionLibrary", "BLOCK_SCALED_MIN_SM_ARCH", "CPComm", "CPRuntime", "CrossEntropy",
            "CudaAllocator", "CudaGraphScope", "DeepEPRelease", "Fp8Kernels", "Fp8Recipe", "GRAD_REDUCE_DTYPES",
            "GradientBuffers", "KernelFamily", "MoEDispatcher", "OptimizerOffload", "OptimizerSharding", "PipelineRuntime",
-           "RecomputeModule", "RecomputePolicy", "SoftwareSpec", "TPRuntime"]
+           "RecomputeModule", "RecomputePolicy", "SoftwareSpec", "TPRuntime", "CheckpointUnit"]
 
 GRAD_REDUCE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
@@ -220,6 +221,10 @@ class SoftwareSpec(Spec):
         description="bias + dropout + residual add as one kernel; None: as fused_elementwise says (Megatron-Core's "
                     "bias_dropout_fusion apart from bias_activation_fusion: Megatron-Bridge's GPT-OSS provider turns "
                     "only the first off)")
+    full_recompute_unit: CheckpointUnit = Field(
+        default=CheckpointUnit.BLOCK, description="what recompute full checkpoints: block (the whole layer, its input "
+        "kept) or submodules (a dense layer's attention and MLP each, NeMo AutoModel's: their inputs and the norms' "
+        "saved tensors kept, the same GEMMs recomputed; MoE layers stay blocks)")
     tp_runtime: TPRuntime = Field(
         default=TPRuntime.MEGATRON,
         description="what runs tensor/sequence parallelism: megatron (sequence-first activations, no copies) or torch "
@@ -336,42 +341,15 @@ class SoftwareSpec(Spec):
 
     def trace_signature(self) -> str:
         """The settings that change what the tracer records (part of every trace's cache key)."""
-        modules = (",".join(m.value for m in self.recompute_modules) or "-") if self.recompute_policy is \
-            RecomputePolicy.MODULES else "ops"
-        grad = "auto" if self.grad_reduce_dtype is None else self.grad_reduce_dtype.value
-        return (f"attn={self.attention.value};hdrop={self.hidden_dropout > 0};adrop={self.attention_dropout > 0};"
-                f"fuse={self.fused_elementwise};gaf={self.gradient_accumulation_fusion}/{grad};"
-                + ("" if self.gradient_buffers is GradientBuffers.MEGATRON else f"gbuf={self.gradient_buffers.value};")
-                + f"tpov={self.tp_comm_overlap};rc={modules};moe={self.moe_dispatcher.value},"
-                f"{self.moe_grouped_gemm},{self.moe_permute_fusion}"
-                + ("" if self.moe_probs_in_activation else ",probs-at-unpermute")
-                + (",act-in-fp8" if self.moe_act_input_fp8 else "")
-                + (",fp8-dispatch" if self.moe_dispatch_fp8 else "")
-                + ("" if self.cp_comm is CPComm.P2P else f";cp={self.cp_comm.value}")
-                + ("" if self.cp_runtime is CPRuntime.TRANSFORMER_ENGINE else f";cp-rt={self.cp_runtime.value}")
-                + ("" if self.tp_runtime is TPRuntime.MEGATRON else f";tp-rt={self.tp_runtime.value}")
-                + ("" if self.fused_projections else ";split-proj")
-                + ("" if self.cross_entropy is CrossEntropy.UNFUSED else f";ce={self.cross_entropy.value}")
-                + ("" if self.fused_rope_scales else ";rope-unscaled")
-                + ("" if self.fused_norm else ";norm-eager")
-                + ("" if self.fused_bias_dropout_add in (None, self.fused_elementwise)
-                   else f";bda-fused={self.fused_bias_dropout_add}"))
+        return software_signature.trace_signature(self)
 
     def fp8_signature(self) -> str:
         """The FP8 settings that change an fp8 trace (appended to its cache key; bf16 traces ignore them)."""
-        return (f"fp8={self.fp8_recipe.value},pg={self.fp8_param_gather}"
-                + (",orig" if self.fp8_save_original_input else "")
-                + (",any-layout" if self.fp8_transposes is False else "")
-                + ("" if self.fp8_kernels is Fp8Kernels.TRANSFORMER_ENGINE else f",k={self.fp8_kernels.value}")
-                + (",attn-out-e5m6" if self.fp8_attention_output_e5m6 else ""))
-
-    def fp4_signature(self) -> str:
-        """The NVFP4 settings that change an fp4 trace (appended to its cache key)."""
-        return f"fp4=nvfp4,pg={self.fp4_param_gather}" + (",orig" if self.fp8_save_original_input else "")
+        return software_signature.fp8_signature(self)
 
     def precision_signature(self, dtype: DType) -> str:
         """What the plan's precision adds to a trace's cache key: the FP8 or NVFP4 settings, nothing for bf16."""
-        return {DType.FP8: self.fp8_signature, DType.FP4: self.fp4_signature}.get(DType(dtype), str)()
+        return software_signature.precision_signature(self, dtype)
 
     def as_run(self, plan: Any, sm_arch: int) -> "SoftwareSpec":
         """The stack as ``plan`` runs it on a GPU of compute capability ``sm_arch`` x10 (``for_plan``, ``on_gpu``)."""
@@ -385,9 +363,6 @@ class SoftwareSpec(Spec):
             return self
         any_layout = 100 <= sm_arch < 120 or sm_arch >= 130
         return self.replace(fp8_transposes=not any_layout)
-
-    def short(self) -> str:
-        return self.name
 
     def for_plan(self, plan: Any) -> "SoftwareSpec":
         """The stack as ``plan`` runs it: Megatron keeps FP8 parameters (``fp8_param_gather``) only with the

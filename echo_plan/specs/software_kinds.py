@@ -55,6 +55,14 @@ class RecomputeModule(str, Enum):
     MOE_ACT = "moe_act"  # the routed experts' activation (its output freed after FC2, recomputed)
 
 
+class CheckpointUnit(str, Enum):
+    """What ``recompute: full`` wraps in a checkpoint (``trace/block.py``)."""
+
+    BLOCK = "block"  # the whole layer, its input kept (Megatron's --recompute-granularity full, torchtitan's full AC)
+    SUBMODULES = "submodules"  # a dense layer's attention and MLP each (NeMo AutoModel's FSDP2 parallelizer): their
+    # inputs kept, the norms run plain and keep theirs; MoE layers stay whole blocks (its MoE parallelizer's)
+
+
 class TPRuntime(str, Enum):
     """The code that runs tensor and sequence parallelism, for the layout its collectives work on (``trace/parallel.py``)."""
 

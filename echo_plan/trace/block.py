@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from echo_plan.specs import Activation, ModelSpec, Recompute, RecomputeModule, SoftwareSpec
-from echo_plan.specs.software import RecomputePolicy
+from echo_plan.specs.software import CheckpointUnit, RecomputePolicy
 from echo_plan.trace.op_checkpoint import op_checkpointed
 from echo_plan.trace import kernels, linears, moe_kernels
 from echo_plan.trace.attention import Attention
@@ -190,7 +190,13 @@ class TransformerBlock(nn.Module):
         self.recompute_mlp = RecomputeModule.MLP in selective and not isinstance(self.mlp, MoELayer)
         self.recompute_norms = RecomputeModule.LAYERNORM in selective and discard is not None
         self.discard = discard
-        self.full_recompute = recompute is Recompute.FULL
+        # recompute full as NeMo AutoModel applies it to a dense layer (stack full_recompute_unit submodules:
+        # distributed/parallelizer.py wraps self_attn and mlp in checkpoint_wrapper): the two checkpoints keep their
+        # inputs, the norms run outside them; an MoE layer stays one block
+        self.per_submodule = (recompute is Recompute.FULL and stack.full_recompute_unit is CheckpointUnit.SUBMODULES
+                              and not isinstance(self.mlp, MoELayer))
+        self.recompute_mlp = self.recompute_mlp or self.per_submodule
+        self.full_recompute = recompute is Recompute.FULL and not self.per_submodule
         self._ckpt = ckpt
         self.fp8 = fp8
         for module in self.modules():  # FP8 GEMMs in every linear of the layer that has them (not the router)
@@ -207,7 +213,7 @@ class TransformerBlock(nn.Module):
 
     def layer(self, x: torch.Tensor) -> torch.Tensor:
         normed = self._norm(self.input_norm, x)
-        out, bias = self.attention(normed)
+        out, bias = self._ckpt(self.attention, normed) if self.per_submodule else self.attention(normed)
         if self.recompute_norms:
             self.discard(normed)
         x = bias_dropout_add(out, bias, x, self.hidden_dropout, self.fused_bda)
