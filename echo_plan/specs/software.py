@@ -19,7 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from echo_plan.specs.base import Spec
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import Schedule
-from echo_plan.specs import software_signature
+from echo_plan.specs.software_signature import fp8_signature, precision_signature, trace_signature
 from echo_plan.specs.software_kinds import (BLOCK_SCALED_MIN_SM_ARCH, AttentionKernel, AttentionLibrary, CPComm,
                                             CheckpointUnit, CPRuntime, CrossEntropy, CudaAllocator, CudaGraphScope, DeepEPRelease,
                                             Fp8Kernels, Fp8Recipe, GradientBuffers, KernelFamily, MoEDispatcher,
@@ -341,15 +341,15 @@ class SoftwareSpec(Spec):
 
     def trace_signature(self) -> str:
         """The settings that change what the tracer records (part of every trace's cache key)."""
-        return software_signature.trace_signature(self)
+        return trace_signature(self)
 
     def fp8_signature(self) -> str:
         """The FP8 settings that change an fp8 trace (appended to its cache key; bf16 traces ignore them)."""
-        return software_signature.fp8_signature(self)
+        return fp8_signature(self)
 
     def precision_signature(self, dtype: DType) -> str:
         """What the plan's precision adds to a trace's cache key: the FP8 or NVFP4 settings, nothing for bf16."""
-        return software_signature.precision_signature(self, dtype)
+        return precision_signature(self, dtype)
 
     def as_run(self, plan: Any, sm_arch: int) -> "SoftwareSpec":
         """The stack as ``plan`` runs it on a GPU of compute capability ``sm_arch`` x10 (``for_plan``, ``on_gpu``)."""
