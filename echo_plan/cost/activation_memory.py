@@ -34,11 +34,12 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
     rep = 1.0 / t if plan.sequence_parallel else 1.0  # regions outside the TP split
     sb = s * b
     moe = kind.moe and model.moe is not None
+    stats = (4 * model.norm.params) * sb * rep  # fp32 mean and rstd (LayerNorm) or rstd (RMSNorm) per norm
+    norms = 2 * (e * sb * h * rep + stats)  # the two norms' inputs
     if recompute is Recompute.FULL and (stack.full_recompute_unit is CheckpointUnit.BLOCK or moe):
         return int(e * sb * h * rep)  # the layer's input, the checkpoint Megatron-LM keeps
-    if recompute is Recompute.FULL:  # AutoModel's (trace/block.py): both norms' saved tensors, the two checkpoints'
-        # inputs (the norms' outputs)
-        return int(2 * (e * sb * h * rep + (4 * model.norm.params) * sb * rep) + 2 * e * sb * h * rep)
+    if recompute is Recompute.FULL:  # AutoModel's (trace/block.py): the norms, run outside the two checkpoints,
+        return int(norms + 2 * e * sb * h * rep)  # and those checkpoints' inputs (the norms' outputs)
     # torchtitan's wq/wk/wv and w1/w3 (trace/linears.py column_parallel_linears): a GEMM each on one gathered input
     split = not stack.fused_projections
     split_mlp = split and model.activation is Activation.SWIGLU and not moe
@@ -53,8 +54,6 @@ def layer_activation_bytes(model: ModelSpec, plan: PlanSpec, recompute: Recomput
         kept = e * sb * (sum((attn_mms + mlp_mms)[::2]) + qd) + 4 * b * a * s / t
         return int(e * sb * h * rep + kept + (2 * e * sb * h / t if plan.sequence_parallel and t > 1 else 0))
     modules = set(stack.recompute_modules) if recompute is Recompute.SELECTIVE else set()
-    stats = (4 * model.norm.params) * sb * rep  # fp32 mean and rstd (LayerNorm) or rstd (RMSNorm) per norm
-    norms = 2 * (e * sb * h * rep + stats)  # the two norms' inputs
     mask = sb * h * rep if stack.hidden_dropout > 0 else 0  # 1-byte dropout masks after attention and MLP
     norm_out = 0 if RecomputeModule.LAYERNORM in modules else e * sb * h * rep  # a linear's input
     attn = norm_out  # the QKV linear's input (separate projections save it once: trace/parallel.py)

@@ -20,7 +20,7 @@ from echo_plan.specs.cluster import ClusterSpec, DType
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.moe import DENSE
 from echo_plan.specs.plan import PlanSpec, Schedule
-from echo_plan.specs.software import Fp8Recipe, GradientBuffers, OptimizerOffload, SoftwareSpec, TPRuntime
+from echo_plan.specs.software import Fp8Recipe, GradientBuffers, OptimizerOffload, SoftwareSpec
 from echo_plan.cost.weight_copies import layer_gather_bytes
 from echo_plan.trace.records import CommGroup
 from echo_plan.specs.presets import load_stack
@@ -68,7 +68,7 @@ def stack_notes(plan: PlanSpec, stack: SoftwareSpec, mla: bool = False) -> list[
         out.append(f"stack {stack.name} gathers parameters after the optimizer step (no overlap)")
     if stack.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
         out.append(f"stack {stack.name}: TP communication overlap needs sequence parallelism; not used")
-    if stack.tp_runtime is TPRuntime.TORCH and plan.tp > 1 and plan.sequence_parallel and plan.micro_batch_size > 1:
+    if plan.tp > 1 and plan.sequence_parallel and stack.copies_tp_layout(plan.micro_batch_size):
         out.append(f"stack {stack.name}: DTensor keeps activations batch-first, so each sequence-parallel "
                    + ("reduce-scatter's input is copied into rank order (async TP's fused all-gathers take the shards "
                       "as they are)" if stack.tp_comm_overlap else

@@ -339,6 +339,11 @@ class SoftwareSpec(Spec):
         """Whether bias + dropout + residual add runs as one kernel."""
         return self.fused_elementwise if self.fused_bias_dropout_add is None else self.fused_bias_dropout_add
 
+    def copies_tp_layout(self, micro_batch_size: int) -> bool:
+        """Whether this stack's tensor parallelism copies around its sequence-parallel collectives: DTensor's
+        batch-first layout (``tp_runtime`` torch) with more than one sequence a micro-batch (``trace/parallel.py``)."""
+        return self.tp_runtime is TPRuntime.TORCH and micro_batch_size > 1
+
     def trace_signature(self) -> str:
         """The settings that change what the tracer records (part of every trace's cache key)."""
         return trace_signature(self)

@@ -18,7 +18,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from echo_plan.specs import DType, ModelSpec, Recompute, SoftwareSpec
-from echo_plan.specs.software import GradientBuffers, TPRuntime
+from echo_plan.specs.software import GradientBuffers
 from echo_plan.trace.parallel import CAST_COPY
 from echo_plan.trace.block import TransformerBlock
 from echo_plan.specs.moe import DENSE, ExpertLayout, LayerKind
@@ -141,7 +141,7 @@ def _dtensor_layout(groups: TraceGroups, stack: SoftwareSpec, micro_batch_size: 
     copies around its collectives: the stack's TP is DTensor's and a micro-batch holds more than one sequence (with
     one, the gathered shards are already in sequence order: a view). Under async TP the same mark gives the fused
     matmul-reduce-scatter's input copy; its all-gathers are ring exchanges, which copy nothing."""
-    if groups.tp is None or stack.tp_runtime is not TPRuntime.TORCH or micro_batch_size < 2:
+    if groups.tp is None or not stack.copies_tp_layout(micro_batch_size):
         return groups
     return replace(groups, tp=replace(groups.tp, rearranges=True))
 
