@@ -8,6 +8,7 @@ trace and destroyed when the block exits, so no process-group state outlives a t
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -92,9 +93,11 @@ def fake_tp_group(tp: int) -> Iterator[TPGroup | None]:
             "a torch.distributed process group is already initialised in this process; "
             "trace in a process of its own (the tracer creates and destroys a fake group per trace)"
         )
+    hook = sys.excepthook  # init_process_group wraps it to prefix "[rank0]: " and never unwraps it
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
     try:
         group = dist.group.WORLD
         yield TPGroup(size=tp, name=group.group_name, handle=group)
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
