@@ -127,7 +127,7 @@ def _dense_range(cluster: Any, table: RangeTable | None, stack: Any, names: list
             return PredictionRange(math.exp(lo), math.exp(hi), NOMINAL_COVERAGE,
                                    f"no validation rows for stack {stack.name} on this GPU: {g.n} rows of stack "
                                    f"{g.stack}{kind} ({table.method.value}), widened {OTHER_STACK_WIDENING:g}x "
-                                   f"because the stack is unknown (judgement)")
+                                   f"because they are another stack's (judgement)")
     hw = JUDGEMENT_SD * Z90
     return PredictionRange(math.exp(-hw), math.exp(hw), NOMINAL_COVERAGE,
                            f"no validation rows for this GPU ({cluster.gpu.name}): a judgement range of "

@@ -34,6 +34,10 @@ def _plain(v: Any) -> str:
     return str(v)
 
 
+def _shard_group(v: Any) -> str:
+    return "all" if v is None else str(v)
+
+
 KNOBS: tuple[Knob, ...] = (
     Knob("tp", "TP", _plain, "tensor-parallel degree"),
     Knob("cp", "CP", _plain, "context-parallel degree (sequence chunks over GPUs)"),
@@ -48,7 +52,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("recompute_layers", "recompute layers", _plain, "layers of each chunk recomputed whole"),
     Knob("distributed_optimizer", "dist-opt", _plain, "distributed (sharded) optimizer"),
     Knob("sharding", "sharding", _plain, "what data parallelism shards (ZeRO 0-3; parameters: FSDP)"),
-    Knob("shard_degree", "shard group", _plain, "ranks one shard spans (HSDP; empty: the whole data-parallel group)"),
+    Knob("shard_degree", "shard group", _shard_group, "ranks per HSDP shard group"),
     Knob("reshard_after_forward", "reshard", _plain, "FSDP gathers each block again for its backward"),
     Knob("overlap_grad_reduce", "grad overlap", _plain, "gradient reduction overlapped with backward"),
     Knob("overlap_param_gather", "param overlap", _plain, "parameter all-gather overlapped with forward"),
@@ -64,7 +68,20 @@ def knobs_of(plans: Sequence[dict[str, Any]]) -> list[Knob]:
     return list(KNOBS) + [Knob(key, key.replace("_", " "), _plain) for key in extra]
 
 
+# knobs that mean nothing without expert parallelism (a dense model's plan carries etp = tp all the same)
+_EXPERT_KNOBS = frozenset({"ep", "etp", "expert_imbalance"})
+# knobs that mean nothing unless data parallelism shards something
+_SHARDING_KNOBS = frozenset({"shard_degree", "reshard_after_forward", "offload_fraction"})
+
+
 def knob_value(plan: dict[str, Any], knob: Knob) -> str:
+    """The knob's value as a reader sees it; "-" where the knob does not apply to the plan."""
+    if knob.key in _EXPERT_KNOBS and int(plan.get("ep") or 1) <= 1:
+        return "-"
+    if knob.key == "reshard_after_forward" and plan.get("sharding") != "parameters":
+        return "-"
+    if knob.key in _SHARDING_KNOBS and not plan.get("distributed_optimizer"):
+        return "-"
     return knob.fmt(plan.get(knob.key))
 
 
@@ -78,11 +95,28 @@ def constant_knobs(plans: Sequence[dict[str, Any]]) -> list[tuple[Knob, str]]:
     if not plans:
         return []
     return [(k, knob_value(plans[0], k)) for k in knobs_of(plans)
-            if len({knob_value(p, k) for p in plans}) == 1 and plans[0].get(k.key) is not None]
+            if len({knob_value(p, k) for p in plans}) == 1 and plans[0].get(k.key) is not None
+            and knob_value(plans[0], k) != "-"]
+
+
+def _spec(plan: dict[str, Any]) -> Any:
+    """The plan as a PlanSpec, or None for a mapping that is not one (a result of another version)."""
+    from pydantic import ValidationError
+
+    from echo_plan.specs.plan import PlanSpec
+
+    try:
+        return PlanSpec.model_validate(plan)
+    except (ValidationError, ValueError, TypeError):
+        return None
 
 
 def short_label(plan: dict[str, Any]) -> str:
-    """A compact label like ``tp8 pp4 dp3 mbs1 vpp2 sel-recompute sp dist-opt`` (as PlanSpec.short)."""
+    """A compact label like ``tp8 pp4 dp3 mbs1 vpp2 sel-recompute sp dist-opt``: PlanSpec.short, the label
+    simulate and search print; for a mapping PlanSpec cannot read, the same from its fields."""
+    spec = _spec(plan)
+    if spec is not None:
+        return spec.short()
     cp = int(plan.get("cp") or 1)
     parts = [f"tp{plan.get('tp', 1)}"] + ([f"cp{cp}"] if cp > 1 else []) + [
         f"pp{plan.get('pp', 1)}", f"dp{plan.get('dp', 1)}", f"mbs{plan.get('micro_batch_size', 1)}"]
@@ -138,19 +172,44 @@ def plan_in_words(plan: dict[str, Any]) -> str:
         batch += f", {mb} micro-batches per step (global batch {plan.get('global_batch_size')})"
     extras = []
     recompute = plan.get("recompute", "none")
-    extras.append({"none": "no recomputation", "selective": "selective recomputation",
-                   "full": "full recomputation"}.get(str(recompute), f"{recompute} recomputation"))
+    words = {"none": "no recomputation", "selective": "selective recomputation",
+             "full": "full recomputation"}.get(str(recompute), f"{recompute} recomputation")
+    recompute_layers = int(plan.get("recompute_layers") or 0)
+    if recompute_layers:  # Megatron-Core's block recompute, torchtitan's layer checkpointing
+        words = f"{recompute_layers} layers of each model chunk recomputed whole" + (
+            "" if recompute == "none" else f", {words} of the others")
+    extras.append(words)
     ep, etp = int(plan.get("ep") or 1), plan.get("etp")
     if ep > 1:
         extras.append(f"{ep}-way expert parallel" + (f" with {etp}-way expert tensor parallel"
                                                      if etp is not None and int(etp) > 1 else ""))
     if plan.get("sequence_parallel"):
         extras.append("sequence parallel")
-    if plan.get("distributed_optimizer"):
-        extras.append("distributed (sharded) optimizer")
+    extras += _sharding_words(plan)
     if plan.get("dtype"):
         extras.append(str(plan["dtype"]))
     return f"{text}; {batch}; " + ", ".join(extras) + "."
+
+
+def _sharding_words(plan: dict[str, Any]) -> list[str]:
+    """What data parallelism shards, in words (the plan's ``sharding``; older results: distributed_optimizer)."""
+    sharding = plan.get("sharding") or ("optimizer" if plan.get("distributed_optimizer") else "none")
+    words = {"optimizer": "distributed (sharded) optimizer",
+             "gradients": "optimizer states and gradients sharded (ZeRO-2)",
+             "parameters": "parameters, gradients and optimizer states sharded (FSDP, ZeRO-3)"}.get(str(sharding))
+    if words is None:
+        return []
+    degree = plan.get("shard_degree")
+    if degree is not None and int(degree) != int(plan.get("dp") or 1) * int(plan.get("cp") or 1):
+        words += f" within groups of {degree} ranks, replicated across them (HSDP)"
+    out = [words]
+    if sharding == "parameters" and plan.get("reshard_after_forward") is not None:
+        out.append("each block gathered again for its backward" if plan["reshard_after_forward"]
+                   else "each block kept gathered from its forward to its backward")
+    if plan.get("offload_optimizer"):
+        share = float(plan.get("offload_fraction") or 1.0)
+        out.append("optimizer states in CPU memory" + (f" ({share:.0%} of them)" if share != 1.0 else ""))
+    return out
 
 
 def knob_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, str, str]]:

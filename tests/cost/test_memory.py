@@ -18,6 +18,7 @@ from echo_plan.cost.memory import (
 from echo_plan.errors import FileFormatError
 from echo_plan.specs import PlanSpec, Recompute, load_cluster, load_model, load_stack
 from echo_plan.specs.software import RecomputeModule
+from echo_plan.specs.software_kinds import CudaAllocator
 from echo_plan.trace.records import LayerTrace, StageKind, TraceKey
 
 CLUSTER = load_cluster("h800")
@@ -252,8 +253,8 @@ def test_closed_form_agrees_with_traced_activations(name, kw):
 
 @pytest.mark.parametrize("p", PLANS)
 def test_expandable_segments_never_need_more_memory_and_only_buffers_differ(p):
-    default = STACK.model_copy(update={"cuda_allocator": "default"})
-    expandable = STACK.model_copy(update={"cuda_allocator": "expandable_segments"})
+    default = STACK.model_copy(update={"cuda_allocator": CudaAllocator.DEFAULT})
+    expandable = STACK.model_copy(update={"cuda_allocator": CudaAllocator.EXPANDABLE_SEGMENTS})
     a, b = estimate(LLAMA, p, stack=default), estimate(LLAMA, p, stack=expandable)
     for sa, sb in zip(a, b):
         assert sb.buffers_bytes < sa.buffers_bytes
