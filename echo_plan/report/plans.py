@@ -70,19 +70,29 @@ def knobs_of(plans: Sequence[dict[str, Any]]) -> list[Knob]:
 
 # knobs that mean nothing without expert parallelism (a dense model's plan carries etp = tp all the same)
 _EXPERT_KNOBS = frozenset({"ep", "etp", "expert_imbalance"})
-# knobs that mean nothing unless data parallelism shards something
-_SHARDING_KNOBS = frozenset({"shard_degree", "reshard_after_forward", "offload_fraction"})
+
+
+def _applies(plan: dict[str, Any], key: str) -> bool:
+    """Whether a knob means anything for this plan (a dense model's plan carries etp = tp all the same, an FSDP
+    plan distributed_optimizer, the name of every sharding level, beside its sharding)."""
+    if key in _EXPERT_KNOBS:
+        return int(plan.get("ep") or 1) > 1
+    if key == "distributed_optimizer":
+        return plan.get("sharding") is None
+    if key == "shard_degree":
+        return bool(plan.get("distributed_optimizer"))
+    if key == "reshard_after_forward":
+        return plan.get("sharding") == "parameters"
+    if key == "offload_fraction":
+        return bool(plan.get("offload_optimizer"))
+    if key == "density":
+        return plan.get("dp_comm") not in (None, "dense")
+    return True
 
 
 def knob_value(plan: dict[str, Any], knob: Knob) -> str:
     """The knob's value as a reader sees it; "-" where the knob does not apply to the plan."""
-    if knob.key in _EXPERT_KNOBS and int(plan.get("ep") or 1) <= 1:
-        return "-"
-    if knob.key == "reshard_after_forward" and plan.get("sharding") != "parameters":
-        return "-"
-    if knob.key in _SHARDING_KNOBS and not plan.get("distributed_optimizer"):
-        return "-"
-    return knob.fmt(plan.get(knob.key))
+    return knob.fmt(plan.get(knob.key)) if _applies(plan, knob.key) else "-"
 
 
 def differing_knobs(plans: Sequence[dict[str, Any]]) -> list[Knob]:

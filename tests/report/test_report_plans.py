@@ -100,3 +100,17 @@ def test_unknown_plan_fields_still_show_as_knobs():
     plans = [dict(tp=1, pp=1, dp=8, micro_batch_size=1, global_batch_size=8, new_knob=1),
              dict(tp=1, pp=1, dp=8, micro_batch_size=1, global_batch_size=8, new_knob=2)]
     assert [k.key for k in differing_knobs(plans)] == ["new_knob"]
+
+
+def test_derived_and_idle_knobs_read_as_not_applying():
+    """An FSDP plan's distributed_optimizer (the name of every sharding level) and an unused offload share or
+    density say nothing of their own: they read "-" and are not listed as settings every plan shares."""
+    fsdp = PlanSpec.build(PLANS[4]).model_dump(mode="json")
+    assert fsdp["distributed_optimizer"] and fsdp["offload_fraction"] == 1.0
+    shown = {k.key: knob_value(fsdp, k) for k in knobs_of([fsdp])}
+    assert shown["distributed_optimizer"] == shown["offload_fraction"] == shown["density"] == "-"
+    assert shown["sharding"] == "parameters" and shown["shard_degree"] == "8"
+    megatron = PlanSpec.build(PLANS[0]).model_dump(mode="json")
+    assert dict((k.key, v) for k, v in constant_knobs([megatron]))["distributed_optimizer"] == "on"
+    offload = PlanSpec.build(PLANS[5]).model_dump(mode="json")
+    assert {k.key: knob_value(offload, k) for k in knobs_of([offload])}["offload_fraction"] == "0.5"
