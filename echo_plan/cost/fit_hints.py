@@ -66,14 +66,18 @@ def _variants(plan: PlanSpec, stack: SoftwareSpec) -> Iterator[tuple[str, dict, 
     stronger = [m for m in _ORDER if _ORDER.index(m) > _ORDER.index(plan.recompute)]
     level = DataParallelSharding.of(plan, stack).level
     more = [lv for lv in _LEVELS if _LEVELS.index(lv) > _LEVELS.index(level)]
+
+    def recompute(mode: Recompute) -> dict:  # full recomputes every layer: it replaces --recompute-layers
+        return {"recompute": mode.value} | ({"recompute_layers": 0} if mode is Recompute.FULL else {})
+
     for mode in stronger:
-        yield f"--recompute {mode.value}", {"recompute": mode.value}, mode
+        yield f"--recompute {mode.value}", recompute(mode), mode
     for lv in more:
         yield f"--sharding {lv.value}", {"sharding": lv.value, "distributed_optimizer": True}, plan.recompute
     for mode in stronger:
         for lv in more:
             yield (f"--recompute {mode.value} --sharding {lv.value}",
-                   {"recompute": mode.value, "sharding": lv.value, "distributed_optimizer": True}, mode)
+                   recompute(mode) | {"sharding": lv.value, "distributed_optimizer": True}, mode)
 
 
 def fit_changes(model, plan: PlanSpec, cluster, traces, asked: SoftwareSpec,

@@ -49,6 +49,19 @@ def test_every_change_matches_simulating_it_and_sharding_never_needs_more_memory
             assert alone[0].flags in hint and all(c.flags not in hint for c in alone[1:])
 
 
+def test_full_recomputation_is_offered_in_place_of_recompute_layers(small_dense, tmp_path):
+    """A plan recomputing some layers whole may still fit with all of them recomputed: --recompute full, which the
+    plan rules take only without recompute_layers, is priced as that plan (simulated, the same peak)."""
+    plan = PlanSpec.build({"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 4, "global_batch_size": 64,
+                           "recompute_layers": 1})
+    cache, memo, stack = TraceCache(tmp_path), SimulationMemo(), load_stack()
+    traces = memo.traces(small_dense, plan, cache, stack)
+    full = {c.flags: c for c in fit_changes(small_dense, plan, CLUSTER, traces, stack, 0)}["--recompute full"]
+    changed = PlanSpec.build({**plan.model_dump(mode="json"), "recompute": "full", "recompute_layers": 0})
+    real = simulate(small_dense, CLUSTER, changed, stack=stack, cache=cache, memo=memo, memory_headroom_bytes=0)
+    assert _peak(real) == pytest.approx(full.peak_bytes, rel=1e-9)
+
+
 def test_a_plan_that_fits_gets_no_hint(small_dense, tmp_path):
     plan = PlanSpec.build({"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1, "global_batch_size": 8})
     result = simulate(small_dense, CLUSTER, plan, cache=TraceCache(tmp_path))
