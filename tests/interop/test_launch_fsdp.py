@@ -22,6 +22,12 @@ FSDP_PLANS = [
                               recompute="full", dtype="fp8", layer_split=balanced_split(126, 8))),
     ("llama3-405b", 512, dict(tp=8, pp=8, dp=8, global_batch_size=256, sequence_parallel=True, sharding="parameters",
                               recompute="full", virtual_stages=2, layer_split=balanced_split(126, 16))),
+    # torchtitan's selective checkpointing: its per-op policy, and every n-th layer (8 of 32: every 4th; 20 of each
+    # pipeline stage's 40: every 2nd)
+    ("llama3-8b", 8, dict(dp=8, global_batch_size=8, sharding="parameters", recompute="selective")),
+    ("llama3-8b", 8, dict(dp=8, global_batch_size=8, sharding="parameters", recompute_layers=8)),
+    ("llama3-70b", 64, dict(tp=8, pp=2, dp=4, global_batch_size=32, sequence_parallel=True, sharding="parameters",
+                            recompute_layers=20)),
 ]
 
 
@@ -50,8 +56,9 @@ def test_the_stack_settings_travel_with_the_plan():
 
 @pytest.mark.parametrize("fields, knob", [
     (dict(dp=8, global_batch_size=8, distributed_optimizer=True, sharding="optimizer"), "sharding"),
-    (dict(dp=8, global_batch_size=8, sharding="parameters", recompute="selective"), "recompute"),
-    (dict(dp=8, global_batch_size=8, sharding="parameters", recompute_layers=4), "recompute_layers"),
+    (dict(dp=8, global_batch_size=8, sharding="parameters", recompute_layers=5), "recompute_layers"),  # 32 layers
+    (dict(dp=8, global_batch_size=8, sharding="parameters", recompute="selective", recompute_layers=4),
+     "recompute_layers"),
     (dict(dp=4, cp=2, global_batch_size=4, sharding="parameters", shard_degree=1), "shard_degree"),
     (dict(tp=2, dp=4, global_batch_size=4, sharding="parameters"), "sequence_parallel"),
 ])
@@ -60,6 +67,37 @@ def test_what_torchtitan_cannot_run_is_refused_with_the_knob(fields, knob):
     with pytest.raises(CannotExpress, match=knob) as exc:
         export_launch(LaunchFormat.TORCHTITAN, model, PlanSpec(**fields), TT, cluster)
     assert "\n" not in str(exc.value)
+
+
+def test_selective_recompute_by_modules_is_not_torchtitans_per_op_policy():
+    model, cluster = load_model("llama3-8b"), load_cluster("h100-gt", gpus=8)
+    plan = PlanSpec(dp=8, global_batch_size=8, sharding="parameters", recompute="selective")
+    with pytest.raises(CannotExpress, match="recompute selective: torchtitan's selective checkpointing saves by op"):
+        export_launch(LaunchFormat.TORCHTITAN, model, plan, TT.replace(recompute_policy="modules"), cluster)
+
+
+@pytest.mark.parametrize("section, expected", [
+    ("", dict(recompute_layers=16)),  # torchtitan's default: selective, every 2nd layer
+    ('[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "4"', dict(recompute_layers=8)),
+    ('[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "1"', dict(recompute="full")),
+    ('[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "op"', dict(recompute="selective")),
+    ('[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "3"', "a divisor of every pipeline chunk"),
+    ('[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "0"', "a positive integer"),
+    ('[activation_checkpoint]\nmode = "memory_budget"', "memory-budget mode is not modelled"),
+])
+def test_torchtitan_checkpointing_is_read_as_the_plan_simulates_it(section, expected):
+    from echo_plan.interop.launch import CannotImport
+
+    text = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nglobal_batch_size = 8\n'
+            '[parallelism]\ndata_parallel_shard_degree = 8\n' + section + "\n")
+    if isinstance(expected, str):
+        with pytest.raises(CannotImport, match=expected) as exc:
+            import_launch(text, "job.toml", load_stack(), gpus=8)
+        assert "\n" not in str(exc.value)
+        return
+    plan = import_launch(text, "job.toml", load_stack(), gpus=8).plan
+    assert {k: getattr(plan, k) if k != "recompute" else plan.recompute.value for k in expected} == expected
+    assert plan.recompute.value != "full" or plan.recompute_layers == 0
 
 
 @pytest.mark.parametrize("name, gpus, fields", FSDP_PLANS)
@@ -75,6 +113,13 @@ def test_torchtitan_parses_the_exported_fsdp_toml(tmp_path, name, gpus, fields):
     assert par.data_parallel_shard_degree * par.context_parallel_degree * par.data_parallel_replicate_degree \
         == plan.grad_dp
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (plan.tp, plan.pp)
+    ac = cfg.activation_checkpoint  # the layers torchtitan's every-n-th-layer checkpointing wraps: the plan's
+    if plan.recompute_layers:
+        assert ac.mode == "selective" and all(size // int(ac.selective_ac_option) == plan.recompute_layers
+                                              for size in plan.virtual_layers(model.num_layers))
+    else:
+        assert (ac.mode, ac.selective_ac_option if ac.mode == "selective" else "op") == \
+            ({"none": "none", "full": "full", "selective": "selective"}[plan.recompute.value], "op")
     if plan.pp > 1:
         parts = par.module_fqns_per_model_part
         assert len(parts) == plan.pp * plan.virtual_stages

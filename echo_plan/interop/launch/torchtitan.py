@@ -7,7 +7,7 @@ A plan with ``--sharding parameters`` exports as FSDP2 (HSDP with a shard degree
 dp_replicate x dp_shard x cp, FSDP sharding over dp_shard x cp), with its pipeline split as explicit
 module lists, float8 (tensorwise) as torchao's converter, torch.compile and async TP from the stack;
 a pure data-parallel plan exports as DDP. What torchtitan cannot run as simulated (optimizer-only
-sharding, Megatron's selective recompute, layer counts it checkpoints differently) is refused with the
+sharding, Megatron's module recompute, layer counts its every-n-th-layer checkpointing cannot make) is refused with the
 knob, on export and on import alike.
 """
 
@@ -25,7 +25,7 @@ from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec, load
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import DpComm, Recompute, Schedule
 from echo_plan.specs.software import AttentionLibrary, CudaAllocator, Fp8Recipe, OptimizerSharding
-from echo_plan.specs.software_kinds import CrossEntropy, OptimizerOffload
+from echo_plan.specs.software_kinds import CrossEntropy, OptimizerOffload, RecomputePolicy
 
 FMT = LaunchFormat.TORCHTITAN
 # echo-plan model preset -> torchtitan (model.name, model.flavor) of the same shape (torchtitan 0.2)
@@ -86,12 +86,12 @@ def _refuse(plan: PlanSpec, stack: SoftwareSpec) -> bool:
     if plan.tp > 1 and not plan.sequence_parallel:
         raise CannotExpress(FMT, "sequence_parallel", False, "torchtitan's tensor parallelism always shards the "
                                                              "norms over the sequence (add --sequence-parallel)")
-    if plan.recompute not in AC_MODES:
+    if plan.recompute is Recompute.SELECTIVE and stack.recompute_policy is not RecomputePolicy.OPS:
         raise CannotExpress(FMT, "recompute", plan.recompute.value, "torchtitan's selective checkpointing saves "
                                                                      "by op policy, not Megatron's recompute modules")
-    if plan.recompute_layers:
-        raise CannotExpress(FMT, "recompute_layers", plan.recompute_layers, "torchtitan checkpoints every n-th "
-                                                                             "layer, not the first n of each chunk")
+    if plan.recompute is Recompute.SELECTIVE and plan.recompute_layers:
+        raise CannotExpress(FMT, "recompute_layers", plan.recompute_layers, "torchtitan runs one selective "
+                            "checkpointing at a time: its per-op policy or every n-th layer, not both")
     if plan.pp > 1 and plan.schedule not in SCHEDULES:
         raise CannotExpress(FMT, "schedule", plan.schedule.value, "exported schedules: "
                             + ", ".join(s.value for s in SCHEDULES))
@@ -138,6 +138,55 @@ def _parts(model: ModelSpec, plan: PlanSpec) -> list[list[str]]:
     return parts
 
 
+def _checkpointing(model: ModelSpec, plan: PlanSpec) -> list[str]:
+    """The [activation_checkpoint] settings: none, full, the per-op policy, or every n-th layer. torchtitan's layer
+    checkpointing wraps every n-th block a rank builds (one counter over all its chunks), so the plan's
+    recompute_layers K of each chunk is n = chunk / K when every chunk has the same multiple of K layers; which
+    K layers of a chunk are recomputed changes neither its memory nor its step (all are held until its backward)."""
+    if plan.recompute is Recompute.SELECTIVE:
+        return ['mode = "selective"', 'selective_ac_option = "op"']
+    if not plan.recompute_layers:
+        return [f'mode = "{AC_MODES[plan.recompute]}"']
+    k, sizes = plan.recompute_layers, set(virtual_split(plan, model))
+    size = next(iter(sizes))
+    if len(sizes) > 1 or size % k:
+        raise CannotExpress(FMT, "recompute_layers", k, f"torchtitan checkpoints every n-th layer a rank builds: "
+                            f"{k} of each chunk needs chunks of {k} x n layers, these have "
+                            f"{', '.join(map(str, sorted(sizes)))}")
+    return ['mode = "selective"', f'selective_ac_option = "{size // k}"']
+
+
+def _imported_checkpointing(doc: dict, model: ModelSpec, fields: dict[str, Any], stack: SoftwareSpec,
+                            source: str) -> dict[str, Any]:
+    """The plan's recompute fields from [activation_checkpoint] (torchtitan's defaults: selective, every 2nd
+    layer): none and full as they are, the per-op policy as recompute selective on a stack whose selective
+    recompute is that policy, every n-th layer as recompute_layers (each chunk's layers / n, which must divide)."""
+    ac = doc.get("activation_checkpoint", {})
+    mode, option = str(ac.get("mode", "selective")), str(ac.get("selective_ac_option", "2"))
+    if mode in ("none", "full"):
+        return {"recompute": mode}
+    if mode != "selective":
+        raise CannotImport(source, "activation_checkpoint.mode", mode, "none, full or selective (torchtitan's "
+                                                                      "memory-budget mode is not modelled)")
+    if option == "op":
+        if stack.recompute_policy is not RecomputePolicy.OPS:
+            raise CannotImport(source, "activation_checkpoint.selective_ac_option", option, f"the per-op policy "
+                               f"needs a stack whose selective recompute is it (recompute_policy ops; {stack.name} "
+                               f"has {stack.recompute_policy.value})")
+        return {"recompute": "selective"}
+    if not option.isdigit() or int(option) < 1:
+        raise CannotImport(source, "activation_checkpoint.selective_ac_option", option, "op, or a positive "
+                                                                                        "integer n: every n-th layer")
+    n = int(option)
+    sizes = set(virtual_split(PlanSpec.build(fields, context=source), model))
+    if len(sizes) > 1 or next(iter(sizes)) % n:
+        raise CannotImport(source, "activation_checkpoint.selective_ac_option", option, "a divisor of every "
+                           f"pipeline chunk's layers, the same in each (these chunks have "
+                           f"{', '.join(map(str, sorted(sizes)))}: a plan recomputes one count of each)")
+    size = next(iter(sizes))
+    return {"recompute": "full"} if n == 1 else {"recompute": "none", "recompute_layers": size // n}
+
+
 def export_torchtitan(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, cluster: ClusterSpec) -> LaunchExport:
     name, flavour = _flavour(model)
     fsdp = _refuse(plan, stack)
@@ -171,7 +220,7 @@ def export_torchtitan(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, clu
                   f"pipeline_parallel_microbatch_size = {plan.micro_batch_size}",
                   "module_fqns_per_model_part = [" + ", ".join(
                       "[" + ", ".join(f'"{m}"' for m in part) + "]" for part in _parts(model, plan)) + "]"]
-    lines += ["[activation_checkpoint]", f'mode = "{AC_MODES[plan.recompute]}"',
+    lines += ["[activation_checkpoint]"] + _checkpointing(model, plan) + [
               "[compile]", f"enable = {str(stack.fused_elementwise).lower()}", 'components = ["model", "loss"]']
     if plan.dtype is DType.FP8:
         gather = str(bool(stack.fp8_param_gather) and fsdp).lower()
@@ -261,16 +310,12 @@ def import_torchtitan(text: str, source: str, base_stack: SoftwareSpec, gpus: in
     if not fsdp and tp * pp > 1:
         raise CannotImport(source, "parallelism.data_parallel_shard_degree", shard, "tensor or pipeline "
                            "parallelism without FSDP2 trains in fp32 in torchtitan, which is not modelled")
-    mode = str(doc.get("activation_checkpoint", {}).get("mode", "selective"))
-    if mode not in ("none", "full"):
-        raise CannotImport(source, "activation_checkpoint.mode", mode, "none or full (torchtitan's selective and "
-                                                                      "memory-budget modes are not modelled)")
     stack, dtype = _imported_stack(doc, base_stack, source)
     model = load_model(presets[key]).replace(seq_length=int(train.get("seq_len", 2048)))
     local = int(train.get("local_batch_size", 8))
     gbs = int(train.get("global_batch_size", -1))
     gbs = gbs if gbs > 0 else local * dp
-    fields: dict[str, Any] = dict(tp=tp, pp=pp, cp=cp, dp=dp, global_batch_size=gbs, recompute=mode, dtype=dtype,
+    fields: dict[str, Any] = dict(tp=tp, pp=pp, cp=cp, dp=dp, global_batch_size=gbs, dtype=dtype,
                                   sequence_parallel=tp > 1,
                                   micro_batch_size=int(par.get("pipeline_parallel_microbatch_size", 1)) if pp > 1
                                   else local)
@@ -293,6 +338,7 @@ def import_torchtitan(text: str, source: str, base_stack: SoftwareSpec, gpus: in
         fields.update(schedule=sched, virtual_stages=vpp)
         if counts is not None and len(set(counts)) > 1:
             fields["layer_split"] = counts
+    fields.update(_imported_checkpointing(doc, model, fields, stack, source))
     plan = PlanSpec.build(fields, context=source)
     notes = (f"simulated with stack {stack.name} (compile {stack.fused_elementwise}, async TP {stack.tp_comm_overlap} "
              "as the file sets them)",) + (() if fsdp else (AUTOCAST_NOTE,))
