@@ -224,14 +224,15 @@ def register(app: typer.Typer) -> None:
         check_outputs(csv, report, cache_dir)
         job = None
         if from_launch is not None:
-            given = {"--model": model != ModelOpt.default, "--gbs": gbs != DEFAULT_GBS, "--gpus": gpus is not None,
+            given = {"--model": model != ModelOpt.default, "--gbs": gbs != DEFAULT_GBS,
                      "--nodes": nodes is not None, "--seq-length": seq_length is not None}
             clash = next((k for k, v in given.items() if v), None)
             if clash:
-                raise SpecError(clash, "given", "not with --from-launch (the job's model, GPUs, batch and stack are "
-                                                "read from its launch config)")
-            job = read_launch(from_launch, resolve_stack(stack),
-                              fmt=parse_launch_format(launch_format, "--launch-format") if launch_format else None)
+                raise SpecError(clash, "given", "not with --from-launch (the job's model, batch and stack are read "
+                                                "from its launch config, its GPUs too unless --gpus gives them)")
+            job = read_launch(from_launch, resolve_stack(stack),  # --gpus: as simulate and import launch take it
+                              fmt=parse_launch_format(launch_format, "--launch-format") if launch_format else None,
+                              gpus=gpus)
             gbs = job.plan.global_batch_size
             if dtype is None:  # like for like: the job's precision
                 dtype = job.plan.dtype.value

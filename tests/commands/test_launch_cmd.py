@@ -109,6 +109,20 @@ def test_search_from_launch_compares_the_job_with_the_best_plan(capsys, tmp_path
     assert "--gbs" in capsys.readouterr().err
 
 
+def test_search_from_a_launch_file_without_its_gpus_takes_them_from_gpus(capsys, tmp_path, cache):
+    """A torchtitan TOML has no GPU count of its own without a torchrun line: search --from-launch takes --gpus for
+    it, as simulate --from-launch and import launch do, and the error that asks for them says so."""
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\n'
+                   'global_batch_size = 16\nseq_len = 2048\n[parallelism]\ndata_parallel_shard_degree = -1\n'
+                   '[activation_checkpoint]\nmode = "full"\n')
+    assert main(["search", "--from-launch", str(job)]) == 2
+    assert "--gpus" in capsys.readouterr().err
+    assert main(["search", "--from-launch", str(job), "--gpus", "8", "--trials", "4", "--processes", "1",
+                 "--no-progress", "--storage", f"sqlite:///{tmp_path / 's.db'}"] + cache) == 0
+    assert "your job" in capsys.readouterr().out
+
+
 def test_calibrate_steps_from_logs_writes_a_cluster_that_loads(capsys, tmp_path, cache):
     out = tmp_path / "mine.yaml"
     args = ["calibrate", "steps", "--cluster", "h800", "-o", str(out), "--hold-out-every", "0", "--json",
