@@ -3,6 +3,7 @@ blocks (and in their inline code) exists, answers --help, and takes every flag t
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -121,3 +122,34 @@ def test_the_checker_catches_a_made_up_flag():
     _, cmd = _resolve(root, ["search", "--no-such-flag"])
     assert "--no-such-flag" not in _flags(cmd) and "--report" in _flags(cmd)
     assert _resolve(root, ["whatif", "sensitivity"])[0] == ["whatif", "sensitivity"]
+
+
+def _stated_figures(text: str) -> list[tuple[list[str], float, float | None]]:
+    """(simulate arguments, step seconds, peak GiB or None) of every fenced simulate line whose trailing comment
+    states what it prints ("# 5.6 s/step", "# 9.4 s/step, 45.8 GiB of 80")."""
+    out = []
+    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            call, _, comment = line.partition(" #")
+            figures = re.match(r"\s*([\d.]+) s/step(?:, ([\d.]+) GiB of)?", comment)
+            words = shlex.split(call) if figures else []
+            if words[:2] == ["echo-plan", "simulate"]:
+                out.append((words[1:], float(figures.group(1)), figures.group(2) and float(figures.group(2))))
+    return out
+
+
+STATED = _stated_figures(README.read_text(encoding="utf-8"))
+
+
+def test_the_readme_states_figures_to_check():
+    assert len(STATED) >= 2 and any(gib is not None for _, _, gib in STATED)
+
+
+@pytest.mark.parametrize("args, step_s, peak_gib", STATED, ids=[" ".join(a)[:60] for a, _, _ in STATED])
+def test_the_readme_figures_are_what_simulate_prints(args, step_s, peak_gib, capsys, tmp_path):
+    """A figure the README states beside a command is the one that command prints now (to its last digit)."""
+    assert main(args + ["--json", "--cache-dir", str(tmp_path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert f"{result['step_time_s']:.1f}" == f"{step_s:.1f}"
+    if peak_gib is not None:
+        assert f"{result['memory_peak_gib']:.1f}" == f"{peak_gib:.1f}"
