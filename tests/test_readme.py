@@ -124,32 +124,49 @@ def test_the_checker_catches_a_made_up_flag():
     assert _resolve(root, ["whatif", "sensitivity"])[0] == ["whatif", "sensitivity"]
 
 
-def _stated_figures(text: str) -> list[tuple[list[str], float, float | None]]:
-    """(simulate arguments, step seconds, peak GiB or None) of every fenced simulate line whose trailing comment
-    states what it prints ("# 5.6 s/step", "# 9.4 s/step, 45.8 GiB of 80")."""
+def _stated_figures(text: str) -> list[tuple[list[str], str, str | None]]:
+    """(simulate arguments, step seconds, peak GiB or None, as written) of every fenced simulate call whose comment
+    states what it prints: on its line ("# 5.6 s/step", "# 9.4 s/step, 45.8 GiB of 80") or on the comment lines
+    right after it ("# step time 9.37 s ...", "# peak memory 45.8 GiB of 80 GiB")."""
     out = []
     for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S):
-        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+        lines = re.sub(r"\\\n\s*", " ", block).splitlines()
+        for i, line in enumerate(lines):
             call, _, comment = line.partition(" #")
-            figures = re.match(r"\s*([\d.]+) s/step(?:, ([\d.]+) GiB of)?", comment)
-            words = shlex.split(call) if figures else []
-            if words[:2] == ["echo-plan", "simulate"]:
-                out.append((words[1:], float(figures.group(1)), figures.group(2) and float(figures.group(2))))
+            if not call.strip().startswith("echo-plan simulate"):
+                continue
+            after = []
+            for nxt in lines[i + 1:]:
+                if not nxt.lstrip().startswith("#"):
+                    break
+                after.append(nxt)
+            said = " ".join([comment] + after)
+            step = re.search(r"(?:^|\s)([\d.]+) s/step|step time ([\d.]+) s", said)
+            peak = re.search(r"([\d.]+) GiB of", said)
+            if step:
+                out.append((shlex.split(call)[1:], step.group(1) or step.group(2), peak and peak.group(1)))
     return out
 
 
-STATED = _stated_figures(README.read_text(encoding="utf-8"))
+STATED = [(name, *f) for name, path in [("README.md", README)] + [(p.name, p) for p in DOCS]
+          for f in _stated_figures(path.read_text(encoding="utf-8"))]
 
 
-def test_the_readme_states_figures_to_check():
-    assert len(STATED) >= 2 and any(gib is not None for _, _, gib in STATED)
+def _as_written(value: float, written: str) -> str:
+    return f"{value:.{len(written.partition('.')[2])}f}"
 
 
-@pytest.mark.parametrize("args, step_s, peak_gib", STATED, ids=[" ".join(a)[:60] for a, _, _ in STATED])
-def test_the_readme_figures_are_what_simulate_prints(args, step_s, peak_gib, capsys, tmp_path):
-    """A figure the README states beside a command is the one that command prints now (to its last digit)."""
+def test_the_readme_and_docs_state_figures_to_check():
+    assert sum(name == "README.md" for name, *_ in STATED) >= 2 and any(gib for *_, gib in STATED)
+    assert any(name == "fsdp.md" for name, *_ in STATED)
+
+
+@pytest.mark.parametrize("name, args, step_s, peak_gib", STATED, ids=[f"{n}: {' '.join(a)[:50]}" for n, a, *_ in STATED])
+def test_the_stated_figures_are_what_simulate_prints(name, args, step_s, peak_gib, capsys, tmp_path):
+    """A figure the README or a docs page states beside a command is the one that command prints now, to the
+    digits written."""
     assert main(args + ["--json", "--cache-dir", str(tmp_path)]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert f"{result['step_time_s']:.1f}" == f"{step_s:.1f}"
+    assert _as_written(result["step_time_s"], step_s) == step_s, name
     if peak_gib is not None:
-        assert f"{result['memory_peak_gib']:.1f}" == f"{peak_gib:.1f}"
+        assert _as_written(result["memory_peak_gib"], peak_gib) == peak_gib, name
