@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from pydantic import ValidationError
+
+from echo_plan.specs.plan import PlanSpec
+
 # The knobs in the order a reader expects them, with a column header and a formatter.
 _ON_OFF = {True: "on", False: "off"}
 
@@ -111,10 +115,6 @@ def constant_knobs(plans: Sequence[dict[str, Any]]) -> list[tuple[Knob, str]]:
 
 def _spec(plan: dict[str, Any]) -> Any:
     """The plan as a PlanSpec, or None for a mapping that is not one (a result of another version)."""
-    from pydantic import ValidationError
-
-    from echo_plan.specs.plan import PlanSpec
-
     try:
         return PlanSpec.model_validate(plan)
     except (ValidationError, ValueError, TypeError):
