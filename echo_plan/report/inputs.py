@@ -13,7 +13,8 @@ from echo_plan.specs.calibration import UNCALIBRATED_ERROR
 # What the prediction accounts for and what it leaves out (DESIGN.md, stages 2-4).
 MODELLED = (
     "The transformer layer's operators and collectives, traced from PyTorch module code sharded as "
-    "Megatron-LM shards it, with their real shapes (FakeTensorMode, fake process group): dense and "
+    "Megatron-LM shards it (with DTensor's layout copies on a PyTorch-native stack), with their real shapes "
+    "(FakeTensorMode, fake process group), running the kernels the software stack runs: dense and "
     "mixture-of-experts layers (router, expert-parallel dispatch and combine), context parallelism, FP8 casts.",
     "Kernel times from a per-GPU roofline model with shape-dependent GEMM and attention efficiency, "
     "or a measured kernel database when one is given.",
