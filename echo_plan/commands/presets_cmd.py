@@ -24,23 +24,26 @@ def register(app: typer.Typer) -> None:
             })
             return
         typer.echo("Models:")
+        width = max(len(m.name) for m in models)
         for m in models:
-            typer.echo(f"  {m.name:<12} {m.num_params / 1e9:7.1f}B  layers={m.num_layers} hidden={m.hidden_size} "
+            typer.echo(f"  {m.name:<{width}} {m.num_params / 1e9:7.1f}B  layers={m.num_layers} hidden={m.hidden_size} "
                        f"heads={m.num_attention_heads}/{m.kv_heads} seq={m.seq_length} {m.activation.value}")
         typer.echo("Clusters:")
+        width = max(len(n) for n in [c.name for c in clusters] + list(CLUSTER_ALIASES))
         for c in clusters:
             calibrated = "calibrated: " + ", ".join(calibrated_parts(c.calibration)) if c.calibration else \
                 "not calibrated"
-            typer.echo(f"  {c.name:<12} {c.num_nodes} x {c.gpus_per_node} {c.gpu.name}, "
+            typer.echo(f"  {c.name:<{width}} {c.num_nodes} x {c.gpus_per_node} {c.gpu.name}, "
                        f"{c.network.nics_per_node} x {c.network.nic_bw_Gbps:g} Gb/s per node"
                        + (f", NVLink domain {c.domain_gpus} GPUs" if c.domain_gpus > c.gpus_per_node else "")
                        + (f", host {c.host.memory_GiB:g} GiB" if c.host is not None else "")
                        + f" ({calibrated})")
         for alias, target in sorted(CLUSTER_ALIASES.items()):
-            typer.echo(f"  {alias:<12} another name for {target}")
+            typer.echo(f"  {alias:<{width}} another name for {target}")
         typer.echo("Software stacks (--stack; a YAML file with base: NAME changes some settings):")
+        width = max(len(s.name) for s in stacks)
         for s in stacks:
-            typer.echo(f"  {s.name:<20} {s.description}")
+            typer.echo(f"  {s.name:<{width}} {s.description}")
 
 
 def calibrated_parts(calibration: dict) -> list[str]:
