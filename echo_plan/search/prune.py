@@ -118,6 +118,19 @@ def canonical(combo: dict[str, Any], dp: int | None = None) -> dict[str, Any]:
     return c
 
 
+def _resolve_layer_share(fields: dict[str, Any], layers: int, chunks: int) -> str | None:
+    """Turn a share of each chunk's layers ("1/n", search_spaces/README.md) into the count it is, in place; why not
+    when the chunks differ in length or n does not divide them (a share that is no whole count of every chunk is
+    not the every-n-th-layer checkpointing it stands for)."""
+    n = int(str(fields["recompute_layers"]).split("/")[1])
+    sizes = set(fields.get("layer_split") or ()) or ({layers // chunks} if layers % chunks == 0 else set())
+    if len(sizes) != 1 or next(iter(sizes)) % n:
+        have = ", ".join(map(str, sorted(sizes))) if sizes else f"{layers} layers over {chunks}"
+        return f"recompute_layers 1/{n}: every {n}-th layer is no whole count of each model chunk ({have})"
+    fields["recompute_layers"] = next(iter(sizes)) // n
+    return None
+
+
 def plan_key(plan_fields: dict[str, Any]) -> tuple:
     """A hashable identity of a plan from its knob fields (and dp)."""
     return tuple((k.value, plan_fields[k.value]) for k in Knob) + (("dp", plan_fields.get("dp")),)
@@ -199,6 +212,10 @@ class Pruner:
             # stages); with it, one layer fewer on the first and last virtual stage (Llama 3 405B's
             # 126 layers on 16 x 2 virtual stages)
             fields["layer_split"] = balanced_split(layers, nvs)
+        if isinstance(fields.get("recompute_layers"), str):
+            why = _resolve_layer_share(fields, layers, nvs)
+            if why is not None:
+                return Verdict(combo, None, PruneReason.INVALID, why)
         try:
             plan = PlanSpec.build(fields, context="candidate plan")
             validate_plan(plan, self.model, self.cluster)

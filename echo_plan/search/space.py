@@ -11,13 +11,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator
 
 from echo_plan.errors import FileFormatError, SpecError
-from echo_plan.limits import MAX_GLOBAL_BATCH, MAX_SPACE_CANDIDATES
+from echo_plan.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SPACE_CANDIDATES
 from echo_plan.specs.cluster import DType
 from echo_plan.specs.plan import DpComm, Recompute, Schedule, Sharding
 from echo_plan.specs.loaders import read_mapping
@@ -55,6 +56,7 @@ class Constraint(str, Enum):
 
 INT_KNOBS = (Knob.TP, Knob.PP, Knob.MICRO_BATCH_SIZE, Knob.VIRTUAL_STAGES, Knob.EP, Knob.ETP, Knob.CP)
 COUNT_KNOBS = (Knob.SHARD_DEGREE, Knob.RECOMPUTE_LAYERS)  # 0 allowed: "the whole group" / "no layers"
+LAYER_SHARE = re.compile(r"1\s*/\s*(\d+)")  # recompute_layers as a share of each model chunk: "1/n"
 EXPERT_KNOBS = (Knob.EP, Knob.ETP)
 BOOL_KNOBS = (Knob.SEQUENCE_PARALLEL, Knob.DISTRIBUTED_OPTIMIZER, Knob.OVERLAP_GRAD_REDUCE,
               Knob.OVERLAP_PARAM_GATHER, Knob.OFFLOAD_OPTIMIZER)
@@ -278,6 +280,12 @@ def _knob_value(knob: Knob, raw: Any, field: str, where: str) -> Any:
         if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= MAX_GLOBAL_BATCH:
             raise SpecError(field, raw, f"positive integers up to {MAX_GLOBAL_BATCH:,} (e.g. [1, 2, 4, 8])", where)
         return raw
+    if knob is Knob.RECOMPUTE_LAYERS and isinstance(raw, str):  # a share of each chunk: "1/n", every n-th layer
+        share = LAYER_SHARE.fullmatch(raw.strip())
+        if share is None or not 1 <= int(share.group(1)) <= MAX_LAYERS:
+            raise SpecError(field, raw, f"a layer count (0: none) or a share of each chunk's layers as 1/n with n from "
+                                        f"1 to {MAX_LAYERS:,} (\"1/4\": a quarter, every 4th layer)", where)
+        return f"1/{int(share.group(1))}"
     if knob in COUNT_KNOBS:
         if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_GLOBAL_BATCH:
             what = "0 (the whole data-parallel group)" if knob is Knob.SHARD_DEGREE else "0 (none)"

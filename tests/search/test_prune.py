@@ -293,3 +293,31 @@ def test_a_host_too_small_for_the_offloaded_optimizer_is_pruned_as_out_of_memory
     assert not pruned.valid
     over = [v for v in pruned.verdicts if v.reason is PruneReason.OOM_ESTIMATE]
     assert over and all("offloaded optimizer needs" in v.detail and "host memory" in v.detail for v in over)
+
+
+def test_a_share_of_layers_is_that_count_of_every_chunk_or_pruned_with_its_reason():
+    """recompute_layers "1/n" (search_spaces/README.md): every n-th layer of each model chunk, whatever the model
+    and the pipeline: 32 layers on one stage at 1/4 is 8, on 2 stages 4 each; a share of uneven chunks, or one
+    that is no whole count of them, is pruned as invalid with that reason."""
+    import pytest
+
+    from echo_plan.errors import SpecError
+
+    space = space_from_mapping({"knobs": {"pp": [1, 2, 4], "recompute_layers": [0, "1/4", "1 / 16"]},
+                                "fixed": {"sharding": "parameters"}})
+    assert dict((k.value, v) for k, v in space.knobs)["recompute_layers"] == (0, "1/4", "1/16")  # written one way
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=64)
+    pruned = prune_space(Pruner(model, cluster, 512, space, stack=load_stack("torchtitan")))
+    made = {(v.combo["pp"], v.combo["recompute_layers"]): v for v in pruned.verdicts}
+    assert made[(1, "1/4")].plan.recompute_layers == 8 and made[(2, "1/4")].plan.recompute_layers == 4
+    assert made[(2, "1/16")].plan.recompute_layers == 1 and made[(4, "1/4")].plan.recompute_layers == 2
+    assert made[(4, "1/16")].reason is PruneReason.INVALID and "no whole count" in made[(4, "1/16")].detail
+    for bad in ("2/3", "1/0", "a quarter"):
+        with pytest.raises(SpecError, match="1/n"):
+            space_from_mapping({"knobs": {"recompute_layers": [0, bad]}})
+    uneven = prune_space(Pruner(load_model("llama3-405b"), load_cluster("dgx-h100", gpus=512), 512,
+                                space_from_mapping({"knobs": {"tp": [8], "pp": [8], "recompute_layers": ["1/2"]},
+                                                    "fixed": {"sharding": "parameters", "sequence_parallel": True}}),
+                                stack=load_stack("torchtitan")))
+    (v,) = uneven.verdicts  # 126 layers over 8 stages: 15 and 16
+    assert v.reason is PruneReason.INVALID and "15, 16" in v.detail
