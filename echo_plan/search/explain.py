@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from echo_plan.replay.results import Breakdown, StepResult
-from echo_plan.search.prune import PrunedSpace, PruneReason
+from echo_plan.search.prune import PrunedSpace, PruneReason, plan_key
 from echo_plan.search.results import TrialRecord, TrialState
 from echo_plan.search.space import Knob
 from echo_plan.specs.software_kinds import OptimizerOffload
@@ -21,6 +21,13 @@ _PART_NAMES = {
     "bubble": "pipeline bubble", "interference": "slow-down from compute/communication interference",
     "optimizer": "optimizer step",
 }
+
+
+def _plan_key_of(plan: dict[str, Any]) -> tuple | None:
+    try:
+        return plan_key(plan)
+    except KeyError:  # a plan stored without some knob (an older study)
+        return None
 
 
 def _value_label(value: Any) -> str:
@@ -55,6 +62,10 @@ def knob_stats(pruned: PrunedSpace, trials: Iterable[TrialRecord]) -> dict[str, 
                     row["valid"] += n
                 else:
                     row[reason.value] = row.get(reason.value, 0) + n
+    # a simulated plan counts under the values its candidate had in the space ("1/4" of the layers, not the 8 it
+    # made); a plan no candidate made (a trial of another space) under its own values
+    made = {plan_key(v.plan.model_dump(mode="json")): v.combo for v in pruned.verdicts
+            if v.reason is None and v.plan is not None}
     seen: set[tuple] = set()
     for t in trials:
         if t.state is not TrialState.COMPLETE:
@@ -63,8 +74,9 @@ def knob_stats(pruned: PrunedSpace, trials: Iterable[TrialRecord]) -> dict[str, 
         if key in seen:
             continue
         seen.add(key)
+        combo = made.get(_plan_key_of(t.plan), t.plan)
         for name in stats:
-            value = t.plan.get(name)
+            value = combo.get(name, t.plan.get(name))
             row = stats[name].get(_value_label(value))
             if row is not None:
                 row["evaluated"] += 1

@@ -321,3 +321,20 @@ def test_a_share_of_layers_is_that_count_of_every_chunk_or_pruned_with_its_reaso
                                 stack=load_stack("torchtitan")))
     (v,) = uneven.verdicts  # 126 layers over 8 stages: 15 and 16
     assert v.reason is PruneReason.INVALID and "15, 16" in v.detail
+
+
+def test_a_simulated_plan_counts_under_the_share_its_candidate_asked_for():
+    """--explain's per-value counts: a trial of a plan made from "1/4" counts under "1/4", not under the 8 layers it
+    made, so every simulated plan is counted once per knob."""
+    from echo_plan.search.explain import knob_stats
+    from echo_plan.search.results import TrialRecord, TrialState
+
+    space = space_from_mapping({"knobs": {"micro_batch_size": [1, 2], "recompute_layers": [0, "1/4", "1/2"]},
+                                "fixed": {"sharding": "parameters"}})
+    pruned = prune_space(Pruner(load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8), 64, space,
+                                stack=load_stack("torchtitan")))
+    plans = [v.plan for v in pruned.verdicts if v.reason is None]
+    trials = [TrialRecord(i, p.model_dump(mode="json"), TrialState.COMPLETE) for i, p in enumerate(plans)]
+    stats = knob_stats(pruned, trials)
+    assert sum(row["evaluated"] for row in stats["recompute_layers"].values()) == len(plans) >= 4
+    assert stats["recompute_layers"]["1/4"]["evaluated"] == stats["recompute_layers"]["1/4"]["valid"] >= 1
