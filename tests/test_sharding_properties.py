@@ -140,3 +140,23 @@ def test_a_search_replays_fsdp_steps_as_simulate_does(env, shape):
     memo.compiled.expect_many()
     searched = simulate(m, cluster, PlanSpec(**fields), cache=cache, memo=memo, stack=load_stack("torchtitan"))
     assert searched.step_time_s == plain.step_time_s
+
+
+def test_fsdp2_keeps_its_sharded_gradients_in_fp32_whatever_the_reduce_dtype(env):
+    """FSDP2 casts each reduce-scatter's output back to the sharded parameter's dtype (fp32 shards: the masters), so a
+    bf16 reduce saves only on the unsharded gradients in flight: two blocks' worth, nothing of the sharded fp32 ones
+    (torch's _fsdp_collectives.foreach_reduce); DeepSpeed's bf16 partitions keep bf16 gradients."""
+    from echo_plan.cost.fsdp_memory import WORKING_BLOCKS
+
+    cache, memo = env
+    model, cluster = load_model("llama3-8b").replace(seq_length=2048), load_cluster("h100-gt", gpus=16)
+    plan = PlanSpec(dp=16, global_batch_size=32, sharding="parameters")
+    grads = {}
+    for name, reduce in (("torchtitan", "fp32"), ("torchtitan", "bf16"), ("deepspeed-zero3", "bf16")):
+        stack = load_stack(name, {"grad_reduce_dtype": reduce})
+        result = simulate(model, cluster, plan, cache=cache, memo=memo, stack=stack)
+        grads[name, reduce] = result.memory[0].gradients_bytes
+    saved = grads["torchtitan", "fp32"] - grads["torchtitan", "bf16"]
+    assert 0 < saved <= WORKING_BLOCKS * 0.25e9 * 2  # 2 bytes of the blocks in flight only (a block: < 0.25 B)
+    assert grads["torchtitan", "bf16"] > model.num_params * 4 / 16  # the fp32 shards of all 8B over 16 ranks
+    assert grads["deepspeed-zero3", "bf16"] < model.num_params * 4 / 16

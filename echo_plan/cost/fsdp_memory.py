@@ -3,7 +3,8 @@
 Sharded state, each split over the shard group (``layout/sharding.py``): the optimizer states (master
 weights and moments), the parameters at the stack's ``sharded_param_bytes`` beside them (0 for FSDP2
 with mixed precision, whose fp32 shards are the master weights; 2 for DeepSpeed ZeRO-3's bf16 shards
-beside fp32 masters), and the gradients in the stack's gradient dtype.
+beside fp32 masters), and the sharded gradients in the sharded parameters' dtype (fp32 for FSDP2 and FSDP1 even
+with a bf16 reduce: torch 2.13 ``_fsdp_collectives.foreach_reduce`` casts the reduce-scatter's output back to it).
 
 Unsharded working set, as PyTorch's FSDP2 holds it (replay/fsdp.py says when it gathers):
 
@@ -37,6 +38,7 @@ from echo_plan.specs.plan import PlanSpec
 from echo_plan.specs.software import SoftwareSpec
 
 WORKING_BLOCKS = 2  # FSDP2's implicit prefetch: the current unit and the next one
+FP32_BYTES = 4
 
 
 def fsdp_states(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, sharding: DataParallelSharding,
@@ -53,7 +55,11 @@ def fsdp_states(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, sharding:
     ends = 2 if plan.pp == 1 else 1  # a pipeline's first rank has the embedding, its last the output layer
     shard, eshard = sharding.parameter_shards(), sharding.parameter_shards(expert=True)
     weights = dense * stored / shard + experts * stored / eshard
-    grads = dense * grad_bytes / sharding.gradient_shards() + experts * grad_bytes / sharding.gradient_shards(True)
+    # the sharded gradients take the sharded parameters' dtype whatever the reduce dtype (FSDP2's foreach_reduce
+    # casts the reduce-scatter's output to it; FSDP1 likewise): fp32 where the shards are the fp32 masters
+    sharded_grad = stored or FP32_BYTES
+    grads = dense * sharded_grad / sharding.gradient_shards() + experts * sharded_grad / \
+        sharding.gradient_shards(True)
     if plan.pp > 1:
         weights += layer_total * gathered + root * plan.param_dtype.nbytes
         grads += (layer_total + root) * grad_bytes
