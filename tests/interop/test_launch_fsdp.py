@@ -174,3 +174,35 @@ def test_a_plan_simulated_with_another_fsdp_runtime_or_loss_is_not_exported_as_t
     export_launch(LaunchFormat.TORCHTITAN, model, plan, TT, cluster)
     eager = TT.replace(torch_compile=False)  # eager torchtitan: the uncompiled loss, as the stack then says
     export_launch(LaunchFormat.TORCHTITAN, model, plan, eager, cluster)
+
+
+@pytest.mark.parametrize("training, expected", [
+    ("", dict(reduce="fp32")),
+    ('mixed_precision_reduce = "bfloat16"', dict(reduce="bf16")),  # a release or fork that takes it
+    ('mixed_precision_param = "float32"', "fp32 training is not modelled"),
+    ('mixed_precision_reduce = "float16"', "float32 or bfloat16"),
+])
+def test_torchtitan_mixed_precision_is_read_not_passed_over(training, expected):
+    """A file's FSDP2 reduce dtype is the stack's gradient reduction (its memory and traffic); fp32 parameters are
+    refused by name, not simulated as bf16."""
+    from echo_plan.interop.launch import CannotImport
+
+    text = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nglobal_batch_size = 8\n'
+            + training + '\n[parallelism]\ndata_parallel_shard_degree = 8\n[activation_checkpoint]\nmode = "full"\n')
+    if isinstance(expected, str):
+        with pytest.raises(CannotImport, match=expected):
+            import_launch(text, "job.toml", load_stack(), gpus=8)
+        return
+    job = import_launch(text, "job.toml", load_stack(), gpus=8)
+    assert job.stack.grad_reduce_dtype.value == expected["reduce"]
+    assert f"{expected['reduce']} gradient reduction as the file sets" in job.notes[0]
+
+
+def test_a_step_inside_the_backward_is_said_to_be_simulated_after_it():
+    text = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\n[parallelism]\n'
+            'data_parallel_shard_degree = 8\n[activation_checkpoint]\nmode = "full"\n'
+            '[optimizer]\nearly_step_in_backward = true\n')
+    job = import_launch(text, "job.toml", load_stack(), gpus=8)
+    assert any(n.startswith("optimizer.early_step_in_backward") for n in job.notes)
+    assert not any("early_step" in n for n in import_launch(text.replace("true", "false"), "job.toml",
+                                                            load_stack(), gpus=8).notes)

@@ -35,6 +35,10 @@ FLAVOURS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "lla
 NEEDS_FSDP = "needs torchtitan's FSDP2: simulate the plan with --sharding parameters"
 NEEDS_TT = "simulate the plan with --stack torchtitan to export it"
 AC_MODES = {Recompute.NONE: "none", Recompute.FULL: "full"}
+REDUCE_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}  # training.mixed_precision_reduce -> grad_reduce_dtype
+EARLY_STEP_NOTE = ("optimizer.early_step_in_backward: the job steps each parameter's optimizer inside the backward; "
+                   "simulated as a step after it (the optimizer's time counted after the backward, the sharded "
+                   "gradients held until then): a little slower and fuller than the job")
 SCHEDULES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.GPIPE: "GPipe"}
 FLOAT8 = "quantize.linear.float8"  # torchtitan 0.2's converter name for torchao's float8 linears
 AUTOCAST_NOTE = ("torchtitan without FSDP keeps fp32 weights under bf16 autocast: 16 bytes per parameter for weights, "
@@ -247,6 +251,14 @@ def _imported_stack(doc: dict, base_stack: SoftwareSpec, source: str) -> tuple[S
     changes: dict[str, Any] = {"torch_compile": bool(doc.get("compile", {}).get("enable", False)),
                                "tp_comm_overlap": bool(doc.get("parallelism", {}).get("enable_async_tensor_parallel",
                                                                                       False))}
+    train = doc.get("training", {})
+    param = str(train.get("mixed_precision_param", "bfloat16"))
+    if param != "bfloat16":
+        raise CannotImport(source, "training.mixed_precision_param", param, "bfloat16 (fp32 training is not modelled)")
+    reduce = str(train.get("mixed_precision_reduce", "float32"))  # FSDP2's reduce dtype (0.2.2 takes float32 only)
+    if reduce not in REDUCE_DTYPES:
+        raise CannotImport(source, "training.mixed_precision_reduce", reduce, " or ".join(REDUCE_DTYPES))
+    changes["grad_reduce_dtype"] = REDUCE_DTYPES[reduce]
     converters = [str(c) for c in doc.get("model", {}).get("converters", [])]
     dtype = DType.BF16
     for conv in converters:
@@ -341,6 +353,8 @@ def import_torchtitan(text: str, source: str, base_stack: SoftwareSpec, gpus: in
     fields.update(_imported_checkpointing(doc, model, fields, stack, source))
     plan = PlanSpec.build(fields, context=source)
     notes = (f"simulated with stack {stack.name} (compile {stack.fused_elementwise}, async TP {stack.tp_comm_overlap} "
-             "as the file sets them)",) + (() if fsdp else (AUTOCAST_NOTE,))
+             f"and {stack.grad_reduce_dtype.value} gradient reduction as the file sets them)",) + (
+        () if fsdp else (AUTOCAST_NOTE,)) + ((EARLY_STEP_NOTE,) if doc.get("optimizer", {}).get(
+            "early_step_in_backward") else ())
     return LaunchJob(model=model, plan=plan, stack=stack, gpus=world,
                      gpus_per_node=int(launch.group(2)) if launch else None, source=source, notes=notes)
