@@ -206,3 +206,29 @@ def test_a_step_inside_the_backward_is_said_to_be_simulated_after_it():
     assert any(n.startswith("optimizer.early_step_in_backward") for n in job.notes)
     assert not any("early_step" in n for n in import_launch(text.replace("true", "false"), "job.toml",
                                                             load_stack(), gpus=8).notes)
+
+
+@pytest.mark.parametrize("section, expected", [
+    ('[compile]\nenable = true\ncomponents = ["model", "loss"]', ("torch_compiled", True)),
+    ('[compile]\nenable = true\ncomponents = ["model"]', ("torch", True)),  # the loss left eager
+    ('[compile]\nenable = false', ("torch", False)),
+    ('[compile]\nenable = true\ncomponents = ["loss"]', "a compiled loss beside eager blocks is not modelled"),
+    ('[compile]\nenable = true\ncomponents = ["model", "optimizer"]', "compile.components"),
+    ('[parallelism]\ntensor_parallel_degree = 2\ndisable_loss_parallel = true', "disable_loss_parallel"),
+])
+def test_what_torchtitan_compiles_and_where_its_loss_runs_are_read(section, expected):
+    from echo_plan.interop.launch import CannotImport
+
+    head = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nglobal_batch_size = 8\n'
+            '[activation_checkpoint]\nmode = "full"\n')
+    shard = "data_parallel_shard_degree = -1\n"  # the GPUs left over: 8, or 4 beside TP 2
+    if section.startswith("[parallelism]"):
+        text = head + section + "\n" + shard
+    else:
+        text = head + "[parallelism]\n" + shard + section + "\n"
+    if isinstance(expected, str):
+        with pytest.raises(CannotImport, match=expected):
+            import_launch(text, "job.toml", load_stack(), gpus=8)
+        return
+    stack = import_launch(text, "job.toml", load_stack(), gpus=8).stack
+    assert (stack.cross_entropy.value, stack.fused_elementwise) == expected

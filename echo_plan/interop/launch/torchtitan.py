@@ -248,9 +248,17 @@ def _degree(par: dict, knob: str, source: str, default: int = 1) -> int:
 def _imported_stack(doc: dict, base_stack: SoftwareSpec, source: str) -> tuple[SoftwareSpec, DType]:
     """The stack the file runs (the torchtitan preset unless the user's own shards parameters too) and its dtype."""
     stack = base_stack if base_stack.optimizer_sharding is OptimizerSharding.PARAMS else load_stack("torchtitan")
-    changes: dict[str, Any] = {"torch_compile": bool(doc.get("compile", {}).get("enable", False)),
+    compile_ = doc.get("compile", {})
+    parts = [str(c) for c in compile_.get("components", ["model", "loss"])]  # torchtitan 0.2's default: both
+    if not set(parts) <= {"model", "loss"} or (compile_.get("enable") and "model" not in parts):
+        raise CannotImport(source, "compile.components", parts, '["model", "loss"] or ["model"] (a compiled loss '
+                                                               'beside eager blocks is not modelled)')
+    compiled = bool(compile_.get("enable", False)) and "model" in parts
+    changes: dict[str, Any] = {"torch_compile": compiled,
                                "tp_comm_overlap": bool(doc.get("parallelism", {}).get("enable_async_tensor_parallel",
                                                                                       False))}
+    if compiled:  # the loss compiled with the blocks or not: what it keeps (cost/memory.py)
+        changes["cross_entropy"] = CrossEntropy.TORCH_COMPILED if "loss" in parts else CrossEntropy.TORCH
     train = doc.get("training", {})
     param = str(train.get("mixed_precision_param", "bfloat16"))
     if param != "bfloat16":
@@ -299,6 +307,9 @@ def import_torchtitan(text: str, source: str, base_stack: SoftwareSpec, gpus: in
     if key not in presets:
         raise CannotImport(source, "model.flavor", " ".join(key), "flavours with an echo-plan model: "
                            + ", ".join(f"{n} {f}" for n, f in FLAVOURS.values()))
+    if par.get("disable_loss_parallel") and _degree(par, "tensor_parallel_degree", source) > 1:
+        raise CannotImport(source, "parallelism.disable_loss_parallel", True, "the loss gathers the whole vocabulary "
+                           "on every tensor-parallel rank, which is not modelled (loss parallelism is)")
     if _degree(par, "expert_parallel_degree", source) > 1:
         raise CannotImport(source, "parallelism.expert_parallel_degree", par["expert_parallel_degree"],
                            "torchtitan's expert parallelism is not modelled here")
