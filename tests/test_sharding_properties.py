@@ -160,3 +160,28 @@ def test_fsdp2_keeps_its_sharded_gradients_in_fp32_whatever_the_reduce_dtype(env
     assert 0 < saved <= WORKING_BLOCKS * 0.25e9 * 2  # 2 bytes of the blocks in flight only (a block: < 0.25 B)
     assert grads["torchtitan", "bf16"] > model.num_params * 4 / 16  # the fp32 shards of all 8B over 16 ranks
     assert grads["deepspeed-zero3", "bf16"] < model.num_params * 4 / 16
+
+
+def test_a_step_inside_the_backward_frees_the_sharded_gradients_and_nothing_else(env):
+    """torchtitan's early_step_in_backward (stack optimizer_in_backward): FSDP2 runs each sharded parameter's
+    post-accumulate-grad hook, the optimizer step, right after its reduce-scatter, and the gradient is freed, so no
+    sharded gradients are held; the step itself is counted as before. Where torchtitan refuses it (a pipeline,
+    expert parallelism) or it would step per micro-batch, the plan is refused by name."""
+    from echo_plan.errors import SpecError
+
+    cache, memo = env
+    model, cluster = load_model("llama3-8b").replace(seq_length=2048), load_cluster("h100-gt", gpus=16)
+    plan = PlanSpec(dp=16, global_batch_size=16, sharding="parameters")
+    kept = simulate(model, cluster, plan, cache=cache, memo=memo, stack=load_stack("torchtitan"))
+    early = simulate(model, cluster, plan, cache=cache, memo=memo,
+                     stack=load_stack("torchtitan", {"optimizer_in_backward": True}))
+    freed = kept.memory[0].gradients_bytes - early.memory[0].gradients_bytes
+    assert freed == pytest.approx(model.num_params * 4 / 16, rel=0.01)  # the fp32 shards' gradients
+    assert early.step_time_s == kept.step_time_s
+    stack = load_stack("torchtitan", {"optimizer_in_backward": True})
+    for fields, knob in ((dict(dp=8, pp=2, global_batch_size=16), "pp"),
+                         (dict(dp=16, global_batch_size=32), "micro-batches per step"),
+                         (dict(dp=16, global_batch_size=16, sharding="optimizer"), "sharding")):
+        bad = PlanSpec(**{"sharding": "parameters", **fields})
+        with pytest.raises(SpecError, match=knob):
+            simulate(model, cluster, bad, cache=cache, memo=memo, stack=stack)

@@ -57,7 +57,7 @@ def fsdp_states(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, sharding:
     weights = dense * stored / shard + experts * stored / eshard
     # the sharded gradients take the sharded parameters' dtype whatever the reduce dtype (FSDP2's foreach_reduce
     # casts the reduce-scatter's output to it; FSDP1 likewise): fp32 where the shards are the fp32 masters
-    sharded_grad = stored or FP32_BYTES
+    sharded_grad = 0.0 if stack.optimizer_in_backward else stored or FP32_BYTES  # stepped and freed in the backward
     grads = dense * sharded_grad / sharding.gradient_shards() + experts * sharded_grad / \
         sharding.gradient_shards(True)
     if plan.pp > 1:

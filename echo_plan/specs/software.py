@@ -156,6 +156,13 @@ class SoftwareSpec(Spec):
                     "gradients into the reduce-scatter buffer in the reduce dtype (chunk_cat), both on the compute "
                     "stream; false: runtimes that gather into and reduce from the parameters' own buffers (FSDP1's "
                     "flat parameters, DeepSpeed ZeRO-3, Megatron's distributed optimizer)")
+    optimizer_in_backward: bool = Field(
+        default=False,
+        description="each parameter's optimizer step runs in the backward as soon as its sharded gradient is reduced, "
+                    "which is then freed (torchtitan's optimizer.early_step_in_backward): no sharded gradients held "
+                    "for the step; with FSDP, one micro-batch a step, no pipeline or expert parallelism, as torchtitan "
+                    "takes it. Its time is counted after the backward, as without it (JUDGEMENT: the same work on the "
+                    "same stream, a few ms a step)")
     optimizer_offload: OptimizerOffload = Field(
         default=OptimizerOffload.NONE,
         description="how the stack runs the optimizer on the CPU when a plan offloads it (--offload-optimizer): "

@@ -99,9 +99,27 @@ def check_fsdp2_offload(stack: SoftwareSpec, plan: PlanSpec) -> None:
                             "plan")
 
 
+def check_optimizer_in_backward(stack: SoftwareSpec, plan: PlanSpec) -> None:
+    """A step inside the backward (stack ``optimizer_in_backward``) as torchtitan runs it and as modelled: FSDP, one
+    micro-batch a step (it steps once per backward), no pipeline or expert parallelism (torchtitan refuses both)."""
+    if not stack.optimizer_in_backward:
+        return
+    for knob, value, ok, valid in (
+            ("sharding", getattr(plan.sharding, "value", None), plan.sharding is Sharding.PARAMETERS,
+             "parameters (modelled with FSDP)"),
+            ("pp", plan.pp, plan.pp == 1, "1 (torchtitan refuses it under a pipeline)"),
+            ("ep", plan.ep, plan.ep == 1, "1 (torchtitan refuses it with expert parallelism)"),
+            ("micro-batches per step", plan.num_microbatches, plan.num_microbatches == 1,
+             "1 (global batch = dp x micro-batch): it steps once per backward")):
+        if not ok:
+            raise SpecError(knob, value, f"{valid}, for stack {stack.name}'s optimizer step in the backward "
+                                         "(optimizer_in_backward)", "plan")
+
+
 def check_plan_supported(stack: SoftwareSpec, plan: PlanSpec) -> None:
     """:func:`check_stack_supports` for what ``plan`` asks of the stack (simulate, the search's pruning, the export)."""
     check_fsdp2_offload(stack, plan)
+    check_optimizer_in_backward(stack, plan)
     check_stack_supports(stack, sequence_parallel=plan.sequence_parallel, distributed_optimizer=plan.distributed_optimizer,
                          selective_recompute=plan.recompute is Recompute.SELECTIVE, cp=plan.cp, schedule=plan.schedule,
                          pp=plan.pp, tp=plan.tp, recompute_layers=plan.recompute_layers,

@@ -195,17 +195,23 @@ def test_torchtitan_mixed_precision_is_read_not_passed_over(training, expected):
         return
     job = import_launch(text, "job.toml", load_stack(), gpus=8)
     assert job.stack.grad_reduce_dtype.value == expected["reduce"]
-    assert f"{expected['reduce']} gradient reduction as the file sets" in job.notes[0]
+    assert f"{expected['reduce']} gradient reduction and the optimizer step after the backward" in job.notes[0]
 
 
-def test_a_step_inside_the_backward_is_said_to_be_simulated_after_it():
+def test_a_step_inside_the_backward_travels_both_ways():
+    """optimizer.early_step_in_backward is the stack's optimizer_in_backward: read, said in the note, and written
+    back; torchtitan's own parser takes the exported file."""
     text = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\n[parallelism]\n'
             'data_parallel_shard_degree = 8\n[activation_checkpoint]\nmode = "full"\n'
             '[optimizer]\nearly_step_in_backward = true\n')
     job = import_launch(text, "job.toml", load_stack(), gpus=8)
-    assert any(n.startswith("optimizer.early_step_in_backward") for n in job.notes)
-    assert not any("early_step" in n for n in import_launch(text.replace("true", "false"), "job.toml",
-                                                            load_stack(), gpus=8).notes)
+    assert job.stack.optimizer_in_backward and "optimizer step in the backward" in job.notes[0]
+    assert not import_launch(text.replace("true", "false"), "job.toml", load_stack(), gpus=8).stack.optimizer_in_backward
+    model, cluster = load_model("llama3-8b"), load_cluster("h100-gt", gpus=8)
+    out = export_launch(LaunchFormat.TORCHTITAN, model, job.plan, job.stack, cluster)
+    assert "[optimizer]\nearly_step_in_backward = true" in out.text
+    assert import_launch(out.text, "job.toml", load_stack()).stack.optimizer_in_backward
+    assert "early_step" not in export_launch(LaunchFormat.TORCHTITAN, model, job.plan, TT, cluster).text
 
 
 @pytest.mark.parametrize("section, expected", [

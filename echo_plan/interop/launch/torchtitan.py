@@ -36,9 +36,6 @@ NEEDS_FSDP = "needs torchtitan's FSDP2: simulate the plan with --sharding parame
 NEEDS_TT = "simulate the plan with --stack torchtitan to export it"
 AC_MODES = {Recompute.NONE: "none", Recompute.FULL: "full"}
 REDUCE_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}  # training.mixed_precision_reduce -> grad_reduce_dtype
-EARLY_STEP_NOTE = ("optimizer.early_step_in_backward: the job steps each parameter's optimizer inside the backward; "
-                   "simulated as a step after it (the optimizer's time counted after the backward, the sharded "
-                   "gradients held until then): a little slower and fuller than the job")
 SCHEDULES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.GPIPE: "GPipe"}
 FLOAT8 = "quantize.linear.float8"  # torchtitan 0.2's converter name for torchao's float8 linears
 AUTOCAST_NOTE = ("torchtitan without FSDP keeps fp32 weights under bf16 autocast: 16 bytes per parameter for weights, "
@@ -224,6 +221,8 @@ def export_torchtitan(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, clu
                   f"pipeline_parallel_microbatch_size = {plan.micro_batch_size}",
                   "module_fqns_per_model_part = [" + ", ".join(
                       "[" + ", ".join(f'"{m}"' for m in part) + "]" for part in _parts(model, plan)) + "]"]
+    if stack.optimizer_in_backward:
+        lines += ["[optimizer]", "early_step_in_backward = true"]
     lines += ["[activation_checkpoint]"] + _checkpointing(model, plan) + [
               "[compile]", f"enable = {str(stack.fused_elementwise).lower()}", 'components = ["model", "loss"]']
     if plan.dtype is DType.FP8:
@@ -267,6 +266,7 @@ def _imported_stack(doc: dict, base_stack: SoftwareSpec, source: str) -> tuple[S
     if reduce not in REDUCE_DTYPES:
         raise CannotImport(source, "training.mixed_precision_reduce", reduce, " or ".join(REDUCE_DTYPES))
     changes["grad_reduce_dtype"] = REDUCE_DTYPES[reduce]
+    changes["optimizer_in_backward"] = bool(doc.get("optimizer", {}).get("early_step_in_backward", False))
     converters = [str(c) for c in doc.get("model", {}).get("converters", [])]
     dtype = DType.BF16
     for conv in converters:
@@ -363,9 +363,9 @@ def import_torchtitan(text: str, source: str, base_stack: SoftwareSpec, gpus: in
             fields["layer_split"] = counts
     fields.update(_imported_checkpointing(doc, model, fields, stack, source))
     plan = PlanSpec.build(fields, context=source)
-    notes = (f"simulated with stack {stack.name} (compile {stack.fused_elementwise}, async TP {stack.tp_comm_overlap} "
-             f"and {stack.grad_reduce_dtype.value} gradient reduction as the file sets them)",) + (
-        () if fsdp else (AUTOCAST_NOTE,)) + ((EARLY_STEP_NOTE,) if doc.get("optimizer", {}).get(
-            "early_step_in_backward") else ())
+    notes = (f"simulated with stack {stack.name} (compile {stack.fused_elementwise}, async TP {stack.tp_comm_overlap}, "
+             f"{stack.grad_reduce_dtype.value} gradient reduction and the optimizer step "
+             f"{'in' if stack.optimizer_in_backward else 'after'} the backward as the file sets them)",) + (
+        () if fsdp else (AUTOCAST_NOTE,))
     return LaunchJob(model=model, plan=plan, stack=stack, gpus=world,
                      gpus_per_node=int(launch.group(2)) if launch else None, source=source, notes=notes)
