@@ -178,6 +178,10 @@ def test_a_step_inside_the_backward_frees_the_sharded_gradients_and_nothing_else
     freed = kept.memory[0].gradients_bytes - early.memory[0].gradients_bytes
     assert freed == pytest.approx(model.num_params * 4 / 16, rel=0.01)  # the fp32 shards' gradients
     assert early.step_time_s == kept.step_time_s
+    named = PlanSpec(dp=16, global_batch_size=16, distributed_optimizer=True)  # the stack's own level: FSDP here
+    assert simulate(model, cluster, named, cache=cache, memo=memo,
+                    stack=load_stack("torchtitan", {"optimizer_in_backward": True})).memory[0].gradients_bytes == \
+        early.memory[0].gradients_bytes
     stack = load_stack("torchtitan", {"optimizer_in_backward": True})
     for fields, knob in ((dict(dp=8, pp=2, global_batch_size=16), "pp"),
                          (dict(dp=16, global_batch_size=32), "micro-batches per step"),

@@ -104,9 +104,10 @@ def check_optimizer_in_backward(stack: SoftwareSpec, plan: PlanSpec) -> None:
     micro-batch a step (it steps once per backward), no pipeline or expert parallelism (torchtitan refuses both)."""
     if not stack.optimizer_in_backward:
         return
+    fsdp = plan.sharding is Sharding.PARAMETERS or (  # named, or the stack's own level under --distributed-optimizer
+        plan.sharding is None and plan.distributed_optimizer and stack.optimizer_sharding is OptimizerSharding.PARAMS)
     for knob, value, ok, valid in (
-            ("sharding", getattr(plan.sharding, "value", None), plan.sharding is Sharding.PARAMETERS,
-             "parameters (modelled with FSDP)"),
+            ("sharding", getattr(plan.sharding, "value", None), fsdp, "parameters (modelled with FSDP)"),
             ("pp", plan.pp, plan.pp == 1, "1 (torchtitan refuses it under a pipeline)"),
             ("ep", plan.ep, plan.ep == 1, "1 (torchtitan refuses it with expert parallelism)"),
             ("micro-batches per step", plan.num_microbatches, plan.num_microbatches == 1,
