@@ -17,7 +17,7 @@ from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
 from echo_plan.specs.plan import balanced_split, PlanSpec, Recompute, Schedule, Sharding, schedule_rule
 from echo_plan.specs.plan_checks import validate_plan
-from echo_plan.specs.software import SoftwareSpec
+from echo_plan.specs.software import OptimizerSharding, SoftwareSpec
 from echo_plan.specs.software_checks import check_plan_supported, check_precision
 from echo_plan.search.space import Knob, SearchSpace
 from echo_plan.cost.memory import estimate_memory, load_memory_constants
@@ -75,6 +75,11 @@ class Verdict:
     detail: str = ""
     memory: tuple[StageMemory, ...] = ()
     same_as: int | None = None  # for a duplicate: the index of the first combination with its plan
+
+
+# a stack's sharded level that a plan names (Megatron's own, the optimizer states, stays distributed_optimizer)
+_NAMED_LEVEL = {OptimizerSharding.STATES_AND_GRADS: Sharding.GRADIENTS.value,
+                OptimizerSharding.PARAMS: Sharding.PARAMETERS.value}
 
 
 def canonical(combo: dict[str, Any], dp: int | None = None) -> dict[str, Any]:
@@ -197,6 +202,13 @@ class Pruner:
                 fields.pop(k, None)
         if not fields.get("shard_degree"):
             fields.pop("shard_degree", None)  # 0: the whole data-parallel group
+        if fields.get("sharding") is None and fields.get("distributed_optimizer") and self.stack is not None:
+            # the stack's own level named when it is more than the optimizer's (a space written for Megatron, such
+            # as long-context, on a ZeRO-2 or FSDP stack): the plan then reads as what it runs ("fsdp", not
+            # "dist-opt") in every label, report and export
+            level = _NAMED_LEVEL.get(self.stack.optimizer_sharding)
+            if level is not None:
+                fields["sharding"] = level
         if fields.get("sharding") is None:
             fields.pop("sharding", None)
         if fields.get("dp_comm", "dense") == "dense":

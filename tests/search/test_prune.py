@@ -338,3 +338,15 @@ def test_a_simulated_plan_counts_under_the_share_its_candidate_asked_for():
     stats = knob_stats(pruned, trials)
     assert sum(row["evaluated"] for row in stats["recompute_layers"].values()) == len(plans) >= 4
     assert stats["recompute_layers"]["1/4"]["evaluated"] == stats["recompute_layers"]["1/4"]["valid"] >= 1
+
+
+def test_a_megatron_space_on_an_fsdp_stack_names_the_stacks_level():
+    """A space written with distributed_optimizer (long-context) on a stack that shards parameters makes plans that
+    say so (sharding parameters: 'fsdp' in every label), the same plans as before; on Megatron-Core the optimizer's
+    level stays the distributed optimizer's name."""
+    space = space_from_mapping({"knobs": {"tp": [1, 2]}, "fixed": {"distributed_optimizer": True}})
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=16)
+    fsdp = [v.plan for v in prune_space(Pruner(model, cluster, 32, space, stack=load_stack("torchtitan"))).valid]
+    assert fsdp and all(p.sharding.value == "parameters" and "fsdp" in p.short() for p in fsdp)
+    mcore = [v.plan for v in prune_space(Pruner(model, cluster, 32, space, stack=load_stack("megatron-core"))).valid]
+    assert mcore and all(p.sharding is None and "dist-opt" in p.short() for p in mcore)
