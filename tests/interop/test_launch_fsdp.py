@@ -238,3 +238,22 @@ def test_what_torchtitan_compiles_and_where_its_loss_runs_are_read(section, expe
         return
     stack = import_launch(text, "job.toml", load_stack(), gpus=8).stack
     assert (stack.cross_entropy.value, stack.fused_elementwise) == expected
+
+
+@pytest.mark.parametrize("method, cp_comm", [(None, "all_gather"), ("allgather", "all_gather"), ("alltoall", "p2p"),
+                                             ("ring", None)])
+def test_the_context_parallel_rotate_method_is_read_and_written(method, cp_comm):
+    from echo_plan.interop.launch import CannotImport
+
+    text = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 32768\n'
+            '[parallelism]\ndata_parallel_shard_degree = 4\ncontext_parallel_degree = 2\n'
+            + (f'context_parallel_rotate_method = "{method}"\n' if method else "")
+            + '[activation_checkpoint]\nmode = "full"\n')
+    if cp_comm is None:
+        with pytest.raises(CannotImport, match="allgather or alltoall"):
+            import_launch(text, "job.toml", load_stack(), gpus=8)
+        return
+    job = import_launch(text, "job.toml", load_stack(), gpus=8)
+    assert job.stack.cp_comm.value == cp_comm
+    out = export_launch(LaunchFormat.TORCHTITAN, job.model, job.plan, job.stack, load_cluster("h100-gt", gpus=8))
+    assert import_launch(out.text, "job.toml", load_stack()).stack.cp_comm.value == cp_comm

@@ -36,6 +36,7 @@ NEEDS_FSDP = "needs torchtitan's FSDP2: simulate the plan with --sharding parame
 NEEDS_TT = "simulate the plan with --stack torchtitan to export it"
 AC_MODES = {Recompute.NONE: "none", Recompute.FULL: "full"}
 REDUCE_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}  # training.mixed_precision_reduce -> grad_reduce_dtype
+ROTATE_METHODS = {"allgather": "all_gather", "alltoall": "p2p"}  # context_parallel_rotate_method -> cp_comm
 SCHEDULES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.GPIPE: "GPipe"}
 FLOAT8 = "quantize.linear.float8"  # torchtitan 0.2's converter name for torchao's float8 linears
 AUTOCAST_NOTE = ("torchtitan without FSDP keeps fp32 weights under bf16 autocast: 16 bytes per parameter for weights, "
@@ -215,7 +216,8 @@ def export_torchtitan(model: ModelSpec, plan: PlanSpec, stack: SoftwareSpec, clu
     if plan.tp > 1:
         lines.append(f"enable_async_tensor_parallel = {str(stack.tp_comm_overlap).lower()}")
     if plan.cp > 1:
-        lines.append(f'context_parallel_rotate_method = "{"allgather" if stack.cp_comm.value == "all_gather" else "alltoall"}"')
+        method = {v: k for k, v in ROTATE_METHODS.items()}[stack.cp_comm.value]
+        lines.append(f'context_parallel_rotate_method = "{method}"')
     if plan.pp > 1:
         lines += [f'pipeline_parallel_schedule = "{SCHEDULES[plan.schedule]}"',
                   f"pipeline_parallel_microbatch_size = {plan.micro_batch_size}",
@@ -267,6 +269,10 @@ def _imported_stack(doc: dict, base_stack: SoftwareSpec, source: str) -> tuple[S
         raise CannotImport(source, "training.mixed_precision_reduce", reduce, " or ".join(REDUCE_DTYPES))
     changes["grad_reduce_dtype"] = REDUCE_DTYPES[reduce]
     changes["optimizer_in_backward"] = bool(doc.get("optimizer", {}).get("early_step_in_backward", False))
+    rotate = str(doc.get("parallelism", {}).get("context_parallel_rotate_method", "allgather"))  # torchtitan's default
+    if rotate not in ROTATE_METHODS:
+        raise CannotImport(source, "parallelism.context_parallel_rotate_method", rotate, " or ".join(ROTATE_METHODS))
+    changes["cp_comm"] = ROTATE_METHODS[rotate]
     converters = [str(c) for c in doc.get("model", {}).get("converters", [])]
     dtype = DType.BF16
     for conv in converters:
