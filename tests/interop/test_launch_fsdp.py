@@ -257,3 +257,28 @@ def test_the_context_parallel_rotate_method_is_read_and_written(method, cp_comm)
     assert job.stack.cp_comm.value == cp_comm
     out = export_launch(LaunchFormat.TORCHTITAN, job.model, job.plan, job.stack, load_cluster("h100-gt", gpus=8))
     assert import_launch(out.text, "job.toml", load_stack()).stack.cp_comm.value == cp_comm
+
+
+@pytest.mark.parametrize("par, vpp, split", [
+    ('pipeline_parallel_degree = 2', 1, None),  # 32 layers + 2: 17 and 17, one less at each end: even
+    ('pipeline_parallel_degree = 4', 1, (8, 9, 8, 7)),  # 34 over 4: 9, 9, 8, 8, the ends one less
+    ('pipeline_parallel_degree = 2\npipeline_parallel_schedule = "Interleaved1F1B"', 2, (8, 9, 8, 7)),
+    ('pipeline_parallel_degree = 2\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+     'pipeline_parallel_layers_per_stage = 3', 6, (2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 1)),  # 12 stages of 34 / 3
+    ('pipeline_parallel_degree = 2\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+     'pipeline_parallel_layers_per_stage = 4', None, "9 stages over pp 2"),  # torchtitan refuses it too
+    ('pipeline_parallel_degree = 2\npipeline_parallel_layers_per_stage = 4', None, "exactly 1 a rank"),
+])
+def test_a_pipeline_without_module_lists_is_split_as_torchtitan_splits_it(par, vpp, split):
+    """torchtitan 0.2 without module_fqns_per_model_part: pp stages (2 a rank when looped, or as many as
+    pipeline_parallel_layers_per_stage makes), the embedding and the output counted as a layer each."""
+    from echo_plan.interop.launch import CannotImport
+
+    text = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 8\n[parallelism]\n'
+            'data_parallel_shard_degree = -1\n' + par + '\n[activation_checkpoint]\nmode = "full"\n')
+    if isinstance(split, str):
+        with pytest.raises(CannotImport, match=split):
+            import_launch(text, "job.toml", load_stack(), gpus=8)
+        return
+    plan = import_launch(text, "job.toml", load_stack(), gpus=8).plan
+    assert plan.virtual_stages == vpp and plan.layer_split == split

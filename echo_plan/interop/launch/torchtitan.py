@@ -288,18 +288,35 @@ def _imported_stack(doc: dict, base_stack: SoftwareSpec, source: str) -> tuple[S
     return stack.replace(**changes), dtype
 
 
-def _split(par: dict, pp: int, source: str) -> tuple[int, tuple[int, ...] | None]:
-    """(virtual stages per rank, layers per virtual stage or None) from module_fqns_per_model_part."""
+def _split(par: dict, pp: int, layers: int, source: str) -> tuple[int, tuple[int, ...] | None]:
+    """(virtual stages per rank, layers per virtual stage) from module_fqns_per_model_part, or as torchtitan 0.2 splits
+    without it (``pipeline_parallel.py``): pp stages, or 2 a rank for a looped schedule, or as many as
+    pipeline_parallel_layers_per_stage makes of the layers with the embedding and the output counted as
+    pipeline_parallel_first/last_stage_less_layers layers (1 each), spread evenly, the remainder to the first."""
     parts = par.get("module_fqns_per_model_part")
-    if not parts:
-        if par.get("pipeline_parallel_schedule", "1F1B") not in ("1F1B", "GPipe"):
-            raise CannotImport(source, "parallelism.module_fqns_per_model_part", None, "a looped schedule's stages "
-                               "per rank: give the module lists")
-        return 1, None
-    if len(parts) % pp:
-        raise CannotImport(source, "parallelism.module_fqns_per_model_part", len(parts), f"a multiple of pp {pp} parts")
-    counts = tuple(sum(1 for m in part if re.fullmatch(r"layers\.\d+", str(m))) for part in parts)
-    return len(parts) // pp, counts
+    if parts:
+        if len(parts) % pp:
+            raise CannotImport(source, "parallelism.module_fqns_per_model_part", len(parts),
+                               f"a multiple of pp {pp} parts")
+        counts = tuple(sum(1 for m in part if re.fullmatch(r"layers\.\d+", str(m))) for part in parts)
+        return len(parts) // pp, counts
+    first, last = (_degree(par, f"pipeline_parallel_{k}_stage_less_layers", source, 1) for k in ("first", "last"))
+    looped = par.get("pipeline_parallel_schedule", "1F1B") not in ("1F1B", "GPipe")
+    per_stage = par.get("pipeline_parallel_layers_per_stage")
+    stages = pp * (2 if looped else 1) if per_stage is None else -(-(layers + first + last) //
+                                                                    _degree(par, "pipeline_parallel_layers_per_stage",
+                                                                            source))
+    if stages % pp or (stages // pp > 1) != looped:
+        raise CannotImport(source, "parallelism.pipeline_parallel_layers_per_stage", per_stage, f"a stage count that "
+                           f"is {'2 or more' if looped else 'exactly 1'} a rank for this schedule ({stages} stages "
+                           f"over pp {pp})")
+    base, extra = divmod(layers + first + last, stages)
+    counts = [base + (i < extra) for i in range(stages)]
+    counts[0], counts[-1] = counts[0] - first, counts[-1] - last
+    if min(counts) < 1:
+        raise CannotImport(source, "parallelism.pipeline_parallel_degree", pp, f"stages that each hold a layer "
+                           f"({layers} layers over {stages} stages with the embedding and output counted)")
+    return stages // pp, tuple(counts)
 
 
 def import_torchtitan(text: str, source: str, base_stack: SoftwareSpec, gpus: int | None = None) -> LaunchJob:
@@ -363,7 +380,7 @@ def import_torchtitan(text: str, source: str, base_stack: SoftwareSpec, gpus: in
         if sched is None:
             raise CannotImport(source, "parallelism.pipeline_parallel_schedule", par["pipeline_parallel_schedule"],
                                ", ".join(SCHEDULES.values()))
-        vpp, counts = _split(par, pp, source)
+        vpp, counts = _split(par, pp, model.num_layers, source)
         fields.update(schedule=sched, virtual_stages=vpp)
         if counts is not None and len(set(counts)) > 1:
             fields["layer_split"] = counts
