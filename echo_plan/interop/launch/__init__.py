@@ -19,7 +19,8 @@ from echo_plan.interop.launch.megatron_bridge import export_megatron_bridge, imp
 from echo_plan.interop.launch.megatron_lm import (
     export_megatron_lm, import_argument_dump, import_megatron_lm, parse_argument_dump,
 )
-from echo_plan.interop.launch.torchtitan import export_torchtitan, import_torchtitan
+from echo_plan.interop.launch.torchtitan import export_torchtitan
+from echo_plan.interop.launch.torchtitan_import import import_torchtitan
 from echo_plan.specs import ClusterSpec, ModelSpec, PlanSpec, SoftwareSpec
 
 __all__ = ["CannotExpress", "CannotImport", "LaunchExport", "LaunchFormat", "LaunchJob", "canonical_plan",
