@@ -176,14 +176,14 @@ def default_space_path_for(model: Any, stack: Any = None) -> Path:
     """The default space for ``model``: ``moe.yaml`` for a mixture of experts, ``long-context.yaml``
     for a dense model whose sequence is longer than 16K tokens (context parallelism as a knob),
     ``fsdp.yaml`` for a dense model on a stack whose data parallelism shards parameters (torchtitan,
-    DeepSpeed ZeRO-3), else ``default.yaml``."""
+    DeepSpeed ZeRO-3) and ``fsdp-long-context.yaml`` for such a model and stack above 16K tokens, else
+    ``default.yaml``."""
     if getattr(model, "is_moe", False):
         return spaces_dir() / "moe.yaml"
+    fsdp = getattr(getattr(stack, "optimizer_sharding", None), "value", None) == "params"
     if getattr(model, "seq_length", 0) > LONG_CONTEXT_SEQ:
-        return spaces_dir() / "long-context.yaml"
-    if getattr(getattr(stack, "optimizer_sharding", None), "value", None) == "params":
-        return spaces_dir() / "fsdp.yaml"
-    return spaces_dir() / "default.yaml"
+        return spaces_dir() / ("fsdp-long-context.yaml" if fsdp else "long-context.yaml")
+    return spaces_dir() / ("fsdp.yaml" if fsdp else "default.yaml")
 
 
 def load_space(path: str | Path | None = None) -> SearchSpace:

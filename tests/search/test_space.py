@@ -9,12 +9,28 @@ from echo_plan.search.space import Knob, load_space, space_from_mapping, spaces_
 
 
 def test_shipped_spaces_load_and_enumerate_their_size():
-    for name in ("default", "narrow-example"):
+    for name in ("default", "narrow-example", "moe", "long-context", "fsdp", "fsdp-long-context"):
         space = load_space(spaces_dir() / f"{name}.yaml")
         combos = list(space.combos())
         assert len(combos) == space.size
         assert len({tuple(c.values()) for c in combos}) == space.size  # no repeats
         assert all(set(c) == {k.value for k in Knob} for c in combos)
+
+
+def test_the_default_space_follows_the_model_the_sequence_and_the_stack():
+    """A stack that shards parameters gets the FSDP spaces, with context parallelism above 16K tokens; its plans
+    shard parameters there too (the long-context space is Megatron's)."""
+    from echo_plan.search.space import default_space_path_for
+    from echo_plan.specs import load_model, load_stack
+
+    dense, tt, mc = load_model("llama3-8b"), load_stack("torchtitan"), load_stack("megatron-core")
+    long = dense.replace(seq_length=65536)
+    picked = {(m.seq_length, s.name): default_space_path_for(m, s).stem for m in (dense, long) for s in (tt, mc)}
+    assert picked == {(8192, "torchtitan"): "fsdp", (8192, "megatron-core"): "default",
+                      (65536, "torchtitan"): "fsdp-long-context", (65536, "megatron-core"): "long-context"}
+    assert default_space_path_for(load_model("mixtral-8x7b"), tt).stem == "moe"
+    space = load_space(spaces_dir() / "fsdp-long-context.yaml")
+    assert space.values(Knob.SHARDING) == ("parameters",) and len(space.values(Knob.CP)) > 1
 
 
 def test_narrow_example_is_inside_the_default_space():
