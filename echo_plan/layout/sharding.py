@@ -29,6 +29,11 @@ _STACK_LEVEL = {OptimizerSharding.STATES: Sharding.OPTIMIZER, OptimizerSharding.
                 OptimizerSharding.PARAMS: Sharding.PARAMETERS}
 
 
+def stack_level(stack: SoftwareSpec | None) -> Sharding:
+    """What ``distributed_optimizer`` shards on ``stack`` when a plan names no level (None: the optimizer states)."""
+    return Sharding.OPTIMIZER if stack is None else _STACK_LEVEL.get(stack.optimizer_sharding, Sharding.OPTIMIZER)
+
+
 @dataclass(frozen=True, slots=True)
 class DataParallelSharding:
     level: ShardLevel
@@ -55,8 +60,7 @@ class DataParallelSharding:
         if plan.sharding is not None:
             level = plan.sharding
         else:
-            level = _STACK_LEVEL.get(stack.optimizer_sharding, Sharding.OPTIMIZER) if stack is not None \
-                else Sharding.OPTIMIZER
+            level = stack_level(stack)
         degree = plan.shard_group_size
         if degree == 1:  # shards of one rank: every rank holds its whole state, all-reduced (plain DDP)
             return cls(ShardLevel.NONE, 1, 1, bf16_buffers=bf16)

@@ -114,41 +114,22 @@ def constant_knobs(plans: Sequence[dict[str, Any]]) -> list[tuple[Knob, str]]:
 
 
 def _spec(plan: dict[str, Any]) -> Any:
-    """The plan as a PlanSpec, or None for a mapping that is not one (a result of another version)."""
+    """The plan as a PlanSpec, from the fields PlanSpec knows (a result of another version may carry others), or
+    None for a mapping that is no plan."""
     try:
-        return PlanSpec.model_validate(plan)
+        return PlanSpec.model_validate({k: v for k, v in plan.items() if k in PlanSpec.model_fields})
     except (ValidationError, ValueError, TypeError):
         return None
 
 
 def short_label(plan: dict[str, Any]) -> str:
     """A compact label like ``tp8 pp4 dp3 mbs1 vpp2 sel-recompute sp dist-opt``: PlanSpec.short, the label
-    simulate and search print; for a mapping PlanSpec cannot read, the same from its fields."""
+    simulate and search print; for a mapping that is no plan, its degrees and micro-batch."""
     spec = _spec(plan)
     if spec is not None:
         return spec.short()
-    cp = int(plan.get("cp") or 1)
-    parts = [f"tp{plan.get('tp', 1)}"] + ([f"cp{cp}"] if cp > 1 else []) + [
-        f"pp{plan.get('pp', 1)}", f"dp{plan.get('dp', 1)}", f"mbs{plan.get('micro_batch_size', 1)}"]
-    if int(plan.get("virtual_stages") or 1) > 1:
-        parts.append(f"vpp{plan['virtual_stages']}")
-    if plan.get("schedule") == "gpipe":
-        parts.append("gpipe")
-    recompute = plan.get("recompute", "none")
-    if recompute and recompute != "none":
-        parts.append(f"{recompute}-recompute" if recompute != "selective" else "sel-recompute")
-    ep, etp, tp = int(plan.get("ep") or 1), plan.get("etp"), int(plan.get("tp", 1))
-    if ep > 1 or (etp is not None and int(etp) != tp):
-        parts.append(f"ep{ep}" + (f" etp{etp}" if etp is not None and int(etp) != tp else ""))
-    if float(plan.get("expert_imbalance") or 1.0) > 1.0:
-        parts.append(f"imb{float(plan['expert_imbalance']):g}")
-    if plan.get("dp_comm") not in (None, "dense"):
-        parts.append(f"{plan['dp_comm']}@{float(plan.get('density', 1.0)):g}")
-    if plan.get("sequence_parallel"):
-        parts.append("sp")
-    if plan.get("distributed_optimizer"):
-        parts.append("dist-opt")
-    return " ".join(parts)
+    return " ".join(f"{name}{plan.get(key, 1)}" for name, key in
+                    (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("mbs", "micro_batch_size")))
 
 
 def num_microbatches(plan: dict[str, Any]) -> int | None:

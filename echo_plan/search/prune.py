@@ -15,12 +15,14 @@ from echo_plan.errors import EchoPlanError, SpecError
 from echo_plan.cost.stage_memory import StageMemory
 from echo_plan.specs.cluster import ClusterSpec
 from echo_plan.specs.model import ModelSpec
-from echo_plan.specs.plan import balanced_split, PlanSpec, Recompute, Schedule, Sharding, schedule_rule
+from echo_plan.specs.plan import (balanced_split, every_nth_layer, PlanSpec, Recompute, Schedule, Sharding,
+                                  schedule_rule)
 from echo_plan.specs.plan_checks import validate_plan
-from echo_plan.specs.software import OptimizerSharding, SoftwareSpec
+from echo_plan.specs.software import SoftwareSpec
 from echo_plan.specs.software_checks import check_plan_supported, check_precision
 from echo_plan.search.space import Knob, SearchSpace
 from echo_plan.cost.memory import estimate_memory, load_memory_constants
+from echo_plan.layout.sharding import stack_level
 from echo_plan.search.activation_scale import TracedActivationScale
 from echo_plan.specs.presets import load_stack
 from echo_plan.trace.cache import TraceCache
@@ -77,11 +79,6 @@ class Verdict:
     same_as: int | None = None  # for a duplicate: the index of the first combination with its plan
 
 
-# a stack's sharded level that a plan names (Megatron's own, the optimizer states, stays distributed_optimizer)
-_NAMED_LEVEL = {OptimizerSharding.STATES_AND_GRADS: Sharding.GRADIENTS.value,
-                OptimizerSharding.PARAMS: Sharding.PARAMETERS.value}
-
-
 def canonical(combo: dict[str, Any], dp: int | None = None) -> dict[str, Any]:
     """The combination with settings that change nothing normalised, so equal plans compare equal.
 
@@ -129,10 +126,11 @@ def _resolve_layer_share(fields: dict[str, Any], layers: int, chunks: int) -> st
     not the every-n-th-layer checkpointing it stands for)."""
     n = int(str(fields["recompute_layers"]).split("/")[1])
     sizes = set(fields.get("layer_split") or ()) or ({layers // chunks} if layers % chunks == 0 else set())
-    if len(sizes) != 1 or next(iter(sizes)) % n:
+    count = every_nth_layer(sizes, n)
+    if count is None:
         have = ", ".join(map(str, sorted(sizes))) if sizes else f"{layers} layers over {chunks}"
         return f"recompute_layers 1/{n}: every {n}-th layer is no whole count of each model chunk ({have})"
-    fields["recompute_layers"] = next(iter(sizes)) // n
+    fields["recompute_layers"] = count
     return None
 
 
@@ -206,9 +204,9 @@ class Pruner:
             # the stack's own level named when it is more than the optimizer's (a space written for Megatron, such
             # as long-context, on a ZeRO-2 or FSDP stack): the plan then reads as what it runs ("fsdp", not
             # "dist-opt") in every label, report and export
-            level = _NAMED_LEVEL.get(self.stack.optimizer_sharding)
-            if level is not None:
-                fields["sharding"] = level
+            level = stack_level(self.stack)  # Megatron's own, the optimizer states, stays distributed_optimizer
+            if level is not Sharding.OPTIMIZER:
+                fields["sharding"] = level.value
         if fields.get("sharding") is None:
             fields.pop("sharding", None)
         if fields.get("dp_comm", "dense") == "dense":

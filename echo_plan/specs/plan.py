@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Iterable
 
 from pydantic import Field, model_validator
 
@@ -330,3 +331,13 @@ def balanced_split(num_layers: int, pp: int) -> tuple[int, ...]:
     for i in order[:short]:
         split[i] -= 1
     return tuple(split)
+
+
+def every_nth_layer(chunk_layers: Iterable[int], n: int) -> int | None:
+    """``recompute_layers`` of checkpointing every n-th layer (torchtitan's layer checkpointing, a search space's
+    "1/n"): each chunk's layers / n, or None where the chunks differ in length or n divides them not (a plan
+    recomputes one count of every chunk)."""
+    sizes = set(chunk_layers)
+    if len(sizes) != 1 or n < 1 or next(iter(sizes)) % n:
+        return None
+    return next(iter(sizes)) // n

@@ -81,22 +81,27 @@ def check_stack_supports(stack: SoftwareSpec, *, sequence_parallel: bool, distri
                         "(its recompute_modules is empty); use none or full", context)
 
 
+def _require(rows: tuple[tuple[str, Any, bool, str], ...], why: str) -> None:
+    """Raise for the first (knob, value, ok, valid values) row not ok: ``knob=value is invalid: valid, why``."""
+    for knob, value, ok, valid in rows:
+        if not ok:
+            raise SpecError(knob, value, f"{valid}, {why}", "plan")
+
+
 def check_fsdp2_offload(stack: SoftwareSpec, plan: PlanSpec) -> None:
     """FSDP2's CPUOffloadPolicy as modelled: the parameters sharded, the whole state on the host, one micro-batch a
     step and no pipeline (with more, FSDP2 accumulates each gradient on the CPU, blocking, in the backward pass:
     not modelled)."""
     if not (plan.offload_optimizer and stack.optimizer_offload is OptimizerOffload.FSDP2):
         return
-    for knob, value, ok, valid in (
-            ("sharding", getattr(plan.sharding, "value", None), plan.sharding in (None, Sharding.PARAMETERS),
-             "parameters (FSDP2 offloads its sharded parameters with their optimizer states)"),
-            ("pp", plan.pp, plan.pp == 1, "1: under a pipeline FSDP2 accumulates gradients on the CPU, not modelled"),
-            ("micro-batches per step", plan.num_microbatches, plan.num_microbatches == 1,
-             "1 (global batch = dp x micro-batch): with gradient accumulation FSDP2 adds each micro-batch's "
-             "gradients on the CPU, blocking, which is not modelled")):
-        if not ok:
-            raise SpecError(knob, value, f"{valid}, to offload with stack {stack.name}'s FSDP2 CPUOffloadPolicy",
-                            "plan")
+    _require((
+        ("sharding", getattr(plan.sharding, "value", None), plan.sharding in (None, Sharding.PARAMETERS),
+         "parameters (FSDP2 offloads its sharded parameters with their optimizer states)"),
+        ("pp", plan.pp, plan.pp == 1, "1: under a pipeline FSDP2 accumulates gradients on the CPU, not modelled"),
+        ("micro-batches per step", plan.num_microbatches, plan.num_microbatches == 1,
+         "1 (global batch = dp x micro-batch): with gradient accumulation FSDP2 adds each micro-batch's "
+         "gradients on the CPU, blocking, which is not modelled")),
+        f"to offload with stack {stack.name}'s FSDP2 CPUOffloadPolicy")
 
 
 def check_optimizer_in_backward(stack: SoftwareSpec, plan: PlanSpec) -> None:
@@ -106,15 +111,13 @@ def check_optimizer_in_backward(stack: SoftwareSpec, plan: PlanSpec) -> None:
         return
     fsdp = plan.sharding is Sharding.PARAMETERS or (  # named, or the stack's own level under --distributed-optimizer
         plan.sharding is None and plan.distributed_optimizer and stack.optimizer_sharding is OptimizerSharding.PARAMS)
-    for knob, value, ok, valid in (
-            ("sharding", getattr(plan.sharding, "value", None), fsdp, "parameters (modelled with FSDP)"),
-            ("pp", plan.pp, plan.pp == 1, "1 (torchtitan refuses it under a pipeline)"),
-            ("ep", plan.ep, plan.ep == 1, "1 (torchtitan refuses it with expert parallelism)"),
-            ("micro-batches per step", plan.num_microbatches, plan.num_microbatches == 1,
-             "1 (global batch = dp x micro-batch): it steps once per backward")):
-        if not ok:
-            raise SpecError(knob, value, f"{valid}, for stack {stack.name}'s optimizer step in the backward "
-                                         "(optimizer_in_backward)", "plan")
+    _require((
+        ("sharding", getattr(plan.sharding, "value", None), fsdp, "parameters (modelled with FSDP)"),
+        ("pp", plan.pp, plan.pp == 1, "1 (torchtitan refuses it under a pipeline)"),
+        ("ep", plan.ep, plan.ep == 1, "1 (torchtitan refuses it with expert parallelism)"),
+        ("micro-batches per step", plan.num_microbatches, plan.num_microbatches == 1,
+         "1 (global batch = dp x micro-batch): it steps once per backward")),
+        f"for stack {stack.name}'s optimizer step in the backward (optimizer_in_backward)")
 
 
 def check_plan_supported(stack: SoftwareSpec, plan: PlanSpec) -> None:

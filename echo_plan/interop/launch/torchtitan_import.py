@@ -13,6 +13,7 @@ from echo_plan.interop.launch.torchtitan import (AUTOCAST_NOTE, FLAVOURS, FLOAT8
                                                  SCHEDULES)
 from echo_plan.specs import ModelSpec, PlanSpec, SoftwareSpec, load_model, load_stack
 from echo_plan.specs.cluster import DType
+from echo_plan.specs.plan import every_nth_layer
 from echo_plan.specs.software import Fp8Recipe, OptimizerSharding
 from echo_plan.specs.software_kinds import CrossEntropy, RecomputePolicy
 
@@ -39,13 +40,13 @@ def _imported_checkpointing(doc: dict, model: ModelSpec, fields: dict[str, Any],
         raise CannotImport(source, "activation_checkpoint.selective_ac_option", option, "op, or a positive "
                                                                                         "integer n: every n-th layer")
     n = int(option)
-    sizes = set(virtual_split(PlanSpec.build(fields, context=source), model))
-    if len(sizes) > 1 or next(iter(sizes)) % n:
+    sizes = virtual_split(PlanSpec.build(fields, context=source), model)
+    count = every_nth_layer(sizes, n)
+    if count is None:
         raise CannotImport(source, "activation_checkpoint.selective_ac_option", option, "a divisor of every "
                            f"pipeline chunk's layers, the same in each (these chunks have "
-                           f"{', '.join(map(str, sorted(sizes)))}: a plan recomputes one count of each)")
-    size = next(iter(sizes))
-    return {"recompute": "full"} if n == 1 else {"recompute": "none", "recompute_layers": size // n}
+                           f"{', '.join(map(str, sorted(set(sizes))))}: a plan recomputes one count of each)")
+    return {"recompute": "full"} if n == 1 else {"recompute": "none", "recompute_layers": count}
 
 
 def _degree(par: dict, knob: str, source: str, default: int = 1) -> int:
